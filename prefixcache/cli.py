@@ -1,0 +1,209 @@
+"""The command line: parses options, turns library errors into one line and an exit code.
+
+stdout carries data only (records, rendered prompts); progress, summaries and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from contextlib import contextmanager
+from itertools import islice
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from . import __version__
+from .errors import EXIT_INTERNAL, EXIT_USAGE, OutputError, PrefixcacheError
+from .io import INPUT_FORMATS, detect_format, open_writer, read_items, scan_items
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+    help=(
+        "Classify batches of text with a local language model. The spec's static prompt prefix is "
+        "encoded once and every item pays only for its own tokens.\n\n"
+        "    prefixcache run configs/support-tickets.yaml data/samples/tickets.jsonl -o predictions.jsonl\n\n"
+        "    prefixcache render configs/support-tickets.yaml data/samples/tickets.jsonl --limit 1"
+    ),
+)
+
+err = Console(stderr=True, highlight=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"prefixcache {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
+) -> None:
+    """Classify batches of text with a local language model, encoding the static prompt prefix once."""
+
+
+@contextmanager
+def _errors(debug: bool) -> Iterator[None]:
+    """Library errors become `error: <message>` on stderr and their exit code; no traceback."""
+    try:
+        yield
+    except PrefixcacheError as exc:
+        if debug:
+            traceback.print_exc()
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
+        raise typer.Exit(130)
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (e.g. `| head`): not an error
+        raise typer.Exit(0)
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        err.print(f"internal error: {type(exc).__name__}: {exc} (run with --debug for a traceback)", markup=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INTERNAL)
+
+
+def _check_output(path: Optional[str]) -> None:
+    if path is None or path == "-":
+        return
+    target = Path(path)
+    if target.suffix.lower() not in (".jsonl", ".ndjson", ".csv"):
+        raise OutputError(f"{path}: output must end in .jsonl or .csv")
+    if target.is_dir():
+        raise OutputError(f"{path}: is a directory")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"{path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise OutputError(f"{path}: not writable")
+
+
+def _progress(quiet: bool) -> Progress:
+    return Progress(
+        TextColumn("classifying"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+        console=err,
+        disable=quiet or not err.is_terminal,
+        transient=False,
+    )
+
+
+SPEC_ARG = typer.Argument(..., help="Task spec (YAML).", show_default=False)
+ITEMS_ARG = typer.Argument(..., help="Items: a .jsonl or .csv file, or - for stdin (with --format).", show_default=False)
+FORMAT_OPT = typer.Option(None, "--format", "-f", help="Input format when it cannot be told from the extension: jsonl or csv.")
+LIMIT_OPT = typer.Option(None, "--limit", "-n", min=1, help="Process only the first N items.")
+DEBUG_OPT = typer.Option(False, "--debug", help="Show a traceback for errors.")
+
+
+@app.command()
+def run(
+    spec: Path = SPEC_ARG,
+    items: str = ITEMS_ARG,
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Output .jsonl or .csv; stdout (JSONL) when omitted."),
+    fmt: Optional[str] = FORMAT_OPT,
+    batch_size: int = typer.Option(16, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="Items scored per forward pass."),
+    limit: Optional[int] = LIMIT_OPT,
+    device: str = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", help="auto, cpu, cuda or mps."),
+    dtype: str = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto (float32 on CPU, bf16/fp16 on CUDA), float32, bfloat16, float16."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
+    debug: bool = DEBUG_OPT,
+) -> None:
+    """Classify every item and stream one record per item, in input order.
+
+    Example:
+
+        prefixcache run configs/support-tickets.yaml data/samples/tickets.jsonl -o predictions.jsonl
+
+        cat items.csv | prefixcache run spec.yaml - --format csv > predictions.jsonl
+    """
+    from .run import Classifier, flatten_for_csv, output_columns
+    from .spec import load_spec
+
+    with _errors(debug):
+        task = load_spec(spec)
+        in_fmt = detect_format(items, fmt)
+        total = None
+        if items != "-":  # validate the whole input before the model loads
+            total = scan_items(items, in_fmt, task.id_field, task.template.fields)
+            total = min(total, limit) if limit else total
+        _check_output(output)
+        clf = Classifier.from_spec(task)
+        clf.load_model(device, dtype)
+        writer = open_writer(output, output_columns(task))
+        csv_out = writer.fmt == "csv"
+        stream = read_items(items, in_fmt, task.id_field)
+        try:
+            with _progress(quiet) as progress:
+                bar = progress.add_task("classify", total=total, rate="")
+
+                def advance(n: int) -> None:
+                    rate = f"{clf.stats.items_per_second:.1f} items/s"
+                    progress.update(bar, advance=n, rate=rate)
+
+                for record in clf.classify(islice(stream, limit), batch_size, advance):
+                    writer.write(flatten_for_csv(record) if csv_out else record)
+        finally:
+            writer.close()
+        if not quiet:
+            s = clf.stats
+            err.print(
+                f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
+                f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.items, 1):.1f} tokens/item) · "
+                f"prefix {s.prefix_tokens} tokens, prefill {s.prefill_ms:.0f} ms · "
+                f"load {s.load_seconds:.1f} s · {s.device} {s.dtype}",
+                markup=False,
+                soft_wrap=True,
+            )
+
+
+@app.command()
+def render(
+    spec: Path = SPEC_ARG,
+    items: str = ITEMS_ARG,
+    fmt: Optional[str] = FORMAT_OPT,
+    limit: Optional[int] = LIMIT_OPT,
+    debug: bool = DEBUG_OPT,
+) -> None:
+    """Print, per item, exactly the tokens the scorer uses (one JSON object a line).
+
+    `prompt_ids[:prefix_len]` is the cached prefix; a label's score is the summed log-prob of its
+    `candidates` ids after `prompt_ids`. Loads the tokenizer only.
+
+    Example:
+
+        prefixcache render configs/support-tickets.yaml data/samples/tickets.jsonl --limit 1
+    """
+    from .run import Classifier
+    from .spec import load_spec
+
+    with _errors(debug):
+        task = load_spec(spec)
+        in_fmt = detect_format(items, fmt)
+        clf = Classifier.from_spec(task)
+        for item in islice(read_items(items, in_fmt, task.id_field), limit):
+            sys.stdout.write(json.dumps(clf.render(item), ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+
+
+def main() -> None:
+    try:
+        app(prog_name="prefixcache")
+    except SystemExit as exc:
+        code = exc.code
+        if code not in (None, 0) and not isinstance(code, int):
+            code = EXIT_USAGE
+        raise SystemExit(code)

@@ -1,0 +1,50 @@
+"""Typed errors raised by the library. The CLI turns each into one line and an exit code."""
+
+from __future__ import annotations
+
+# Exit codes, documented in the README ("Exit codes").
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2  # bad spec, bad input, unwritable output, bad option
+EXIT_MODEL = 3  # the model or tokenizer could not be loaded
+EXIT_ITEM = 4  # an item could not be scored (too long for the context, ...)
+
+
+class PrefixcacheError(Exception):
+    """Base class: a message fit for one line, and the exit code the CLI should use."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class SpecError(PrefixcacheError):
+    """The task spec is missing, unreadable or invalid."""
+
+    exit_code = EXIT_USAGE
+
+
+class InputError(PrefixcacheError):
+    """The items file is unreadable or a record is invalid."""
+
+    exit_code = EXIT_USAGE
+
+
+class OutputError(PrefixcacheError):
+    """The output cannot be written."""
+
+    exit_code = EXIT_USAGE
+
+
+class ModelError(PrefixcacheError):
+    """The model or its tokenizer cannot be found or loaded, or does not fit the task."""
+
+    exit_code = EXIT_MODEL
+
+
+class ItemError(PrefixcacheError):
+    """One item cannot be scored (for example it is longer than the model's context)."""
+
+    exit_code = EXIT_ITEM
+
+    def __init__(self, item_id: object, message: str):
+        super().__init__(f"item {item_id!r}: {message}")
+        self.item_id = item_id

@@ -1,0 +1,179 @@
+"""Lazy readers for JSONL/CSV items (files or stdin) and streaming writers. No torch here.
+
+Readers yield `Item`s one at a time, so memory stays flat however large the input is. Every
+problem raises `InputError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterator, Mapping, Sequence
+
+from .errors import InputError, OutputError
+
+INPUT_FORMATS = ("jsonl", "csv")
+_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+
+
+@dataclass(frozen=True)
+class Item:
+    id: Any
+    record: Mapping[str, Any]
+    line: int  # 1-based line where the record starts
+
+
+def detect_format(path: str, fmt: str | None, what: str = "input") -> str:
+    if fmt:
+        if fmt not in INPUT_FORMATS:
+            raise InputError(f"unknown {what} format {fmt!r}; use one of {', '.join(INPUT_FORMATS)}")
+        return fmt
+    if path == "-":
+        raise InputError(f"reading {what} from stdin needs an explicit format (--format jsonl or --format csv)")
+    found = _EXTENSIONS.get(Path(path).suffix.lower())
+    if not found:
+        raise InputError(f"{path}: cannot tell the format from the extension; use .jsonl or .csv, or pass --format")
+    return found
+
+
+def _open_binary(path: str) -> IO[bytes]:
+    if path == "-":
+        return sys.stdin.buffer
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise InputError(f"{path}: input file not found")
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not an input file")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}")
+
+
+def _jsonl_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    for lineno, raw in enumerate(stream, 1):
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{name}:{lineno}: not valid UTF-8 (byte {exc.start + 1} of the line)")
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{name}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})")
+        if not isinstance(record, dict):
+            raise InputError(f"{name}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        yield lineno, record
+
+
+def _csv_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+    reader = csv.reader(text)
+    try:
+        header = next(reader, None)
+        if header is None:
+            return
+        if len(set(header)) != len(header):
+            raise InputError(f"{name}:1: duplicate column names in the CSV header")
+        start = reader.line_num + 1
+        for row in reader:
+            if not row or all(not cell.strip() for cell in row):
+                start = reader.line_num + 1
+                continue
+            if len(row) != len(header):
+                raise InputError(f"{name}:{start}: expected {len(header)} columns, found {len(row)}")
+            yield start, dict(zip(header, row))
+            start = reader.line_num + 1
+    except UnicodeDecodeError:
+        raise InputError(f"{name}:{reader.line_num + 1}: not valid UTF-8")
+    except csv.Error as exc:
+        raise InputError(f"{name}:{reader.line_num}: malformed CSV: {exc}")
+    finally:
+        text.detach()
+
+
+def read_items(path: str, fmt: str | None = None, id_field: str = "id") -> Iterator[Item]:
+    """Yield items lazily from a JSONL or CSV file, or stdin ('-'). Items lacking `id_field`
+    get their 1-based position in the input as id."""
+    fmt = detect_format(path, fmt)
+    name = "<stdin>" if path == "-" else path
+    stream = _open_binary(path)
+    records = _jsonl_records if fmt == "jsonl" else _csv_records
+    try:
+        for n, (lineno, record) in enumerate(records(stream, name), 1):
+            item_id = record.get(id_field)
+            if item_id is None or item_id == "":
+                item_id = n
+            elif not isinstance(item_id, (str, int)) or isinstance(item_id, bool):
+                raise InputError(f"{name}:{lineno}: '{id_field}' must be a string or an integer")
+            yield Item(item_id, record, lineno)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def scan_items(path: str, fmt: str | None, id_field: str, fields: Sequence[str]) -> int:
+    """Read the whole input once before the model loads: syntax, template fields, unique ids.
+    Returns the number of items."""
+    seen: dict[Any, int] = {}
+    name = "<stdin>" if path == "-" else path
+    count = 0
+    for item in read_items(path, fmt, id_field):
+        for field in fields:
+            if field not in item.record:
+                raise InputError(f"{name}:{item.line}: item {item.id!r} lacks field {field!r} used by the template")
+        if item.id in seen:
+            raise InputError(f"{name}:{item.line}: duplicate id {item.id!r} (first on line {seen[item.id]})")
+        seen[item.id] = item.line
+        count += 1
+    return count
+
+
+class RecordWriter:
+    """Writes one record at a time as JSONL or CSV and flushes after each, so a crash loses at
+    most the record being written."""
+
+    def __init__(self, stream: IO[str], fmt: str, columns: Sequence[str] = ()):
+        self.stream, self.fmt, self.columns = stream, fmt, list(columns)
+        self._csv = None
+        if fmt == "csv":
+            self._csv = csv.DictWriter(stream, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n")
+            self._csv.writeheader()
+            stream.flush()
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if self._csv is not None:
+            self._csv.writerow({k: _csv_cell(v) for k, v in record.items()})
+        else:
+            self.stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is not sys.stdout:
+            self.stream.close()
+
+
+def _csv_cell(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return "" if value is None else value
+
+
+def open_writer(path: str | None, columns: Sequence[str] = ()) -> RecordWriter:
+    """`path` None or '-' writes JSONL to stdout; otherwise the extension picks JSONL or CSV."""
+    if path is None or path == "-":
+        return RecordWriter(sys.stdout, "jsonl")
+    fmt = _EXTENSIONS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise OutputError(f"{path}: output must end in .jsonl or .csv")
+    try:
+        stream = open(path, "w", encoding="utf-8", newline="")
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write output: {exc.strerror}")
+    return RecordWriter(stream, fmt, columns)

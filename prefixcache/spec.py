@@ -1,0 +1,236 @@
+"""The task spec: YAML in, a frozen, validated `TaskSpec` out. No torch here.
+
+Validation happens before any model is loaded, so a typo costs the user a second, not a minute.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import InputError, SpecError
+
+FORMATS = ("auto", "chat", "plain")
+NORMALIZATIONS = ("sum", "mean")
+
+KNOWN_KEYS = (
+    "model",
+    "system",
+    "labels",
+    "examples",
+    "template",
+    "id_field",
+    "format",
+    "normalize",
+    "answer_prefix",
+    "trust_remote_code",
+)
+
+
+@dataclass(frozen=True)
+class Label:
+    name: str
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class Template:
+    """A `{field}` template. Rendering is plain substitution: no attribute access, no code."""
+
+    text: str
+    parts: tuple[tuple[str, str | None], ...]  # (literal text, field name or None)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f for _, f in self.parts if f is not None))
+
+    def render(self, record: Mapping[str, Any], item_id: object = None) -> str:
+        out = []
+        for literal, field in self.parts:
+            out.append(literal)
+            if field is None:
+                continue
+            if field not in record:
+                raise InputError(f"item {item_id!r}: missing field {field!r} used by the template")
+            out.append(field_text(record[field]))
+        return "".join(out)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    path: str
+    model: str | None
+    system: str
+    labels: tuple[Label, ...]
+    examples: tuple[Mapping[str, Any], ...]
+    template: Template
+    id_field: str = "id"
+    format: str = "auto"
+    normalize: str = "sum"
+    answer_prefix: str = "Answer:"
+    trust_remote_code: bool = False
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return tuple(label.name for label in self.labels)
+
+    def system_text(self) -> str:
+        """The system text with the label list substituted for `{labels}`, or appended."""
+        listing = "\n".join(
+            f"- {lab.name}: {lab.description}" if lab.description else f"- {lab.name}"
+            for lab in self.labels
+        )
+        if "{labels}" in self.system:
+            return self.system.replace("{labels}", listing)
+        head = self.system.rstrip()
+        block = f"Answer with exactly one of these labels:\n{listing}"
+        return f"{head}\n\n{block}" if head else block
+
+
+def field_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def parse_template(text: str, where: str) -> Template:
+    parts: list[tuple[str, str | None]] = []
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise SpecError(f"{where}: invalid template {text!r}: {exc} (write {{{{ and }}}} for literal braces)")
+    for literal, field, spec, conversion in parsed:
+        if field is None:
+            parts.append((literal, None))
+            continue
+        if field == "" or any(c in field for c in ".[]") or spec or conversion:
+            raise SpecError(
+                f"{where}: template field {{{field}{'!' + conversion if conversion else ''}"
+                f"{':' + spec if spec else ''}}} is not allowed; use plain {{name}} references"
+            )
+        parts.append((literal, field))
+    if not any(f for _, f in parts):
+        raise SpecError(f"{where}: template {text!r} references no item field, e.g. {{text}}")
+    return Template(text=text, parts=tuple(parts))
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{path}: spec file not found")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start})")
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read spec: {exc.strerror}")
+    try:
+        return yaml.safe_load(raw)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise SpecError(f"{loc}: YAML syntax error: {exc.problem or exc.context}")
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: YAML error: {exc}")
+
+
+def _want_str(data: Mapping, key: str, path: Path, default: str | None = None) -> str | None:
+    value = data.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise SpecError(f"{path}: '{key}' must be a string, got {type(value).__name__}")
+    return value
+
+
+def _labels(value: Any, path: Path) -> tuple[Label, ...]:
+    if value is None:
+        raise SpecError(f"{path}: 'labels' is required (a list of names, or a mapping of name to description)")
+    if isinstance(value, Mapping):
+        items = [(k, v) for k, v in value.items()]
+    elif isinstance(value, list):
+        items = [(k, None) for k in value]
+    else:
+        raise SpecError(f"{path}: 'labels' must be a list or a mapping, got {type(value).__name__}")
+    if not items:
+        raise SpecError(f"{path}: 'labels' is empty")
+    labels, seen = [], set()
+    for name, desc in items:
+        if isinstance(name, (int, float)) and not isinstance(name, bool):
+            name = str(name)
+        if not isinstance(name, str) or not name.strip():
+            raise SpecError(f"{path}: label {name!r} must be a non-empty string")
+        if name in seen:
+            raise SpecError(f"{path}: label {name!r} is listed twice")
+        if desc is not None and not isinstance(desc, str):
+            raise SpecError(f"{path}: description of label {name!r} must be a string")
+        seen.add(name)
+        labels.append(Label(name, desc.strip() if desc else None))
+    return tuple(labels)
+
+
+def _examples(value: Any, path: Path, labels: tuple[Label, ...], template: Template) -> tuple[dict, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise SpecError(f"{path}: 'examples' must be a list of records")
+    names = {lab.name for lab in labels}
+    out = []
+    for n, ex in enumerate(value, 1):
+        if not isinstance(ex, Mapping):
+            raise SpecError(f"{path}: example {n} must be a mapping with a 'label'")
+        label = ex.get("label")
+        if isinstance(label, (int, float)) and not isinstance(label, bool):
+            label = str(label)
+        if label not in names:
+            raise SpecError(f"{path}: example {n} has label {label!r}, which is not one of the labels")
+        missing = [f for f in template.fields if f not in ex]
+        if missing:
+            raise SpecError(f"{path}: example {n} lacks field {missing[0]!r} used by the template")
+        out.append({**ex, "label": label})
+    return tuple(out)
+
+
+def load_spec(path: str | Path) -> TaskSpec:
+    """Read and validate a task spec. Raises `SpecError` naming the file and the key."""
+    path = Path(path)
+    data = _load_yaml(path)
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{path}: a spec is a YAML mapping of keys (model, system, labels, ...)")
+    for key in data:
+        if key not in KNOWN_KEYS:
+            hint = difflib.get_close_matches(str(key), KNOWN_KEYS, n=1)
+            extra = f"; did you mean '{hint[0]}'?" if hint else f"; known keys: {', '.join(KNOWN_KEYS)}"
+            raise SpecError(f"{path}: unknown key '{key}'{extra}")
+    template = parse_template(_want_str(data, "template", path, "{text}"), f"{path}: 'template'")
+    labels = _labels(data.get("labels"), path)
+    fmt = _want_str(data, "format", path, "auto")
+    if fmt not in FORMATS:
+        raise SpecError(f"{path}: 'format' must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    norm = _want_str(data, "normalize", path, "sum")
+    if norm not in NORMALIZATIONS:
+        raise SpecError(f"{path}: 'normalize' must be one of {', '.join(NORMALIZATIONS)}, got {norm!r}")
+    trust = data.get("trust_remote_code", False)
+    if not isinstance(trust, bool):
+        raise SpecError(f"{path}: 'trust_remote_code' must be true or false")
+    id_field = _want_str(data, "id_field", path, "id")
+    if not id_field:
+        raise SpecError(f"{path}: 'id_field' must not be empty")
+    return TaskSpec(
+        path=str(path),
+        model=_want_str(data, "model", path),
+        system=_want_str(data, "system", path, "") or "",
+        labels=labels,
+        examples=_examples(data.get("examples"), path, labels, template),
+        template=template,
+        id_field=id_field,
+        format=fmt,
+        normalize=norm,
+        answer_prefix=_want_str(data, "answer_prefix", path, "Answer:"),
+        trust_remote_code=trust,
+    )

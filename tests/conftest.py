@@ -1,0 +1,94 @@
+"""Fixtures: an offline byte-level BPE tokenizer trained in-process, and tiny random models of
+several architectures built from transformers config classes. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+NO_SYSTEM_CHAT = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+    "{{ '<turn>' + m['role'] + '\n' + m['content'] + '<end>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<turn>assistant\n' }}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<turn>", "<end>"]
+
+CORPUS = [
+    "Ticket: I was charged twice for my subscription, please refund the payment.",
+    "Ticket: The app crashes when I open a project. Error 502 from the API.",
+    "Ticket: I forgot my password and cannot sign in to my account.",
+    "billing technical account tech technology bill billed refund invoice",
+    "You are a support ticket router. Answer with exactly one of these labels:",
+    "Review: great product, would buy again. positive negative neutral",
+    "The quick brown fox jumps over the lazy dog while the cat sleeps on the mat.",
+] * 3
+
+
+def build_tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=420, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    bpe.train_from_iterator(CORPUS, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", additional_special_tokens=SPECIALS[1:]
+    )
+    tok.chat_template = chat_template
+    return tok
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer() -> PreTrainedTokenizerFast:
+    return build_tokenizer(CHATML)
+
+
+@pytest.fixture(scope="session")
+def plain_tokenizer() -> PreTrainedTokenizerFast:
+    return build_tokenizer(None)
+
+
+def tiny_model(arch: str, vocab: int, seed: int = 0) -> torch.nn.Module:
+    """A 2-layer random model whose weights are large enough that context changes the scores
+    by far more than the test tolerance (so a masking bug cannot hide under it)."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, initializer_range=0.2, tie_word_embeddings=False)
+    if arch == "llama":
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=1024, **common)
+        model = LlamaForCausalLM(cfg)
+    elif arch == "qwen2":
+        cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=1, max_position_embeddings=1024, **common)
+        model = Qwen2ForCausalLM(cfg)
+    elif arch == "gpt2":
+        cfg = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **common)
+        model = GPT2LMHeadModel(cfg)
+    else:
+        raise ValueError(arch)
+    return model.float().eval()
+
+
+ARCHS = ("llama", "qwen2", "gpt2")
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def arch_model(request, chat_tokenizer):
+    return request.param, tiny_model(request.param, len(chat_tokenizer))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, chat_tokenizer):
+    """A tiny Llama and the chat tokenizer saved as a local model directory, for CLI tests."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama", len(chat_tokenizer)).save_pretrained(path)
+    chat_tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,131 @@
+"""The core check: cached, batched scores equal a naive full forward per (item, candidate)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import TEXTS, make_spec
+from prefixcache.engine import Engine, Row
+from prefixcache.prompt import PromptBuilder
+from prefixcache.reference import score_naive
+
+TOL = 1e-4
+
+
+def _batched(engine, prefix, rows, batch_size):
+    out = []
+    for i in range(0, len(rows), batch_size):
+        out += engine.score(prefix, rows[i: i + batch_size])
+    return out
+
+
+def _max_diff(a, b):
+    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+
+@pytest.fixture(scope="module")
+def examples():
+    return [
+        {"text": "I was charged twice for my subscription.", "label": "billing"},
+        {"text": "The app crashes when I open a project.", "label": "technical"},
+    ]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_cached_batched_scores_equal_naive(arch_model, chat_tokenizer, tmp_path, examples, batch_size):
+    arch, model = arch_model
+    builder = PromptBuilder(make_spec(tmp_path, examples=examples), chat_tokenizer)
+    engine = Engine(model)
+    prefix = engine.prefill(builder.prefix_ids)
+    cands = list(builder.candidates.values())
+    assert any(len(c) > 2 for c in cands), "multi-token labels expected"
+    encoded = [builder.encode_item({"text": t}) for t in TEXTS]
+    assert len({len(e.ids) for e in encoded}) > 3, "items of different lengths expected"
+
+    got = _batched(engine, prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded], batch_size)
+    want = [score_naive(model, e.ids, cands) for e in encoded]
+
+    assert _max_diff(got, want) < TOL, arch
+    # The check can fail: scores depend on the item by far more than the tolerance.
+    assert max(abs(got[0][i] - got[1][i]) for i in range(len(cands))) > 100 * TOL
+
+
+def test_rows_sharing_less_than_the_whole_prefix(arch_model, chat_tokenizer, tmp_path):
+    """Items whose first tokens merge with the prefix use only the cached ids they share."""
+    _, model = arch_model
+    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
+    engine = Engine(model)
+    prefix = engine.prefill(builder.prefix_ids)
+    cands = list(builder.candidates.values())
+    P = len(prefix.ids)
+    encoded = [builder.encode_item({"text": t}) for t in TEXTS[:5]]
+    rows = [Row(e.ids, max(e.prefix_len - k, 1), cands) for k, e in enumerate(encoded)]
+    got = engine.score(prefix, rows)
+    want = [score_naive(model, e.ids, cands) for e in encoded]
+    assert _max_diff(got, want) < TOL
+    assert all(r.prefix_len < P for r in rows[1:])
+
+
+def test_rows_with_their_own_candidates(arch_model, chat_tokenizer, tmp_path):
+    """Different counts and lengths of candidates per row (multiple-choice style)."""
+    _, model = arch_model
+    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
+    engine = Engine(model)
+    prefix = engine.prefill(builder.prefix_ids)
+    enc = lambda t: chat_tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    options = [
+        [enc("two"), enc("four"), enc("six legs and a tail")],
+        [enc("yes")],
+        [enc("tech"), enc("technical"), enc("techn"), enc("a"), enc("account access please")],
+    ]
+    encoded = [builder.encode_item({"text": t}) for t in TEXTS[:3]]
+    rows = [Row(e.ids, e.prefix_len, [tuple(o) for o in opts]) for e, opts in zip(encoded, options)]
+    got = engine.score(prefix, rows)
+    want = [score_naive(model, e.ids, opts) for e, opts in zip(encoded, options)]
+    assert [len(g) for g in got] == [3, 1, 5]
+    assert _max_diff(got, want) < TOL
+
+
+def test_shared_prefix_is_never_mutated(chat_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    model = tiny_model("llama", len(chat_tokenizer))
+    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
+    engine = Engine(model)
+    prefix = engine.prefill(builder.prefix_ids)
+    before = [(k.clone(), v.clone()) for k, v in prefix.kv]
+    logits = prefix.last_logits.clone()
+    cands = list(builder.candidates.values())
+    rows = [Row(e.ids, e.prefix_len, cands) for e in (builder.encode_item({"text": t}) for t in TEXTS)]
+    first = engine.score(prefix, rows)
+    second = engine.score(prefix, rows)
+    assert first == second
+    for (k0, v0), (k1, v1) in zip(before, prefix.kv):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1) and k1.shape[0] == 1
+    assert torch.equal(logits, prefix.last_logits)
+
+
+def test_prefix_last_logits_score_what_follows_it(chat_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    model = tiny_model("qwen2", len(chat_tokenizer))
+    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
+    prefix = Engine(model).prefill(builder.prefix_ids)
+    full = model(input_ids=torch.tensor([list(builder.prefix_ids)])).logits[0, -1]
+    assert torch.allclose(prefix.last_logits, full.float(), atol=TOL)
+
+
+def test_plain_layout_equals_naive(plain_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    model = tiny_model("llama", len(plain_tokenizer))
+    builder = PromptBuilder(make_spec(tmp_path), plain_tokenizer)
+    assert builder.mode == "plain"
+    engine = Engine(model)
+    prefix = engine.prefill(builder.prefix_ids)
+    cands = list(builder.candidates.values())
+    encoded = [builder.encode_item({"text": t}) for t in TEXTS]
+    got = _batched(engine, prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded], 4)
+    want = [score_naive(model, e.ids, cands) for e in encoded]
+    assert _max_diff(got, want) < TOL
