@@ -11,7 +11,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .errors import ItemError
+from .errors import ItemError, ModelError
 from .io import Item
 from .load import ModelSource, load_model, load_tokenizer, pick_device, pick_dtype, resolve_model
 from .prompt import EncodedItem, PromptBuilder
@@ -90,6 +90,12 @@ class Classifier:
         self.engine = Engine(model)
         self.stats.load_seconds += time.perf_counter() - start
         self.stats.device, self.stats.dtype = dev, str(torch_dtype).removeprefix("torch.")
+        limit = self.engine.max_positions
+        if limit and len(self.builder.prefix_ids) >= limit:
+            raise ModelError(
+                f"the static prompt prefix has {len(self.builder.prefix_ids)} tokens, more than the "
+                f"model's context of {limit}; shorten the system text or the examples"
+            )
         self.prefix = self.engine.prefill(self.builder.prefix_ids)
         self.stats.prefill_ms = self.prefix.prefill_ms
         self.stats.prefix_tokens = len(self.prefix.ids)

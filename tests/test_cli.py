@@ -1,0 +1,176 @@
+"""The CLI, run in-process on a tiny local model: exact messages, exit codes, output records."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from typer.testing import CliRunner
+
+from helpers import TEXTS, write_spec
+from prefixcache import __version__
+from prefixcache.cli import app
+from prefixcache.reference import score_naive
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def spec_path(tmp_path, tiny_model_dir):
+    return write_spec(tmp_path, model=str(tiny_model_dir), examples=[{"text": "refund me", "label": "billing"}])
+
+
+@pytest.fixture()
+def items_path(tmp_path):
+    path = tmp_path / "items.jsonl"
+    path.write_text("".join(json.dumps({"id": f"i{n}", "text": t}) + "\n" for n, t in enumerate(TEXTS)))
+    return path
+
+
+def invoke(*args, input=None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout == f"prefixcache {__version__}\n"
+
+
+def test_help_has_examples():
+    for command in ("run", "render"):
+        result = invoke(command, "--help")
+        assert result.exit_code == 0 and "Example" in result.stdout and "prefixcache " + command in result.stdout
+
+
+def test_run_writes_records_equal_to_naive_scoring(spec_path, items_path, tmp_path, tiny_model_dir):
+    out = tmp_path / "pred.jsonl"
+    result = invoke("run", spec_path, items_path, "-o", out, "--batch-size", 3)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    assert f"{len(TEXTS)} items in" in result.stderr and "prefix" in result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == [f"i{n}" for n in range(len(TEXTS))]
+
+    rendered = invoke("render", spec_path, items_path)
+    assert rendered.exit_code == 0
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    for record, line in zip(records, rendered.stdout.splitlines()):
+        r = json.loads(line)
+        assert r["id"] == record["id"]
+        assert r["prompt_ids"][: r["prefix_len"]] == r["prompt_ids"][: r["prefix_len"]]
+        names = list(r["candidates"])
+        want = score_naive(model, r["prompt_ids"], list(r["candidates"].values()))
+        got = [record["logprobs"][n] for n in names]
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+        assert record["label"] == names[max(range(len(names)), key=want.__getitem__)]
+        assert abs(sum(record["probs"].values()) - 1) < 1e-4
+        assert record["item_tokens"] == len(r["prompt_ids"]) - r["prefix_len"]
+
+
+def test_render_shows_prefix_and_candidates(spec_path, items_path, tiny_model_dir):
+    result = invoke("render", spec_path, items_path, "--limit", 2)
+    assert result.exit_code == 0
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(lines) == 2
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    first = lines[0]
+    assert set(first) == {"id", "prompt", "prompt_ids", "prefix_len", "candidates"}
+    assert tok(first["prompt"], add_special_tokens=False)["input_ids"] == first["prompt_ids"]
+    assert lines[1]["prompt_ids"][: first["prefix_len"]] == first["prompt_ids"][: first["prefix_len"]]
+    assert tok.decode(first["candidates"]["billing"]) == "billing<|im_end|>"
+
+
+def test_csv_in_csv_out_and_stdin(spec_path, tmp_path):
+    src = tmp_path / "items.csv"
+    src.write_text('id,text\n1,"crash, again"\n2,"refund\nplease"\n', encoding="utf-8")
+    out = tmp_path / "pred.csv"
+    result = invoke("run", spec_path, src, "-o", out, "-q")
+    assert result.exit_code == 0 and result.stderr == ""
+    rows = list(csv.DictReader(out.open()))
+    assert [r["id"] for r in rows] == ["1", "2"] and "prob_billing" in rows[0] and "logprob_tech" in rows[0]
+
+    piped = invoke("run", spec_path, "-", "--format", "csv", "-q", input=src.read_text())
+    assert piped.exit_code == 0
+    records = [json.loads(line) for line in piped.stdout.splitlines()]
+    assert [r["label"] for r in records] == [r["label"] for r in rows]
+
+
+def test_limit(spec_path, items_path):
+    result = invoke("run", spec_path, items_path, "--limit", 2, "-q")
+    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 2
+
+
+def test_unknown_key_one_line_exit_2(tmp_path, items_path):
+    path = write_spec(tmp_path, colour="red")
+    result = invoke("run", path, items_path)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {path}: unknown key 'colour'; known keys: model, system, labels, examples, template, id_field, format, normalize, answer_prefix, trust_remote_code\n"
+
+
+def test_missing_model_path_exit_3(tmp_path, items_path):
+    path = write_spec(tmp_path, model="./no/such/model")
+    result = invoke("run", path, items_path)
+    assert result.exit_code == 3
+    assert result.stderr == "error: model path './no/such/model' does not exist\n"
+
+
+def test_bad_input_line_exit_2(spec_path, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{oops}\n')
+    result = invoke("run", spec_path, bad)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {bad}:2: malformed JSON")
+    assert "Traceback" not in result.output
+
+
+def test_missing_field_exit_2(spec_path, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "body": "ok"}\n')
+    result = invoke("run", spec_path, bad)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {bad}:1: item 'a' lacks field 'text' used by the template\n"
+
+
+def test_unwritable_output_exit_2(spec_path, items_path, tmp_path):
+    result = invoke("run", spec_path, items_path, "-o", tmp_path / "missing" / "out.jsonl")
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {tmp_path / 'missing' / 'out.jsonl'}: folder {tmp_path / 'missing'} does not exist\n"
+
+
+def _model_with_context(tmp_path, tiny_model_dir, positions):
+    import shutil
+
+    small = tmp_path / f"model-{positions}"
+    shutil.copytree(tiny_model_dir, small)
+    config = json.loads((small / "config.json").read_text())
+    config["max_position_embeddings"] = positions
+    (small / "config.json").write_text(json.dumps(config))
+    return small
+
+
+def test_item_too_long_for_context(tmp_path, tiny_model_dir, items_path, spec_path):
+    rendered = [json.loads(line) for line in invoke("render", spec_path, items_path).stdout.splitlines()]
+    prefix_len = rendered[0]["prefix_len"]
+    limit = prefix_len + 40
+    longest = max(len(c) for c in rendered[0]["candidates"].values())
+    # The first item whose prompt and longest candidate (all but its last token) overflow.
+    long_item = next(r for r in rendered if len(r["prompt_ids"]) + longest - 1 > limit)
+    assert long_item is not rendered[0]
+    path = write_spec(tmp_path, name="small.yaml", model=str(_model_with_context(tmp_path, tiny_model_dir, limit)),
+                      examples=[{"text": "refund me", "label": "billing"}])
+    out = tmp_path / "pred.jsonl"
+    result = invoke("run", path, items_path, "-q", "-b", 1, "-o", out)
+    assert result.exit_code == 4
+    n = len(long_item["prompt_ids"])
+    assert result.stderr == f"error: item {long_item['id']!r}: {n} prompt tokens do not fit the model's context of {limit}\n"
+    done = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert done == [r["id"] for r in rendered[: rendered.index(long_item)]]  # finished work is kept
+
+
+def test_prefix_too_long_for_context(tmp_path, tiny_model_dir, items_path):
+    path = write_spec(tmp_path, model=str(_model_with_context(tmp_path, tiny_model_dir, 16)))
+    result = invoke("run", path, items_path)
+    assert result.exit_code == 3
+    assert "more than the model's context of 16" in result.stderr

@@ -1,0 +1,81 @@
+"""Spec validation: every mistake names the file and the key, before any model is loaded."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import write_spec
+from prefixcache.errors import SpecError
+from prefixcache.spec import load_spec
+
+
+def _error(path) -> str:
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    return str(info.value)
+
+
+def test_valid_spec_defaults(tmp_path):
+    spec = load_spec(write_spec(tmp_path, labels={"billing": "money", "tech": None}))
+    assert spec.model is None and spec.id_field == "id" and spec.normalize == "sum" and spec.format == "auto"
+    assert spec.label_names == ("billing", "tech")
+    assert spec.labels[0].description == "money" and spec.labels[1].description is None
+    assert spec.template.fields == ("text",)
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    path = write_spec(tmp_path, lables=["a"])
+    assert _error(path) == f"{path}: unknown key 'lables'; did you mean 'labels'?"
+
+
+def test_yaml_syntax_error_has_line_and_column(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("system: hi\nlabels: [a, b\ntemplate: x\n")
+    msg = _error(path)
+    assert msg.startswith(f"{path}:3:") and "YAML syntax error" in msg
+
+
+def test_missing_file(tmp_path):
+    assert _error(tmp_path / "nope.yaml") == f"{tmp_path / 'nope.yaml'}: spec file not found"
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        ({"labels": []}, "'labels' is empty"),
+        ({"labels": ["a", "a"]}, "label 'a' is listed twice"),
+        ({"labels": ["a", ""]}, "label '' must be a non-empty string"),
+        ({"labels": "a"}, "'labels' must be a list or a mapping, got str"),
+        ({"template": "{text.__class__}"}, "template field {text.__class__} is not allowed"),
+        ({"template": "{text!r}"}, "template field {text!r} is not allowed"),
+        ({"template": "no fields"}, "references no item field"),
+        ({"template": "{text"}, "invalid template"),
+        ({"normalize": "max"}, "'normalize' must be one of sum, mean, got 'max'"),
+        ({"examples": [{"text": "x", "label": "zzz"}]}, "example 1 has label 'zzz', which is not one of the labels"),
+        ({"examples": [{"body": "x", "label": "tech"}]}, "example 1 lacks field 'text' used by the template"),
+        ({"trust_remote_code": "yes"}, "'trust_remote_code' must be true or false"),
+        ({"system": ["a"]}, "'system' must be a string, got list"),
+    ],
+)
+def test_invalid_values(tmp_path, data, expected):
+    path = write_spec(tmp_path, **data)
+    msg = _error(path)
+    assert msg.startswith(f"{path}: ") and expected in msg
+
+
+def test_labels_required(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("system: hi\ntemplate: '{text}'\n")
+    assert "'labels' is required" in _error(path)
+
+
+def test_not_a_mapping(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("- a\n- b\n")
+    assert "a spec is a YAML mapping" in _error(path)
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("system: !!python/object/apply:os.system ['echo hacked']\nlabels: [a]\n")
+    assert "YAML" in _error(path)
