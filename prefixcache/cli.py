@@ -115,7 +115,7 @@ def run(
     items: str = ITEMS_ARG,
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output .jsonl or .csv; stdout (JSONL) when omitted."),
     fmt: Optional[str] = FORMAT_OPT,
-    batch_size: int = typer.Option(16, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="Items scored per forward pass."),
+    batch_size: int = typer.Option(8, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="Items scored per forward pass."),
     limit: Optional[int] = LIMIT_OPT,
     device: str = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", help="auto, cpu, cuda or mps."),
     dtype: str = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto (float32 on CPU, bf16/fp16 on CUDA), float32, bfloat16, float16."),

@@ -138,7 +138,7 @@ class Classifier:
     def classify(
         self,
         items: Iterable[Item],
-        batch_size: int = 16,
+        batch_size: int = 8,
         on_batch: Callable[[int], None] | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Score items in batches against the cached prefix; yield records in input order."""
