@@ -1,27 +1,40 @@
 """Prefill the static prefix once; score batches of items and their candidates against it.
 
-One forward pass per batch scores every candidate of every item. Each row holds the item's own
+One forward pass per batch scores every candidate of every item. Each item contributes its own
 tokens followed by a token trie of its candidates: candidate tokens attend to the cached prefix,
 the item's tokens and their own ancestors in the trie, never to a sibling. So a label costs only
 its tokens after the first (the first is scored from the item's last logits), and labels sharing
-leading tokens share them in the trie. Rows are right-aligned (padding sits between the prefix
-and the item), so the scored positions are the last few columns and the lm_head runs only there.
+leading tokens share them in the trie. The lm_head runs only at the scored positions.
 
-The shared prefix cache is never written to: each batch gets a fresh cache that starts from a
-broadcast view of it.
+Two ways to run that forward, chosen once per engine:
+- "shared" (default): the batch's tokens packed into one sequence, no padding, and the
+  `prefixcache` attention kernel reading the shared prefix keys once for all rows (attention.py);
+- "standard": padded rows (padding between prefix and item, so every row ends in the last
+  column), a fresh `DynamicCache` starting from a broadcast view of the prefix, and an explicit 4D
+  mask. Any model whose attention does not go through transformers' AttentionInterface uses it.
+The shared prefix cache is never written to in either.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from transformers import DynamicCache
 
+from . import attention
+
 Candidate = tuple[int, ...]
+log = logging.getLogger(__name__)
+
+# Architectures whose shared-prefix path the test suite checks against a full re-encode. Others
+# are checked once, on the first rows they score, against the standard path.
+CHECKED_ARCHITECTURES = frozenset({"llama", "qwen2", "gpt2"})
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,21 @@ class Row:
     candidates: Sequence[Candidate]
 
 
+@dataclass(frozen=True)
+class Layout:
+    """A batch laid out both packed ([T] tokens, no padding) and as right-aligned padded rows."""
+
+    ids: torch.Tensor  # [T] packed token ids: per row its own tokens, then its trie nodes
+    pos: torch.Tensor  # [T] position ids (continuing after the shared prefix)
+    keep: torch.Tensor  # [R] packed indices whose logits are scored
+    gather: torch.Tensor  # [B, W] packed index of each padded slot; T marks padding
+    slots: torch.Tensor  # [T] flat padded index (b * W + w) of each packed token
+    allowed: torch.Tensor  # [B, W, P + W] bool: may this slot attend to that prefix/own column
+    term_rows: torch.Tensor  # [C] which kept logit row scores each candidate token
+    term_toks: torch.Tensor  # [C] the candidate token scored there
+    sizes: list[list[int]]  # per row, per candidate: its token count
+
+
 def _trie(candidates: Sequence[Candidate]) -> tuple[list[int], list[int], list[int], dict[Candidate, int]]:
     """Nodes for every proper prefix (length >= 1) of the candidates, parents before children.
     Returns (tokens, parent node or -1, depth from 1, prefix -> node index)."""
@@ -60,6 +88,46 @@ def _trie(candidates: Sequence[Candidate]) -> tuple[list[int], list[int], list[i
     return tokens, parents, depths, index
 
 
+def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
+    P = prefix_len
+    tries = [_trie(r.candidates) for r in rows]
+    suffixes = [list(r.ids[r.prefix_len:]) for r in rows]
+    lengths = [len(s) + len(t[0]) for s, t in zip(suffixes, tries)]
+    B, W, T = len(rows), max(lengths), sum(lengths)
+    ids, pos, keep, term_rows, term_toks, sizes = [], [], [], [], [], []
+    gather = torch.full((B, W), T, dtype=torch.long)
+    allowed = torch.zeros(B, W, P + W, dtype=torch.bool)
+    for b, (row, suffix, (tokens, parents, depths, index)) in enumerate(zip(rows, suffixes, tries)):
+        n, m, start = len(suffix), len(tokens), len(ids)
+        off = W - n - m  # left padding of this row
+        ids += suffix + tokens
+        pos += list(range(row.prefix_len, row.prefix_len + n)) + [row.prefix_len + n + d - 1 for d in depths]
+        gather[b, off:] = torch.arange(start, start + n + m)
+        allowed[b, :, :row.prefix_len] = True  # only the prefix ids this item shares
+        own = allowed[b, :, P:]  # [W, W] view
+        own[range(off), range(off)] = True  # padding slots see themselves: never all-masked
+        own[off: off + n, off: off + n] = torch.ones(n, n, dtype=torch.bool).tril()
+        for k in range(m):
+            col = off + n + k
+            own[col, off: off + n] = True  # the whole item
+            node = k
+            while node >= 0:  # itself and its ancestors
+                own[col, off + n + node] = True
+                node = parents[node]
+        first = len(keep)  # kept row of the item's last token; its trie nodes follow
+        keep += range(start + n - 1, start + n + m)
+        for cand in row.candidates:
+            term_rows += [first] + [first + 1 + index[cand[:k]] for k in range(1, len(cand))]
+            term_toks += cand
+        sizes.append([len(c) for c in row.candidates])
+    slots = torch.zeros(T, dtype=torch.long)
+    real = gather < T
+    slots[gather[real]] = torch.arange(B * W).view(B, W)[real]
+    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return Layout(as_long(ids), as_long(pos), as_long(keep), gather, slots, allowed,
+                  as_long(term_rows), as_long(term_toks), sizes)
+
+
 class Engine:
     """Scores candidates after prompts that start with one cached prefix.
 
@@ -70,13 +138,16 @@ class Engine:
         # logprobs[0][i] = sum of log p(candidate i's tokens | ids), float
     """
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, backend: str = "auto"):
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        can_share = getattr(model, "_can_set_attn_implementation", lambda: False)()
+        self.backend = backend if backend != "auto" else ("shared" if can_share else "standard")
+        self._unchecked = backend == "auto" and model.config.model_type not in CHECKED_ARCHITECTURES
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int]) -> Prefix:
@@ -90,45 +161,66 @@ class Engine:
         last = out.logits[0, -1].float()  # [V]
         return Prefix(tuple(ids), kv, last, (time.perf_counter() - start) * 1000)
 
-    def _layout(self, prefix_len: int, rows: Sequence[Row]):
-        """Build input ids, positions, the additive mask and per-candidate score indices."""
-        tries = [_trie(r.candidates) for r in rows]
-        suffixes = [list(r.ids[r.prefix_len:]) for r in rows]
-        width = max(len(s) + len(t[0]) for s, t in zip(suffixes, tries))  # W
-        keep = max(len(t[0]) for t in tries) + 1  # K: scored columns at the right edge
-        B, P = len(rows), prefix_len
-        ids = torch.zeros(B, width, dtype=torch.long)  # [B, W]
-        pos = torch.zeros(B, width, dtype=torch.long)  # [B, W]
-        allowed = torch.zeros(B, width, P + width, dtype=torch.bool)  # [B, W, P + W]
-        allowed[:, :, 0] = True  # padding queries look at the first prefix token: never all-masked
-        terms: list[list[tuple[int, int]]] = []  # per row: (kept column, token) for each candidate
-        for b, (row, suffix, (tokens, parents, depths, index)) in enumerate(zip(rows, suffixes, tries)):
-            n, m = len(suffix), len(tokens)
-            off = width - n - m  # left padding of this row
-            ids[b, off: off + n] = torch.tensor(suffix)
-            pos[b, off: off + n] = torch.arange(row.prefix_len, row.prefix_len + n)
-            allowed[b, off:, :row.prefix_len] = True  # only the prefix ids this item shares
-            causal = torch.ones(n, n, dtype=torch.bool).tril()
-            allowed[b, off: off + n, P + off: P + off + n] = causal
-            for k in range(m):
-                col = off + n + k
-                ids[b, col] = tokens[k]
-                pos[b, col] = row.prefix_len + n + depths[k] - 1
-                allowed[b, col, P + off: P + off + n] = True  # the whole item
-                node = k
-                while node >= 0:  # itself and its ancestors
-                    allowed[b, col, P + off + n + node] = True
-                    node = parents[node]
-            last = keep - m - 1  # kept column of the item's last token
-            terms.append([])
-            for cand in row.candidates:
-                cols = [last] + [last + 1 + index[cand[:k]] for k in range(1, len(cand))]
-                terms[-1].extend(zip(cols, cand))
-        return ids, pos, allowed, keep, terms
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(allowed.shape, dtype=self.dtype)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min).to(self.device)
 
-    def _batch_cache(self, prefix: Prefix, batch: int) -> DynamicCache:
-        """A fresh cache whose first P positions are the prefix, shared by every row."""
-        return DynamicCache([(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in prefix.kv])
+    @contextmanager
+    def _attn(self, name: str) -> Iterator[None]:
+        config = self.model.config
+        previous = config._attn_implementation
+        config._attn_implementation = name
+        try:
+            yield
+        finally:
+            config._attn_implementation = previous
+
+    def _forward_shared(self, prefix: Prefix, lay: Layout) -> torch.Tensor:
+        """Packed tokens through the model; returns logits at the kept positions, [R, V]."""
+        dev, P = self.device, len(prefix.ids)
+        own = self._mask(lay.allowed[:, :, P:])[:, None]  # [B, 1, W, W]
+        prefix_mask = None
+        if not bool(lay.allowed[:, :, :P].all()):  # some item shares only part of the prefix
+            per_token = lay.allowed[:, :, :P].reshape(-1, P)[lay.slots]  # [T, P]
+            prefix_mask = self._mask(per_token)[None, None]  # [1, 1, T, P]
+        state = attention.SharedPrefixState(prefix.kv, lay.gather.to(dev), lay.slots.to(dev), own, prefix_mask)
+        with self._attn(attention.NAME):
+            out = self.model(
+                input_ids=lay.ids[None].to(dev),  # [1, T]
+                position_ids=lay.pos[None].to(dev),  # [1, T]
+                use_cache=False,
+                logits_to_keep=lay.keep.to(dev),  # [R]
+                **{attention.STATE_KW: state},
+            )
+        return out.logits[0]  # [R, V]
+
+    def _forward_standard(self, prefix: Prefix, lay: Layout) -> torch.Tensor:
+        """Padded rows on a broadcast copy of the prefix cache; returns logits at kept positions."""
+        B, W = lay.gather.shape
+        ids = torch.cat([lay.ids, lay.ids.new_zeros(1)])[lay.gather]  # [B, W]
+        pos = torch.cat([lay.pos, lay.pos.new_zeros(1)])[lay.gather]  # [B, W]
+        # Rows are right-aligned, so every kept position lies in the last K columns.
+        K = int(W - (lay.slots[lay.keep] % W).min())
+        cache = DynamicCache([(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in prefix.kv])
+        out = self.model(
+            input_ids=ids.to(self.device),
+            position_ids=pos.to(self.device),
+            attention_mask=self._mask(lay.allowed)[:, None],  # [B, 1, W, P + W]
+            use_cache=True,
+            logits_to_keep=K,
+            **{self._cache_kw: cache},
+        )
+        flat = out.logits.reshape(B * K, -1)  # [B * K, V]
+        b, w = lay.slots[lay.keep] // W, lay.slots[lay.keep] % W
+        return flat[(b * K + w - (W - K)).to(flat.device)]  # [R, V]
+
+    def _check_shared(self, shared: torch.Tensor, standard: torch.Tensor) -> None:
+        """First batch of an architecture the tests do not cover: both paths must agree."""
+        self._unchecked = False
+        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        diff = (torch.log_softmax(shared.float(), -1) - torch.log_softmax(standard.float(), -1)).abs().max()
+        if not bool(diff <= tol):
+            raise attention.UnsupportedAttention(f"its scores differ from the standard path by {float(diff):.2g}")
 
     @torch.inference_mode()
     def score(self, prefix: Prefix, rows: Sequence[Row]) -> list[list[float]]:
@@ -137,27 +229,27 @@ class Engine:
         for r in rows:
             if not 0 <= r.prefix_len <= P or r.prefix_len >= len(r.ids) or any(not c for c in r.candidates):
                 raise ValueError("each row needs a prefix_len <= the prefix, own ids, and non-empty candidates")
-        ids, pos, allowed, keep, terms = self._layout(P, rows)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype)  # [B, W, P + W], additive
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        kwargs = {self._cache_kw: self._batch_cache(prefix, len(rows))} if P else {}
-        out = self.model(
-            input_ids=ids.to(self.device),
-            position_ids=pos.to(self.device),
-            attention_mask=mask[:, None].to(self.device),  # [B, 1, W, P + W]
-            use_cache=bool(P),
-            logits_to_keep=keep,
-            **kwargs,
-        )
-        logprobs = torch.log_softmax(out.logits.float(), dim=-1).cpu()  # [B, K, V]
-        results = []
-        for b, (row, row_terms) in enumerate(zip(rows, terms)):
-            cols = torch.tensor([c for c, _ in row_terms])
-            toks = torch.tensor([t for _, t in row_terms])
-            picked = logprobs[b, cols, toks].tolist()
-            scores, at = [], 0
-            for cand in row.candidates:
-                scores.append(float(sum(picked[at: at + len(cand)])))
-                at += len(cand)
-            results.append(scores)
+        lay = layout(P, rows)
+        logits = None
+        if self.backend == "shared":
+            try:
+                logits = self._forward_shared(prefix, lay)
+                if self._unchecked:
+                    self._check_shared(logits, self._forward_standard(prefix, lay))
+            except attention.UnsupportedAttention as exc:
+                log.warning("shared-prefix attention is not usable with this model (%s); using padded batches", exc)
+                self.backend, logits = "standard", None
+        if logits is None:
+            logits = self._forward_standard(prefix, lay)
+        # log p = logit - logsumexp(logits): a reduction over the vocabulary, no [R, V] written.
+        rows_, toks = lay.term_rows.to(logits.device), lay.term_toks.to(logits.device)
+        lse = torch.logsumexp(logits.float(), dim=-1)  # [R]
+        picked = (logits[rows_, toks].float() - lse[rows_]).tolist()  # [C]
+        results, at = [], 0
+        for sizes in lay.sizes:
+            row = []
+            for n in sizes:
+                row.append(float(sum(picked[at: at + n])))
+                at += n
+            results.append(row)
         return results

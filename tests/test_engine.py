@@ -32,11 +32,15 @@ def examples():
     ]
 
 
+BACKENDS = ("shared", "standard")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
-def test_cached_batched_scores_equal_naive(arch_model, chat_tokenizer, tmp_path, examples, batch_size):
+def test_cached_batched_scores_equal_naive(arch_model, chat_tokenizer, tmp_path, examples, batch_size, backend):
     arch, model = arch_model
     builder = PromptBuilder(make_spec(tmp_path, examples=examples), chat_tokenizer)
-    engine = Engine(model)
+    engine = Engine(model, backend)
     prefix = engine.prefill(builder.prefix_ids)
     cands = list(builder.candidates.values())
     assert any(len(c) > 2 for c in cands), "multi-token labels expected"
@@ -47,15 +51,17 @@ def test_cached_batched_scores_equal_naive(arch_model, chat_tokenizer, tmp_path,
     want = [score_naive(model, e.ids, cands) for e in encoded]
 
     assert _max_diff(got, want) < TOL, arch
+    assert engine.backend == backend  # no silent fallback
     # The check can fail: scores depend on the item by far more than the tolerance.
     assert max(abs(got[0][i] - got[1][i]) for i in range(len(cands))) > 100 * TOL
 
 
-def test_rows_sharing_less_than_the_whole_prefix(arch_model, chat_tokenizer, tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_sharing_less_than_the_whole_prefix(arch_model, chat_tokenizer, tmp_path, backend):
     """Items whose first tokens merge with the prefix use only the cached ids they share."""
     _, model = arch_model
     builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
-    engine = Engine(model)
+    engine = Engine(model, backend)
     prefix = engine.prefill(builder.prefix_ids)
     cands = list(builder.candidates.values())
     P = len(prefix.ids)
@@ -67,11 +73,12 @@ def test_rows_sharing_less_than_the_whole_prefix(arch_model, chat_tokenizer, tmp
     assert all(r.prefix_len < P for r in rows[1:])
 
 
-def test_rows_with_their_own_candidates(arch_model, chat_tokenizer, tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_with_their_own_candidates(arch_model, chat_tokenizer, tmp_path, backend):
     """Different counts and lengths of candidates per row (multiple-choice style)."""
     _, model = arch_model
     builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
-    engine = Engine(model)
+    engine = Engine(model, backend)
     prefix = engine.prefill(builder.prefix_ids)
     enc = lambda t: chat_tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     options = [
@@ -87,12 +94,13 @@ def test_rows_with_their_own_candidates(arch_model, chat_tokenizer, tmp_path):
     assert _max_diff(got, want) < TOL
 
 
-def test_shared_prefix_is_never_mutated(chat_tokenizer, tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shared_prefix_is_never_mutated(chat_tokenizer, tmp_path, backend):
     from conftest import tiny_model
 
     model = tiny_model("llama", len(chat_tokenizer))
     builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
-    engine = Engine(model)
+    engine = Engine(model, backend)
     prefix = engine.prefill(builder.prefix_ids)
     before = [(k.clone(), v.clone()) for k, v in prefix.kv]
     logits = prefix.last_logits.clone()
@@ -116,16 +124,55 @@ def test_prefix_last_logits_score_what_follows_it(chat_tokenizer, tmp_path):
     assert torch.allclose(prefix.last_logits, full.float(), atol=TOL)
 
 
-def test_plain_layout_equals_naive(plain_tokenizer, tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_plain_layout_equals_naive(plain_tokenizer, tmp_path, backend):
     from conftest import tiny_model
 
     model = tiny_model("llama", len(plain_tokenizer))
     builder = PromptBuilder(make_spec(tmp_path), plain_tokenizer)
     assert builder.mode == "plain"
-    engine = Engine(model)
+    engine = Engine(model, backend)
     prefix = engine.prefill(builder.prefix_ids)
     cands = list(builder.candidates.values())
     encoded = [builder.encode_item({"text": t}) for t in TEXTS]
     got = _batched(engine, prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded], 4)
     want = [score_naive(model, e.ids, cands) for e in encoded]
     assert _max_diff(got, want) < TOL
+
+
+def _mistral(vocab):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2, sliding_window=None)
+    return MistralForCausalLM(cfg).eval()
+
+
+def test_unlisted_architecture_is_checked_once_then_shared(chat_tokenizer, tmp_path):
+    model = _mistral(len(chat_tokenizer))
+    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
+    engine = Engine(model)
+    assert engine.backend == "shared" and engine._unchecked
+    prefix = engine.prefill(builder.prefix_ids)
+    cands = list(builder.candidates.values())
+    encoded = [builder.encode_item({"text": t}) for t in TEXTS[:4]]
+    got = engine.score(prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded])
+    assert engine.backend == "shared" and not engine._unchecked
+    assert _max_diff(got, [score_naive(model, e.ids, cands) for e in encoded]) < TOL
+
+
+def test_a_shared_path_that_disagrees_falls_back(chat_tokenizer, tmp_path, monkeypatch):
+    from prefixcache import attention
+
+    real = attention._part
+    monkeypatch.setattr(attention, "_part", lambda *a: (lambda o, l: (o * 1.5, l))(*real(*a)))
+    model = _mistral(len(chat_tokenizer))
+    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
+    engine = Engine(model)
+    prefix = engine.prefill(builder.prefix_ids)
+    cands = list(builder.candidates.values())
+    encoded = [builder.encode_item({"text": t}) for t in TEXTS[:4]]
+    got = engine.score(prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded])
+    assert engine.backend == "standard"
+    assert _max_diff(got, [score_naive(model, e.ids, cands) for e in encoded]) < TOL

@@ -1,0 +1,111 @@
+"""Attention over one shared prefix without copying it per batch row (cascade attention).
+
+Registered with transformers' `AttentionInterface` as "prefixcache". During a scoring forward the
+model runs on the batch's real tokens packed into one sequence, so no padding reaches the linear
+layers. Each attention layer then works in two parts and merges them by their log-sum-exp:
+- prefix part: all packed queries against the shared prefix keys in one call (the batch folded into
+  the query length, query heads grouped onto their kv head), so the prefix is read once per layer,
+  never expanded per row;
+- own part: queries spread into padded rows against the row's own keys, under the row's mask
+  (causal over the item, a candidate sees the item and its trie ancestors only).
+On the CPU both parts use PyTorch's fused flash-attention kernel, which returns the log-sum-exp;
+elsewhere the same maths runs as plain matmuls.
+
+Outside a scoring forward (no `prefixcache_state` kwarg) it defers to PyTorch SDPA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+NAME = "prefixcache"
+STATE_KW = "prefixcache_state"
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+class UnsupportedAttention(RuntimeError):
+    """The model's attention needs something this kernel does not do (softcap, sinks, biases)."""
+
+
+@dataclass(frozen=True)
+class SharedPrefixState:
+    """What a scoring forward's attention layers need besides q, k, v.
+
+    prefix_kv[layer] = (keys, values), each [1, kv_heads, P, head_dim]
+    gather: [B, W] packed index of each padded slot; T (one past the end) for padding
+    slots: [T] flat index (b * W + w) of each packed token
+    own_mask: [B, 1, W, W] additive: 0 where a slot may attend to a slot of its row
+    prefix_mask: [1, 1, T, P] additive, or None when every item shares the whole prefix
+    """
+
+    prefix_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    gather: torch.Tensor
+    slots: torch.Tensor
+    own_mask: torch.Tensor
+    prefix_mask: torch.Tensor | None
+
+
+def _part(q, k, v, mask, scale):
+    """Softmax attention of q [N, H, L, D] over k, v [N, H, S, D] with an additive mask
+    [N or 1, 1, L, S] (or None). Returns (out [N, H, L, D], log-sum-exp [N, H, L], float32)."""
+    if _FLASH_CPU is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16):
+        out, lse = _FLASH_CPU(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+        return out, lse.float()
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [N, H, L, S]
+    if mask is not None:
+        scores = scores + mask
+    lse = torch.logsumexp(scores, dim=-1)  # [N, H, L]
+    out = torch.matmul(torch.exp(scores - lse[..., None]).to(v.dtype), v)
+    return out, lse
+
+
+def _to_rows(x: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
+    """[1, H, T, D] packed -> [B, H, W, D] padded (padding slots are zeros)."""
+    flat = torch.cat([x[0], x.new_zeros(x.shape[1], 1, x.shape[3])], dim=1)  # [H, T + 1, D]
+    return flat[:, gather].transpose(0, 1)  # [B, H, W, D]
+
+
+def shared_prefix_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    state: SharedPrefixState | None = kwargs.get(STATE_KW)
+    if state is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux", "sinks")):
+        raise UnsupportedAttention("attention with softcap, sinks or position bias")
+    kp, vp = state.prefix_kv[module.layer_idx]  # [1, Hkv, P, D]
+    (B, W), P = state.gather.shape, kp.shape[2]
+    window = kwargs.get("sliding_window")
+    if window is not None and P + W > window:
+        raise UnsupportedAttention("sliding-window attention shorter than the prompt")
+    _, Hq, T, D = query.shape
+    Hkv = key.shape[1]
+    g = Hq // Hkv
+    scale = scaling if scaling is not None else D ** -0.5
+
+    # Prefix part: query head h uses kv head h // g, so g heads' queries fold into one kv head.
+    q_pre = query.reshape(1, Hkv, g * T, D)  # [1, Hkv, gT, D]
+    mask_pre = state.prefix_mask.repeat(1, 1, g, 1) if state.prefix_mask is not None else None
+    out_pre, lse_pre = _part(q_pre, kp, vp, mask_pre, scale)
+    out_pre = out_pre.reshape(Hq, T, D).transpose(0, 1)  # [T, Hq, D]
+    lse_pre = lse_pre.reshape(Hq, T).transpose(0, 1)  # [T, Hq]
+    if mask_pre is not None:  # items sharing no prefix id at all: nothing to take from it
+        out_pre = torch.nan_to_num(out_pre)
+
+    # Own part, in padded rows; back to packed order through `slots`.
+    q_own = _to_rows(query, state.gather)  # [B, Hq, W, D]
+    k_own = _to_rows(key, state.gather).repeat_interleave(g, dim=1)  # [B, Hq, W, D]
+    v_own = _to_rows(value, state.gather).repeat_interleave(g, dim=1)
+    out_own, lse_own = _part(q_own, k_own, v_own, state.own_mask, scale)
+    out_own = out_own.transpose(1, 2).reshape(B * W, Hq, D)[state.slots]  # [T, Hq, D]
+    lse_own = lse_own.transpose(1, 2).reshape(B * W, Hq)[state.slots]  # [T, Hq]
+
+    lse = torch.logaddexp(lse_pre, lse_own)  # [T, Hq]
+    w_pre = torch.exp(lse_pre - lse)[..., None].to(out_own.dtype)
+    w_own = torch.exp(lse_own - lse)[..., None].to(out_own.dtype)
+    return (out_pre * w_pre + out_own * w_own)[None], None  # [1, T, Hq, D]
+
+
+AttentionInterface.register(NAME, shared_prefix_attention)
