@@ -16,7 +16,7 @@ Outside a scoring forward (no `prefixcache_state` kwarg) it defers to PyTorch SD
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AttentionInterface
@@ -36,7 +36,8 @@ class SharedPrefixState:
     """What a scoring forward's attention layers need besides q, k, v.
 
     prefix_kv[layer] = (keys, values), each [1, kv_heads, P, head_dim]
-    gather: [B, W] packed index of each padded slot; T (one past the end) for padding
+    gather: [B, W] packed index of each padded slot (padding slots repeat index 0: they are
+        masked as keys and their outputs are dropped)
     slots: [T] flat index (b * W + w) of each packed token
     own_mask: [B, 1, W, W] additive: 0 where a slot may attend to a slot of its row
     prefix_mask: [1, 1, T, P] additive, or None when every item shares the whole prefix
@@ -47,6 +48,15 @@ class SharedPrefixState:
     slots: torch.Tensor
     own_mask: torch.Tensor
     prefix_mask: torch.Tensor | None
+    _grouped: dict = field(default_factory=dict, compare=False)
+
+    def masks(self, g: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The masks for g query heads folded onto each kv head (query rows repeated g times)."""
+        if g not in self._grouped:
+            own = self.own_mask.repeat(1, 1, g, 1)  # [B, 1, gW, W]
+            pre = self.prefix_mask.repeat(1, 1, g, 1) if self.prefix_mask is not None else None  # [1, 1, gT, P]
+            self._grouped[g] = (own, pre)
+        return self._grouped[g]
 
 
 def _part(q, k, v, mask, scale):
@@ -64,9 +74,8 @@ def _part(q, k, v, mask, scale):
 
 
 def _to_rows(x: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
-    """[1, H, T, D] packed -> [B, H, W, D] padded (padding slots are zeros)."""
-    flat = torch.cat([x[0], x.new_zeros(x.shape[1], 1, x.shape[3])], dim=1)  # [H, T + 1, D]
-    return flat[:, gather].transpose(0, 1)  # [B, H, W, D]
+    """[1, H, T, D] packed -> [B, H, W, D] padded."""
+    return x[0][:, gather].transpose(0, 1)
 
 
 def shared_prefix_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -85,27 +94,25 @@ def shared_prefix_attention(module, query, key, value, attention_mask, scaling=N
     g = Hq // Hkv
     scale = scaling if scaling is not None else D ** -0.5
 
-    # Prefix part: query head h uses kv head h // g, so g heads' queries fold into one kv head.
-    q_pre = query.reshape(1, Hkv, g * T, D)  # [1, Hkv, gT, D]
-    mask_pre = state.prefix_mask.repeat(1, 1, g, 1) if state.prefix_mask is not None else None
-    out_pre, lse_pre = _part(q_pre, kp, vp, mask_pre, scale)
+    # Query head h uses kv head h // g: fold each kv head's g query heads into its query rows.
+    mask_own, mask_pre = state.masks(g)
+    out_pre, lse_pre = _part(query.reshape(1, Hkv, g * T, D), kp, vp, mask_pre, scale)  # [1, Hkv, gT, D]
     out_pre = out_pre.reshape(Hq, T, D).transpose(0, 1)  # [T, Hq, D]
     lse_pre = lse_pre.reshape(Hq, T).transpose(0, 1)  # [T, Hq]
     if mask_pre is not None:  # items sharing no prefix id at all: nothing to take from it
         out_pre = torch.nan_to_num(out_pre)
 
     # Own part, in padded rows; back to packed order through `slots`.
-    q_own = _to_rows(query, state.gather)  # [B, Hq, W, D]
-    k_own = _to_rows(key, state.gather).repeat_interleave(g, dim=1)  # [B, Hq, W, D]
-    v_own = _to_rows(value, state.gather).repeat_interleave(g, dim=1)
-    out_own, lse_own = _part(q_own, k_own, v_own, state.own_mask, scale)
-    out_own = out_own.transpose(1, 2).reshape(B * W, Hq, D)[state.slots]  # [T, Hq, D]
-    lse_own = lse_own.transpose(1, 2).reshape(B * W, Hq)[state.slots]  # [T, Hq]
+    q_own = _to_rows(query, state.gather).reshape(B, Hkv, g * W, D)  # [B, Hkv, gW, D]
+    k_own, v_own = _to_rows(key, state.gather), _to_rows(value, state.gather)  # [B, Hkv, W, D]
+    out_own, lse_own = _part(q_own, k_own, v_own, mask_own, scale)
+    out_own = out_own.reshape(B, Hq, W, D).transpose(1, 2).reshape(B * W, Hq, D)[state.slots]  # [T, Hq, D]
+    lse_own = lse_own.reshape(B, Hq, W).transpose(1, 2).reshape(B * W, Hq)[state.slots]  # [T, Hq]
 
     lse = torch.logaddexp(lse_pre, lse_own)  # [T, Hq]
-    w_pre = torch.exp(lse_pre - lse)[..., None].to(out_own.dtype)
-    w_own = torch.exp(lse_own - lse)[..., None].to(out_own.dtype)
-    return (out_pre * w_pre + out_own * w_own)[None], None  # [1, T, Hq, D]
+    out = out_pre * torch.exp(lse_pre - lse)[..., None].to(out_own.dtype)
+    out += out_own * torch.exp(lse_own - lse)[..., None].to(out_own.dtype)
+    return out[None], None  # [1, T, Hq, D]
 
 
 AttentionInterface.register(NAME, shared_prefix_attention)

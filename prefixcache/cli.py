@@ -127,7 +127,8 @@ def run(
     items: str = ITEMS_ARG,
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output .jsonl or .csv; stdout (JSONL) when omitted."),
     fmt: Optional[str] = FORMAT_OPT,
-    batch_size: int = typer.Option(8, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="Items scored per forward pass."),
+    batch_size: int = typer.Option(64, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="At most this many items per forward pass."),
+    batch_tokens: int = typer.Option(768, "--batch-tokens", min=1, envvar="PREFIXCACHE_BATCH_TOKENS", help="About this many tokens per forward pass (items' own tokens + label tokens)."),
     limit: Optional[int] = LIMIT_OPT,
     device: str = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", help="auto, cpu, cuda or mps."),
     dtype: str = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto (float32 on CPU, bf16/fp16 on CUDA), float32, bfloat16, float16."),
@@ -167,7 +168,7 @@ def run(
                     rate = f"{clf.stats.items_per_second:.1f} items/s"
                     progress.update(bar, advance=n, rate=rate)
 
-                for record in clf.classify(islice(stream, limit), batch_size, advance):
+                for record in clf.classify(islice(stream, limit), batch_size, advance, batch_tokens):
                     writer.write(flatten_for_csv(record) if csv_out else record)
         finally:
             writer.close()
@@ -210,6 +211,74 @@ def render(
         for item in islice(read_items(items, in_fmt, task.id_field), limit):
             sys.stdout.write(json.dumps(clf.render(item), ensure_ascii=False) + "\n")
         sys.stdout.flush()
+
+
+@app.command()
+def bench(
+    spec: Path = SPEC_ARG,
+    items: str = ITEMS_ARG,
+    fmt: Optional[str] = FORMAT_OPT,
+    limit: int = typer.Option(16, "--limit", "-n", min=1, help="Items for the naive modes (they are slow)."),
+    max_items: Optional[int] = typer.Option(None, "--max-items", min=1, help="Items for the cached modes (default: all)."),
+    batch_size: int = typer.Option(64, "--batch-size", "-b", min=1, help="Run pipeline: at most this many items per forward pass."),
+    batch_tokens: int = typer.Option(768, "--batch-tokens", min=1, help="Run pipeline: about this many tokens per forward pass."),
+    device: str = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", help="auto, cpu, cuda or mps."),
+    dtype: str = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto, float32, bfloat16, float16."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
+    debug: bool = DEBUG_OPT,
+) -> None:
+    """Time the naive baselines, cached one-at-a-time scoring and the run pipeline on the same items.
+
+    One process, one model load; each mode is timed after a warm-up. Reports ms/item, items/s,
+    speed-up over the naive re-encode, the fraction of this machine's matmul peak reached on the
+    unavoidable work, peak memory, and whether every mode chose the same labels.
+
+    Example:
+
+        prefixcache bench configs/support-tickets.yaml data/samples/tickets.jsonl --limit 8
+    """
+    from .bench import run_bench
+    from .run import Classifier
+    from .spec import load_spec
+
+    _setup_logging(as_json)
+    with _errors(debug):
+        task = load_spec(spec)
+        in_fmt = detect_format(items, fmt)
+        records = list(islice(read_items(items, in_fmt, task.id_field), max_items))
+        if not records:
+            raise OutputError(f"{items}: no items to benchmark")
+        clf = Classifier.from_spec(task)
+        clf.load_model(device, dtype)
+        report = run_bench(clf, records, min(limit, len(records)), batch_size, batch_tokens)
+        if as_json:
+            print(json.dumps(report.to_json(), indent=2))
+        else:
+            _print_bench(report)
+
+
+def _print_bench(report) -> None:
+    from rich.table import Table
+
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    table = Table(title=f"prefixcache bench · {report.device} {report.dtype} · {report.threads} threads")
+    for col in ("mode", "items", "ms/item", "items/s", "speed-up", "efficiency", "peak RSS MB"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for m in report.modes:
+        table.add_row(
+            m.mode, str(m.items), f"{m.ms_per_item:.1f}", f"{m.items_per_second:.1f}", f"{m.speedup:.1f}x",
+            f"{m.efficiency:.2f}", "-" if m.peak_rss_mb is None else f"{m.peak_rss_mb:.0f}",
+        )
+    out.print(table)
+    out.print(
+        f"matmul peak {report.peak_gflops:.0f} GFLOP/s · unavoidable work {report.unavoidable_gflop:.2f} GFLOP/item "
+        f"({report.item_tokens:.1f} item tokens + {report.candidate_tokens} label tokens) · "
+        f"prefix {report.prefix_tokens} tokens, prefill {report.prefill_ms:.0f} ms · load {report.load_seconds:.1f} s\n"
+        f"run pipeline vs one full forward per item and label: {report.modes[1].ms_per_item / report.modes[3].ms_per_item:.0f}x · "
+        f"scoring every label costs {report.option_cost_ratio:.2f}x scoring the item alone · "
+        f"same labels in every mode: {'yes' if report.same_labels else 'NO'}",
+        soft_wrap=True,
+    )
 
 
 def main() -> None:

@@ -183,7 +183,8 @@ class Engine:
         if not bool(lay.allowed[:, :, :P].all()):  # some item shares only part of the prefix
             per_token = lay.allowed[:, :, :P].reshape(-1, P)[lay.slots]  # [T, P]
             prefix_mask = self._mask(per_token)[None, None]  # [1, 1, T, P]
-        state = attention.SharedPrefixState(prefix.kv, lay.gather.to(dev), lay.slots.to(dev), own, prefix_mask)
+        gather = lay.gather.masked_fill(lay.gather == lay.ids.shape[0], 0).to(dev)  # padding -> token 0
+        state = attention.SharedPrefixState(prefix.kv, gather, lay.slots.to(dev), own, prefix_mask)
         with self._attn(attention.NAME):
             out = self.model(
                 input_ids=lay.ids[None].to(dev),  # [1, T]
@@ -201,14 +202,17 @@ class Engine:
         pos = torch.cat([lay.pos, lay.pos.new_zeros(1)])[lay.gather]  # [B, W]
         # Rows are right-aligned, so every kept position lies in the last K columns.
         K = int(W - (lay.slots[lay.keep] % W).min())
-        cache = DynamicCache([(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in prefix.kv])
+        cache = {}
+        if prefix.ids:  # an empty prefix means a full re-encode (bench's naive mode)
+            kv = [(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in prefix.kv]
+            cache = {self._cache_kw: DynamicCache(kv)}
         out = self.model(
             input_ids=ids.to(self.device),
             position_ids=pos.to(self.device),
             attention_mask=self._mask(lay.allowed)[:, None],  # [B, 1, W, P + W]
-            use_cache=True,
+            use_cache=bool(cache),
             logits_to_keep=K,
-            **{self._cache_kw: cache},
+            **cache,
         )
         flat = out.logits.reshape(B * K, -1)  # [B * K, V]
         b, w = lay.slots[lay.keep] // W, lay.slots[lay.keep] % W

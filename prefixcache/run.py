@@ -59,7 +59,7 @@ class Classifier:
     Example:
         clf = Classifier.from_spec(spec)      # tokenizer only: enough for `render`
         clf.load_model()                      # model + prefill
-        for record in clf.classify(items, batch_size=16): ...
+        for record in clf.classify(items): ...
     """
 
     spec: TaskSpec
@@ -135,11 +135,36 @@ class Classifier:
             "ms": round(ms, 3),
         }
 
+    def _batches(self, items: Iterable[Item], batch_size: int, batch_tokens: int) -> Iterator[list[tuple[Item, EncodedItem]]]:
+        """Consecutive items, at most `batch_size` of them and about `batch_tokens` tokens through
+        the model per batch (an item costs its own tokens plus the label tokens after it)."""
+        from .engine import _trie
+
+        label_tokens = len(_trie(list(self.builder.candidates.values()))[0])
+        batch: list[tuple[Item, EncodedItem]] = []
+        tokens = 0
+        for item in items:
+            try:
+                enc = self.encode(item)
+            except ItemError:
+                if batch:  # score what came before the bad item first
+                    yield batch
+                raise
+            cost = len(enc.ids) - enc.prefix_len + label_tokens
+            if batch and (len(batch) >= batch_size or tokens + cost > batch_tokens):
+                yield batch
+                batch, tokens = [], 0
+            batch.append((item, enc))
+            tokens += cost
+        if batch:
+            yield batch
+
     def classify(
         self,
         items: Iterable[Item],
-        batch_size: int = 8,
+        batch_size: int = 64,
         on_batch: Callable[[int], None] | None = None,
+        batch_tokens: int = 768,
     ) -> Iterator[dict[str, Any]]:
         """Score items in batches against the cached prefix; yield records in input order."""
         from .engine import Row
@@ -147,16 +172,14 @@ class Classifier:
         if self.engine is None:
             raise RuntimeError("call load_model() before classify()")
         candidates = list(self.builder.candidates.values())
-        it = iter(items)
-        while batch := list(islice(it, batch_size)):
-            encoded = [self.encode(item) for item in batch]
+        for batch in self._batches(items, batch_size, batch_tokens):
             start = time.perf_counter()
-            scores = self.engine.score(self.prefix, [Row(e.ids, e.prefix_len, candidates) for e in encoded])
+            scores = self.engine.score(self.prefix, [Row(e.ids, e.prefix_len, candidates) for _, e in batch])
             elapsed = time.perf_counter() - start
             self.stats.seconds += elapsed
             self.stats.items += len(batch)
-            self.stats.item_tokens += sum(len(e.ids) - e.prefix_len for e in encoded)
-            for item, enc, lps in zip(batch, encoded, scores):
+            self.stats.item_tokens += sum(len(e.ids) - e.prefix_len for _, e in batch)
+            for (item, enc), lps in zip(batch, scores):
                 yield self._record(item, enc, lps, 1000 * elapsed / len(batch))
             if on_batch:
                 on_batch(len(batch))

@@ -174,3 +174,27 @@ def test_prefix_too_long_for_context(tmp_path, tiny_model_dir, items_path):
     result = invoke("run", path, items_path)
     assert result.exit_code == 3
     assert "more than the model's context of 16" in result.stderr
+
+
+def test_bench_json_reports_every_mode(spec_path, items_path):
+    result = invoke("bench", spec_path, items_path, "--limit", 3, "--json", "--batch-tokens", 200)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [m["mode"].split(" (")[0] for m in report["modes"]] == [
+        "naive: full re-encode per item",
+        "naive: full forward per item and label",
+        "cached, one item at a time",
+        "run pipeline",
+    ]
+    assert [m["items"] for m in report["modes"]] == [3, 3, len(TEXTS), len(TEXTS)]
+    assert report["same_labels"] is True
+    assert report["peak_gflops"] > 0 and report["unavoidable_gflop"] > 0
+    assert all(m["ms_per_item"] > 0 and 0 < m["efficiency"] for m in report["modes"])
+    assert report["modes"][0]["speedup"] == 1.0
+
+
+def test_bench_table(spec_path, items_path):
+    result = invoke("bench", spec_path, items_path, "--limit", 2, "--max-items", 4)
+    assert result.exit_code == 0, result.output
+    assert "run pipeline" in result.stdout and "matmul peak" in result.stdout
+    assert "same labels in every mode: yes" in result.stdout

@@ -1,0 +1,218 @@
+"""`prefixcache bench`: one model load, several ways of getting the same scores, timed.
+
+Modes, each timed after a warm-up on the same items:
+- naive: the whole prompt re-encoded for every item, all labels in that one pass (the article's
+  baseline: one full forward per item);
+- naive per label: one full forward per (item, label), as lm-evaluation-harness does;
+- cached, one item at a time: the prefix prefilled once, batches of one;
+- run: the `run` pipeline as shipped (cached, batched).
+
+Efficiency is the fraction of this machine's measured matmul peak reached on the work no method
+can avoid: the item's own tokens and the label tokens after each label's first (the first is
+scored from the item's last logits), through every linear layer, plus the lm_head rows scored.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .engine import Engine, Prefix, Row, _trie
+from .io import Item
+from .reference import score_naive
+from .run import Classifier
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    items: int
+    ms_per_item: float
+    items_per_second: float
+    peak_rss_mb: float | None
+    efficiency: float | None = None
+    speedup: float | None = None
+    labels: list[str] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class BenchReport:
+    device: str
+    dtype: str
+    threads: int
+    peak_gflops: float
+    load_seconds: float
+    prefill_ms: float
+    prefix_tokens: int
+    item_tokens: float  # per item, own tokens
+    candidate_tokens: int  # label tokens fed after the item (trie nodes)
+    unavoidable_gflop: float  # per item
+    same_labels: bool
+    option_cost_ratio: float  # scoring every label vs scoring the item alone, same batches
+    modes: list[ModeResult]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for m in data["modes"]:
+            m.pop("labels")
+        return data
+
+
+def measure_peak_gflops(device: torch.device, dtype: torch.dtype, seconds: float = 1.0) -> float:
+    """Best of three timings of a large square matmul on the model's device and dtype."""
+    n = 2048
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    best = 0.0
+    for _ in range(3):
+        _sync(device)
+        start, reps = time.perf_counter(), 0
+        while time.perf_counter() - start < seconds / 3:
+            a @ b
+            reps += 1
+        _sync(device)
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def linear_params(model: torch.nn.Module) -> tuple[int, int]:
+    """(weights of all matmul layers except the lm_head, lm_head weights)."""
+    head = model.get_output_embeddings()
+    body = 0
+    for module in model.modules():
+        if module is head:
+            continue
+        if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":
+            body += module.weight.numel()
+    return body, head.weight.numel()
+
+
+class _PeakRSS:
+    """Samples the process's resident memory while a mode runs (Linux; None elsewhere)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self._page
+
+    def __enter__(self) -> "_PeakRSS":
+        if not os.path.exists("/proc/self/statm"):
+            self.peak = -1
+            return self
+        self.peak = self._rss()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self._rss())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.peak >= 0:
+            self._thread.join()
+            self.peak = max(self.peak, self._rss())
+
+    @property
+    def mb(self) -> float | None:
+        return None if self.peak < 0 else self.peak / 2**20
+
+
+def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device) -> ModeResult:
+    _sync(device)
+    with _PeakRSS() as rss:
+        start = time.perf_counter()
+        labels = fn()
+        _sync(device)
+        elapsed = time.perf_counter() - start
+    return ModeResult(name, n, 1000 * elapsed / n, n / elapsed, rss.mb, labels=labels)
+
+
+def _option_cost_ratio(clf: Classifier, items: Sequence[Item], batch_size: int, batch_tokens: int) -> float:
+    """Time of scoring every label over time of scoring one one-token candidate (the item
+    alone: its own tokens and one row of logits), on the same batches of the same items."""
+    engine, prefix = clf.engine, clf.prefix
+    cands = list(clf.builder.candidates.values())
+    groups = [[e for _, e in batch] for batch in clf._batches(items, batch_size, batch_tokens)]
+
+    def timed(candidates) -> float:
+        start = time.perf_counter()
+        for group in groups:
+            engine.score(prefix, [Row(e.ids, e.prefix_len, candidates) for e in group])
+        return time.perf_counter() - start
+
+    timed(cands), timed([cands[0][-1:]])  # warm-up
+    return timed(cands) / timed([cands[0][-1:]])
+
+
+def run_bench(
+    clf: Classifier, items: Sequence[Item], naive_limit: int, batch_size: int = 64, batch_tokens: int = 768
+) -> BenchReport:
+    engine, prefix, builder = clf.engine, clf.prefix, clf.builder
+    model, device = engine.model, engine.device
+    names = list(builder.candidates)
+    cands = list(builder.candidates.values())
+    encoded = [clf.encode(item) for item in items]
+    few = encoded[:naive_limit]
+    pick = lambda scores: names[max(range(len(scores)), key=scores.__getitem__)]  # noqa: E731
+    full = Engine(model, "standard")
+    empty = Prefix((), (), torch.empty(0), 0.0)
+
+    def naive(rows=few) -> list[str]:
+        return [pick(full.score(empty, [Row(e.ids, 0, cands)])[0]) for e in rows]
+
+    def naive_per_label(rows=few) -> list[str]:
+        return [pick(score_naive(model, e.ids, cands)) for e in rows]
+
+    def cached_single(rows=encoded) -> list[str]:
+        return [pick(engine.score(prefix, [Row(e.ids, e.prefix_len, cands)])[0]) for e in rows]
+
+    def pipeline(its=items) -> list[str]:
+        return [r["label"] for r in clf.classify(its, batch_size, batch_tokens=batch_tokens)]
+
+    # Warm-ups: first calls pay for allocations and kernel set-up.
+    naive(few[:1]), naive_per_label(few[:1]), cached_single(encoded[:1]), pipeline(items[:batch_size])
+    stats = clf.stats
+    seconds, count, tokens = stats.seconds, stats.items, stats.item_tokens
+    modes = [
+        _timed("naive: full re-encode per item", len(few), naive, device),
+        _timed("naive: full forward per item and label", len(few), naive_per_label, device),
+        _timed("cached, one item at a time", len(encoded), cached_single, device),
+        _timed(f"run pipeline (<= {batch_size} items, ~{batch_tokens} tokens a batch)", len(items), pipeline, device),
+    ]
+    # Option cost: the same pipeline scoring one one-token candidate instead of every label.
+    option_ratio = _option_cost_ratio(clf, items, batch_size, batch_tokens)
+    stats.seconds, stats.items, stats.item_tokens = seconds, count, tokens
+
+    body, head = linear_params(model)
+    nodes = len(_trie(cands)[0])
+    own = sum(len(e.ids) - e.prefix_len for e in encoded) / len(encoded)
+    gflop = (2 * body * (own + nodes) + 2 * head * (1 + nodes)) / 1e9
+    peak = measure_peak_gflops(device, engine.dtype)
+    base = modes[0].ms_per_item
+    for m in modes:
+        m.speedup = base / m.ms_per_item
+        m.efficiency = gflop / (m.ms_per_item / 1000) / peak
+    n = len(few)
+    same = all(m.labels[:n] == modes[0].labels[:n] for m in modes)
+    return BenchReport(
+        device=str(device), dtype=str(engine.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
+        peak_gflops=peak, load_seconds=clf.stats.load_seconds, prefill_ms=prefix.prefill_ms,
+        prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
+        same_labels=same, option_cost_ratio=option_ratio, modes=modes,
+    )
