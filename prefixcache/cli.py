@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from contextlib import contextmanager
 from itertools import islice
@@ -146,6 +147,7 @@ def run(
     from .run import Classifier, flatten_for_csv, output_columns
     from .spec import load_spec
 
+    started, first_record = time.perf_counter(), None
     _setup_logging(quiet)
     with _errors(debug):
         task = load_spec(spec)
@@ -170,15 +172,18 @@ def run(
 
                 for record in clf.classify(islice(stream, limit), batch_size, advance, batch_tokens):
                     writer.write(flatten_for_csv(record) if csv_out else record)
+                    if first_record is None:
+                        first_record = time.perf_counter() - started
         finally:
             writer.close()
         if not quiet:
             s = clf.stats
             err.print(
                 f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
-                f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.items, 1):.1f} tokens/item) · "
+                f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
+                f"{f', {s.items - s.scored} duplicates reused' if s.items > s.scored else ''}) · "
                 f"prefix {s.prefix_tokens} tokens, prefill {s.prefill_ms:.0f} ms · "
-                f"load {s.load_seconds:.1f} s · {s.device} {s.dtype}",
+                f"load {s.load_seconds:.1f} s · first record after {first_record or 0:.1f} s · {s.device} {s.dtype}",
                 markup=False,
                 soft_wrap=True,
             )

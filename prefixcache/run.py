@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -22,7 +23,8 @@ from .spec import TaskSpec
 class RunStats:
     items: int = 0
     seconds: float = 0.0  # scoring time, prefill excluded
-    item_tokens: int = 0  # tokens of the items' own (not cached) part
+    scored: int = 0  # distinct prompts run through the model (duplicates reuse their scores)
+    item_tokens: int = 0  # tokens of the scored items' own (not cached) part
     load_seconds: float = 0.0
     prefill_ms: float = 0.0
     prefix_tokens: int = 0
@@ -69,6 +71,7 @@ class Classifier:
     engine: Any = None
     prefix: Any = None
     stats: RunStats = field(default_factory=RunStats)
+    _scores: "ScoreCache" = field(default_factory=lambda: ScoreCache())
 
     @classmethod
     def from_spec(cls, spec: TaskSpec) -> "Classifier":
@@ -135,13 +138,17 @@ class Classifier:
             "ms": round(ms, 3),
         }
 
-    def _batches(self, items: Iterable[Item], batch_size: int, batch_tokens: int) -> Iterator[list[tuple[Item, EncodedItem]]]:
+    def _batches(
+        self, items: Iterable[Item], batch_size: int, batch_tokens: int, known: Callable[[tuple], bool] = lambda k: False
+    ) -> Iterator[list[tuple[Item, EncodedItem]]]:
         """Consecutive items, at most `batch_size` of them and about `batch_tokens` tokens through
-        the model per batch (an item costs its own tokens plus the label tokens after it)."""
+        the model per batch (an item costs its own tokens plus the label tokens after it; an item
+        whose prompt is `known` or already in the batch costs nothing)."""
         from .engine import _trie
 
         label_tokens = len(_trie(list(self.builder.candidates.values()))[0])
         batch: list[tuple[Item, EncodedItem]] = []
+        keys: set[tuple] = set()
         tokens = 0
         for item in items:
             try:
@@ -150,11 +157,14 @@ class Classifier:
                 if batch:  # score what came before the bad item first
                     yield batch
                 raise
-            cost = len(enc.ids) - enc.prefix_len + label_tokens
+            key = _prompt_key(enc)
+            cost = 0 if key in keys or known(key) else len(enc.ids) - enc.prefix_len + label_tokens
             if batch and (len(batch) >= batch_size or tokens + cost > batch_tokens):
                 yield batch
-                batch, tokens = [], 0
+                batch, keys, tokens = [], set(), 0
+                cost = 0 if known(key) else len(enc.ids) - enc.prefix_len + label_tokens
             batch.append((item, enc))
+            keys.add(key)
             tokens += cost
         if batch:
             yield batch
@@ -166,23 +176,53 @@ class Classifier:
         on_batch: Callable[[int], None] | None = None,
         batch_tokens: int = 768,
     ) -> Iterator[dict[str, Any]]:
-        """Score items in batches against the cached prefix; yield records in input order."""
+        """Score items in batches against the cached prefix; yield records in input order.
+        Items whose prompt was scored recently (same token ids) reuse those scores."""
         from .engine import Row
 
         if self.engine is None:
             raise RuntimeError("call load_model() before classify()")
         candidates = list(self.builder.candidates.values())
-        for batch in self._batches(items, batch_size, batch_tokens):
+        for batch in self._batches(items, batch_size, batch_tokens, self._scores.__contains__):
             start = time.perf_counter()
-            scores = self.engine.score(self.prefix, [Row(e.ids, e.prefix_len, candidates) for _, e in batch])
+            todo = {_prompt_key(e): e for _, e in batch if _prompt_key(e) not in self._scores}
+            rows = [Row(e.ids, e.prefix_len, candidates) for e in todo.values()]
+            for key, scores in zip(todo, self.engine.score(self.prefix, rows) if rows else ()):
+                self._scores.put(key, scores)
             elapsed = time.perf_counter() - start
             self.stats.seconds += elapsed
             self.stats.items += len(batch)
-            self.stats.item_tokens += sum(len(e.ids) - e.prefix_len for _, e in batch)
-            for (item, enc), lps in zip(batch, scores):
-                yield self._record(item, enc, lps, 1000 * elapsed / len(batch))
+            self.stats.scored += len(todo)
+            self.stats.item_tokens += sum(len(e.ids) - e.prefix_len for e in todo.values())
+            for item, enc in batch:
+                yield self._record(item, enc, self._scores.get(_prompt_key(enc)), 1000 * elapsed / len(batch))
             if on_batch:
                 on_batch(len(batch))
+
+
+def _prompt_key(enc: EncodedItem) -> tuple:
+    """The item's part of the prompt (the prefix is the same for every item of a run)."""
+    return (enc.prefix_len, *enc.ids[enc.prefix_len:])
+
+
+class ScoreCache:
+    """The most recently used prompts' scores, so duplicate items are scored once."""
+
+    def __init__(self, size: int = 65536):
+        self.size, self._data = size, OrderedDict()
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._data
+
+    def get(self, key: tuple) -> list[float]:
+        self._data.move_to_end(key)
+        return self._data[key]
+
+    def put(self, key: tuple, scores: list[float]) -> None:
+        self._data[key] = scores
+        self._data.move_to_end(key)
+        while len(self._data) > self.size:
+            self._data.popitem(last=False)
 
 
 def output_columns(spec: TaskSpec) -> list[str]:

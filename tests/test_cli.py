@@ -198,3 +198,18 @@ def test_bench_table(spec_path, items_path):
     assert result.exit_code == 0, result.output
     assert "run pipeline" in result.stdout and "matmul peak" in result.stdout
     assert "same labels in every mode: yes" in result.stdout
+
+
+def test_duplicate_items_are_scored_once(spec_path, tmp_path):
+    src = tmp_path / "dups.jsonl"
+    texts = ["crash on start", "refund please", "crash on start", "crash on start", "refund please", "new one"]
+    src.write_text("".join(json.dumps({"id": n, "text": t}) + "\n" for n, t in enumerate(texts)))
+    out = tmp_path / "o.jsonl"
+    result = invoke("run", spec_path, src, "-o", out, "--batch-size", 2)
+    assert result.exit_code == 0, result.output
+    assert "3 duplicates reused" in result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == list(range(6))
+    assert records[0]["logprobs"] == records[2]["logprobs"] == records[3]["logprobs"]
+    assert records[1]["logprobs"] == records[4]["logprobs"]
+    assert records[0]["logprobs"] != records[1]["logprobs"]
