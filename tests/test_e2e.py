@@ -36,6 +36,7 @@ def test_real_model_cached_scores_equal_full_reencode(classifier):
     assert tok.convert_ids_to_tokens(classifier.builder.candidates["billing"][-1]) == "<|im_end|>"
     items = list(read_items(str(TICKETS)))[:6]
     records = list(classifier.classify(items, batch_size=4))
+    assert classifier.engine.backend == "shared"  # the fast path, not the padded fallback
     model = classifier.engine.model
     names = list(classifier.builder.candidates)
     for item, record in zip(items, records):
