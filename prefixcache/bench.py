@@ -50,7 +50,7 @@ class BenchReport:
     prefill_ms: float
     prefix_tokens: int
     item_tokens: float  # per item, own tokens
-    candidate_tokens: int  # label tokens fed after the item (trie nodes)
+    candidate_tokens: float  # label tokens fed after the item (trie nodes), per item
     unavoidable_gflop: float  # per item
     same_labels: bool
     option_cost_ratio: float  # scoring every label vs scoring the item alone, same batches
@@ -144,56 +144,61 @@ def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device)
 
 
 def _option_cost_ratio(clf: Classifier, items: Sequence[Item], batch_size: int, batch_tokens: int) -> float:
-    """Time of scoring every label over time of scoring one one-token candidate (the item
+    """Time of scoring every candidate over time of scoring one one-token candidate (the item
     alone: its own tokens and one row of logits), on the same batches of the same items."""
     engine, prefix = clf.engine, clf.prefix
-    cands = list(clf.builder.candidates.values())
-    groups = [[e for _, e in batch] for batch in clf._batches(items, batch_size, batch_tokens)]
+    groups = list(clf._batches(items, batch_size, batch_tokens))
 
-    def timed(candidates) -> float:
+    def timed(alone: bool) -> float:
         start = time.perf_counter()
         for group in groups:
-            engine.score(prefix, [Row(e.ids, e.prefix_len, candidates) for e in group])
+            rows = [Row(p.enc.ids, p.enc.prefix_len,
+                        [next(iter(p.candidates.values()))[-1:]] if alone else list(p.candidates.values()))
+                    for p in group]
+            engine.score(prefix, rows)
         return time.perf_counter() - start
 
-    timed(cands), timed([cands[0][-1:]])  # warm-up
-    return timed(cands) / timed([cands[0][-1:]])
+    timed(False), timed(True)  # warm-up
+    return timed(False) / timed(True)
 
 
 def run_bench(
     clf: Classifier, items: Sequence[Item], naive_limit: int, batch_size: int = 64, batch_tokens: int = 768
 ) -> BenchReport:
-    engine, prefix, builder = clf.engine, clf.prefix, clf.builder
+    engine, prefix = clf.engine, clf.prefix
     model, device = engine.model, engine.device
-    names = list(builder.candidates)
-    cands = list(builder.candidates.values())
-    encoded = [clf.encode(item) for item in items]
-    few = encoded[:naive_limit]
-    pick = lambda scores: names[max(range(len(scores)), key=scores.__getitem__)]  # noqa: E731
+    prepared = [clf.prepare(item) for item in items]
+    few = prepared[:naive_limit]
     full = Engine(model, "standard")
     empty = Prefix((), (), torch.empty(0), 0.0)
 
+    def pick(prep, scores) -> str:
+        return list(prep.candidates)[max(range(len(scores)), key=scores.__getitem__)]
+
+    def cands(prep) -> list[tuple[int, ...]]:
+        return list(prep.candidates.values())
+
     def naive(rows=few) -> list[str]:
-        return [pick(full.score(empty, [Row(e.ids, 0, cands)])[0]) for e in rows]
+        return [pick(p, full.score(empty, [Row(p.enc.ids, 0, cands(p))])[0]) for p in rows]
 
     def naive_per_label(rows=few) -> list[str]:
-        return [pick(score_naive(model, e.ids, cands)) for e in rows]
+        return [pick(p, score_naive(model, p.enc.ids, cands(p))) for p in rows]
 
-    def cached_single(rows=encoded) -> list[str]:
-        return [pick(engine.score(prefix, [Row(e.ids, e.prefix_len, cands)])[0]) for e in rows]
+    def cached_single(rows=prepared) -> list[str]:
+        return [pick(p, engine.score(prefix, [Row(p.enc.ids, p.enc.prefix_len, cands(p))])[0]) for p in rows]
 
     def pipeline(its=items) -> list[str]:
         clf._scores = ScoreCache()  # the warm-up's scores must not be reused
         return [r["label"] for r in clf.classify(its, batch_size, batch_tokens=batch_tokens)]
 
     # Warm-ups: first calls pay for allocations and kernel set-up.
-    naive(few[:1]), naive_per_label(few[:1]), cached_single(encoded[:1]), pipeline(items[:batch_size])
+    naive(few[:1]), naive_per_label(few[:1]), cached_single(prepared[:1]), pipeline(items[:batch_size])
     stats = clf.stats
     seconds, count, tokens = stats.seconds, stats.items, stats.item_tokens
     modes = [
         _timed("naive: full re-encode per item", len(few), naive, device),
         _timed("naive: full forward per item and label", len(few), naive_per_label, device),
-        _timed("cached, one item at a time", len(encoded), cached_single, device),
+        _timed("cached, one item at a time", len(prepared), cached_single, device),
         _timed(f"run pipeline (<= {batch_size} items, ~{batch_tokens} tokens a batch)", len(items), pipeline, device),
     ]
     # Option cost: the same pipeline scoring one one-token candidate instead of every label.
@@ -201,8 +206,8 @@ def run_bench(
     stats.seconds, stats.items, stats.item_tokens = seconds, count, tokens
 
     body, head = linear_params(model)
-    nodes = len(_trie(cands)[0])
-    own = sum(len(e.ids) - e.prefix_len for e in encoded) / len(encoded)
+    nodes = sum(len(_trie(cands(p))[0]) for p in prepared) / len(prepared)
+    own = sum(len(p.enc.ids) - p.enc.prefix_len for p in prepared) / len(prepared)
     gflop = (2 * body * (own + nodes) + 2 * head * (1 + nodes)) / 1e9
     peak = measure_peak_gflops(device, engine.dtype)
     base = modes[0].ms_per_item

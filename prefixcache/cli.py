@@ -5,6 +5,7 @@ stdout carries data only (records, rendered prompts); progress, summaries and er
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from . import __version__
-from .errors import EXIT_INTERNAL, EXIT_USAGE, OutputError, PrefixcacheError
+from .errors import EXIT_GATE, EXIT_INTERNAL, EXIT_USAGE, OutputError, PrefixcacheError, SpecError
 from .io import INPUT_FORMATS, detect_format, open_writer, read_items, scan_items
 
 app = typer.Typer(
@@ -58,6 +59,8 @@ def _errors(debug: bool) -> Iterator[None]:
     """Library errors become `error: <message>` on stderr and their exit code; no traceback."""
     try:
         yield
+    except typer.Exit:
+        raise
     except PrefixcacheError as exc:
         if debug:
             traceback.print_exc()
@@ -84,7 +87,7 @@ def _setup_logging(quiet: bool) -> None:
         handler.setFormatter(logging.Formatter("prefixcache: %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
-    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.setLevel(logging.ERROR if quiet else logging.INFO)
 
 
 def _check_output(path: Optional[str]) -> None:
@@ -131,19 +134,31 @@ def run(
     batch_size: int = typer.Option(64, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="At most this many items per forward pass."),
     batch_tokens: int = typer.Option(768, "--batch-tokens", min=1, envvar="PREFIXCACHE_BATCH_TOKENS", help="About this many tokens per forward pass (items' own tokens + label tokens)."),
     limit: Optional[int] = LIMIT_OPT,
+    gold: Optional[str] = typer.Option(None, "--gold", help="Item field with the expected label or option (overrides the spec's 'gold')."),
+    metrics: Optional[Path] = typer.Option(None, "--metrics", help="Write the evaluation as JSON to this file."),
+    summary_md: Optional[Path] = typer.Option(None, "--summary-md", help="Write the evaluation as Markdown (e.g. $GITHUB_STEP_SUMMARY)."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Write the evaluation as a JUnit XML report."),
+    min_accuracy: Optional[float] = typer.Option(None, "--min-accuracy", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when accuracy is below this."),
     device: str = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", help="auto, cpu, cuda or mps."),
     dtype: str = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto (float32 on CPU, bf16/fp16 on CUDA), float32, bfloat16, float16."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, summary or evaluation tables."),
     debug: bool = DEBUG_OPT,
 ) -> None:
     """Classify every item and stream one record per item, in input order.
+
+    With a gold field (spec key `gold` or `--gold`), accuracy, macro-F1, per-label precision and
+    recall and a confusion matrix are shown on stderr; `--min-accuracy` turns them into a CI gate.
 
     Example:
 
         prefixcache run configs/support-tickets.yaml data/samples/tickets.jsonl -o predictions.jsonl
 
         cat items.csv | prefixcache run spec.yaml - --format csv > predictions.jsonl
+
+        prefixcache run configs/irony.yaml data/samples/irony.jsonl -o out.jsonl --min-accuracy 0.6 --junit report.xml
     """
+    from .lint import lint_labels
+    from .metrics import Evaluation
     from .run import Classifier, flatten_for_csv, output_columns
     from .spec import load_spec
 
@@ -151,42 +166,95 @@ def run(
     _setup_logging(quiet)
     with _errors(debug):
         task = load_spec(spec)
+        if gold:
+            task = dataclasses.replace(task, gold=gold)
+        if (metrics or summary_md or junit or min_accuracy is not None) and not task.gold:
+            raise SpecError("--metrics, --summary-md, --junit and --min-accuracy need a gold field ('gold' in the spec, or --gold)")
         in_fmt = detect_format(items, fmt)
         total = None
         if items != "-":  # validate the whole input before the model loads
-            total = scan_items(items, in_fmt, task.id_field, task.template.fields)
+            total = scan_items(items, in_fmt, task.id_field, task.check_record)
             total = min(total, limit) if limit else total
         _check_output(output)
         clf = Classifier.from_spec(task)
+        for warning in lint_labels(clf.builder) if task.labels else ():
+            logging.getLogger("prefixcache").warning("%s", warning)
         clf.load_model(device, dtype)
+        evaluation = Evaluation(None if task.choices else task.label_names) if task.gold else None
         writer = open_writer(output, output_columns(task))
-        csv_out = writer.fmt == "csv"
         stream = read_items(items, in_fmt, task.id_field)
         try:
             with _progress(quiet) as progress:
                 bar = progress.add_task("classify", total=total, rate="")
 
                 def advance(n: int) -> None:
-                    rate = f"{clf.stats.items_per_second:.1f} items/s"
-                    progress.update(bar, advance=n, rate=rate)
+                    progress.update(bar, advance=n, rate=f"{clf.stats.items_per_second:.1f} items/s")
 
                 for record in clf.classify(islice(stream, limit), batch_size, advance, batch_tokens):
-                    writer.write(flatten_for_csv(record) if csv_out else record)
-                    if first_record is None:
-                        first_record = time.perf_counter() - started
+                    writer.write(flatten_for_csv(record) if writer.fmt == "csv" else record)
+                    first_record = first_record or time.perf_counter() - started
+                    if evaluation:
+                        evaluation.add(record["gold"], record["label"])
         finally:
             writer.close()
         if not quiet:
-            s = clf.stats
-            err.print(
-                f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
-                f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
-                f"{f', {s.items - s.scored} duplicates reused' if s.items > s.scored else ''}) · "
-                f"prefix {s.prefix_tokens} tokens, prefill {s.prefill_ms:.0f} ms · "
-                f"load {s.load_seconds:.1f} s · first record after {first_record or 0:.1f} s · {s.device} {s.dtype}",
-                markup=False,
-                soft_wrap=True,
-            )
+            _print_summary(clf.stats, first_record)
+        if evaluation:
+            _report_evaluation(evaluation, quiet, metrics, summary_md, junit, min_accuracy)
+
+
+def _print_summary(s, first_record: Optional[float]) -> None:
+    err.print(
+        f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
+        f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
+        f"{f', {s.items - s.scored} duplicates reused' if s.items > s.scored else ''}) · "
+        f"prefix {s.prefix_tokens} tokens, prefill {s.prefill_ms:.0f} ms · "
+        f"load {s.load_seconds:.1f} s · first record after {first_record or 0:.1f} s · {s.device} {s.dtype}",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _write_report(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write report: {exc.strerror}")
+
+
+def _report_evaluation(evaluation, quiet: bool, metrics, summary_md, junit, min_accuracy) -> None:
+    """Tables on stderr, the requested report files, and the accuracy gate."""
+    if not quiet:
+        _print_evaluation(evaluation)
+    if metrics:
+        data = {**evaluation.to_json(), "min_accuracy": min_accuracy}
+        _write_report(metrics, json.dumps(data, indent=2) + "\n")
+    if summary_md:
+        _write_report(summary_md, evaluation.to_markdown(min_accuracy=min_accuracy))
+    if junit:
+        _write_report(junit, evaluation.to_junit(min_accuracy=min_accuracy))
+    if min_accuracy is not None and evaluation.accuracy < min_accuracy:
+        err.print(f"gate failed: accuracy {evaluation.accuracy:.4f} is below --min-accuracy {min_accuracy}", markup=False)
+        raise typer.Exit(EXIT_GATE)
+
+
+def _print_evaluation(evaluation) -> None:
+    from rich.table import Table
+
+    head = f"accuracy {evaluation.accuracy:.3f} ({evaluation.correct}/{evaluation.n}) · coverage {evaluation.coverage:.3f}"
+    if evaluation.labels is None:
+        err.print(head, markup=False, soft_wrap=True)
+        return
+    err.print(f"{head} · macro-F1 {evaluation.macro_f1:.3f}", markup=False, soft_wrap=True)
+    table = Table("label", "precision", "recall", "F1", "support")
+    for label, st in evaluation.per_label().items():
+        table.add_row(label, f"{st['precision']:.3f}", f"{st['recall']:.3f}", f"{st['f1']:.3f}", str(st["support"]))
+    err.print(table)
+    columns, rows = evaluation.matrix()
+    confusion = Table("gold \\ predicted", *columns)
+    for label, row in zip(evaluation.labels, rows):
+        confusion.add_row(label, *map(str, row))
+    err.print(confusion)
 
 
 @app.command()
@@ -277,7 +345,7 @@ def _print_bench(report) -> None:
     out.print(table)
     out.print(
         f"matmul peak {report.peak_gflops:.0f} GFLOP/s · unavoidable work {report.unavoidable_gflop:.2f} GFLOP/item "
-        f"({report.item_tokens:.1f} item tokens + {report.candidate_tokens} label tokens) · "
+        f"({report.item_tokens:.1f} item tokens + {report.candidate_tokens:.1f} label tokens) · "
         f"prefix {report.prefix_tokens} tokens, prefill {report.prefill_ms:.0f} ms · load {report.load_seconds:.1f} s\n"
         f"run pipeline vs one full forward per item and label: {report.modes[1].ms_per_item / report.modes[3].ms_per_item:.0f}x · "
         f"scoring every label costs {report.option_cost_ratio:.2f}x scoring the item alone · "

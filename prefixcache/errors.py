@@ -8,6 +8,7 @@ EXIT_INTERNAL = 1
 EXIT_USAGE = 2  # bad spec, bad input, unwritable output, bad option
 EXIT_MODEL = 3  # the model or tokenizer could not be loaded
 EXIT_ITEM = 4  # an item could not be scored (too long for the context, ...)
+EXIT_GATE = 5  # --min-accuracy was not reached
 
 
 class PrefixcacheError(Exception):

@@ -12,7 +12,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator, Mapping, Sequence
+from typing import IO, Any, Callable, Iterator, Mapping, Sequence
 
 from .errors import InputError, OutputError
 
@@ -118,16 +118,17 @@ def read_items(path: str, fmt: str | None = None, id_field: str = "id") -> Itera
             stream.close()
 
 
-def scan_items(path: str, fmt: str | None, id_field: str, fields: Sequence[str]) -> int:
-    """Read the whole input once before the model loads: syntax, template fields, unique ids.
-    Returns the number of items."""
+def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mapping[str, Any]], None]) -> int:
+    """Read the whole input once before the model loads: syntax, unique ids, and `check` (which
+    raises ValueError with what is wrong). Returns the number of items."""
     seen: dict[Any, int] = {}
     name = "<stdin>" if path == "-" else path
     count = 0
     for item in read_items(path, fmt, id_field):
-        for field in fields:
-            if field not in item.record:
-                raise InputError(f"{name}:{item.line}: item {item.id!r} lacks field {field!r} used by the template")
+        try:
+            check(item.record)
+        except ValueError as exc:
+            raise InputError(f"{name}:{item.line}: item {item.id!r} {exc}")
         if item.id in seen:
             raise InputError(f"{name}:{item.line}: duplicate id {item.id!r} (first on line {seen[item.id]})")
         seen[item.id] = item.line

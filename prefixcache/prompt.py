@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .errors import ModelError, SpecError
+from .errors import ItemError, ModelError, SpecError
 from .spec import TaskSpec
 
 # Field values used to find where item text starts and which prefix tokens never merge with it.
@@ -144,25 +144,49 @@ class PromptBuilder:
     def candidate_text(self, label: str) -> str:
         return (f" {label}" if self.mode == "plain" else label) + self.end_of_answer
 
-    def _candidates(self) -> dict[str, tuple[int, ...]]:
-        """Candidate ids are cut from the tokenisation of a whole prompt + candidate, and must
-        split token-clean: prompt ids + candidate ids == ids of the joined text."""
-        anchor = self.render({f: "A" for f in self.spec.template.fields})
-        anchor_ids = self.encode(anchor)
-        out: dict[str, tuple[int, ...]] = {}
-        for label in self.spec.label_names:
-            joined = self.encode(anchor + self.candidate_text(label))
-            if joined[: len(anchor_ids)] != anchor_ids or len(joined) == len(anchor_ids):
+    def _tail_anchor(self) -> str:
+        """The static text after the last item field: what every candidate directly follows."""
+        marker = "\ue000"
+        text = self.render({f: marker for f in self.spec.template.fields})
+        return text[text.rindex(marker) + 1:]
+
+    def candidate_ids(self, text: str) -> tuple[int, ...]:
+        """Ids of a label or option (with the end of answer) as they follow the prompt. Cut from
+        the tokenisation of prompt tail + candidate, which must split token-clean."""
+        ids = self._candidate_cache.get(text)
+        if ids is None:
+            joined = self.encode(self._anchor + self.candidate_text(text))
+            n = len(self._anchor_ids)
+            if joined[:n] != self._anchor_ids or len(joined) == n:
                 raise SpecError(
-                    f"{self.spec.path}: label {label!r} does not split token-clean from the prompt "
+                    f"{self.spec.path}: {text!r} does not split token-clean from the prompt "
                     f"(the tokenizer merges it with the text before it)"
                 )
-            ids = tuple(joined[len(anchor_ids):])
-            clash = [other for other, o_ids in out.items() if o_ids == ids]
-            if clash:
-                raise SpecError(f"{self.spec.path}: labels {clash[0]!r} and {label!r} tokenise to the same ids")
-            out[label] = ids
+            ids = tuple(joined[n:])
+            if len(self._candidate_cache) > 65536:
+                self._candidate_cache.clear()
+            self._candidate_cache[text] = ids
+        return ids
+
+    def options(self, texts: Sequence[str], item_id: object = None) -> dict[str, tuple[int, ...]]:
+        """Candidate ids for each text; texts that tokenise identically cannot be told apart."""
+        out: dict[str, tuple[int, ...]] = {}
+        seen: dict[tuple[int, ...], str] = {}
+        for text in texts:
+            ids = self.candidate_ids(text)
+            if ids in seen:
+                where = f"item {item_id!r}: options" if item_id is not None else f"{self.spec.path}: labels"
+                raise (ItemError(item_id, f"options {seen[ids]!r} and {text!r} tokenise to the same ids")
+                       if item_id is not None else SpecError(f"{where} {seen[ids]!r} and {text!r} tokenise to the same ids"))
+            seen[ids] = text
+            out[text] = ids
         return out
+
+    def _candidates(self) -> dict[str, tuple[int, ...]]:
+        self._candidate_cache: dict[str, tuple[int, ...]] = {}
+        self._anchor = self._tail_anchor()
+        self._anchor_ids = self.encode(self._anchor)
+        return self.options(self.spec.label_names)
 
     def encode_item(self, record: Mapping[str, Any], item_id: object = None) -> EncodedItem:
         text = self.render(record, item_id)

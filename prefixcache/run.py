@@ -4,7 +4,6 @@ records in input order. The CLI drives it; it never prints (progress goes throug
 
 from __future__ import annotations
 
-import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -16,7 +15,8 @@ from .errors import ItemError, ModelError
 from .io import Item
 from .load import ModelSource, load_model, load_tokenizer, pick_device, pick_dtype, resolve_model
 from .prompt import EncodedItem, PromptBuilder
-from .spec import TaskSpec
+from .scoring import calibrate, decide, mean_distribution, normalise, softmax
+from .spec import TaskSpec, choice_list, gold_value
 
 
 @dataclass
@@ -40,18 +40,18 @@ class RunStats:
         return self.items / self.seconds if self.seconds else 0.0
 
 
-def normalise(logprobs: list[float], lengths: list[int], how: str) -> list[float]:
-    """Scores used for the decision: `sum` keeps the total log-prob, `mean` divides by tokens."""
-    if how == "mean":
-        return [lp / n for lp, n in zip(logprobs, lengths)]
-    return list(logprobs)
+@dataclass(frozen=True)
+class Prepared:
+    """An item ready to score: its prompt ids and its candidates (labels, or its own options)."""
 
+    item: Item
+    enc: EncodedItem
+    candidates: dict[str, tuple[int, ...]]  # text -> ids, in output order
 
-def softmax(scores: list[float]) -> list[float]:
-    top = max(scores)
-    exps = [math.exp(s - top) for s in scores]
-    total = sum(exps)
-    return [e / total for e in exps]
+    @property
+    def key(self) -> tuple:
+        """What determines the scores (the prefix is the same for every item of a run)."""
+        return (self.enc.prefix_len, tuple(self.enc.ids[self.enc.prefix_len:]), tuple(self.candidates.values()))
 
 
 @dataclass
@@ -71,7 +71,9 @@ class Classifier:
     engine: Any = None
     prefix: Any = None
     stats: RunStats = field(default_factory=RunStats)
+    prior: list[float] | None = None  # calibration: label distribution on content-free inputs
     _scores: "ScoreCache" = field(default_factory=lambda: ScoreCache())
+    _unconditional: "ScoreCache" = field(default_factory=lambda: ScoreCache())
 
     @classmethod
     def from_spec(cls, spec: TaskSpec) -> "Classifier":
@@ -102,69 +104,130 @@ class Classifier:
         self.prefix = self.engine.prefill(self.builder.prefix_ids)
         self.stats.prefill_ms = self.prefix.prefill_ms
         self.stats.prefix_tokens = len(self.prefix.ids)
+        if self.spec.normalize == "pmi" and not self.spec.choices:
+            self._score_unconditional(list(self.builder.candidates.values()))
+        if self.spec.content_free:
+            self.prior = self._calibration_prior()
 
-    def encode(self, item: Item) -> EncodedItem:
+    # -- preparing items -----------------------------------------------------------------------
+    def prepare(self, item: Item) -> Prepared:
         enc = self.builder.encode_item(item.record, item.id)
+        if self.spec.choices:
+            try:
+                texts = choice_list(item.record, self.spec.choices)
+            except ValueError as exc:
+                raise ItemError(item.id, str(exc))
+            candidates = self.builder.options(texts, item.id)
+        else:
+            candidates = self.builder.candidates
         limit = self.engine.max_positions if self.engine else None
-        longest = max(len(c) for c in self.builder.candidates.values())
+        longest = max(len(c) for c in candidates.values())
         if limit and len(enc.ids) + longest - 1 > limit:
             raise ItemError(item.id, f"{len(enc.ids)} prompt tokens do not fit the model's context of {limit}")
-        return enc
+        return Prepared(item, enc, candidates)
+
+    def content_free(self, text: str) -> EncodedItem:
+        """The prompt with every template field set to `text` (e.g. "" or "N/A")."""
+        return self.builder.encode_item({f: text for f in self.spec.template.fields})
 
     def render(self, item: Item) -> dict[str, Any]:
-        enc = self.encode(item)
+        prep = self.prepare(item)
         return {
             "id": item.id,
-            "prompt": enc.text,
-            "prompt_ids": list(enc.ids),
-            "prefix_len": enc.prefix_len,
-            "candidates": {k: list(v) for k, v in self.builder.candidates.items()},
+            "prompt": prep.enc.text,
+            "prompt_ids": list(prep.enc.ids),
+            "prefix_len": prep.enc.prefix_len,
+            "candidates": {k: list(v) for k, v in prep.candidates.items()},
         }
 
-    def _record(self, item: Item, enc: EncodedItem, logprobs: list[float], ms: float) -> dict[str, Any]:
-        names = list(self.builder.candidates)
-        lengths = [len(c) for c in self.builder.candidates.values()]
-        probs = softmax(normalise(logprobs, lengths, self.spec.normalize))
-        best = max(range(len(names)), key=probs.__getitem__)
-        return {
-            "id": item.id,
-            "label": names[best],
-            "prob": round(probs[best], 6),
-            "probs": {n: round(p, 6) for n, p in zip(names, probs)},
-            "logprobs": {n: round(lp, 6) for n, lp in zip(names, logprobs)},
-            "normalize": self.spec.normalize,
-            "prefix_tokens": enc.prefix_len,
-            "item_tokens": len(enc.ids) - enc.prefix_len,
-            "ms": round(ms, 3),
-        }
+    # -- unconditional scores and calibration -------------------------------------------------
+    def _unconditional_row(self, candidates: list[tuple[int, ...]]):
+        """The row scoring `candidates` after the content-free prompt (fields empty), or None
+        when all are known."""
+        from .engine import Row
+
+        todo = list(dict.fromkeys(c for c in candidates if c not in self._unconditional))
+        if not todo:
+            return None, []
+        cf = self.content_free("")
+        return Row(cf.ids, cf.prefix_len, todo), todo
+
+    def _score_unconditional(self, candidates: list[tuple[int, ...]]) -> None:
+        row, todo = self._unconditional_row(candidates)
+        if row is not None:
+            for cand, lp in zip(todo, self.engine.score(self.prefix, [row])[0]):
+                self._unconditional.put(cand, lp)
+
+    def _calibration_prior(self) -> list[float]:
+        """Mean label distribution over the content-free inputs, scored like any item."""
+        from .engine import Row
+
+        cands = list(self.builder.candidates.values())
+        rows = [Row(e.ids, e.prefix_len, cands) for e in map(self.content_free, self.spec.content_free)]
+        dists = [self._distribution(self.builder.candidates, lps) for lps in self.engine.score(self.prefix, rows)]
+        return mean_distribution(dists)
+
+    def _distribution(self, candidates: dict[str, tuple[int, ...]], logprobs: list[float]) -> list[float]:
+        ids = list(candidates.values())
+        uncond = [self._unconditional.get(c) for c in ids] if self.spec.normalize == "pmi" else ()
+        scores = normalise(logprobs, self.spec.normalize, [len(c) for c in ids], list(candidates), uncond)
+        return softmax(scores)
+
+    # -- records ------------------------------------------------------------------------------
+    def _record(self, prep: Prepared, logprobs: list[float], ms: float) -> dict[str, Any]:
+        names = list(prep.candidates)
+        raw = self._distribution(prep.candidates, logprobs)
+        probs = calibrate(raw, self.prior) if self.prior else raw
+        best, margin = decide(probs, self.spec.threshold)
+        r6 = lambda x: round(x, 6)  # noqa: E731
+        record: dict[str, Any] = {"id": prep.item.id, "label": None if best is None else names[best]}
+        if self.spec.choices:
+            record["index"] = best
+            record.update(prob=None if best is None else r6(probs[best]), margin=r6(margin))
+            record.update(probs=[r6(p) for p in probs], logprobs=[r6(lp) for lp in logprobs])
+        else:
+            record.update(prob=None if best is None else r6(probs[best]), margin=r6(margin))
+            record.update(probs={n: r6(p) for n, p in zip(names, probs)},
+                          logprobs={n: r6(lp) for n, lp in zip(names, logprobs)})
+            if self.prior:
+                record["raw_probs"] = {n: r6(p) for n, p in zip(names, raw)}
+        if self.spec.gold:
+            gold = gold_value(prep.item.record, self.spec.gold)
+            record.update(gold=gold, correct=record["label"] == gold)
+        record.update(
+            normalize=self.spec.normalize + ("+calibrated" if self.prior else ""),
+            prefix_tokens=prep.enc.prefix_len,
+            item_tokens=len(prep.enc.ids) - prep.enc.prefix_len,
+            ms=round(ms, 3),
+        )
+        return record
 
     def _batches(
         self, items: Iterable[Item], batch_size: int, batch_tokens: int, known: Callable[[tuple], bool] = lambda k: False
-    ) -> Iterator[list[tuple[Item, EncodedItem]]]:
+    ) -> Iterator[list[Prepared]]:
         """Consecutive items, at most `batch_size` of them and about `batch_tokens` tokens through
-        the model per batch (an item costs its own tokens plus the label tokens after it; an item
-        whose prompt is `known` or already in the batch costs nothing)."""
+        the model per batch (an item costs its own tokens plus its candidates' trie; an item
+        whose scores are `known` or already in the batch costs nothing)."""
         from .engine import _trie
 
-        label_tokens = len(_trie(list(self.builder.candidates.values()))[0])
-        batch: list[tuple[Item, EncodedItem]] = []
+        batch: list[Prepared] = []
         keys: set[tuple] = set()
         tokens = 0
         for item in items:
             try:
-                enc = self.encode(item)
+                prep = self.prepare(item)
             except ItemError:
                 if batch:  # score what came before the bad item first
                     yield batch
                 raise
-            key = _prompt_key(enc)
-            cost = 0 if key in keys or known(key) else len(enc.ids) - enc.prefix_len + label_tokens
+            own = len(prep.enc.ids) - prep.enc.prefix_len + len(_trie(list(prep.candidates.values()))[0])
+            cost = 0 if prep.key in keys or known(prep.key) else own
             if batch and (len(batch) >= batch_size or tokens + cost > batch_tokens):
                 yield batch
                 batch, keys, tokens = [], set(), 0
-                cost = 0 if known(key) else len(enc.ids) - enc.prefix_len + label_tokens
-            batch.append((item, enc))
-            keys.add(key)
+                cost = 0 if known(prep.key) else own
+            batch.append(prep)
+            keys.add(prep.key)
             tokens += cost
         if batch:
             yield batch
@@ -177,32 +240,33 @@ class Classifier:
         batch_tokens: int = 768,
     ) -> Iterator[dict[str, Any]]:
         """Score items in batches against the cached prefix; yield records in input order.
-        Items whose prompt was scored recently (same token ids) reuse those scores."""
+        Items whose prompt and candidates were scored recently reuse those scores."""
         from .engine import Row
 
         if self.engine is None:
             raise RuntimeError("call load_model() before classify()")
-        candidates = list(self.builder.candidates.values())
         for batch in self._batches(items, batch_size, batch_tokens, self._scores.__contains__):
             start = time.perf_counter()
-            todo = {_prompt_key(e): e for _, e in batch if _prompt_key(e) not in self._scores}
-            rows = [Row(e.ids, e.prefix_len, candidates) for e in todo.values()]
-            for key, scores in zip(todo, self.engine.score(self.prefix, rows) if rows else ()):
+            todo = {p.key: p for p in batch if p.key not in self._scores}
+            rows = [Row(p.enc.ids, p.enc.prefix_len, list(p.candidates.values())) for p in todo.values()]
+            extra, new_options = None, []
+            if self.spec.normalize == "pmi":  # options never scored after the content-free prompt
+                extra, new_options = self._unconditional_row([c for p in batch for c in p.candidates.values()])
+            results = self.engine.score(self.prefix, rows + ([extra] if extra else [])) if rows or extra else []
+            if extra:
+                for cand, lp in zip(new_options, results.pop()):
+                    self._unconditional.put(cand, lp)
+            for key, scores in zip(todo, results):
                 self._scores.put(key, scores)
             elapsed = time.perf_counter() - start
             self.stats.seconds += elapsed
             self.stats.items += len(batch)
             self.stats.scored += len(todo)
-            self.stats.item_tokens += sum(len(e.ids) - e.prefix_len for e in todo.values())
-            for item, enc in batch:
-                yield self._record(item, enc, self._scores.get(_prompt_key(enc)), 1000 * elapsed / len(batch))
+            self.stats.item_tokens += sum(len(p.enc.ids) - p.enc.prefix_len for p in todo.values())
+            for prep in batch:
+                yield self._record(prep, self._scores.get(prep.key), 1000 * elapsed / len(batch))
             if on_batch:
                 on_batch(len(batch))
-
-
-def _prompt_key(enc: EncodedItem) -> tuple:
-    """The item's part of the prompt (the prefix is the same for every item of a run)."""
-    return (enc.prefix_len, *enc.ids[enc.prefix_len:])
 
 
 class ScoreCache:
@@ -226,18 +290,23 @@ class ScoreCache:
 
 
 def output_columns(spec: TaskSpec) -> list[str]:
-    """CSV columns: the record's scalar fields plus one prob_/logprob_ column per label."""
-    names = list(spec.label_names)
-    return (
-        ["id", "label", "prob"]
-        + [f"prob_{n}" for n in names]
-        + [f"logprob_{n}" for n in names]
-        + ["normalize", "prefix_tokens", "item_tokens", "ms"]
-    )
+    """CSV columns: the record's scalar fields plus one prob_/logprob_ column per label (for
+    multiple choice, `probs` and `logprobs` are JSON lists in one cell each)."""
+    head = ["id", "label"] + (["index"] if spec.choices else []) + ["prob", "margin"]
+    if spec.choices:
+        per_label = ["probs", "logprobs"]
+    else:
+        names = list(spec.label_names)
+        per_label = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
+        per_label += [f"raw_prob_{n}" for n in names] if spec.content_free else []
+    gold = ["gold", "correct"] if spec.gold else []
+    return head + per_label + gold + ["normalize", "prefix_tokens", "item_tokens", "ms"]
 
 
 def flatten_for_csv(record: dict[str, Any]) -> dict[str, Any]:
-    flat = {k: v for k, v in record.items() if k not in ("probs", "logprobs")}
-    flat.update({f"prob_{k}": v for k, v in record["probs"].items()})
-    flat.update({f"logprob_{k}": v for k, v in record["logprobs"].items()})
+    if isinstance(record["probs"], list):  # multiple choice: lists stay whole
+        return record
+    flat = {k: v for k, v in record.items() if k not in ("probs", "logprobs", "raw_probs")}
+    for field_name, prefix in (("probs", "prob_"), ("logprobs", "logprob_"), ("raw_probs", "raw_prob_")):
+        flat.update({f"{prefix}{k}": v for k, v in record.get(field_name, {}).items()})
     return flat

@@ -16,8 +16,10 @@ import yaml
 
 from .errors import InputError, SpecError
 
+from .scoring import NORMALIZATIONS
+
 FORMATS = ("auto", "chat", "plain")
-NORMALIZATIONS = ("sum", "mean")
+DEFAULT_CONTENT_FREE = ("N/A", "", "[MASK]")
 
 KNOWN_KEYS = (
     "model",
@@ -29,6 +31,10 @@ KNOWN_KEYS = (
     "format",
     "normalize",
     "answer_prefix",
+    "choices",
+    "gold",
+    "calibrate",
+    "threshold",
     "trust_remote_code",
 )
 
@@ -75,13 +81,32 @@ class TaskSpec:
     normalize: str = "sum"
     answer_prefix: str = "Answer:"
     trust_remote_code: bool = False
+    choices: str | None = None  # item field holding the item's own options (multiple choice)
+    gold: str | None = None  # item field holding the expected label or option text
+    content_free: tuple[str, ...] = ()  # calibration inputs; empty: no calibration
+    threshold: float | None = None  # abstain below this probability
 
     @property
     def label_names(self) -> tuple[str, ...]:
         return tuple(label.name for label in self.labels)
 
+    def check_record(self, record: Mapping[str, Any]) -> None:
+        """Raise ValueError (a message to follow the item's id) if `record` cannot be scored."""
+        for name in self.template.fields:
+            if name not in record:
+                raise ValueError(f"lacks field {name!r} used by the template")
+        options = choice_list(record, self.choices) if self.choices else None
+        if self.gold:
+            gold = gold_value(record, self.gold)
+            allowed = options if options is not None else self.label_names
+            if gold not in allowed:
+                what = f"its '{self.choices}'" if options is not None else "the labels"
+                raise ValueError(f"has gold {gold!r} ({self.gold}), which is not one of {what}")
+
     def system_text(self) -> str:
         """The system text with the label list substituted for `{labels}`, or appended."""
+        if not self.labels:
+            return self.system.strip()
         listing = "\n".join(
             f"- {lab.name}: {lab.description}" if lab.description else f"- {lab.name}"
             for lab in self.labels
@@ -99,6 +124,54 @@ def field_text(value: Any) -> str:
     if value is None:
         return ""
     return json.dumps(value, ensure_ascii=False)
+
+
+def choice_list(record: Mapping[str, Any], field: str) -> list[str]:
+    """An item's options: a non-empty list of distinct, non-empty strings. Raises ValueError."""
+    if field not in record:
+        raise ValueError(f"lacks the options field {field!r}")
+    value = record[field]
+    if isinstance(value, str):  # CSV cells: a JSON list
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"field {field!r} must be a list of options (in CSV: a JSON list)")
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"field {field!r} must be a non-empty list of options")
+    options = [field_text(v) if not isinstance(v, str) else v for v in value]
+    if any(not o.strip() for o in options):
+        raise ValueError(f"field {field!r} has an empty option")
+    if len(set(options)) != len(options):
+        dup = next(o for o in options if options.count(o) > 1)
+        raise ValueError(f"field {field!r} lists option {dup!r} twice")
+    return options
+
+
+def gold_value(record: Mapping[str, Any], field: str) -> str:
+    """The expected label or option text, as a string. Raises ValueError."""
+    if field not in record or record[field] is None or record[field] == "":
+        raise ValueError(f"lacks the gold field {field!r}")
+    return field_text(record[field])
+
+
+def _calibration(value: Any, path: Path, choices: str | None) -> tuple[str, ...]:
+    if value is None or value is False:
+        return ()
+    if choices is not None:
+        raise SpecError(f"{path}: 'calibrate' applies to label tasks; for 'choices' use normalize: pmi")
+    if value is True:
+        return DEFAULT_CONTENT_FREE
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise SpecError(f"{path}: 'calibrate' must be true, false or a list of content-free inputs like [\"N/A\", \"\"]")
+
+
+def _threshold(value: Any, path: Path) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise SpecError(f"{path}: 'threshold' must be a probability in (0, 1], got {value!r}")
+    return float(value)
 
 
 def parse_template(text: str, where: str) -> Template:
@@ -148,7 +221,11 @@ def _want_str(data: Mapping, key: str, path: Path, default: str | None = None) -
     return value
 
 
-def _labels(value: Any, path: Path) -> tuple[Label, ...]:
+def _labels(value: Any, path: Path, choices: str | None) -> tuple[Label, ...]:
+    if choices is not None:
+        if value is not None:
+            raise SpecError(f"{path}: give 'labels' or 'choices', not both")
+        return ()
     if value is None:
         raise SpecError(f"{path}: 'labels' is required (a list of names, or a mapping of name to description)")
     if isinstance(value, Mapping):
@@ -174,7 +251,9 @@ def _labels(value: Any, path: Path) -> tuple[Label, ...]:
     return tuple(labels)
 
 
-def _examples(value: Any, path: Path, labels: tuple[Label, ...], template: Template) -> tuple[dict, ...]:
+def _examples(
+    value: Any, path: Path, labels: tuple[Label, ...], template: Template, choices: str | None
+) -> tuple[dict, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
@@ -187,7 +266,14 @@ def _examples(value: Any, path: Path, labels: tuple[Label, ...], template: Templ
         label = ex.get("label")
         if isinstance(label, (int, float)) and not isinstance(label, bool):
             label = str(label)
-        if label not in names:
+        if choices is not None:
+            try:
+                options = choice_list(ex, choices)
+            except ValueError as exc:
+                raise SpecError(f"{path}: example {n}: {exc}")
+            if label not in options:
+                raise SpecError(f"{path}: example {n} has label {label!r}, which is not one of its '{choices}'")
+        elif label not in names:
             raise SpecError(f"{path}: example {n} has label {label!r}, which is not one of the labels")
         missing = [f for f in template.fields if f not in ex]
         if missing:
@@ -208,7 +294,8 @@ def load_spec(path: str | Path) -> TaskSpec:
             extra = f"; did you mean '{hint[0]}'?" if hint else f"; known keys: {', '.join(KNOWN_KEYS)}"
             raise SpecError(f"{path}: unknown key '{key}'{extra}")
     template = parse_template(_want_str(data, "template", path, "{text}"), f"{path}: 'template'")
-    labels = _labels(data.get("labels"), path)
+    choices = _want_str(data, "choices", path)
+    labels = _labels(data.get("labels"), path, choices)
     fmt = _want_str(data, "format", path, "auto")
     if fmt not in FORMATS:
         raise SpecError(f"{path}: 'format' must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -226,11 +313,15 @@ def load_spec(path: str | Path) -> TaskSpec:
         model=_want_str(data, "model", path),
         system=_want_str(data, "system", path, "") or "",
         labels=labels,
-        examples=_examples(data.get("examples"), path, labels, template),
+        examples=_examples(data.get("examples"), path, labels, template, choices),
         template=template,
         id_field=id_field,
         format=fmt,
         normalize=norm,
         answer_prefix=_want_str(data, "answer_prefix", path, "Answer:"),
         trust_remote_code=trust,
+        choices=choices,
+        gold=_want_str(data, "gold", path),
+        content_free=_calibration(data.get("calibrate"), path, choices),
+        threshold=_threshold(data.get("threshold"), path),
     )

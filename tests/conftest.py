@@ -56,11 +56,11 @@ def plain_tokenizer() -> PreTrainedTokenizerFast:
     return build_tokenizer(None)
 
 
-def tiny_model(arch: str, vocab: int, seed: int = 0) -> torch.nn.Module:
+def tiny_model(arch: str, vocab: int, seed: int = 0, init: float = 0.2) -> torch.nn.Module:
     """A 2-layer random model whose weights are large enough that context changes the scores
     by far more than the test tolerance (so a masking bug cannot hide under it)."""
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, initializer_range=0.2, tie_word_embeddings=False)
+    common = dict(vocab_size=vocab, initializer_range=init, tie_word_embeddings=False)
     if arch == "llama":
         cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2, max_position_embeddings=1024, **common)

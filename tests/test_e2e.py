@@ -57,3 +57,29 @@ def test_real_model_cli_run_on_samples(tmp_path):
     assert [r["id"] for r in records] == ids
     assert all(r["label"] in ("billing", "technical", "account") for r in records)
     assert "24 items in" in result.stderr
+
+
+def test_real_model_multiple_choice_equals_full_reencode(tmp_path):
+    spec = load_spec(ROOT / "configs" / "general-knowledge.yaml")
+    clf = Classifier.from_spec(spec)
+    clf.load_model("cpu", "float32")
+    items = list(read_items(str(ROOT / "data" / "samples" / "general_knowledge.jsonl")))[:8]
+    records = list(clf.classify(items, batch_size=3))
+    for item, record in zip(items[:4], records):
+        prep = clf.prepare(item)
+        assert list(prep.candidates) == item.record["choices"]
+        want = score_naive(clf.engine.model, prep.enc.ids, list(prep.candidates.values()))
+        assert max(abs(a - b) for a, b in zip(record["logprobs"], want)) < 1e-4
+        assert record["gold"] == item.record["answer"] and record["correct"] == (record["label"] == record["gold"])
+
+
+def test_real_model_gold_evaluation_cli(tmp_path):
+    metrics = tmp_path / "m.json"
+    result = CliRunner().invoke(app, [
+        "run", str(ROOT / "configs" / "irony.yaml"), str(ROOT / "data" / "samples" / "irony.jsonl"),
+        "-o", str(tmp_path / "o.jsonl"), "--limit", "20", "--metrics", str(metrics), "--min-accuracy", "0",
+    ])
+    assert result.exit_code == 0, result.output
+    data = json.loads(metrics.read_text())
+    assert data["items"] == 20 and set(data["per_label"]) == {"ironic", "not ironic"}
+    assert sum(map(sum, data["confusion"]["matrix"])) == 20

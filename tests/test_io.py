@@ -62,15 +62,18 @@ def test_format_needed_for_stdin_and_unknown_extension(tmp_path):
 
 
 def test_scan_checks_fields_and_duplicate_ids(tmp_path):
+    from helpers import make_spec
+
+    check = make_spec(tmp_path).check_record
     path = tmp_path / "in.jsonl"
     path.write_text('{"id": 1, "text": "x"}\n{"id": 2, "body": "y"}\n')
     with pytest.raises(InputError, match=rf"^{path}:2: item 2 lacks field 'text' used by the template$"):
-        scan_items(str(path), None, "id", ["text"])
+        scan_items(str(path), None, "id", check)
     path.write_text('{"id": 1, "text": "x"}\n{"id": 1, "text": "y"}\n')
     with pytest.raises(InputError, match=rf"^{path}:2: duplicate id 1 \(first on line 1\)$"):
-        scan_items(str(path), None, "id", ["text"])
+        scan_items(str(path), None, "id", check)
     path.write_text('{"id": 1, "text": "x"}\n{"id": 2, "text": "y"}\n')
-    assert scan_items(str(path), None, "id", ["text"]) == 2
+    assert scan_items(str(path), None, "id", check) == 2
 
 
 def test_writers_flush_each_record(tmp_path):

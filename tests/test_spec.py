@@ -50,7 +50,7 @@ def test_missing_file(tmp_path):
         ({"template": "{text!r}"}, "template field {text!r} is not allowed"),
         ({"template": "no fields"}, "references no item field"),
         ({"template": "{text"}, "invalid template"),
-        ({"normalize": "max"}, "'normalize' must be one of sum, mean, got 'max'"),
+        ({"normalize": "max"}, "'normalize' must be one of sum, mean, chars, bytes, pmi, got 'max'"),
         ({"examples": [{"text": "x", "label": "zzz"}]}, "example 1 has label 'zzz', which is not one of the labels"),
         ({"examples": [{"body": "x", "label": "tech"}]}, "example 1 lacks field 'text' used by the template"),
         ({"trust_remote_code": "yes"}, "'trust_remote_code' must be true or false"),

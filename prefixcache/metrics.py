@@ -1,0 +1,108 @@
+"""Gold-label evaluation, accumulated record by record (memory does not grow with the items).
+
+Accuracy counts an abstention (label null) as wrong; coverage is the share not abstained.
+Per-label precision, recall, F1 and the confusion matrix are kept for label tasks; for multiple
+choice, whose options differ per item, accuracy is the measure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+from xml.sax.saxutils import quoteattr
+
+ABSTAIN = "(abstained)"
+
+
+@dataclass
+class Evaluation:
+    labels: Sequence[str] | None  # None for multiple choice
+    n: int = 0
+    correct: int = 0
+    abstained: int = 0
+    confusion: Counter = field(default_factory=Counter)  # (gold, predicted) -> count
+
+    def add(self, gold: str, predicted: str | None) -> None:
+        self.n += 1
+        self.correct += predicted == gold
+        self.abstained += predicted is None
+        if self.labels is not None:
+            self.confusion[(gold, ABSTAIN if predicted is None else predicted)] += 1
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+    @property
+    def coverage(self) -> float:
+        return 1 - self.abstained / self.n if self.n else 0.0
+
+    def per_label(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for label in self.labels or ():
+            tp = self.confusion[(label, label)]
+            predicted = sum(c for (g, p), c in self.confusion.items() if p == label)
+            support = sum(c for (g, p), c in self.confusion.items() if g == label)
+            precision = tp / predicted if predicted else 0.0
+            recall = tp / support if support else 0.0
+            f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+            out[label] = {"precision": precision, "recall": recall, "f1": f1, "support": support}
+        return out
+
+    @property
+    def macro_f1(self) -> float | None:
+        if self.labels is None:
+            return None
+        stats = self.per_label()
+        return sum(s["f1"] for s in stats.values()) / len(stats) if stats else 0.0
+
+    def matrix(self) -> tuple[list[str], list[list[int]]]:
+        """Rows: gold labels; columns: predicted labels (plus abstentions when there are any)."""
+        labels = list(self.labels or ())
+        columns = labels + ([ABSTAIN] if self.abstained else [])
+        return columns, [[self.confusion[(g, p)] for p in columns] for g in labels]
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "items": self.n, "correct": self.correct, "accuracy": self.accuracy,
+            "abstained": self.abstained, "coverage": self.coverage,
+        }
+        if self.labels is not None:
+            columns, rows = self.matrix()
+            data.update(macro_f1=self.macro_f1, per_label=self.per_label(),
+                        confusion={"labels": list(self.labels), "predicted": columns, "matrix": rows})
+        return data
+
+    def to_markdown(self, title: str = "prefixcache evaluation", min_accuracy: float | None = None) -> str:
+        gate = "" if min_accuracy is None else (
+            f" · gate {min_accuracy:.3f}: **{'passed' if self.accuracy >= min_accuracy else 'FAILED'}**")
+        lines = [f"### {title}", "",
+                 f"accuracy **{self.accuracy:.3f}** ({self.correct}/{self.n}) · coverage {self.coverage:.3f}"
+                 + (f" · macro-F1 {self.macro_f1:.3f}" if self.labels is not None else "") + gate, ""]
+        if self.labels is not None:
+            lines += ["| label | precision | recall | F1 | support |", "|---|---|---|---|---|"]
+            lines += [f"| {k} | {v['precision']:.3f} | {v['recall']:.3f} | {v['f1']:.3f} | {v['support']} |"
+                      for k, v in self.per_label().items()]
+            columns, rows = self.matrix()
+            lines += ["", "| gold \\\\ predicted | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+            lines += [f"| {g} | " + " | ".join(map(str, row)) + " |" for g, row in zip(self.labels, rows)]
+        return "\n".join(lines) + "\n"
+
+    def to_junit(self, name: str = "prefixcache", min_accuracy: float | None = None) -> str:
+        """A JUnit XML report: one test case for the accuracy gate (failing when missed), one
+        per label recording its recall (never failing)."""
+        cases = []
+        gate_failed = min_accuracy is not None and self.accuracy < min_accuracy
+        body = (f'<failure message={quoteattr(f"accuracy {self.accuracy:.4f} < {min_accuracy}")}/>'
+                if gate_failed else "")
+        cases.append(f'<testcase classname={quoteattr(name)} name={quoteattr(f"accuracy {self.accuracy:.4f}")}>'
+                     f"{body}</testcase>")
+        for label, stats in self.per_label().items():
+            case_name = quoteattr("recall[%s] %.4f" % (label, stats["recall"]))
+            cases.append(f"<testcase classname={quoteattr(name)} name={case_name}/>")
+        props = "".join(f'<property name={quoteattr(k)} value={quoteattr(json.dumps(v))}/>'
+                        for k, v in self.to_json().items() if not isinstance(v, dict))
+        return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name={quoteattr(name)} tests="{len(cases)}" '
+                f'failures="{int(gate_failed)}"><properties>{props}</properties>{"".join(cases)}</testsuite>\n')

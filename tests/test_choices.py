@@ -1,0 +1,189 @@
+"""Multiple choice, normalisations, calibration and gold evaluation through the Classifier and
+the CLI, on a tiny model, against naive full forwards."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import tiny_model
+from helpers import make_spec, write_spec
+from prefixcache.cli import app
+from prefixcache.engine import Engine
+from prefixcache.io import read_items
+from prefixcache.load import ModelSource
+from prefixcache.prompt import PromptBuilder
+from prefixcache.reference import score_naive
+from prefixcache.run import Classifier
+from prefixcache.scoring import calibrate, mean_distribution, softmax
+
+TOL = 1e-4
+QUESTIONS = [
+    {"id": 1, "text": "How many legs do horses have?", "choices": ["two", "four", "six", "three"], "answer": "four"},
+    {"id": 2, "text": "What is rain made of?", "choices": ["water", "the tears of a very sad cloud that lives far away"],
+     "answer": "water"},
+    {"id": 3, "text": "Pick one", "choices": ["a"], "answer": "a"},
+    {"id": 4, "text": "What does a thermometer measure, in the end?",
+     "choices": ["temperature", "tech", "technical support", "te", "humidity and pressure"], "answer": "tech"},
+]
+
+
+def _classifier(spec, tokenizer, arch="llama", init=0.2) -> Classifier:
+    clf = Classifier(spec, ModelSource("tiny", "dir", "."), tokenizer, PromptBuilder(spec, tokenizer))
+    clf.engine = Engine(tiny_model(arch, len(tokenizer), init=init))
+    clf.prefix = clf.engine.prefill(clf.builder.prefix_ids)
+    return clf
+
+
+def _items(tmp_path, rows=QUESTIONS, name="q.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_options_scored_like_a_full_forward_per_option(chat_tokenizer, tmp_path, arch, batch_size):
+    spec = make_spec(tmp_path, labels=None, choices="choices", template="Q: {text}", normalize="sum")
+    clf = _classifier(spec, chat_tokenizer, arch)
+    items = list(read_items(str(_items(tmp_path))))
+    records = list(clf.classify(items, batch_size=batch_size))
+    for item, record in zip(items, records):
+        prep = clf.prepare(item)
+        assert list(prep.candidates) == item.record["choices"]
+        want = score_naive(clf.engine.model, prep.enc.ids, list(prep.candidates.values()))
+        assert len(record["logprobs"]) == len(want)
+        assert max(abs(a - b) for a, b in zip(record["logprobs"], want)) < TOL
+        best = max(range(len(want)), key=want.__getitem__)
+        assert record["index"] == best and record["label"] == item.record["choices"][best]
+        assert sum(record["probs"]) == pytest.approx(1, abs=1e-5)
+    # Options sharing leading tokens (tech / technical support / te) were scored in one trie.
+    assert len(clf.prepare(items[3]).candidates) == 5
+
+
+@pytest.mark.parametrize("how", ["sum", "mean", "chars", "bytes", "pmi"])
+def test_normalisations_in_records(chat_tokenizer, tmp_path, how):
+    spec = make_spec(tmp_path, labels=None, choices="choices", template="Q: {text}", normalize=how)
+    clf = _classifier(spec, chat_tokenizer)
+    items = list(read_items(str(_items(tmp_path))))
+    model = clf.engine.model
+    cf = clf.content_free("")
+    for item, record in zip(items, clf.classify(items, batch_size=2)):
+        prep = clf.prepare(item)
+        texts, ids = list(prep.candidates), list(prep.candidates.values())
+        lps = score_naive(model, prep.enc.ids, ids)
+        if how == "sum":
+            scores = lps
+        elif how == "mean":
+            scores = [lp / len(c) for lp, c in zip(lps, ids)]
+        elif how == "chars":
+            scores = [lp / len(t) for lp, t in zip(lps, texts)]
+        elif how == "bytes":
+            scores = [lp / len(t.encode()) for lp, t in zip(lps, texts)]
+        else:
+            scores = [lp - u for lp, u in zip(lps, score_naive(model, cf.ids, ids))]
+        assert record["probs"] == pytest.approx(softmax(scores), abs=1e-4)
+        assert record["normalize"] == how
+
+
+def test_label_task_pmi_and_calibration(chat_tokenizer, tmp_path):
+    spec = make_spec(tmp_path, labels=["tech", "technical", "billing"], calibrate=["N/A", ""], normalize="pmi")
+    clf = _classifier(spec, chat_tokenizer)
+    clf._score_unconditional(list(clf.builder.candidates.values()))
+    clf.prior = clf._calibration_prior()
+    model, cands = clf.engine.model, list(clf.builder.candidates.values())
+    uncond = score_naive(model, clf.content_free("").ids, cands)
+    dists = []
+    for text in ("N/A", ""):
+        lps = score_naive(model, clf.content_free(text).ids, cands)
+        dists.append(softmax([lp - u for lp, u in zip(lps, uncond)]))
+    assert clf.prior == pytest.approx(mean_distribution(dists), abs=1e-5)
+    item = next(iter(read_items(str(_items(tmp_path)))))
+    record = next(clf.classify([item]))
+    lps = score_naive(model, clf.prepare(item).enc.ids, cands)
+    raw = softmax([lp - u for lp, u in zip(lps, uncond)])
+    assert list(record["raw_probs"].values()) == pytest.approx(raw, abs=1e-4)
+    assert list(record["probs"].values()) == pytest.approx(calibrate(raw, clf.prior), abs=1e-4)
+    assert record["normalize"] == "pmi+calibrated"
+
+
+def test_threshold_abstains_and_reports_margin(chat_tokenizer, tmp_path):
+    item = list(read_items(str(_items(tmp_path))))[:1]
+    plain = next(_classifier(make_spec(tmp_path, labels=["tech", "billing"]), chat_tokenizer, init=0.02).classify(item))
+    assert plain["prob"] < 1
+    above = (plain["prob"] + 1) / 2
+    record = next(_classifier(make_spec(tmp_path, labels=["tech", "billing"], threshold=above), chat_tokenizer, init=0.02).classify(item))
+    assert record["label"] is None and record["prob"] is None
+    assert record["probs"] == plain["probs"]
+    probs = list(record["probs"].values())
+    assert record["margin"] == pytest.approx(abs(probs[0] - probs[1]), abs=1e-5)
+    below = next(_classifier(make_spec(tmp_path, labels=["tech", "billing"], threshold=plain["prob"] / 2),
+                             chat_tokenizer, init=0.02).classify(item))
+    assert below["label"] == plain["label"]
+
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def mc_spec(tmp_path, tiny_model_dir):
+    return write_spec(tmp_path, labels=None, model=str(tiny_model_dir), choices="choices", gold="answer",
+                      template="Q: {text}")
+
+
+def test_cli_multiple_choice_with_gold_reports_and_gate(mc_spec, tmp_path):
+    items = _items(tmp_path)
+    out, metrics, md, junit = (tmp_path / n for n in ("o.jsonl", "m.json", "s.md", "j.xml"))
+    args = ["run", str(mc_spec), str(items), "-o", str(out), "--metrics", str(metrics), "--summary-md", str(md),
+            "--junit", str(junit)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    correct = sum(r["correct"] for r in records)
+    data = json.loads(metrics.read_text())
+    assert data["items"] == 4 and data["correct"] == correct and data["accuracy"] == correct / 4
+    assert f"accuracy {correct / 4:.3f} ({correct}/4)" in result.stderr
+    assert "### prefixcache evaluation" in md.read_text() and "<testsuite" in junit.read_text()
+
+    gated = runner.invoke(app, args[:5] + ["--min-accuracy", "1.0"])
+    if correct < 4:
+        assert gated.exit_code == 5 and "gate failed: accuracy" in gated.stderr
+    passed = runner.invoke(app, args[:5] + ["--min-accuracy", "0.0"])
+    assert passed.exit_code == 0
+
+
+def test_cli_render_shows_options_as_candidates(mc_spec, tmp_path):
+    result = runner.invoke(app, ["render", str(mc_spec), str(_items(tmp_path)), "--limit", 1])
+    assert result.exit_code == 0
+    assert list(json.loads(result.stdout)["candidates"]) == ["two", "four", "six", "three"]
+
+
+def test_cli_gold_errors_before_the_model_loads(mc_spec, tmp_path, tiny_model_dir):
+    bad = _items(tmp_path, [{"id": 1, "text": "q", "choices": ["a", "b"], "answer": "c"}])
+    result = runner.invoke(app, ["run", str(mc_spec), str(bad)])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {bad}:1: item 1 has gold 'c' (answer), which is not one of its 'choices'\n"
+    dup = _items(tmp_path, [{"id": 1, "text": "q", "choices": ["a", "a"], "answer": "a"}], "dup.jsonl")
+    result = runner.invoke(app, ["run", str(mc_spec), str(dup)])
+    assert result.exit_code == 2 and "lists option 'a' twice" in result.stderr
+    labels = write_spec(tmp_path, name="l.yaml", model=str(tiny_model_dir))
+    result = runner.invoke(app, ["run", str(labels), str(bad), "--min-accuracy", "0.5"])
+    assert result.exit_code == 2 and "need a gold field" in result.stderr
+    result = runner.invoke(app, ["run", str(labels), str(bad), "--gold", "answer"])
+    assert result.exit_code == 2 and "has gold 'c' (answer), which is not one of the labels" in result.stderr
+
+
+def test_spec_rules_for_choices_and_calibration(tmp_path):
+    from prefixcache.errors import SpecError
+    from prefixcache.spec import load_spec
+
+    with pytest.raises(SpecError, match="give 'labels' or 'choices', not both"):
+        load_spec(write_spec(tmp_path, choices="choices"))
+    with pytest.raises(SpecError, match="'calibrate' applies to label tasks"):
+        load_spec(write_spec(tmp_path, labels=None, choices="choices", calibrate=True))
+    with pytest.raises(SpecError, match="'threshold' must be a probability"):
+        load_spec(write_spec(tmp_path, threshold=1.5))
+    spec = load_spec(write_spec(tmp_path, calibrate=True))
+    assert spec.content_free == ("N/A", "", "[MASK]")
