@@ -22,8 +22,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from . import __version__
-from .errors import EXIT_GATE, EXIT_INTERNAL, EXIT_USAGE, OutputError, PrefixcacheError, SpecError
-from .io import INPUT_FORMATS, detect_format, open_writer, read_items, scan_items
+from .errors import EXIT_GATE, EXIT_INTERNAL, EXIT_ITEM, EXIT_USAGE, Interrupted, OutputError, PrefixcacheError, SpecError
+from .io import INPUT_FORMATS, detect_format, read_items, scan_items
+from .output import open_writer
 
 app = typer.Typer(
     add_completion=False,
@@ -61,6 +62,9 @@ def _errors(debug: bool) -> Iterator[None]:
         yield
     except typer.Exit:
         raise
+    except Interrupted as exc:
+        err.print(str(exc), markup=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code)
     except PrefixcacheError as exc:
         if debug:
             traceback.print_exc()
@@ -79,18 +83,21 @@ def _errors(debug: bool) -> Iterator[None]:
         raise typer.Exit(EXIT_INTERNAL)
 
 
-def _setup_logging(quiet: bool) -> None:
-    """Library log messages (e.g. a one-time model conversion) go to stderr, one line each."""
+def _setup_logging(quiet: bool, level: str = "info") -> None:
+    """Library log messages (a one-time model conversion, lint warnings) go to stderr, one line each."""
+    levels = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+    if level.lower() not in levels:
+        raise typer.BadParameter(f"--log-level must be one of {', '.join(levels)}")
     logger = logging.getLogger("prefixcache")
     if not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("prefixcache: %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
-    logger.setLevel(logging.ERROR if quiet else logging.INFO)
+    logger.setLevel(logging.ERROR if quiet else levels[level.lower()])
 
 
-def _check_output(path: Optional[str]) -> None:
+def _check_output(path: Optional[str], resume: bool = False, overwrite: bool = False) -> None:
     if path is None or path == "-":
         return
     target = Path(path)
@@ -103,6 +110,8 @@ def _check_output(path: Optional[str]) -> None:
         raise OutputError(f"{path}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise OutputError(f"{path}: not writable")
+    if target.exists() and target.stat().st_size > 0 and not (resume or overwrite):
+        raise OutputError(f"{path}: already exists; use --resume to continue it or --overwrite to replace it")
 
 
 def _progress(quiet: bool) -> Progress:
@@ -131,6 +140,9 @@ def run(
     items: str = ITEMS_ARG,
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output .jsonl or .csv; stdout (JSONL) when omitted."),
     fmt: Optional[str] = FORMAT_OPT,
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run: keep its records, score the rest."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file."),
+    on_error: str = typer.Option("fail", "--on-error", help="An item that cannot be scored: fail (stop after writing what is done) or skip (write an error record, go on)."),
     batch_size: int = typer.Option(64, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="At most this many items per forward pass."),
     batch_tokens: int = typer.Option(768, "--batch-tokens", min=1, envvar="PREFIXCACHE_BATCH_TOKENS", help="About this many tokens per forward pass (items' own tokens + label tokens)."),
     limit: Optional[int] = LIMIT_OPT,
@@ -141,30 +153,41 @@ def run(
     min_accuracy: Optional[float] = typer.Option(None, "--min-accuracy", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when accuracy is below this."),
     device: str = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", help="auto, cpu, cuda or mps."),
     dtype: str = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto (float32 on CPU, bf16/fp16 on CUDA), float32, bfloat16, float16."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, summary or evaluation tables."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, summary, warnings or evaluation tables."),
+    log_level: str = typer.Option("info", "--log-level", envvar="PREFIXCACHE_LOG_LEVEL", help="debug, info, warning or error (stderr)."),
     debug: bool = DEBUG_OPT,
 ) -> None:
     """Classify every item and stream one record per item, in input order.
 
-    With a gold field (spec key `gold` or `--gold`), accuracy, macro-F1, per-label precision and
-    recall and a confusion matrix are shown on stderr; `--min-accuracy` turns them into a CI gate.
+    An existing output is refused unless `--resume` (keep its records, score the rest: safe to
+    repeat after any crash) or `--overwrite`. Ctrl-C / SIGTERM finish the current batch, flush, and
+    exit 130 / 143. With a gold field (spec key `gold` or `--gold`), accuracy, macro-F1, per-label
+    precision/recall and a confusion matrix follow on stderr; `--min-accuracy` gates on them.
 
     Example:
 
         prefixcache run configs/support-tickets.yaml data/samples/tickets.jsonl -o predictions.jsonl
+
+        prefixcache run spec.yaml items.jsonl -o out.jsonl --resume --on-error skip --quiet   # cron
 
         cat items.csv | prefixcache run spec.yaml - --format csv > predictions.jsonl
 
         prefixcache run configs/irony.yaml data/samples/irony.jsonl -o out.jsonl --min-accuracy 0.6 --junit report.xml
     """
     from .lint import lint_labels
+    from .load import model_identity, pick_device, pick_dtype
     from .metrics import Evaluation
+    from .output import file_digest
     from .run import Classifier, flatten_for_csv, output_columns
     from .spec import load_spec
 
-    started, first_record = time.perf_counter(), None
-    _setup_logging(quiet)
+    started = time.perf_counter()
+    _setup_logging(quiet, log_level)
     with _errors(debug):
+        if on_error not in ("fail", "skip"):
+            raise SpecError(f"--on-error must be fail or skip, not {on_error!r}")
+        if resume and (output is None or output == "-"):
+            raise OutputError("--resume needs an output file (-o)")
         task = load_spec(spec)
         if gold:
             task = dataclasses.replace(task, gold=gold)
@@ -173,43 +196,109 @@ def run(
         in_fmt = detect_format(items, fmt)
         total = None
         if items != "-":  # validate the whole input before the model loads
-            total = scan_items(items, in_fmt, task.id_field, task.check_record)
+            check = task.check_record if on_error == "fail" else (lambda record: None)
+            total = scan_items(items, in_fmt, task.id_field, check)
             total = min(total, limit) if limit else total
-        _check_output(output)
+        _check_output(output, resume, overwrite)
         clf = Classifier.from_spec(task)
         for warning in lint_labels(clf.builder) if task.labels else ():
             logging.getLogger("prefixcache").warning("%s", warning)
+        dev = pick_device(device)
+        fingerprint = {
+            "spec": file_digest(str(spec)), "gold": task.gold, "model": model_identity(clf.source),
+            "input": file_digest(items), "device": dev, "dtype": str(pick_dtype(dtype, dev)).removeprefix("torch."),
+        }
+        done = _start_output(output, resume, fingerprint)
         clf.load_model(device, dtype)
         evaluation = Evaluation(None if task.choices else task.label_names) if task.gold else None
-        writer = open_writer(output, output_columns(task))
-        stream = read_items(items, in_fmt, task.id_field)
+        for record in done.values() if evaluation else ():
+            if "error" not in record:
+                evaluation.add(str(record["gold"]), record["label"] or None)
+        writer = open_writer(output, output_columns(task), append=bool(done))
+        first_record = None
         try:
-            with _progress(quiet) as progress:
-                bar = progress.add_task("classify", total=total, rate="")
+            with _progress(quiet) as progress, _signals() as stopped:
+                left = None if total is None else max(total - len(done), 0)
+                bar = progress.add_task("classify", total=left, rate="")
 
                 def advance(n: int) -> None:
                     progress.update(bar, advance=n, rate=f"{clf.stats.items_per_second:.1f} items/s")
+                    if stopped:
+                        raise _interrupted(stopped[0], clf.stats.items, output, spec, items)
 
-                for record in clf.classify(islice(stream, limit), batch_size, advance, batch_tokens):
+                stream = islice(read_items(items, in_fmt, task.id_field), limit)
+                for record in clf.classify(stream, batch_size, advance, batch_tokens, on_error, done):
                     writer.write(flatten_for_csv(record) if writer.fmt == "csv" else record)
                     first_record = first_record or time.perf_counter() - started
-                    if evaluation:
+                    if evaluation and "error" not in record:
                         evaluation.add(record["gold"], record["label"])
         finally:
             writer.close()
         if not quiet:
-            _print_summary(clf.stats, first_record)
+            _print_summary(clf.stats, first_record, len(done))
         if evaluation:
             _report_evaluation(evaluation, quiet, metrics, summary_md, junit, min_accuracy)
+        if clf.stats.errors:
+            raise typer.Exit(EXIT_ITEM)
 
 
-def _print_summary(s, first_record: Optional[float]) -> None:
+def _start_output(output: Optional[str], resume: bool, fingerprint: dict) -> dict[str, dict]:
+    """Fresh output: record the fingerprint. Resumed output: check it, drop a partial trailing
+    record, and return the records already written, by str(id)."""
+    from .output import check_fingerprint, read_done, truncate_partial, write_fingerprint
+
+    if output is None or output == "-":
+        return {}
+    if resume and Path(output).exists():
+        check_fingerprint(output, fingerprint)
+        done = read_done(output)
+        if truncate_partial(output, done):
+            logging.getLogger("prefixcache").warning("%s: dropped a partial last record left by an interrupted run", output)
+        logging.getLogger("prefixcache").info("%s: %d records already written; resuming", output, len(done.records))
+        return {str(r.get("id")): r for r in done.records}
+    write_fingerprint(output, fingerprint)
+    return {}
+
+
+@contextmanager
+def _signals() -> Iterator[list[int]]:
+    """SIGINT/SIGTERM during scoring: note it (the run stops after the current batch); a second
+    one stops at once."""
+    import signal
+
+    stopped: list[int] = []
+
+    def handler(signum, frame):
+        if stopped:
+            raise KeyboardInterrupt
+        stopped.append(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stopped
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _interrupted(signum: int, written: int, output: Optional[str], spec: Path, items: str) -> Interrupted:
+    import signal
+
+    name = signal.Signals(signum).name
+    where = f" to {output}" if output and output != "-" else ""
+    again = f"; resume with: prefixcache run {spec} {items} -o {output} --resume" if where else ""
+    return Interrupted(signum, f"interrupted by {name}: {written} records written{where}{again}")
+
+
+def _print_summary(s, first_record: Optional[float], resumed: int = 0) -> None:
     err.print(
+        f"{f'{resumed} items already done, ' if resumed else ''}"
         f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
         f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
         f"{f', {s.items - s.scored} duplicates reused' if s.items > s.scored else ''}) · "
         f"prefix {s.prefix_tokens} tokens, prefill {s.prefill_ms:.0f} ms · "
-        f"load {s.load_seconds:.1f} s · first record after {first_record or 0:.1f} s · {s.device} {s.dtype}",
+        f"load {s.load_seconds:.1f} s · first record after {first_record or 0:.1f} s · {s.device} {s.dtype}"
+        f"{f' · {s.errors} items failed (error records written)' if s.errors else ''}",
         markup=False,
         soft_wrap=True,
     )

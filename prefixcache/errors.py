@@ -49,3 +49,11 @@ class ItemError(PrefixcacheError):
     def __init__(self, item_id: object, message: str):
         super().__init__(f"item {item_id!r}: {message}")
         self.item_id = item_id
+
+
+class Interrupted(PrefixcacheError):
+    """SIGINT or SIGTERM arrived; finished records are written and the run can be resumed."""
+
+    def __init__(self, signum: int, message: str = ""):
+        super().__init__(message)
+        self.exit_code = 128 + signum

@@ -1,4 +1,4 @@
-"""Lazy readers for JSONL/CSV items (files or stdin) and streaming writers. No torch here.
+"""Lazy readers for JSONL/CSV items (files or stdin). No torch here.
 
 Readers yield `Item`s one at a time, so memory stays flat however large the input is. Every
 problem raises `InputError` naming the file and line.
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Sequence
 
-from .errors import InputError, OutputError
+from .errors import InputError
 
 INPUT_FORMATS = ("jsonl", "csv")
-_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def detect_format(path: str, fmt: str | None, what: str = "input") -> str:
         return fmt
     if path == "-":
         raise InputError(f"reading {what} from stdin needs an explicit format (--format jsonl or --format csv)")
-    found = _EXTENSIONS.get(Path(path).suffix.lower())
+    found = EXTENSIONS.get(Path(path).suffix.lower())
     if not found:
         raise InputError(f"{path}: cannot tell the format from the extension; use .jsonl or .csv, or pass --format")
     return found
@@ -134,47 +134,3 @@ def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mappi
         seen[item.id] = item.line
         count += 1
     return count
-
-
-class RecordWriter:
-    """Writes one record at a time as JSONL or CSV and flushes after each, so a crash loses at
-    most the record being written."""
-
-    def __init__(self, stream: IO[str], fmt: str, columns: Sequence[str] = ()):
-        self.stream, self.fmt, self.columns = stream, fmt, list(columns)
-        self._csv = None
-        if fmt == "csv":
-            self._csv = csv.DictWriter(stream, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n")
-            self._csv.writeheader()
-            stream.flush()
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        if self._csv is not None:
-            self._csv.writerow({k: _csv_cell(v) for k, v in record.items()})
-        else:
-            self.stream.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.stream is not sys.stdout:
-            self.stream.close()
-
-
-def _csv_cell(value: Any) -> Any:
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False)
-    return "" if value is None else value
-
-
-def open_writer(path: str | None, columns: Sequence[str] = ()) -> RecordWriter:
-    """`path` None or '-' writes JSONL to stdout; otherwise the extension picks JSONL or CSV."""
-    if path is None or path == "-":
-        return RecordWriter(sys.stdout, "jsonl")
-    fmt = _EXTENSIONS.get(Path(path).suffix.lower())
-    if fmt is None:
-        raise OutputError(f"{path}: output must end in .jsonl or .csv")
-    try:
-        stream = open(path, "w", encoding="utf-8", newline="")
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write output: {exc.strerror}")
-    return RecordWriter(stream, fmt, columns)

@@ -81,6 +81,22 @@ def resolve_model(ref: str | None, base_dir: str | Path = ".", trust_remote_code
     return ModelSource(ref, "hub", ref, trust_remote_code)
 
 
+def model_identity(source: ModelSource) -> str:
+    """What distinguishes one model's weights from another's, cheaply: for files and folders
+    their names, sizes and modification times (and config.json's bytes), for hub ids the id."""
+    if source.kind == "hub":
+        return f"hub:{source.path}"
+    path = Path(source.path)
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        if f.name == "config.json":
+            h.update(f.read_bytes())
+    return f"{source.kind}:{path.name}:{h.hexdigest()[:16]}"
+
+
 def _converted_dir(source: ModelSource) -> Path:
     import transformers
 

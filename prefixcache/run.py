@@ -4,12 +4,13 @@ records in input order. The CLI drives it; it never prints (progress goes throug
 
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .errors import ItemError, ModelError
 from .io import Item
@@ -24,6 +25,7 @@ class RunStats:
     items: int = 0
     seconds: float = 0.0  # scoring time, prefill excluded
     scored: int = 0  # distinct prompts run through the model (duplicates reuse their scores)
+    errors: int = 0  # items written as error records (on_error="skip")
     item_tokens: int = 0  # tokens of the scored items' own (not cached) part
     load_seconds: float = 0.0
     prefill_ms: float = 0.0
@@ -111,13 +113,14 @@ class Classifier:
 
     # -- preparing items -----------------------------------------------------------------------
     def prepare(self, item: Item) -> Prepared:
+        """Tokens and candidates of one item. Raises ItemError for anything wrong with it."""
+        try:
+            self.spec.check_record(item.record)
+        except ValueError as exc:
+            raise ItemError(item.id, str(exc))
         enc = self.builder.encode_item(item.record, item.id)
         if self.spec.choices:
-            try:
-                texts = choice_list(item.record, self.spec.choices)
-            except ValueError as exc:
-                raise ItemError(item.id, str(exc))
-            candidates = self.builder.options(texts, item.id)
+            candidates = self.builder.options(choice_list(item.record, self.spec.choices), item.id)
         else:
             candidates = self.builder.candidates
         limit = self.engine.max_positions if self.engine else None
@@ -141,21 +144,15 @@ class Classifier:
         }
 
     # -- unconditional scores and calibration -------------------------------------------------
-    def _unconditional_row(self, candidates: list[tuple[int, ...]]):
-        """The row scoring `candidates` after the content-free prompt (fields empty), or None
-        when all are known."""
+    def _score_unconditional(self, candidates: list[tuple[int, ...]]) -> None:
+        """Score the candidates not seen yet after the content-free prompt (every template field
+        empty), in a forward pass of their own, so the values never depend on a batch."""
         from .engine import Row
 
         todo = list(dict.fromkeys(c for c in candidates if c not in self._unconditional))
-        if not todo:
-            return None, []
-        cf = self.content_free("")
-        return Row(cf.ids, cf.prefix_len, todo), todo
-
-    def _score_unconditional(self, candidates: list[tuple[int, ...]]) -> None:
-        row, todo = self._unconditional_row(candidates)
-        if row is not None:
-            for cand, lp in zip(todo, self.engine.score(self.prefix, [row])[0]):
+        if todo:
+            cf = self.content_free("")
+            for cand, lp in zip(todo, self.engine.score(self.prefix, [Row(cf.ids, cf.prefix_len, todo)])[0]):
                 self._unconditional.put(cand, lp)
 
     def _calibration_prior(self) -> list[float]:
@@ -169,7 +166,7 @@ class Classifier:
 
     def _distribution(self, candidates: dict[str, tuple[int, ...]], logprobs: list[float]) -> list[float]:
         ids = list(candidates.values())
-        uncond = [self._unconditional.get(c) for c in ids] if self.spec.normalize == "pmi" else ()
+        uncond = [self._unconditional.peek(c) for c in ids] if self.spec.normalize == "pmi" else ()
         scores = normalise(logprobs, self.spec.normalize, [len(c) for c in ids], list(candidates), uncond)
         return softmax(scores)
 
@@ -184,11 +181,11 @@ class Classifier:
         if self.spec.choices:
             record["index"] = best
             record.update(prob=None if best is None else r6(probs[best]), margin=r6(margin))
-            record.update(probs=[r6(p) for p in probs], logprobs=[r6(lp) for lp in logprobs])
+            record.update(probs=[r6(p) for p in probs], logprobs=list(logprobs))
         else:
             record.update(prob=None if best is None else r6(probs[best]), margin=r6(margin))
             record.update(probs={n: r6(p) for n, p in zip(names, probs)},
-                          logprobs={n: r6(lp) for n, lp in zip(names, logprobs)})
+                          logprobs=dict(zip(names, logprobs)))
             if self.prior:
                 record["raw_probs"] = {n: r6(p) for n, p in zip(names, raw)}
         if self.spec.gold:
@@ -203,34 +200,63 @@ class Classifier:
         return record
 
     def _batches(
-        self, items: Iterable[Item], batch_size: int, batch_tokens: int, known: Callable[[tuple], bool] = lambda k: False
-    ) -> Iterator[list[Prepared]]:
+        self, items: Iterable[Item], batch_size: int, batch_tokens: int, on_error: str = "fail"
+    ) -> Iterator[list[Prepared | Failed]]:
         """Consecutive items, at most `batch_size` of them and about `batch_tokens` tokens through
-        the model per batch (an item costs its own tokens plus its candidates' trie; an item
-        whose scores are `known` or already in the batch costs nothing)."""
+        the model per batch (an item costs its own tokens plus its candidates' trie; a prompt
+        already scored, or already in the batch, costs nothing). The batches depend only on the
+        items, never on timing, so a resumed run forms exactly the batches of an uninterrupted one.
+        An item that cannot be scored is a `Failed` entry (on_error="skip") or ends the batches
+        after the ones before it (on_error="fail")."""
         from .engine import _trie
 
-        batch: list[Prepared] = []
+        batch: list[Prepared | Failed] = []
         keys: set[tuple] = set()
         tokens = 0
         for item in items:
             try:
                 prep = self.prepare(item)
-            except ItemError:
+            except ItemError as exc:
+                if on_error == "skip":
+                    batch.append(Failed(item, str(exc)))
+                    continue
                 if batch:  # score what came before the bad item first
                     yield batch
                 raise
             own = len(prep.enc.ids) - prep.enc.prefix_len + len(_trie(list(prep.candidates.values()))[0])
-            cost = 0 if prep.key in keys or known(prep.key) else own
+            cost = 0 if prep.key in keys or prep.key in self._scores else own
             if batch and (len(batch) >= batch_size or tokens + cost > batch_tokens):
                 yield batch
                 batch, keys, tokens = [], set(), 0
-                cost = 0 if known(prep.key) else own
+                cost = 0 if prep.key in self._scores else own
             batch.append(prep)
             keys.add(prep.key)
             tokens += cost
+            # Batching must not depend on what a previous run finished: mark the key as scored
+            # when its batch is, see `classify`.
         if batch:
             yield batch
+
+    def _score_batch(self, preps: list[Prepared], done: Mapping[str, dict]) -> list[Prepared]:
+        """Score the batch's prompts not seen before (in one forward pass) and cache them. A
+        prompt whose every item a previous run already wrote takes its scores from those records,
+        exactly as this run would have computed them."""
+        from .engine import Row
+
+        todo: dict[tuple, Prepared] = {}
+        for p in preps:
+            if p.key in self._scores or p.key in todo:
+                continue
+            record = done.get(str(p.item.id))
+            if record is not None and not any(str(q.item.id) not in done for q in preps if q.key == p.key):
+                self._scores.put(p.key, _logprobs_of(record, p))
+            else:
+                todo[p.key] = p
+        if todo:
+            rows = [Row(p.enc.ids, p.enc.prefix_len, list(p.candidates.values())) for p in todo.values()]
+            for key, scores in zip(todo, self.engine.score(self.prefix, rows)):
+                self._scores.put(key, scores)
+        return list(todo.values())
 
     def classify(
         self,
@@ -238,35 +264,62 @@ class Classifier:
         batch_size: int = 64,
         on_batch: Callable[[int], None] | None = None,
         batch_tokens: int = 768,
+        on_error: str = "fail",
+        done: Mapping[str, dict] | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Score items in batches against the cached prefix; yield records in input order.
-        Items whose prompt and candidates were scored recently reuse those scores."""
-        from .engine import Row
 
+        Items whose prompt and candidates were scored recently reuse those scores. Items whose id
+        is in `done` (records a previous run wrote, by str(id)) are not yielded again; their
+        batches are replayed so that every other record is the same as in an uninterrupted run.
+        `on_error="skip"` yields `{"id", "error"}` for an item that cannot be scored."""
         if self.engine is None:
             raise RuntimeError("call load_model() before classify()")
-        for batch in self._batches(items, batch_size, batch_tokens, self._scores.__contains__):
+        done = done or {}
+        for batch in self._batches(items, batch_size, batch_tokens, on_error):
             start = time.perf_counter()
-            todo = {p.key: p for p in batch if p.key not in self._scores}
-            rows = [Row(p.enc.ids, p.enc.prefix_len, list(p.candidates.values())) for p in todo.values()]
-            extra, new_options = None, []
-            if self.spec.normalize == "pmi":  # options never scored after the content-free prompt
-                extra, new_options = self._unconditional_row([c for p in batch for c in p.candidates.values()])
-            results = self.engine.score(self.prefix, rows + ([extra] if extra else [])) if rows or extra else []
-            if extra:
-                for cand, lp in zip(new_options, results.pop()):
-                    self._unconditional.put(cand, lp)
-            for key, scores in zip(todo, results):
-                self._scores.put(key, scores)
+            preps = [p for p in batch if isinstance(p, Prepared)]
+            if self.spec.normalize == "pmi" and self.spec.choices:
+                self._score_unconditional([c for p in preps for c in p.candidates.values()])
+            scored = self._score_batch(preps, done)
+            for p in preps:
+                self._scores.get(p.key)  # recency: the same in every run, written or replayed
+            pending = [p for p in batch if str(p.item.id) not in done]
+            if not pending:
+                continue
             elapsed = time.perf_counter() - start
             self.stats.seconds += elapsed
-            self.stats.items += len(batch)
-            self.stats.scored += len(todo)
-            self.stats.item_tokens += sum(len(p.enc.ids) - p.enc.prefix_len for p in todo.values())
-            for prep in batch:
-                yield self._record(prep, self._scores.get(prep.key), 1000 * elapsed / len(batch))
+            self.stats.items += len(pending)
+            self.stats.scored += len(scored)
+            self.stats.item_tokens += sum(len(p.enc.ids) - p.enc.prefix_len for p in scored)
+            for entry in pending:
+                if isinstance(entry, Failed):
+                    self.stats.errors += 1
+                    yield {"id": entry.item.id, "error": entry.message}
+                else:
+                    yield self._record(entry, self._scores.peek(entry.key), 1000 * elapsed / len(pending))
             if on_batch:
-                on_batch(len(batch))
+                on_batch(len(pending))
+
+
+@dataclass(frozen=True)
+class Failed:
+    """An item that cannot be scored, and why."""
+
+    item: Item
+    message: str
+
+
+def _logprobs_of(record: Mapping[str, Any], prep: Prepared) -> list[float]:
+    """The raw log-probs a written record holds, in candidate order (JSONL or CSV record)."""
+    value = record.get("logprobs")
+    if isinstance(value, str):  # CSV, multiple choice
+        value = json.loads(value)
+    if isinstance(value, list):
+        return [float(v) for v in value]
+    if isinstance(value, dict):
+        return [float(value[name]) for name in prep.candidates]
+    return [float(record[f"logprob_{name}"]) for name in prep.candidates]
 
 
 class ScoreCache:
@@ -280,6 +333,9 @@ class ScoreCache:
 
     def get(self, key: tuple) -> list[float]:
         self._data.move_to_end(key)
+        return self._data[key]
+
+    def peek(self, key: tuple) -> list[float]:
         return self._data[key]
 
     def put(self, key: tuple, scores: list[float]) -> None:
@@ -300,11 +356,11 @@ def output_columns(spec: TaskSpec) -> list[str]:
         per_label = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
         per_label += [f"raw_prob_{n}" for n in names] if spec.content_free else []
     gold = ["gold", "correct"] if spec.gold else []
-    return head + per_label + gold + ["normalize", "prefix_tokens", "item_tokens", "ms"]
+    return head + per_label + gold + ["normalize", "prefix_tokens", "item_tokens", "ms", "error"]
 
 
 def flatten_for_csv(record: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(record["probs"], list):  # multiple choice: lists stay whole
+    if "error" in record or isinstance(record["probs"], list):  # error records; multiple choice lists
         return record
     flat = {k: v for k, v in record.items() if k not in ("probs", "logprobs", "raw_probs")}
     for field_name, prefix in (("probs", "prob_"), ("logprobs", "logprob_"), ("raw_probs", "raw_prob_")):

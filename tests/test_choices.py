@@ -136,7 +136,7 @@ def mc_spec(tmp_path, tiny_model_dir):
 def test_cli_multiple_choice_with_gold_reports_and_gate(mc_spec, tmp_path):
     items = _items(tmp_path)
     out, metrics, md, junit = (tmp_path / n for n in ("o.jsonl", "m.json", "s.md", "j.xml"))
-    args = ["run", str(mc_spec), str(items), "-o", str(out), "--metrics", str(metrics), "--summary-md", str(md),
+    args = ["run", str(mc_spec), str(items), "-o", str(out), "--overwrite", "--metrics", str(metrics), "--summary-md", str(md),
             "--junit", str(junit)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -147,10 +147,10 @@ def test_cli_multiple_choice_with_gold_reports_and_gate(mc_spec, tmp_path):
     assert f"accuracy {correct / 4:.3f} ({correct}/4)" in result.stderr
     assert "### prefixcache evaluation" in md.read_text() and "<testsuite" in junit.read_text()
 
-    gated = runner.invoke(app, args[:5] + ["--min-accuracy", "1.0"])
+    gated = runner.invoke(app, args[:6] + ["--min-accuracy", "1.0"])
     if correct < 4:
         assert gated.exit_code == 5 and "gate failed: accuracy" in gated.stderr
-    passed = runner.invoke(app, args[:5] + ["--min-accuracy", "0.0"])
+    passed = runner.invoke(app, args[:6] + ["--min-accuracy", "0.0"])
     assert passed.exit_code == 0
 
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from prefixcache.errors import InputError
-from prefixcache.io import open_writer, read_items, scan_items
+from prefixcache.io import read_items, scan_items
+from prefixcache.output import open_writer
 
 
 def test_jsonl_ids_and_numbering(tmp_path):

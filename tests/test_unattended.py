@@ -1,0 +1,200 @@
+"""Cron- and CI-grade behaviour: bad input, error records, refusing to overwrite, resume after
+a crash (SIGKILL) or a signal (SIGTERM), exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import write_spec
+from prefixcache.cli import app
+
+runner = CliRunner()
+WORDS = "crash refund password invoice login error slow payment account screen update billing".split()
+
+
+def _texts(n: int) -> list[str]:
+    return [f"{WORDS[i % 12]} {WORDS[(i * 7) % 12]} number {i} " + "again " * (i % 5) for i in range(n)]
+
+
+def _write_items(path: Path, texts) -> Path:
+    path.write_text("".join(json.dumps({"id": f"i{n}", "text": t}) + "\n" for n, t in enumerate(texts)))
+    return path
+
+
+def _records(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        record.pop("ms", None)  # timing differs between runs
+        out.append(record)
+    return out
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture()
+def spec_path(tmp_path, tiny_model_dir):
+    return write_spec(tmp_path, model=str(tiny_model_dir), labels=["tech", "technical", "billing", "account access"])
+
+
+def test_empty_input_is_an_empty_output(spec_path, tmp_path):
+    for name in ("empty.jsonl", "empty.csv"):
+        src = tmp_path / name
+        src.write_text("")
+        out = tmp_path / ("out-" + name)
+        result = invoke("run", spec_path, src, "-o", out)
+        assert result.exit_code == 0, result.output
+        assert result.stderr.splitlines()[-1].startswith("0 items in")
+        assert out.read_text() == ("" if name.endswith("jsonl") else out.read_text().splitlines()[0] + "\n")
+
+
+def test_refuses_to_overwrite(spec_path, tmp_path):
+    src = _write_items(tmp_path / "in.jsonl", _texts(3))
+    out = tmp_path / "out.jsonl"
+    out.write_text("precious\n")
+    result = invoke("run", spec_path, src, "-o", out)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {out}: already exists; use --resume to continue it or --overwrite to replace it\n"
+    assert out.read_text() == "precious\n"
+    assert invoke("run", spec_path, src, "-o", out, "--overwrite", "-q").exit_code == 0
+    assert len(_records(out)) == 3
+
+
+def test_on_error_skip_writes_error_records(spec_path, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": "a", "text": "fine"}\n{"id": "b", "body": "no text"}\n{"id": "c", "text": "also fine"}\n')
+    out = tmp_path / "out.jsonl"
+    result = invoke("run", spec_path, src, "-o", out, "--on-error", "skip")
+    assert result.exit_code == 4
+    records = _records(out)
+    assert [r["id"] for r in records] == ["a", "b", "c"]
+    assert records[1] == {"id": "b", "error": "item 'b': lacks field 'text' used by the template"}
+    assert "label" in records[0] and "label" in records[2]
+    assert "1 items failed (error records written)" in result.stderr
+    failed = invoke("run", spec_path, src, "-o", tmp_path / "o2.jsonl")  # fail: refused before the model loads
+    assert failed.exit_code == 2 and f"{src}:2: item 'b' lacks field 'text'" in failed.stderr
+
+
+def test_too_long_item_is_an_error_record_under_skip(spec_path, tmp_path, tiny_model_dir):
+    import shutil
+
+    small = tmp_path / "small"
+    shutil.copytree(tiny_model_dir, small)
+    config = json.loads((small / "config.json").read_text())
+    config["max_position_embeddings"] = 200
+    (small / "config.json").write_text(json.dumps(config))
+    spec = write_spec(tmp_path, name="small.yaml", model=str(small), labels=["tech", "billing"])
+    src = _write_items(tmp_path / "in.jsonl", ["short", "long " * 300, "short too"])
+    out = tmp_path / "out.csv"
+    result = invoke("run", spec, src, "-o", out, "--on-error", "skip", "-q")
+    assert result.exit_code == 4
+    lines = out.read_text().splitlines()
+    assert lines[0].endswith(",error") and len(lines) == 4
+    assert "do not fit the model's context of 200" in lines[2] and lines[2].startswith("i1,")
+
+
+def test_resume_after_a_partial_write_equals_an_uninterrupted_run(spec_path, tmp_path):
+    src = _write_items(tmp_path / "in.jsonl", _texts(40) + _texts(5))  # duplicates across batches too
+    full = tmp_path / "full.jsonl"
+    assert invoke("run", spec_path, src, "-o", full, "-b", 4, "-q").exit_code == 0
+    part = tmp_path / "part.jsonl"
+    assert invoke("run", spec_path, src, "-o", part, "-b", 4, "-q").exit_code == 0
+    lines = part.read_text().splitlines(keepends=True)
+    part.write_text("".join(lines[:13]) + lines[13][:25])  # a crash mid-record
+    result = invoke("run", spec_path, src, "-o", part, "-b", 4, "--resume")
+    assert result.exit_code == 0, result.output
+    assert "dropped a partial last record" in result.stderr and "13 items already done" in result.stderr
+    assert _records(part) == _records(full)
+    again = invoke("run", spec_path, src, "-o", part, "-b", 4, "--resume", "-q")  # nothing left: no change
+    assert again.exit_code == 0 and _records(part) == _records(full)
+
+
+def test_resume_refuses_another_spec_input_or_a_missing_fingerprint(spec_path, tmp_path, tiny_model_dir):
+    src = _write_items(tmp_path / "in.jsonl", _texts(4))
+    out = tmp_path / "out.jsonl"
+    assert invoke("run", spec_path, src, "-o", out, "-q").exit_code == 0
+    other = write_spec(tmp_path, name="other.yaml", model=str(tiny_model_dir), labels=["x", "y"])
+    result = invoke("run", other, src, "-o", out, "--resume")
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: {out}: cannot resume: it was written with a different spec; "
+                             "use --overwrite to start again, or another output file\n")
+    changed = _write_items(tmp_path / "in.jsonl", _texts(5))
+    assert "different input" in invoke("run", spec_path, changed, "-o", out, "--resume").stderr
+    (tmp_path / "out.jsonl.prefixcache.json").unlink()
+    assert "fingerprint of the run that wrote it) is missing" in invoke("run", spec_path, changed, "-o", out, "--resume").stderr
+
+
+def test_same_input_same_records(spec_path, tmp_path):
+    src = _write_items(tmp_path / "in.jsonl", _texts(12))
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert invoke("run", spec_path, src, "-o", a, "-q").exit_code == 0
+    assert invoke("run", spec_path, src, "-o", b, "-q").exit_code == 0
+    assert _records(a) == _records(b)
+
+
+def test_bad_options(spec_path, tmp_path):
+    src = _write_items(tmp_path / "in.jsonl", _texts(2))
+    assert invoke("run", spec_path, src, "--on-error", "ignore").stderr == "error: --on-error must be fail or skip, not 'ignore'\n"
+    assert invoke("run", spec_path, src, "--resume").stderr == "error: --resume needs an output file (-o)\n"
+    assert invoke("run", spec_path, src, "--log-level", "loud").exit_code == 2
+
+
+def _cli(*args, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "prefixcache", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_spec_errors_do_not_import_torch(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("labels: [a]\nlables: [b]\n")
+    code = ("import sys; from prefixcache.cli import app\n"
+            "try:\n    app(['run', sys.argv[1], 'x.jsonl'])\nexcept SystemExit as e:\n"
+            "    print(e.code, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True)
+    assert out.stdout.strip() == "2 False False"
+    assert out.stderr == f"error: {bad}: unknown key 'lables'; did you mean 'labels'?\n"
+
+
+def _wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists() and path.read_text().count("\n") >= n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stderr.read()}")
+        time.sleep(0.05)
+    raise AssertionError("no records appeared")
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_killed_run_resumes_to_the_uninterrupted_output(spec_path, tmp_path, how):
+    src = _write_items(tmp_path / "in.jsonl", _texts(300))
+    full = tmp_path / "full.jsonl"
+    done = _cli("run", spec_path, src, "-o", full, "-b", 2, "-q")
+    assert done.wait(timeout=300) == 0, done.stderr.read()
+    out = tmp_path / "out.jsonl"
+    proc = _cli("run", spec_path, src, "-o", out, "-b", 2, "-q")
+    _wait_for_lines(out, 20, proc)
+    proc.send_signal(getattr(signal, how))
+    code = proc.wait(timeout=60)
+    written = out.read_text().count("\n")
+    assert 20 <= written < 300, "the run must have been stopped part-way"
+    if how == "SIGTERM":
+        assert code == 143
+        assert f"interrupted by SIGTERM: {written} records written to {out}; resume with:" in proc.stderr.read()
+    else:
+        assert code == -9
+    resumed = _cli("run", spec_path, src, "-o", out, "-b", 2, "--resume", "-q")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    assert _records(out) == _records(full)
