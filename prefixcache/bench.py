@@ -53,7 +53,9 @@ class BenchReport:
     candidate_tokens: float  # label tokens fed after the item (trie nodes), per item
     unavoidable_gflop: float  # per item
     same_labels: bool
-    option_cost_ratio: float  # scoring every label vs scoring the item alone, same batches
+    option_cost_ratio: float
+    store_load_ms: float  # loading the prefilled prefix from the prefix store (verified)
+    store_prefill_ms: float  # computing it, timed in the same process  # scoring every label vs scoring the item alone, same batches
     modes: list[ModeResult]
 
     def to_json(self) -> dict[str, Any]:
@@ -162,6 +164,22 @@ def _option_cost_ratio(clf: Classifier, items: Sequence[Item], batch_size: int, 
     return timed(False) / timed(True)
 
 
+def _store_timings(clf: Classifier) -> tuple[float, float]:
+    """(prefill ms, prefix-store load ms) for this spec's prefix, best of three each, through a
+    throwaway store."""
+    import tempfile
+
+    from .store import PrefixStore
+
+    engine, ids = clf.engine, clf.builder.prefix_ids
+    prefill = min(engine.prefill(ids).prefill_ms for _ in range(3))
+    with tempfile.TemporaryDirectory() as tmp:
+        store = PrefixStore(tmp)
+        store.save("bench", engine.prefill(ids), "bench")
+        load = min(store.load("bench", engine.device).prefill_ms for _ in range(3))
+    return prefill, load
+
+
 def run_bench(
     clf: Classifier, items: Sequence[Item], naive_limit: int, batch_size: int = 64, batch_tokens: int = 768
 ) -> BenchReport:
@@ -203,6 +221,7 @@ def run_bench(
     ]
     # Option cost: the same pipeline scoring one one-token candidate instead of every label.
     option_ratio = _option_cost_ratio(clf, items, batch_size, batch_tokens)
+    prefill_ms, load_ms = _store_timings(clf)
     stats.seconds, stats.items, stats.item_tokens = seconds, count, tokens
 
     body, head = linear_params(model)
@@ -221,4 +240,5 @@ def run_bench(
         peak_gflops=peak, load_seconds=clf.stats.load_seconds, prefill_ms=prefix.prefill_ms,
         prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
         same_labels=same, option_cost_ratio=option_ratio, modes=modes,
+        store_load_ms=load_ms, store_prefill_ms=prefill_ms,
     )

@@ -132,6 +132,25 @@ ITEMS_ARG = typer.Argument(..., help="Items: a .jsonl or .csv file, or - for std
 FORMAT_OPT = typer.Option(None, "--format", "-f", help="Input format when it cannot be told from the extension: jsonl or csv.")
 LIMIT_OPT = typer.Option(None, "--limit", "-n", min=1, help="Process only the first N items.")
 DEBUG_OPT = typer.Option(False, "--debug", help="Show a traceback for errors.")
+CACHE_DIR_OPT = typer.Option(None, "--cache-dir", help="Where converted models and prefilled prefixes are kept (env PREFIXCACHE_CACHE_DIR; default ~/.cache/prefixcache).")
+
+
+def _use_cache_dir(cache_dir: Optional[Path]) -> None:
+    if cache_dir is not None:
+        os.environ["PREFIXCACHE_CACHE_DIR"] = str(cache_dir)
+
+
+def _store(cache_dir: Optional[Path] = None):
+    from .load import cache_root
+    from .store import DEFAULT_MAX_BYTES, PrefixStore
+
+    _use_cache_dir(cache_dir)
+    limit = os.environ.get("PREFIXCACHE_STORE_MAX_MB")
+    try:
+        max_bytes = int(float(limit) * 2**20) if limit else DEFAULT_MAX_BYTES
+    except ValueError:
+        raise SpecError(f"PREFIXCACHE_STORE_MAX_MB must be a number of megabytes, not {limit!r}")
+    return PrefixStore(cache_root() / "prefixes", max_bytes)
 
 
 @app.command()
@@ -153,6 +172,8 @@ def run(
     min_accuracy: Optional[float] = typer.Option(None, "--min-accuracy", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when accuracy is below this."),
     device: str = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", help="auto, cpu, cuda or mps."),
     dtype: str = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto (float32 on CPU, bf16/fp16 on CUDA), float32, bfloat16, float16."),
+    cache_dir: Optional[Path] = CACHE_DIR_OPT,
+    no_cache_store: bool = typer.Option(False, "--no-cache-store", help="Neither load nor keep the prefilled prefix on disk."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, summary, warnings or evaluation tables."),
     log_level: str = typer.Option("info", "--log-level", envvar="PREFIXCACHE_LOG_LEVEL", help="debug, info, warning or error (stderr)."),
     debug: bool = DEBUG_OPT,
@@ -183,6 +204,7 @@ def run(
 
     started = time.perf_counter()
     _setup_logging(quiet, log_level)
+    _use_cache_dir(cache_dir)
     with _errors(debug):
         if on_error not in ("fail", "skip"):
             raise SpecError(f"--on-error must be fail or skip, not {on_error!r}")
@@ -209,7 +231,7 @@ def run(
             "input": file_digest(items), "device": dev, "dtype": str(pick_dtype(dtype, dev)).removeprefix("torch."),
         }
         done = _start_output(output, resume, fingerprint)
-        clf.load_model(device, dtype)
+        clf.load_model(device, dtype, None if no_cache_store else _store(cache_dir))
         evaluation = Evaluation(None if task.choices else task.label_names) if task.gold else None
         for record in done.values() if evaluation else ():
             if "error" not in record:
@@ -296,7 +318,7 @@ def _print_summary(s, first_record: Optional[float], resumed: int = 0) -> None:
         f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
         f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
         f"{f', {s.items - s.scored} duplicates reused' if s.items > s.scored else ''}) · "
-        f"prefix {s.prefix_tokens} tokens, prefill {s.prefill_ms:.0f} ms · "
+        f"prefix {s.prefix_tokens} tokens {s.prefix_source} in {s.prefill_ms:.0f} ms · "
         f"load {s.load_seconds:.1f} s · first record after {first_record or 0:.1f} s · {s.device} {s.dtype}"
         f"{f' · {s.errors} items failed (error records written)' if s.errors else ''}",
         markup=False,
@@ -438,9 +460,68 @@ def _print_bench(report) -> None:
         f"prefix {report.prefix_tokens} tokens, prefill {report.prefill_ms:.0f} ms · load {report.load_seconds:.1f} s\n"
         f"run pipeline vs one full forward per item and label: {report.modes[1].ms_per_item / report.modes[3].ms_per_item:.0f}x · "
         f"scoring every label costs {report.option_cost_ratio:.2f}x scoring the item alone · "
-        f"same labels in every mode: {'yes' if report.same_labels else 'NO'}",
+        f"same labels in every mode: {'yes' if report.same_labels else 'NO'}\n"
+        f"prefix store: loading the {report.prefix_tokens}-token prefix takes {report.store_load_ms:.0f} ms, "
+        f"prefilling it {report.store_prefill_ms:.0f} ms ({report.store_prefill_ms / max(report.store_load_ms, 1e-6):.0f}x)",
         soft_wrap=True,
     )
+
+
+cache_app = typer.Typer(help="Inspect or clear the prefix store and converted models.", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("list")
+def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table.")) -> None:
+    """List the stored prefixes (fingerprint, model, prefix tokens, size, last used) and converted models.
+
+    Example:
+
+        prefixcache cache list
+    """
+    from rich.table import Table
+
+    from .load import cache_root
+    from .store import describe
+
+    store = _store(cache_dir)
+    rows = [describe(e) for e in sorted(store.entries(), key=lambda e: -e.last_used)]
+    models = sorted((cache_root() / "models").glob("*/prefixcache.json")) if (cache_root() / "models").is_dir() else []
+    if as_json:
+        for row in rows:
+            print(json.dumps({"kind": "prefix", **row}))
+        for m in models:
+            print(json.dumps({"kind": "model", "path": str(m.parent), **json.loads(m.read_text())}))
+        return
+    table = Table("fingerprint", "model", "prefix tokens", "size MB", "last used", title=f"prefix store: {store.root}")
+    for row in rows:
+        table.add_row(row["fingerprint"], row["model"], str(row["prefix_tokens"]), f"{row['size_mb']:.1f}", row["last_used"])
+    out = Console(highlight=False)
+    out.print(table)
+    for m in models:
+        out.print(f"converted model: {m.parent} (from {json.loads(m.read_text()).get('source')})", soft_wrap=True)
+
+
+@cache_app.command("clear")
+def cache_clear(
+    cache_dir: Optional[Path] = CACHE_DIR_OPT,
+    models: bool = typer.Option(False, "--models", help="Also delete converted (dequantised GGUF) models."),
+) -> None:
+    """Delete every stored prefix (and with --models the converted models).
+
+    Example:
+
+        prefixcache cache clear --models
+    """
+    import shutil
+
+    from .load import cache_root
+
+    removed = _store(cache_dir).clear()
+    err.print(f"removed {removed} stored prefixes", markup=False)
+    if models and (cache_root() / "models").is_dir():
+        shutil.rmtree(cache_root() / "models")
+        err.print("removed the converted models", markup=False)
 
 
 def main() -> None:

@@ -28,7 +28,8 @@ class RunStats:
     errors: int = 0  # items written as error records (on_error="skip")
     item_tokens: int = 0  # tokens of the scored items' own (not cached) part
     load_seconds: float = 0.0
-    prefill_ms: float = 0.0
+    prefill_ms: float = 0.0  # prefilling the prefix, or loading it from the prefix store
+    prefix_source: str = ""  # "computed" or "loaded"
     prefix_tokens: int = 0
     device: str = ""
     dtype: str = ""
@@ -87,7 +88,9 @@ class Classifier:
         clf.stats.load_seconds = time.perf_counter() - start
         return clf
 
-    def load_model(self, device: str = "auto", dtype: str = "auto") -> None:
+    def load_model(self, device: str = "auto", dtype: str = "auto", store: Any = None) -> None:
+        """Load the model and get the prefilled prefix: from `store` (a PrefixStore) when it has
+        it, else by prefilling (and then keeping it there)."""
         from .engine import Engine  # torch is imported only on this path
 
         start = time.perf_counter()
@@ -103,13 +106,28 @@ class Classifier:
                 f"the static prompt prefix has {len(self.builder.prefix_ids)} tokens, more than the "
                 f"model's context of {limit}; shorten the system text or the examples"
             )
-        self.prefix = self.engine.prefill(self.builder.prefix_ids)
+        self.prefix = self._prefix(store)
         self.stats.prefill_ms = self.prefix.prefill_ms
         self.stats.prefix_tokens = len(self.prefix.ids)
         if self.spec.normalize == "pmi" and not self.spec.choices:
             self._score_unconditional(list(self.builder.candidates.values()))
         if self.spec.content_free:
             self.prior = self._calibration_prior()
+
+    def _prefix(self, store: Any):
+        if store is None:
+            self.stats.prefix_source = "computed"
+            return self.engine.prefill(self.builder.prefix_ids)
+        from .load import model_identity
+        from .store import prefix_key
+
+        key = prefix_key(model_identity(self.source), self.engine.dtype, self.engine.device.type, self.builder.prefix_ids)
+        prefix = store.load(key, self.engine.device)
+        if prefix is not None and prefix.ids == tuple(self.builder.prefix_ids):
+            self.stats.prefix_source = "loaded"
+            return prefix
+        self.stats.prefix_source = "computed"
+        return store.save(key, self.engine.prefill(self.builder.prefix_ids), self.source.ref)
 
     # -- preparing items -----------------------------------------------------------------------
     def prepare(self, item: Item) -> Prepared:

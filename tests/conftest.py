@@ -92,3 +92,26 @@ def tiny_model_dir(tmp_path_factory, chat_tokenizer):
     tiny_model("llama", len(chat_tokenizer)).save_pretrained(path)
     chat_tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache_dir(tmp_path_factory):
+    """Tests keep their prefix store out of the user's cache; the converted embedded model (slow
+    to make) is shared with the real cache folder when there is one."""
+    import os
+    from pathlib import Path
+
+    from prefixcache.load import cache_root
+
+    real_models = cache_root() / "models"
+    root = tmp_path_factory.mktemp("prefixcache-cache")
+    Path(root / "models").symlink_to(real_models if real_models.is_dir() else root.parent / "no-models", True)
+    if not real_models.is_dir():
+        (root / "models").unlink()
+    previous = os.environ.get("PREFIXCACHE_CACHE_DIR")
+    os.environ["PREFIXCACHE_CACHE_DIR"] = str(root)
+    yield root
+    if previous is None:
+        os.environ.pop("PREFIXCACHE_CACHE_DIR", None)
+    else:
+        os.environ["PREFIXCACHE_CACHE_DIR"] = previous

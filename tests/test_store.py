@@ -1,0 +1,132 @@
+"""The prefix store: hits, misses on every fingerprint component, corruption, concurrent writers,
+eviction, and the CLI around it."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+import transformers
+from typer.testing import CliRunner
+
+from conftest import tiny_model
+from helpers import make_spec, write_spec
+from prefixcache.cli import app
+from prefixcache.engine import Engine
+from prefixcache.prompt import PromptBuilder
+from prefixcache.store import PrefixStore, prefix_key
+
+
+@pytest.fixture()
+def prefilled(chat_tokenizer, tmp_path):
+    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
+    engine = Engine(tiny_model("llama", len(chat_tokenizer)))
+    return engine, engine.prefill(builder.prefix_ids)
+
+
+def _same(a, b) -> bool:
+    return a.ids == b.ids and torch.equal(a.last_logits, b.last_logits) and all(
+        torch.equal(k1, k2) and torch.equal(v1, v2) for (k1, v1), (k2, v2) in zip(a.kv, b.kv))
+
+
+def test_hit_returns_the_same_tensors(prefilled, tmp_path):
+    engine, prefix = prefilled
+    store = PrefixStore(tmp_path / "store")
+    assert store.load("k", "cpu") is None
+    store.save("k", prefix, "tiny")
+    loaded = store.load("k", "cpu")
+    assert _same(loaded, prefix)
+    [entry] = store.entries()
+    assert (entry.key, entry.model, entry.prefix_tokens) == ("k", "tiny", len(prefix.ids))
+
+
+def test_every_fingerprint_component_changes_the_key(monkeypatch):
+    base = dict(model_identity="dir:m:1", dtype=torch.float32, device_type="cpu", prefix_ids=[1, 2, 3])
+    key = prefix_key(**base)
+    assert key == prefix_key(**base)
+    for change in (dict(model_identity="dir:m:2"), dict(dtype=torch.bfloat16), dict(device_type="cuda"),
+                   dict(prefix_ids=[1, 2, 4])):
+        assert prefix_key(**{**base, **change}) != key
+    monkeypatch.setattr(torch, "__version__", "0.0-other")
+    assert prefix_key(**base) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(transformers, "__version__", "0.0-other")
+    assert prefix_key(**base) != key
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
+def test_a_damaged_file_is_reported_and_rebuilt(prefilled, tmp_path, caplog, damage):
+    _, prefix = prefilled
+    store = PrefixStore(tmp_path)
+    store.save("k", prefix, "tiny")
+    path = tmp_path / "k.safetensors"
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-5] ^= 0xFF  # a bit in the last tensor's bytes
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        store.save("other", prefix, "tiny")
+        data = bytearray((tmp_path / "other.safetensors").read_bytes())  # a valid file under the wrong name
+    path.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="prefixcache"):
+        assert store.load("k", "cpu") is None
+    assert "is unusable" in caplog.text and not path.exists()
+    store.save("k", prefix, "tiny")
+    assert _same(store.load("k", "cpu"), prefix)
+
+
+def test_concurrent_writers_leave_one_good_file(prefilled, tmp_path):
+    _, prefix = prefilled
+    store = PrefixStore(tmp_path / "store")
+    threads = [threading.Thread(target=store.save, args=("k", prefix, "tiny")) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [p.name for p in (tmp_path / "store").iterdir()] == ["k.safetensors"]  # no temporary files left
+    assert _same(store.load("k", "cpu"), prefix)
+
+
+def test_least_recently_used_are_evicted(prefilled, tmp_path):
+    import os
+    import time
+
+    _, prefix = prefilled
+    store = PrefixStore(tmp_path)
+    store.save("a", prefix, "tiny")
+    size = (tmp_path / "a.safetensors").stat().st_size
+    store.max_bytes = int(2.5 * size)
+    store.save("b", prefix, "tiny")
+    old = time.time() - 100
+    os.utime(tmp_path / "a.safetensors", (old, old))
+    os.utime(tmp_path / "b.safetensors", (old + 1, old + 1))
+    assert store.load("a", "cpu") is not None  # a hit makes "a" the most recently used
+    store.save("c", prefix, "tiny")
+    assert sorted(e.key for e in store.entries()) == ["a", "c"]
+
+
+runner = CliRunner()
+
+
+def test_cli_second_run_loads_the_prefix_and_writes_the_same_records(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir))
+    items = tmp_path / "in.jsonl"
+    items.write_text("".join(json.dumps({"id": i, "text": f"ticket {i} crashed"}) + "\n" for i in range(5)))
+    store_dir = tmp_path / "cache"
+    outs = []
+    for n, extra in enumerate(([], [], ["--no-cache-store"])):
+        out = tmp_path / f"o{n}.jsonl"
+        result = runner.invoke(app, ["run", str(spec), str(items), "-o", str(out), "--cache-dir", str(store_dir), *extra])
+        assert result.exit_code == 0, result.output
+        assert ("loaded in" if n == 1 else "computed in") in result.stderr
+        outs.append([{k: v for k, v in json.loads(line).items() if k != "ms"} for line in out.read_text().splitlines()])
+    assert outs[0] == outs[1] == outs[2]
+    listed = runner.invoke(app, ["cache", "list", "--cache-dir", str(store_dir), "--json"])
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [r["kind"] for r in rows] == ["prefix"] and rows[0]["prefix_tokens"] > 0
+    cleared = runner.invoke(app, ["cache", "clear", "--cache-dir", str(store_dir)])
+    assert cleared.exit_code == 0 and "removed 1 stored prefixes" in cleared.stderr
+    assert runner.invoke(app, ["cache", "list", "--cache-dir", str(store_dir), "--json"]).stdout == ""
