@@ -39,7 +39,7 @@ app = typer.Typer(
     ),
 )
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _version(value: bool) -> None:
@@ -174,6 +174,7 @@ def run(
     dtype: str = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto (float32 on CPU, bf16/fp16 on CUDA), float32, bfloat16, float16."),
     cache_dir: Optional[Path] = CACHE_DIR_OPT,
     no_cache_store: bool = typer.Option(False, "--no-cache-store", help="Neither load nor keep the prefilled prefix on disk."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="Run only shard K of N (K/N, 1-based), e.g. one CI matrix job; join the parts with `prefixcache merge`."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, summary, warnings or evaluation tables."),
     log_level: str = typer.Option("info", "--log-level", envvar="PREFIXCACHE_LOG_LEVEL", help="debug, info, warning or error (stderr)."),
     debug: bool = DEBUG_OPT,
@@ -197,9 +198,9 @@ def run(
     """
     from .lint import lint_labels
     from .load import model_identity, pick_device, pick_dtype
-    from .metrics import Evaluation
     from .output import file_digest
     from .run import Classifier, flatten_for_csv, output_columns
+    from .shard import launch_state, parse_shard, part_path, shard_range
     from .spec import load_spec
 
     started = time.perf_counter()
@@ -210,6 +211,12 @@ def run(
             raise SpecError(f"--on-error must be fail or skip, not {on_error!r}")
         if resume and (output is None or output == "-"):
             raise OutputError("--resume needs an output file (-o)")
+        launched = launch_state(cpu=device == "cpu")
+        part = parse_shard(shard) if shard else None
+        if launched:
+            part = (launched.process_index, launched.num_processes)
+        if part and (items == "-" or output in (None, "-")):
+            raise OutputError("sharded and multi-process runs need an input file and an output file (-o)")
         task = load_spec(spec)
         if gold:
             task = dataclasses.replace(task, gold=gold)
@@ -222,25 +229,34 @@ def run(
             total = scan_items(items, in_fmt, task.id_field, check)
             total = min(total, limit) if limit else total
         _check_output(output, resume, overwrite)
+        final = output
+        if launched:
+            output = part_path(final, *part)
+            _check_output(output, resume, overwrite)
         clf = Classifier.from_spec(task)
         for warning in lint_labels(clf.builder) if task.labels else ():
             logging.getLogger("prefixcache").warning("%s", warning)
+        if launched and device == "auto":
+            device = str(launched.device)  # accelerate's placement: cuda:<local rank>, or cpu
         dev = pick_device(device)
         fingerprint = {
             "spec": file_digest(str(spec)), "gold": task.gold, "model": model_identity(clf.source),
-            "input": file_digest(items), "device": dev, "dtype": str(pick_dtype(dtype, dev)).removeprefix("torch."),
+            "input": file_digest(items), "device": dev.split(":")[0], "dtype": str(pick_dtype(dtype, dev)).removeprefix("torch."),
         }
+        clf.load_model(dev, dtype, None if no_cache_store else _store(cache_dir))
+        start, stop = 0, total
+        if part:  # whole batches per shard, so every shard forms the batches one process would
+            starts = clf.batch_starts(islice(read_items(items, in_fmt, task.id_field), total), batch_size, batch_tokens, on_error)
+            first, last = shard_range(len(starts), *part)
+            start, stop = (starts + [total])[first], (starts + [total])[last]
+            fingerprint.update(shard=f"{part[0] + 1}/{part[1]}", items=stop - start)
         done = _start_output(output, resume, fingerprint)
-        clf.load_model(device, dtype, None if no_cache_store else _store(cache_dir))
-        evaluation = Evaluation(None if task.choices else task.label_names) if task.gold else None
-        for record in done.values() if evaluation else ():
-            if "error" not in record:
-                evaluation.add(str(record["gold"]), record["label"] or None)
+        evaluation = _evaluation(task, done.values())
         writer = open_writer(output, output_columns(task), append=bool(done))
         first_record = None
         try:
             with _progress(quiet) as progress, _signals() as stopped:
-                left = None if total is None else max(total - len(done), 0)
+                left = None if total is None else max(stop - start - len(done), 0)
                 bar = progress.add_task("classify", total=left, rate="")
 
                 def advance(n: int) -> None:
@@ -248,7 +264,7 @@ def run(
                     if stopped:
                         raise _interrupted(stopped[0], clf.stats.items, output, spec, items)
 
-                stream = islice(read_items(items, in_fmt, task.id_field), limit)
+                stream = islice(read_items(items, in_fmt, task.id_field), start, stop)
                 for record in clf.classify(stream, batch_size, advance, batch_tokens, on_error, done):
                     writer.write(flatten_for_csv(record) if writer.fmt == "csv" else record)
                     first_record = first_record or time.perf_counter() - started
@@ -257,11 +273,46 @@ def run(
         finally:
             writer.close()
         if not quiet:
-            _print_summary(clf.stats, first_record, len(done))
+            _print_summary(clf.stats, first_record, len(done), f"shard {part[0] + 1}/{part[1]}: " if part else "")
+        if launched:
+            evaluation = _merge_launched(launched, final, task, quiet)
         if evaluation:
             _report_evaluation(evaluation, quiet, metrics, summary_md, junit, min_accuracy)
         if clf.stats.errors:
             raise typer.Exit(EXIT_ITEM)
+
+
+def _evaluation(task, records):
+    """An Evaluation holding `records` (those a previous run wrote), or None without a gold field."""
+    from .metrics import Evaluation
+
+    if not task.gold:
+        return None
+    evaluation = Evaluation(None if task.choices else task.label_names)
+    for record in records:
+        if "error" not in record:
+            evaluation.add(str(record["gold"]), record["label"] or None)
+    return evaluation
+
+
+def _merge_launched(state, output: str, task, quiet: bool):
+    """After every process has written its part: rank 0 checks and joins them into the output
+    (then removes them) and evaluates the whole; other ranks report nothing more. A missing or
+    incomplete part is an error and the parts stay, so --resume can finish them."""
+    from .output import fingerprint_path, read_done
+    from .shard import merge_parts, part_path
+
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        return None
+    parts = [part_path(output, k, state.num_processes) for k in range(state.num_processes)]
+    count = merge_parts([p for p in parts if Path(p).exists()], output)
+    for p in parts:
+        Path(p).unlink(missing_ok=True)
+        fingerprint_path(p).unlink(missing_ok=True)
+    if not quiet:
+        err.print(f"merged {count} records from {len(parts)} processes into {output}", markup=False)
+    return _evaluation(task, read_done(output).records)
 
 
 def _start_output(output: Optional[str], resume: bool, fingerprint: dict) -> dict[str, dict]:
@@ -312,9 +363,9 @@ def _interrupted(signum: int, written: int, output: Optional[str], spec: Path, i
     return Interrupted(signum, f"interrupted by {name}: {written} records written{where}{again}")
 
 
-def _print_summary(s, first_record: Optional[float], resumed: int = 0) -> None:
+def _print_summary(s, first_record: Optional[float], resumed: int = 0, label: str = "") -> None:
     err.print(
-        f"{f'{resumed} items already done, ' if resumed else ''}"
+        f"{label}{f'{resumed} items already done, ' if resumed else ''}"
         f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
         f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
         f"{f', {s.items - s.scored} duplicates reused' if s.items > s.scored else ''}) · "
@@ -465,6 +516,30 @@ def _print_bench(report) -> None:
         f"prefilling it {report.store_prefill_ms:.0f} ms ({report.store_prefill_ms / max(report.store_load_ms, 1e-6):.0f}x)",
         soft_wrap=True,
     )
+
+
+@app.command()
+def merge(
+    parts: list[str] = typer.Argument(..., help="The part files written with --shard K/N (any order).", show_default=False),
+    output: str = typer.Option(..., "--output", "-o", help="The joined .jsonl or .csv."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file."),
+    debug: bool = DEBUG_OPT,
+) -> None:
+    """Join the outputs of `run --shard K/N` into one file in input order.
+
+    Checks that every shard 1..N is there exactly once, complete, from the same spec, model and
+    input, and that no item appears twice.
+
+    Example:
+
+        prefixcache merge out.1.jsonl out.2.jsonl out.3.jsonl -o out.jsonl
+    """
+    from .shard import merge_parts
+
+    with _errors(debug):
+        _check_output(output, False, overwrite)
+        count = merge_parts(parts, output)
+        err.print(f"merged {count} records from {len(parts)} parts into {output}", markup=False)
 
 
 cache_app = typer.Typer(help="Inspect or clear the prefix store and converted models.", no_args_is_help=True)

@@ -222,8 +222,9 @@ class Classifier:
     ) -> Iterator[list[Prepared | Failed]]:
         """Consecutive items, at most `batch_size` of them and about `batch_tokens` tokens through
         the model per batch (an item costs its own tokens plus its candidates' trie; a prompt
-        already scored, or already in the batch, costs nothing). The batches depend only on the
-        items, never on timing, so a resumed run forms exactly the batches of an uninterrupted one.
+        already in the batch costs nothing). The batches depend only on the items from where
+        batching starts, never on timing or on what was scored before, so a resumed run or a
+        shard starting at a batch boundary forms exactly the batches of an uninterrupted run.
         An item that cannot be scored is a `Failed` entry (on_error="skip") or ends the batches
         after the ones before it (on_error="fail")."""
         from .engine import _trie
@@ -241,19 +242,25 @@ class Classifier:
                 if batch:  # score what came before the bad item first
                     yield batch
                 raise
-            own = len(prep.enc.ids) - prep.enc.prefix_len + len(_trie(list(prep.candidates.values()))[0])
-            cost = 0 if prep.key in keys or prep.key in self._scores else own
+            cost = 0 if prep.key in keys else (
+                len(prep.enc.ids) - prep.enc.prefix_len + len(_trie(list(prep.candidates.values()))[0]))
             if batch and (len(batch) >= batch_size or tokens + cost > batch_tokens):
                 yield batch
                 batch, keys, tokens = [], set(), 0
-                cost = 0 if prep.key in self._scores else own
+                cost = len(prep.enc.ids) - prep.enc.prefix_len + len(_trie(list(prep.candidates.values()))[0])
             batch.append(prep)
             keys.add(prep.key)
             tokens += cost
-            # Batching must not depend on what a previous run finished: mark the key as scored
-            # when its batch is, see `classify`.
         if batch:
             yield batch
+
+    def batch_starts(self, items: Iterable[Item], batch_size: int, batch_tokens: int, on_error: str = "fail") -> list[int]:
+        """Where each batch of `classify` starts (item positions), found by tokenising only."""
+        starts, at = [], 0
+        for batch in self._batches(items, batch_size, batch_tokens, on_error):
+            starts.append(at)
+            at += len(batch)
+        return starts
 
     def _score_batch(self, preps: list[Prepared], done: Mapping[str, dict]) -> list[Prepared]:
         """Score the batch's prompts not seen before (in one forward pass) and cache them. A

@@ -1,0 +1,123 @@
+"""Splitting one job into shards, and joining their outputs. No torch here.
+
+A shard is a contiguous block of the input (after `--limit`): with N shards of n items, shard k
+(0-based) takes items [k*n//N, (k+1)*n//N). Joining is then concatenation in shard order, and a
+part's completeness is a count: its fingerprint records how many items it was given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import InputError, OutputError
+from .output import FINGERPRINT_SUFFIX, fingerprint_path, read_done, write_fingerprint
+
+# Fingerprint fields that must agree between the parts of one job (device may differ by host).
+SHARED_FIELDS = ("spec", "gold", "model", "input", "dtype")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'K/N' (1-based, as users count) -> (k, n) with 0 <= k < n."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise InputError(f"--shard must look like K/N with 1 <= K <= N (e.g. 2/4), not {text!r}")
+    return int(match[1]) - 1, int(match[2])
+
+
+def shard_range(total: int, k: int, n: int) -> tuple[int, int]:
+    return k * total // n, (k + 1) * total // n
+
+
+def part_path(output: str, k: int, n: int) -> str:
+    """out.jsonl -> out.part-2-of-4.jsonl (k is 0-based)."""
+    path = Path(output)
+    return str(path.with_name(f"{path.stem}.part-{k + 1}-of-{n}{path.suffix}"))
+
+
+def _part_info(part: str) -> dict[str, Any]:
+    try:
+        info = json.loads(fingerprint_path(part).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{part}: no {Path(part).name}{FINGERPRINT_SUFFIX} next to it; was it written with --shard?")
+    except (OSError, json.JSONDecodeError):
+        raise InputError(f"{part}: its fingerprint file is unreadable")
+    if "shard" not in info:
+        raise InputError(f"{part}: was not written with --shard")
+    return info
+
+
+def merge_parts(parts: Sequence[str], output: str) -> int:
+    """Check that the parts are the complete shards of one job and write them, in shard order, to
+    `output` (atomically). Returns the number of records."""
+    if not parts:
+        raise InputError("no parts to merge")
+    if len(set(parts)) != len(parts):
+        raise InputError(f"{next(p for p in parts if parts.count(p) > 1)} is given twice")
+    infos = {part: _part_info(part) for part in parts}
+    first_part, first = next(iter(infos.items()))
+    n = parse_shard(first["shard"])[1]
+    by_shard: dict[int, str] = {}
+    for part, info in infos.items():
+        k, n_part = parse_shard(info["shard"])
+        if n_part != n:
+            raise InputError(f"{part}: is shard {info['shard']}, but {first_part} is shard {first['shard']}")
+        for field in SHARED_FIELDS:
+            if info.get(field) != first.get(field):
+                raise InputError(f"{part}: was written with a different {field} than {first_part}")
+        if k in by_shard:
+            raise InputError(f"{part} and {by_shard[k]} are both shard {k + 1}/{n}")
+        by_shard[k] = part
+    missing = [f"{k + 1}/{n}" for k in range(n) if k not in by_shard]
+    if missing:
+        raise InputError(f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing "
+                         f"(expected {n} parts written with --shard K/{n})")
+    seen: dict[str, str] = {}
+    chunks = []
+    for k in range(n):
+        part = by_shard[k]
+        done = read_done(part)
+        expected = infos[part].get("items")
+        if expected is not None and len(done.records) != expected:
+            raise InputError(f"{part}: has {len(done.records)} of its {expected} records; "
+                             f"finish it with --resume before merging")
+        for record in done.records:
+            rid = str(record.get("id"))
+            if rid in seen:
+                raise InputError(f"item {rid!r} is in both {seen[rid]} and {part}")
+            seen[rid] = part
+        data = Path(part).read_bytes()[: done.end]
+        if k > 0 and Path(part).suffix.lower() == ".csv":
+            data = data.split(b"\n", 1)[1] if b"\n" in data else b""  # one header is enough
+        chunks.append(data)
+    _write_atomically(output, b"".join(chunks))
+    merged = {key: value for key, value in first.items() if key not in ("shard", "items")}
+    write_fingerprint(output, {**merged, "items": len(seen)})
+    return len(seen)
+
+
+def _write_atomically(output: str, data: bytes) -> None:
+    target = Path(output)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent if str(target.parent) else ".")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise OutputError(f"{output}: cannot write the merged output: {exc.strerror}")
+
+
+def launch_state(cpu: bool = False) -> Any:
+    """accelerate's view of a multi-process launch (`accelerate launch`, torchrun), or None when
+    this is a single process. `cpu` (or no GPU) makes it a gloo process group on CPUs."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import torch
+    from accelerate import PartialState
+
+    state = PartialState(cpu=cpu or not torch.cuda.is_available())
+    return state if state.num_processes > 1 else None
