@@ -242,12 +242,11 @@ class Classifier:
                 if batch:  # score what came before the bad item first
                     yield batch
                 raise
-            cost = 0 if prep.key in keys else (
-                len(prep.enc.ids) - prep.enc.prefix_len + len(_trie(list(prep.candidates.values()))[0]))
+            own = len(prep.enc.ids) - prep.enc.prefix_len + len(_trie(list(prep.candidates.values()))[0])
+            cost = 0 if prep.key in keys else own
             if batch and (len(batch) >= batch_size or tokens + cost > batch_tokens):
                 yield batch
-                batch, keys, tokens = [], set(), 0
-                cost = len(prep.enc.ids) - prep.enc.prefix_len + len(_trie(list(prep.candidates.values()))[0])
+                batch, keys, tokens, cost = [], set(), 0, own
             batch.append(prep)
             keys.add(prep.key)
             tokens += cost
@@ -263,20 +262,16 @@ class Classifier:
         return starts
 
     def _score_batch(self, preps: list[Prepared], done: Mapping[str, dict]) -> list[Prepared]:
-        """Score the batch's prompts not seen before (in one forward pass) and cache them. A
-        prompt whose every item a previous run already wrote takes its scores from those records,
-        exactly as this run would have computed them."""
+        """Score the batch's prompts not seen before, in one forward pass, and cache them. When
+        a previous run already wrote every item of the batch, the scores are read back from its
+        records instead: exactly what this run would have computed, since the batch is the same."""
         from .engine import Row
 
-        todo: dict[tuple, Prepared] = {}
-        for p in preps:
-            if p.key in self._scores or p.key in todo:
-                continue
-            record = done.get(str(p.item.id))
-            if record is not None and not any(str(q.item.id) not in done for q in preps if q.key == p.key):
-                self._scores.put(p.key, _logprobs_of(record, p))
-            else:
-                todo[p.key] = p
+        todo: dict[tuple, Prepared] = {p.key: p for p in preps if p.key not in self._scores}
+        if todo and all(str(p.item.id) in done for p in preps):
+            for key, p in todo.items():
+                self._scores.put(key, _logprobs_of(done[str(p.item.id)], p))
+            return []
         if todo:
             rows = [Row(p.enc.ids, p.enc.prefix_len, list(p.candidates.values())) for p in todo.values()]
             for key, scores in zip(todo, self.engine.score(self.prefix, rows)):
