@@ -198,3 +198,50 @@ def test_killed_run_resumes_to_the_uninterrupted_output(spec_path, tmp_path, how
     resumed = _cli("run", spec_path, src, "-o", out, "-b", 2, "--resume", "-q")
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
     assert _records(out) == _records(full)
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("bad.jsonl", b'{"id": 1, "text": "ok"}\n{"id": 2, "text": oops}\n',
+         "{path}:2: malformed JSON: Expecting value (column 19)"),
+        ("bad.jsonl", b'{"id": 1, "text": "ok"}\n{"id": 2, "text": "\xff"}\n',
+         "{path}:2: not valid UTF-8 (byte 20 of the line)"),
+        ("bad.jsonl", b'{"id": 1, "text": "a"}\n{"id": 1, "text": "b"}\n', "{path}:2: duplicate id 1 (first on line 1)"),
+        ("bad.csv", b"id,text\n1,a,b\n", "{path}:2: expected 2 columns, found 3"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(spec_path, tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    result = invoke("run", spec_path, path, "-o", tmp_path / "out.jsonl")
+    assert result.exit_code == 2
+    assert result.stderr == "error: " + message.format(path=path) + "\n"
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_quirky_csv_works(spec_path, tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_bytes('\ufeffid,text\n1,"crash, again"\n2,"refund\nplease"\n'.encode())
+    out = tmp_path / "out.jsonl"
+    assert invoke("run", spec_path, path, "-o", out, "-q").exit_code == 0
+    assert [r["id"] for r in _records(out)] == ["1", "2"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("labels: [a, b\n", "{path}:2:1: YAML syntax error: expected ',' or ']', but got '<stream end>'"),
+        ("labels: []\n", "{path}: 'labels' is empty"),
+        ("labels: [a, a]\n", "{path}: label 'a' is listed twice"),
+        ("labels: [a]\ncolor: red\n", "{path}: unknown key 'color'; known keys: model, system, labels, examples, template, "
+                                      "id_field, format, normalize, answer_prefix, choices, gold, calibrate, threshold, trust_remote_code"),
+    ],
+)
+def test_bad_spec_is_one_line_and_exit_2(tmp_path, text, message):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    items = _write_items(tmp_path / "in.jsonl", _texts(2))
+    result = invoke("run", path, items)
+    assert result.exit_code == 2
+    assert result.stderr == "error: " + message.format(path=path) + "\n"
