@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import __version__
 from .errors import EXIT_GATE, EXIT_INTERNAL, EXIT_ITEM, EXIT_USAGE, Interrupted, OutputError, PrefixcacheError, SpecError
-from .io import INPUT_FORMATS, detect_format, read_items, scan_items
+from .io import detect_format, read_items, scan_items
 from .output import open_writer
 
 app = typer.Typer(

@@ -12,7 +12,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Mapping, Sequence
+from typing import IO, Any, Callable, Iterator, Mapping
 
 from .errors import InputError
 

@@ -8,7 +8,6 @@ import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 

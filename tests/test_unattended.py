@@ -4,7 +4,6 @@ a crash (SIGKILL) or a signal (SIGTERM), exit codes."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
