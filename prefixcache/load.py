@@ -115,6 +115,12 @@ def _quiet_transformers() -> None:
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+    try:  # the hub client's retry chatter, when the network is down
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_logging.set_verbosity_error()
+    except ImportError:
+        pass
 
 
 def load_tokenizer(source: ModelSource) -> Any:
@@ -131,7 +137,13 @@ def load_tokenizer(source: ModelSource) -> Any:
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         return AutoTokenizer.from_pretrained(source.path, trust_remote_code=source.trust_remote_code)
     except Exception as exc:
-        raise ModelError(f"cannot load the tokenizer of {source.ref}: {_short(exc)}")
+        raise ModelError(f"cannot load the tokenizer of {source.ref}: {_short(exc)}{_hub_hint(source)}")
+
+
+def _hub_hint(source: ModelSource) -> str:
+    if source.kind != "hub" or os.environ.get("HF_HUB_OFFLINE"):
+        return ""
+    return " (without network access, set HF_HUB_OFFLINE=1 to fail at once, or point 'model' at a local folder)"
 
 
 def _short(exc: Exception) -> str:
@@ -239,7 +251,7 @@ def load_model(source: ModelSource, tokenizer: Any, device: str = "cpu", dtype: 
     except ModelError:
         raise
     except Exception as exc:
-        raise ModelError(f"cannot load model {source.ref}: {_short(exc)}")
+        raise ModelError(f"cannot load model {source.ref}: {_short(exc)}{_hub_hint(source)}")
     if not getattr(model.config, "is_decoder", True) and getattr(model.config, "is_encoder_decoder", False):
         raise ModelError(f"model {source.ref} is not a causal (decoder-only) language model")
     return model.to(device).eval()

@@ -213,3 +213,15 @@ def test_duplicate_items_are_scored_once(spec_path, tmp_path):
     assert records[0]["logprobs"] == records[2]["logprobs"] == records[3]["logprobs"]
     assert records[1]["logprobs"] == records[4]["logprobs"]
     assert records[0]["logprobs"] != records[1]["logprobs"]
+
+
+def test_hub_id_offline_is_one_line_exit_3(tmp_path, items_path, monkeypatch):
+    from prefixcache.load import resolve_model
+
+    assert resolve_model("HuggingFaceTB/SmolLM2-360M-Instruct").kind == "hub"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = write_spec(tmp_path, model="no-such-org/no-such-model")
+    result = invoke("run", path, items_path)
+    assert result.exit_code == 3
+    assert result.stderr.startswith("error: cannot load the tokenizer of no-such-org/no-such-model: ")
+    assert len(result.stderr.splitlines()) == 1
