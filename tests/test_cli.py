@@ -219,7 +219,10 @@ def test_hub_id_offline_is_one_line_exit_3(tmp_path, items_path, monkeypatch):
     from prefixcache.load import resolve_model
 
     assert resolve_model("HuggingFaceTB/SmolLM2-360M-Instruct").kind == "hub"
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import time
     path = write_spec(tmp_path, model="no-such-org/no-such-model")
     result = invoke("run", path, items_path)
     assert result.exit_code == 3
