@@ -120,7 +120,10 @@ class Classifier:
         from .load import model_identity
         from .store import prefix_key
 
-        key = prefix_key(model_identity(self.source), self.engine.dtype, self.engine.device.type, self.builder.prefix_ids)
+        identity = model_identity(self.source)
+        if self.source.kind == "hub":  # the revision actually loaded, so a new upload misses
+            identity += "@" + str(getattr(self.engine.model.config, "_commit_hash", None))
+        key = prefix_key(identity, self.engine.dtype, self.engine.device.type, self.builder.prefix_ids)
         prefix = store.load(key, self.engine.device)
         if prefix is not None and prefix.ids == tuple(self.builder.prefix_ids):
             self.stats.prefix_source = "loaded"
