@@ -198,9 +198,12 @@ def run(
     """
     from .lint import lint_labels
     from .load import model_identity, pick_device, pick_dtype
-    from .output import file_digest
+    from .metrics import evaluation_for
+    from .output import file_digest, start_output
     from .run import Classifier, flatten_for_csv, output_columns
-    from .shard import launch_state, parse_shard, part_path, shard_range
+    from .output import read_done
+    from .report import print_summary
+    from .shard import launch_state, merge_launched, parse_shard, part_path, shard_range
     from .spec import load_spec
 
     started = time.perf_counter()
@@ -250,8 +253,8 @@ def run(
             first, last = shard_range(len(starts), *part)
             start, stop = (starts + [total])[first], (starts + [total])[last]
             fingerprint.update(shard=f"{part[0] + 1}/{part[1]}", items=stop - start)
-        done = _start_output(output, resume, fingerprint)
-        evaluation = _evaluation(task, done.values())
+        done = start_output(output, resume, fingerprint)
+        evaluation = evaluation_for(task, done.values())
         writer = open_writer(output, output_columns(task), append=bool(done))
         first_record = None
         try:
@@ -273,64 +276,19 @@ def run(
         finally:
             writer.close()
         if not quiet:
-            _print_summary(clf.stats, first_record, len(done), f"shard {part[0] + 1}/{part[1]}: " if part else "")
+            print_summary(err, clf.stats, first_record, len(done), f"shard {part[0] + 1}/{part[1]}: " if part else "")
         if launched:
-            evaluation = _merge_launched(launched, final, task, quiet)
+            merged = merge_launched(launched, final)
+            if merged is None:  # not rank 0: rank 0 reports on the whole
+                evaluation = None
+            else:
+                if not quiet:
+                    err.print(f"merged {merged} records from {launched.num_processes} processes into {final}")
+                evaluation = evaluation_for(task, read_done(final).records)
         if evaluation:
             _report_evaluation(evaluation, quiet, metrics, summary_md, junit, min_accuracy)
         if clf.stats.errors:
             raise typer.Exit(EXIT_ITEM)
-
-
-def _evaluation(task, records):
-    """An Evaluation holding `records` (those a previous run wrote), or None without a gold field."""
-    from .metrics import Evaluation
-
-    if not task.gold:
-        return None
-    evaluation = Evaluation(None if task.choices else task.label_names)
-    for record in records:
-        if "error" not in record:
-            evaluation.add(str(record["gold"]), record["label"] or None)
-    return evaluation
-
-
-def _merge_launched(state, output: str, task, quiet: bool):
-    """After every process has written its part: rank 0 checks and joins them into the output
-    (then removes them) and evaluates the whole; other ranks report nothing more. A missing or
-    incomplete part is an error and the parts stay, so --resume can finish them."""
-    from .output import fingerprint_path, read_done
-    from .shard import merge_parts, part_path
-
-    state.wait_for_everyone()
-    if not state.is_main_process:
-        return None
-    parts = [part_path(output, k, state.num_processes) for k in range(state.num_processes)]
-    count = merge_parts([p for p in parts if Path(p).exists()], output)
-    for p in parts:
-        Path(p).unlink(missing_ok=True)
-        fingerprint_path(p).unlink(missing_ok=True)
-    if not quiet:
-        err.print(f"merged {count} records from {len(parts)} processes into {output}", markup=False)
-    return _evaluation(task, read_done(output).records)
-
-
-def _start_output(output: Optional[str], resume: bool, fingerprint: dict) -> dict[str, dict]:
-    """Fresh output: record the fingerprint. Resumed output: check it, drop a partial trailing
-    record, and return the records already written, by str(id)."""
-    from .output import check_fingerprint, read_done, truncate_partial, write_fingerprint
-
-    if output is None or output == "-":
-        return {}
-    if resume and Path(output).exists():
-        check_fingerprint(output, fingerprint)
-        done = read_done(output)
-        if truncate_partial(output, done):
-            logging.getLogger("prefixcache").warning("%s: dropped a partial last record left by an interrupted run", output)
-        logging.getLogger("prefixcache").info("%s: %d records already written; resuming", output, len(done.records))
-        return {str(r.get("id")): r for r in done.records}
-    write_fingerprint(output, fingerprint)
-    return {}
 
 
 @contextmanager
@@ -363,60 +321,16 @@ def _interrupted(signum: int, written: int, output: Optional[str], spec: Path, i
     return Interrupted(signum, f"interrupted by {name}: {written} records written{where}{again}")
 
 
-def _print_summary(s, first_record: Optional[float], resumed: int = 0, label: str = "") -> None:
-    err.print(
-        f"{label}{f'{resumed} items already done, ' if resumed else ''}"
-        f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
-        f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
-        f"{f', {s.items - s.scored} duplicates reused' if s.items > s.scored else ''}) · "
-        f"prefix {s.prefix_tokens} tokens {s.prefix_source} in {s.prefill_ms:.0f} ms · "
-        f"load {s.load_seconds:.1f} s · first record after {first_record or 0:.1f} s · {s.device} {s.dtype}"
-        f"{f' · {s.errors} items failed (error records written)' if s.errors else ''}",
-        markup=False,
-        soft_wrap=True,
-    )
-
-
-def _write_report(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write report: {exc.strerror}")
-
-
 def _report_evaluation(evaluation, quiet: bool, metrics, summary_md, junit, min_accuracy) -> None:
     """Tables on stderr, the requested report files, and the accuracy gate."""
+    from .report import print_evaluation, write_reports
+
     if not quiet:
-        _print_evaluation(evaluation)
-    if metrics:
-        data = {**evaluation.to_json(), "min_accuracy": min_accuracy}
-        _write_report(metrics, json.dumps(data, indent=2) + "\n")
-    if summary_md:
-        _write_report(summary_md, evaluation.to_markdown(min_accuracy=min_accuracy))
-    if junit:
-        _write_report(junit, evaluation.to_junit(min_accuracy=min_accuracy))
+        print_evaluation(err, evaluation)
+    write_reports(evaluation, metrics, summary_md, junit, min_accuracy)
     if min_accuracy is not None and evaluation.accuracy < min_accuracy:
         err.print(f"gate failed: accuracy {evaluation.accuracy:.4f} is below --min-accuracy {min_accuracy}", markup=False)
         raise typer.Exit(EXIT_GATE)
-
-
-def _print_evaluation(evaluation) -> None:
-    from rich.table import Table
-
-    head = f"accuracy {evaluation.accuracy:.3f} ({evaluation.correct}/{evaluation.n}) · coverage {evaluation.coverage:.3f}"
-    if evaluation.labels is None:
-        err.print(head, markup=False, soft_wrap=True)
-        return
-    err.print(f"{head} · macro-F1 {evaluation.macro_f1:.3f}", markup=False, soft_wrap=True)
-    table = Table("label", "precision", "recall", "F1", "support")
-    for label, st in evaluation.per_label().items():
-        table.add_row(label, f"{st['precision']:.3f}", f"{st['recall']:.3f}", f"{st['f1']:.3f}", str(st["support"]))
-    err.print(table)
-    columns, rows = evaluation.matrix()
-    confusion = Table("gold \\ predicted", *columns)
-    for label, row in zip(evaluation.labels, rows):
-        confusion.add_row(label, *map(str, row))
-    err.print(confusion)
 
 
 @app.command()
@@ -473,6 +387,7 @@ def bench(
         prefixcache bench configs/support-tickets.yaml data/samples/tickets.jsonl --limit 8
     """
     from .bench import run_bench
+    from .report import print_bench
     from .run import Classifier
     from .spec import load_spec
 
@@ -489,33 +404,7 @@ def bench(
         if as_json:
             print(json.dumps(report.to_json(), indent=2))
         else:
-            _print_bench(report)
-
-
-def _print_bench(report) -> None:
-    from rich.table import Table
-
-    out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    table = Table(title=f"prefixcache bench · {report.device} {report.dtype} · {report.threads} threads")
-    for col in ("mode", "items", "ms/item", "items/s", "speed-up", "efficiency", "peak RSS MB"):
-        table.add_column(col, justify="left" if col == "mode" else "right")
-    for m in report.modes:
-        table.add_row(
-            m.mode, str(m.items), f"{m.ms_per_item:.1f}", f"{m.items_per_second:.1f}", f"{m.speedup:.1f}x",
-            f"{m.efficiency:.2f}", "-" if m.peak_rss_mb is None else f"{m.peak_rss_mb:.0f}",
-        )
-    out.print(table)
-    out.print(
-        f"matmul peak {report.peak_gflops:.0f} GFLOP/s · unavoidable work {report.unavoidable_gflop:.2f} GFLOP/item "
-        f"({report.item_tokens:.1f} item tokens + {report.candidate_tokens:.1f} label tokens) · "
-        f"prefix {report.prefix_tokens} tokens, prefill {report.prefill_ms:.0f} ms · load {report.load_seconds:.1f} s\n"
-        f"run pipeline vs one full forward per item and label: {report.modes[1].ms_per_item / report.modes[3].ms_per_item:.0f}x · "
-        f"scoring every label costs {report.option_cost_ratio:.2f}x scoring the item alone · "
-        f"same labels in every mode: {'yes' if report.same_labels else 'NO'}\n"
-        f"prefix store: loading the {report.prefix_tokens}-token prefix takes {report.store_load_ms:.0f} ms, "
-        f"prefilling it {report.store_prefill_ms:.0f} ms ({report.store_prefill_ms / max(report.store_load_ms, 1e-6):.0f}x)",
-        soft_wrap=True,
-    )
+            print_bench(report)
 
 
 @app.command()

@@ -106,3 +106,15 @@ class Evaluation:
                         for k, v in self.to_json().items() if not isinstance(v, dict))
         return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name={quoteattr(name)} tests="{len(cases)}" '
                 f'failures="{int(gate_failed)}"><properties>{props}</properties>{"".join(cases)}</testsuite>\n')
+
+
+def evaluation_for(spec: Any, records: Any = ()) -> Evaluation | None:
+    """An Evaluation for a task spec, holding `records` already written (error records are left
+    out); None when the spec has no gold field."""
+    if not spec.gold:
+        return None
+    evaluation = Evaluation(None if spec.choices else spec.label_names)
+    for record in records:
+        if "error" not in record:
+            evaluation.add(str(record["gold"]), record["label"] or None)
+    return evaluation

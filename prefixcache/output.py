@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -186,3 +187,20 @@ def file_digest(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def start_output(output: str | None, resume: bool, fingerprint: Mapping[str, Any]) -> dict[str, dict]:
+    """Fresh output: record the fingerprint. Resumed output: check it, drop a partial trailing
+    record, and return the records already written, by str(id)."""
+    log = logging.getLogger("prefixcache")
+    if output is None or output == "-":
+        return {}
+    if resume and Path(output).exists():
+        check_fingerprint(output, fingerprint)
+        done = read_done(output)
+        if truncate_partial(output, done):
+            log.warning("%s: dropped a partial last record left by an interrupted run", output)
+        log.info("%s: %d records already written; resuming", output, len(done.records))
+        return {str(r.get("id")): r for r in done.records}
+    write_fingerprint(output, fingerprint)
+    return {}

@@ -111,6 +111,21 @@ def _write_atomically(output: str, data: bytes) -> None:
         raise OutputError(f"{output}: cannot write the merged output: {exc.strerror}")
 
 
+def merge_launched(state: Any, output: str) -> int | None:
+    """After every process has written its part: rank 0 checks and joins them into `output` and
+    removes them, returning the record count; other ranks return None. A missing or incomplete
+    part is an error and the parts stay, so --resume can finish them."""
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        return None
+    parts = [part_path(output, k, state.num_processes) for k in range(state.num_processes)]
+    count = merge_parts([p for p in parts if Path(p).exists()], output)
+    for p in parts:
+        Path(p).unlink(missing_ok=True)
+        fingerprint_path(p).unlink(missing_ok=True)
+    return count
+
+
 def launch_state(cpu: bool = False) -> Any:
     """accelerate's view of a multi-process launch (`accelerate launch`, torchrun), or None when
     this is a single process. `cpu` (or no GPU) makes it a gloo process group on CPUs."""

@@ -1,0 +1,87 @@
+"""What the CLI shows and writes about a run: the summary line, evaluation tables and reports,
+the bench table. Rich, on the console it is given (stderr for everything but bench's table)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.table import Table
+
+from .errors import OutputError
+
+
+def print_summary(console: Console, s: Any, first_record: Optional[float], resumed: int = 0, label: str = "") -> None:
+    console.print(
+        f"{label}{f'{resumed} items already done, ' if resumed else ''}"
+        f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
+        f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
+        f"{f', {s.items - s.scored} duplicates reused' if s.items > s.scored else ''}) · "
+        f"prefix {s.prefix_tokens} tokens {s.prefix_source} in {s.prefill_ms:.0f} ms · "
+        f"load {s.load_seconds:.1f} s · first record after {first_record or 0:.1f} s · {s.device} {s.dtype}"
+        f"{f' · {s.errors} items failed (error records written)' if s.errors else ''}",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write report: {exc.strerror}")
+
+
+def write_reports(evaluation: Any, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],
+                  min_accuracy: Optional[float]) -> None:
+    """The report files asked for: JSON metrics, a Markdown summary, a JUnit XML report."""
+    if metrics:
+        _write(metrics, json.dumps({**evaluation.to_json(), "min_accuracy": min_accuracy}, indent=2) + "\n")
+    if summary_md:
+        _write(summary_md, evaluation.to_markdown(min_accuracy=min_accuracy))
+    if junit:
+        _write(junit, evaluation.to_junit(min_accuracy=min_accuracy))
+
+
+def print_evaluation(console: Console, evaluation: Any) -> None:
+    head = f"accuracy {evaluation.accuracy:.3f} ({evaluation.correct}/{evaluation.n}) · coverage {evaluation.coverage:.3f}"
+    if evaluation.labels is None:
+        console.print(head, markup=False, soft_wrap=True)
+        return
+    console.print(f"{head} · macro-F1 {evaluation.macro_f1:.3f}", markup=False, soft_wrap=True)
+    table = Table("label", "precision", "recall", "F1", "support")
+    for label, st in evaluation.per_label().items():
+        table.add_row(label, f"{st['precision']:.3f}", f"{st['recall']:.3f}", f"{st['f1']:.3f}", str(st["support"]))
+    console.print(table)
+    columns, rows = evaluation.matrix()
+    confusion = Table("gold \\ predicted", *columns)
+    for label, row in zip(evaluation.labels, rows):
+        confusion.add_row(label, *map(str, row))
+    console.print(confusion)
+
+
+def print_bench(report: Any) -> None:
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    table = Table(title=f"prefixcache bench · {report.device} {report.dtype} · {report.threads} threads")
+    for col in ("mode", "items", "ms/item", "items/s", "speed-up", "efficiency", "peak RSS MB"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for m in report.modes:
+        table.add_row(
+            m.mode, str(m.items), f"{m.ms_per_item:.1f}", f"{m.items_per_second:.1f}", f"{m.speedup:.1f}x",
+            f"{m.efficiency:.2f}", "-" if m.peak_rss_mb is None else f"{m.peak_rss_mb:.0f}",
+        )
+    out.print(table)
+    out.print(
+        f"matmul peak {report.peak_gflops:.0f} GFLOP/s · unavoidable work {report.unavoidable_gflop:.2f} GFLOP/item "
+        f"({report.item_tokens:.1f} item tokens + {report.candidate_tokens:.1f} label tokens) · "
+        f"prefix {report.prefix_tokens} tokens, prefill {report.prefill_ms:.0f} ms · load {report.load_seconds:.1f} s\n"
+        f"run pipeline vs one full forward per item and label: {report.modes[1].ms_per_item / report.modes[3].ms_per_item:.0f}x · "
+        f"scoring every label costs {report.option_cost_ratio:.2f}x scoring the item alone · "
+        f"same labels in every mode: {'yes' if report.same_labels else 'NO'}\n"
+        f"prefix store: loading the {report.prefix_tokens}-token prefix takes {report.store_load_ms:.0f} ms, "
+        f"prefilling it {report.store_prefill_ms:.0f} ms ({report.store_prefill_ms / max(report.store_load_ms, 1e-6):.0f}x)",
+        soft_wrap=True,
+    )
