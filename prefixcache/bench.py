@@ -37,7 +37,7 @@ class ModeResult:
     peak_rss_mb: float | None
     efficiency: float | None = None
     speedup: float | None = None
-    labels: list[str] = field(default_factory=list, repr=False)
+    labels: list[str | None] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -190,8 +190,11 @@ def run_bench(
     full = Engine(model, "standard")
     empty = Prefix((), (), torch.empty(0), 0.0)
 
-    def pick(prep, scores) -> str:
-        return list(prep.candidates)[max(range(len(scores)), key=scores.__getitem__)]
+    def pick(prep, scores) -> str | None:
+        """The decision `run` would make from these scores (normalisation, calibration, threshold)."""
+        if clf.spec.normalize == "pmi":
+            clf._score_unconditional(list(prep.candidates.values()))
+        return clf._record(prep, scores, 0.0)["label"]
 
     def cands(prep) -> list[tuple[int, ...]]:
         return list(prep.candidates.values())

@@ -228,3 +228,15 @@ def test_hub_id_offline_is_one_line_exit_3(tmp_path, items_path, monkeypatch):
     assert result.exit_code == 3
     assert result.stderr.startswith("error: cannot load the tokenizer of no-such-org/no-such-model: ")
     assert len(result.stderr.splitlines()) == 1
+
+
+def test_bench_compares_decisions_under_the_specs_normalisation(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, name="mc.yaml", labels=None, model=str(tiny_model_dir), choices="choices",
+                      template="Q: {text}", normalize="mean")
+    items = tmp_path / "mc.jsonl"
+    options = [["two", "four legs and a tail", "six"], ["yes", "no, not at all, never"], ["a", "bb", "a longer option here"]]
+    items.write_text("".join(json.dumps({"id": n, "text": t, "choices": o}) + "\n"
+                             for n, (t, o) in enumerate(zip(TEXTS, options))))
+    result = invoke("bench", spec, items, "--limit", 3, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["same_labels"] is True
