@@ -240,7 +240,9 @@ class Engine:
                 logits = self._forward_shared(prefix, lay)
                 if self._unchecked:
                     self._check_shared(logits, self._forward_standard(prefix, lay))
-            except attention.UnsupportedAttention as exc:
+            except (attention.UnsupportedAttention, AttributeError, TypeError) as exc:
+                # A model whose attention does not fit the kernel's interface (no layer_idx, other
+                # arguments): the padded path is slower but makes no assumption about it.
                 log.warning("shared-prefix attention is not usable with this model (%s); using padded batches", exc)
                 self.backend, logits = "standard", None
         if logits is None:
