@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from . import __version__
 from .errors import EXIT_GATE, EXIT_INTERNAL, EXIT_ITEM, EXIT_USAGE, Interrupted, OutputError, PrefixcacheError, SpecError
 from .io import detect_format, read_items, scan_items
-from .output import open_writer
+from .output import check_output, open_writer
 
 app = typer.Typer(
     add_completion=False,
@@ -95,23 +95,6 @@ def _setup_logging(quiet: bool, level: str = "info") -> None:
         logger.addHandler(handler)
         logger.propagate = False
     logger.setLevel(logging.ERROR if quiet else levels[level.lower()])
-
-
-def _check_output(path: Optional[str], resume: bool = False, overwrite: bool = False) -> None:
-    if path is None or path == "-":
-        return
-    target = Path(path)
-    if target.suffix.lower() not in (".jsonl", ".ndjson", ".csv"):
-        raise OutputError(f"{path}: output must end in .jsonl or .csv")
-    if target.is_dir():
-        raise OutputError(f"{path}: is a directory")
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"{path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise OutputError(f"{path}: not writable")
-    if target.exists() and target.stat().st_size > 0 and not (resume or overwrite):
-        raise OutputError(f"{path}: already exists; use --resume to continue it or --overwrite to replace it")
 
 
 def _progress(quiet: bool) -> Progress:
@@ -231,11 +214,11 @@ def run(
             check = task.check_record if on_error == "fail" else (lambda record: None)
             total = scan_items(items, in_fmt, task.id_field, check)
             total = min(total, limit) if limit else total
-        _check_output(output, resume, overwrite)
+        check_output(output, resume, overwrite)
         final = output
         if launched:
             output = part_path(final, *part)
-            _check_output(output, resume, overwrite)
+            check_output(output, resume, overwrite)
         clf = Classifier.from_spec(task)
         for warning in lint_labels(clf.builder) if task.labels else ():
             logging.getLogger("prefixcache").warning("%s", warning)
@@ -426,7 +409,7 @@ def merge(
     from .shard import merge_parts
 
     with _errors(debug):
-        _check_output(output, False, overwrite)
+        check_output(output, False, overwrite)
         count = merge_parts(parts, output)
         err.print(f"merged {count} records from {len(parts)} parts into {output}", markup=False)
 

@@ -78,6 +78,23 @@ def open_writer(path: str | None, columns: Sequence[str] = (), append: bool = Fa
     return RecordWriter(stream, fmt, columns, header=fresh)
 
 
+def check_output(path: str | None, resume: bool = False, overwrite: bool = False) -> None:
+    """Refuse, before any work, an output that cannot be written or would be overwritten."""
+    if path is None or path == "-":
+        return
+    output_format(path)
+    target = Path(path)
+    if target.is_dir():
+        raise OutputError(f"{path}: is a directory")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"{path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise OutputError(f"{path}: not writable")
+    if target.exists() and target.stat().st_size > 0 and not (resume or overwrite):
+        raise OutputError(f"{path}: already exists; use --resume to continue it or --overwrite to replace it")
+
+
 @dataclass
 class Done:
     """What a previous run wrote: its complete records in file order, and where they end."""
@@ -85,10 +102,6 @@ class Done:
     records: list[dict[str, Any]]
     end: int  # byte offset just past the last complete record
     size: int  # the file's size (larger than `end` when a partial record trails)
-
-    @property
-    def ids(self) -> set[str]:
-        return {str(r.get("id")) for r in self.records}
 
 
 def read_done(path: str) -> Done:

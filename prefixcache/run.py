@@ -200,10 +200,10 @@ class Classifier:
         record: dict[str, Any] = {"id": prep.item.id, "label": None if best is None else names[best]}
         if self.spec.choices:
             record["index"] = best
-            record.update(prob=None if best is None else r6(probs[best]), margin=r6(margin))
+        record.update(prob=None if best is None else r6(probs[best]), margin=r6(margin))
+        if self.spec.choices:
             record.update(probs=[r6(p) for p in probs], logprobs=list(logprobs))
         else:
-            record.update(prob=None if best is None else r6(probs[best]), margin=r6(margin))
             record.update(probs={n: r6(p) for n, p in zip(names, probs)},
                           logprobs=dict(zip(names, logprobs)))
             if self.prior:
