@@ -189,6 +189,7 @@ def test_bench_json_reports_every_mode(spec_path, items_path):
     assert [m["items"] for m in report["modes"]] == [3, 3, len(TEXTS), len(TEXTS)]
     assert report["same_labels"] is True
     assert report["peak_gflops"] > 0 and report["unavoidable_gflop"] > 0
+    assert report["option_cost_ratio"] > 0 and report["option_cost_floor"] > 1  # labels add tokens and logits rows
     assert all(m["ms_per_item"] > 0 and 0 < m["efficiency"] for m in report["modes"])
     assert report["modes"][0]["speedup"] == 1.0
 

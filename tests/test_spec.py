@@ -79,3 +79,35 @@ def test_yaml_is_loaded_safely(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text("system: !!python/object/apply:os.system ['echo hacked']\nlabels: [a]\n")
     assert "YAML" in _error(path)
+
+
+SHIPPED = [
+    ("support-tickets", "tickets.jsonl", 24),
+    ("support-tickets", "tickets.csv", 24),
+    ("support-tickets-64-shot", "tickets.jsonl", 24),
+    ("sentiment", "reviews.jsonl", 6),
+    ("news-topics", "headlines.jsonl", 16),
+    ("irony", "irony.jsonl", 99),
+    ("general-knowledge", "general_knowledge.jsonl", 70),
+    ("reading-comprehension", "passages.jsonl", 8),
+    ("science-exam", "science_exam.jsonl", 8),
+]
+
+
+@pytest.mark.parametrize("config,sample,count", SHIPPED)
+def test_shipped_configs_accept_their_samples(config, sample, count):
+    """What `run` checks before loading a model, on every config and sample the project ships."""
+    from pathlib import Path
+
+    from prefixcache.io import scan_items
+
+    root = Path(__file__).resolve().parent.parent
+    spec = load_spec(root / "configs" / f"{config}.yaml")
+    assert scan_items(str(root / "data" / "samples" / sample), None, spec.id_field, spec.check_record) == count
+
+
+def test_every_shipped_config_is_covered():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    assert {p.stem for p in (root / "configs").glob("*.yaml")} == {c for c, _, _ in SHIPPED}
