@@ -8,7 +8,8 @@ layers. Each attention layer then works in two parts and merges them by their lo
   never expanded per row;
 - own part: queries spread into padded rows against the row's own keys, under the row's mask
   (causal over the item, a candidate sees the item and its trie ancestors only).
-On the CPU both parts use PyTorch's fused flash-attention kernel, which returns the log-sum-exp;
+A sliding-window layer (transformers passes its `sliding_window`) gets masks narrowed to its
+window. On the CPU both parts use PyTorch's fused flash-attention kernel, which returns the log-sum-exp;
 elsewhere the same maths runs as plain matmuls.
 
 Outside a scoring forward (no `prefixcache_state` kwarg) it defers to PyTorch SDPA.
@@ -16,7 +17,10 @@ Outside a scoring forward (no `prefixcache_state` kwarg) it defers to PyTorch SD
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import torch
 from transformers import AttentionInterface
@@ -24,6 +28,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "prefixcache"
 STATE_KW = "prefixcache_state"
+_SCORING: ContextVar[bool] = ContextVar("prefixcache_scoring", default=False)
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
@@ -39,24 +44,25 @@ class SharedPrefixState:
     gather: [B, W] packed index of each padded slot (padding slots repeat index 0: they are
         masked as keys and their outputs are dropped)
     slots: [T] flat index (b * W + w) of each packed token
-    own_mask: [B, 1, W, W] additive: 0 where a slot may attend to a slot of its row
-    prefix_mask: [1, 1, T, P] additive, or None when every item shares the whole prefix
+    mask_for(window): the additive masks of a layer with that sliding window (None: full
+        attention): own [B, 1, W, W], 0 where a slot may attend to a slot of its row, and prefix
+        [1, 1, T, P], or None when every token may attend to the whole prefix
     """
 
     prefix_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     gather: torch.Tensor
     slots: torch.Tensor
-    own_mask: torch.Tensor
-    prefix_mask: torch.Tensor | None
+    mask_for: Callable[[int | None], tuple[torch.Tensor, torch.Tensor | None]]
     _grouped: dict = field(default_factory=dict, compare=False)
 
-    def masks(self, g: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def masks(self, g: int, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The masks for g query heads folded onto each kv head (query rows repeated g times)."""
-        if g not in self._grouped:
-            own = self.own_mask.repeat(1, 1, g, 1)  # [B, 1, gW, W]
-            pre = self.prefix_mask.repeat(1, 1, g, 1) if self.prefix_mask is not None else None  # [1, 1, gT, P]
-            self._grouped[g] = (own, pre)
-        return self._grouped[g]
+        if (g, window) not in self._grouped:
+            own, pre = self.mask_for(window)
+            own = own.repeat(1, 1, g, 1)  # [B, 1, gW, W]
+            pre = pre.repeat(1, 1, g, 1) if pre is not None else None  # [1, 1, gT, P]
+            self._grouped[g, window] = (own, pre)
+        return self._grouped[g, window]
 
 
 def _part(q, k, v, mask, scale):
@@ -81,25 +87,24 @@ def _to_rows(x: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
 def shared_prefix_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     state: SharedPrefixState | None = kwargs.get(STATE_KW)
     if state is None:
+        if _SCORING.get():  # a model whose layers drop the extra kwarg: it would never see the prefix
+            raise UnsupportedAttention("its layers do not pass attention arguments through")
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     if any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux", "sinks")):
         raise UnsupportedAttention("attention with softcap, sinks or position bias")
     kp, vp = state.prefix_kv[module.layer_idx]  # [1, Hkv, P, D]
-    (B, W), P = state.gather.shape, kp.shape[2]
-    window = kwargs.get("sliding_window")
-    if window is not None and P + W > window:
-        raise UnsupportedAttention("sliding-window attention shorter than the prompt")
+    B, W = state.gather.shape
     _, Hq, T, D = query.shape
     Hkv = key.shape[1]
     g = Hq // Hkv
     scale = scaling if scaling is not None else D ** -0.5
 
     # Query head h uses kv head h // g: fold each kv head's g query heads into its query rows.
-    mask_own, mask_pre = state.masks(g)
+    mask_own, mask_pre = state.masks(g, kwargs.get("sliding_window"))
     out_pre, lse_pre = _part(query.reshape(1, Hkv, g * T, D), kp, vp, mask_pre, scale)  # [1, Hkv, gT, D]
     out_pre = out_pre.reshape(Hq, T, D).transpose(0, 1)  # [T, Hq, D]
     lse_pre = lse_pre.reshape(Hq, T).transpose(0, 1)  # [T, Hq]
-    if mask_pre is not None:  # items sharing no prefix id at all: nothing to take from it
+    if mask_pre is not None:  # tokens that may see no prefix key (a row sharing no prefix id, a window)
         out_pre = torch.nan_to_num(out_pre)
 
     # Own part, in padded rows; back to packed order through `slots`.
@@ -113,6 +118,16 @@ def shared_prefix_attention(module, query, key, value, attention_mask, scaling=N
     out = out_pre * torch.exp(lse_pre - lse)[..., None].to(out_own.dtype)
     out += out_own * torch.exp(lse_own - lse)[..., None].to(out_own.dtype)
     return out[None], None  # [1, T, Hq, D]
+
+
+@contextmanager
+def scoring() -> Iterator[None]:
+    """Marks a scoring forward: every attention call in it must receive the shared-prefix state."""
+    token = _SCORING.set(True)
+    try:
+        yield
+    finally:
+        _SCORING.reset(token)
 
 
 AttentionInterface.register(NAME, shared_prefix_attention)

@@ -12,7 +12,9 @@ Two ways to run that forward, chosen once per engine:
 - "standard": padded rows (padding between prefix and item, so every row ends in the last
   column), a fresh `DynamicCache` starting from a broadcast view of the prefix, and an explicit 4D
   mask. Any model whose attention does not go through transformers' AttentionInterface uses it.
-The shared prefix cache is never written to in either.
+The shared prefix cache is never written to in either. Sliding-window layers (Mistral, Gemma 2/3,
+Qwen2 with windows) see only the keys inside their window, in both paths; the prefix cache keeps
+every position of every layer.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from . import attention
+from .errors import ModelError
 
 Candidate = tuple[int, ...]
 log = logging.getLogger(__name__)
@@ -128,6 +131,15 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
                   as_long(term_rows), as_long(term_toks), sizes)
 
 
+def within_window(lay: Layout, prefix_len: int, window: int) -> torch.Tensor:
+    """`lay.allowed` narrowed to what a sliding-window layer sees: a key at position j is visible
+    from position i only if j > i - window (transformers' convention). [B, W, P + W] bool."""
+    B, W = lay.gather.shape
+    slot_pos = torch.cat([lay.pos, lay.pos.new_zeros(1)])[lay.gather]  # [B, W]; padding slots at 0
+    key_pos = torch.cat([torch.arange(prefix_len).expand(B, prefix_len), slot_pos], dim=1)  # [B, P + W]
+    return lay.allowed & (key_pos[:, None, :] > slot_pos[:, :, None] - window)
+
+
 class Engine:
     """Scores candidates after prompts that start with one cached prefix.
 
@@ -145,9 +157,17 @@ class Engine:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        text = model.config.get_text_config()
+        # Sliding-window attention: which window, and whether only some layers use it.
+        self.window: int | None = getattr(text, "sliding_window", None)
+        kinds = set(getattr(text, "layer_types", None) or ())
+        self._mixed_layers = self.window is not None and {"full_attention", "sliding_attention"} <= kinds
+        if self.window is not None and kinds and "sliding_attention" not in kinds:
+            self.window = None  # a window in the config that no layer uses (Qwen2 without use_sliding_window)
         can_share = getattr(model, "_can_set_attn_implementation", lambda: False)()
         self.backend = backend if backend != "auto" else ("shared" if can_share else "standard")
         self._unchecked = backend == "auto" and model.config.model_type not in CHECKED_ARCHITECTURES
+        self._scored = False  # no batch scored yet: a failure then means the model is not supported
         self._warm_up()
 
     @torch.inference_mode()
@@ -166,7 +186,9 @@ class Engine:
         if not ids:
             raise ValueError("the prefix is empty")
         input_ids = torch.tensor([list(ids)], device=self.device)  # [1, P]
-        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
+        # A cache of full layers: a model's own cache would keep only the last `window` keys of
+        # its sliding-window layers, and the rows' masks need every prefix position.
+        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: DynamicCache()})
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         kv = tuple((layer.keys, layer.values) for layer in cache.layers)
         last = out.logits[0, -1].float()  # [V]
@@ -189,14 +211,24 @@ class Engine:
     def _forward_shared(self, prefix: Prefix, lay: Layout) -> torch.Tensor:
         """Packed tokens through the model; returns logits at the kept positions, [R, V]."""
         dev, P = self.device, len(prefix.ids)
-        own = self._mask(lay.allowed[:, :, P:])[:, None]  # [B, 1, W, W]
-        prefix_mask = None
-        if not bool(lay.allowed[:, :, :P].all()):  # some item shares only part of the prefix
-            per_token = lay.allowed[:, :, :P].reshape(-1, P)[lay.slots]  # [T, P]
-            prefix_mask = self._mask(per_token)[None, None]  # [1, 1, T, P]
+        built: dict[int | None, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+        def mask_for(window: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            if window is not None and int(lay.pos.max()) < window:
+                window = None  # the window reaches back past position 0 for every token
+            if window not in built:
+                allowed = lay.allowed if window is None else within_window(lay, P, window)
+                own = self._mask(allowed[:, :, P:])[:, None]  # [B, 1, W, W]
+                prefix_mask = None
+                if not bool(allowed[:, :, :P].all()):  # some token may not see the whole prefix
+                    per_token = allowed[:, :, :P].reshape(-1, P)[lay.slots]  # [T, P]
+                    prefix_mask = self._mask(per_token)[None, None]  # [1, 1, T, P]
+                built[window] = (own, prefix_mask)
+            return built[window]
+
         gather = lay.gather.masked_fill(lay.gather == lay.ids.shape[0], 0).to(dev)  # padding -> token 0
-        state = attention.SharedPrefixState(prefix.kv, gather, lay.slots.to(dev), own, prefix_mask)
-        with self._attn(attention.NAME):
+        state = attention.SharedPrefixState(prefix.kv, gather, lay.slots.to(dev), mask_for)
+        with self._attn(attention.NAME), attention.scoring():
             out = self.model(
                 input_ids=lay.ids[None].to(dev),  # [1, T]
                 position_ids=lay.pos[None].to(dev),  # [1, T]
@@ -220,7 +252,7 @@ class Engine:
         out = self.model(
             input_ids=ids.to(self.device),
             position_ids=pos.to(self.device),
-            attention_mask=self._mask(lay.allowed)[:, None],  # [B, 1, W, P + W]
+            attention_mask=self._standard_mask(lay, len(prefix.ids)),
             use_cache=bool(cache),
             logits_to_keep=K,
             **cache,
@@ -228,6 +260,27 @@ class Engine:
         flat = out.logits.reshape(B * K, -1)  # [B * K, V]
         b, w = lay.slots[lay.keep] // W, lay.slots[lay.keep] % W
         return flat[(b * K + w - (W - K)).to(flat.device)]  # [R, V]
+
+    def _standard_mask(self, lay: Layout, P: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The explicit [B, 1, W, P + W] mask; for a model mixing full and sliding-window layers,
+        one per layer type (a 4D mask given alone would be used by both)."""
+        full = self._mask(lay.allowed)[:, None]
+        if self.window is None or int(lay.pos.max()) < self.window:
+            return {"full_attention": full, "sliding_attention": full} if self._mixed_layers else full
+        windowed = self._mask(within_window(lay, P, self.window))[:, None]
+        return {"full_attention": full, "sliding_attention": windowed} if self._mixed_layers else windowed
+
+    def _standard_or_unsupported(self, prefix: Prefix, lay: Layout) -> torch.Tensor:
+        """The padded path; failing on the first batch of an architecture the tests do not cover
+        (one that takes no 4D mask or no cache object, such as ALiBi models), a ModelError."""
+        try:
+            return self._forward_standard(prefix, lay)
+        except (ValueError, RuntimeError, TypeError, IndexError) as exc:
+            kind = self.model.config.model_type
+            if self._scored or kind in CHECKED_ARCHITECTURES:
+                raise
+            raise ModelError(f"{kind} models are not supported: scoring after a cached prefix failed "
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc
 
     def _check_shared(self, shared: torch.Tensor, standard: torch.Tensor) -> None:
         """First batch of an architecture the tests do not cover: both paths must agree."""
@@ -250,14 +303,15 @@ class Engine:
             try:
                 logits = self._forward_shared(prefix, lay)
                 if self._unchecked:
-                    self._check_shared(logits, self._forward_standard(prefix, lay))
+                    self._check_shared(logits, self._standard_or_unsupported(prefix, lay))
             except (attention.UnsupportedAttention, AttributeError, TypeError) as exc:
                 # A model whose attention does not fit the kernel's interface (no layer_idx, other
                 # arguments): the padded path is slower but makes no assumption about it.
                 log.warning("shared-prefix attention is not usable with this model (%s); using padded batches", exc)
                 self.backend, logits = "standard", None
         if logits is None:
-            logits = self._forward_standard(prefix, lay)
+            logits = self._standard_or_unsupported(prefix, lay)
+        self._scored = True
         # log p = logit - logsumexp(logits): a reduction over the vocabulary, no [R, V] written.
         rows_, toks = lay.term_rows.to(logits.device), lay.term_toks.to(logits.device)
         lse = torch.logsumexp(logits.float(), dim=-1)  # [R]

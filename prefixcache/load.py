@@ -183,8 +183,9 @@ def _from_pretrained(path: str, dtype: Any, **kwargs: Any) -> Any:
 
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", **kwargs)
-    except ValueError as exc:
-        if "sdpa" not in str(exc).lower():
+    except ValueError as exc:  # an architecture without SDPA support: its own eager attention
+        message = str(exc).lower()
+        if "sdpa" not in message and "scaled_dot_product_attention" not in message:
             raise
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **kwargs)
 

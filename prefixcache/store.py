@@ -87,6 +87,8 @@ class PrefixStore:
             layers = int(meta["layers"])
             kv = tuple((tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(layers))
             ids = tuple(json.loads(meta["ids"]))
+            if any(k.shape[-2] != len(ids) or v.shape[-2] != len(ids) for k, v in kv):
+                raise ValueError("a layer does not hold every prefix position")  # e.g. a sliding-window cache
         except Exception as exc:  # a torn, truncated or foreign file: rebuild it
             log.warning("prefix store: %s is unusable (%s); computing the prefix again", path.name, exc)
             path.unlink(missing_ok=True)
