@@ -53,6 +53,8 @@ class BenchReport:
     candidate_tokens: float  # label tokens fed after the item (trie nodes), per item
     unavoidable_gflop: float  # per item
     same_labels: bool
+    items_compared: int  # the items every mode scored (the naive modes' --limit)
+    items_differing: int  # of those, how many got a label in some mode other than the naive one's
     option_cost_ratio: float  # scoring every label vs scoring the item alone, same batches, timed
     option_cost_floor: float  # the same ratio of unavoidable work (what no method can go below)
     store_load_ms: float  # loading the prefilled prefix from the prefix store (verified)
@@ -239,11 +241,11 @@ def run_bench(
         m.speedup = base / m.ms_per_item
         m.efficiency = gflop / (m.ms_per_item / 1000) / peak
     n = len(few)
-    same = all(m.labels[:n] == modes[0].labels[:n] for m in modes)
+    differing = sum(any(m.labels[i] != modes[0].labels[i] for m in modes) for i in range(n))
     return BenchReport(
         device=str(device), dtype=str(engine.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
         peak_gflops=peak, load_seconds=clf.stats.load_seconds, prefill_ms=prefix.prefill_ms,
         prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
-        same_labels=same, option_cost_ratio=option_ratio, option_cost_floor=gflop / alone, modes=modes,
+        same_labels=differing == 0, items_compared=n, items_differing=differing, option_cost_ratio=option_ratio, option_cost_floor=gflop / alone, modes=modes,
         store_load_ms=load_ms, store_prefill_ms=prefill_ms,
     )

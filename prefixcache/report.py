@@ -81,7 +81,8 @@ def print_bench(report: Any) -> None:
         f"run pipeline vs one full forward per item and label: {report.modes[1].ms_per_item / report.modes[3].ms_per_item:.0f}x · "
         f"scoring every label costs {report.option_cost_ratio:.2f}x scoring the item alone "
         f"(unavoidable work: {report.option_cost_floor:.2f}x) · "
-        f"same labels in every mode: {'yes' if report.same_labels else 'NO'}\n"
+        f"same labels in every mode: "
+        f"{'yes' if report.same_labels else f'NO ({report.items_differing} of {report.items_compared} items differ)'}\n"
         f"prefix store: loading the {report.prefix_tokens}-token prefix takes {report.store_load_ms:.0f} ms, "
         f"prefilling it {report.store_prefill_ms:.0f} ms ({report.store_prefill_ms / max(report.store_load_ms, 1e-6):.0f}x)",
         soft_wrap=True,

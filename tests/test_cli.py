@@ -187,7 +187,7 @@ def test_bench_json_reports_every_mode(spec_path, items_path):
         "run pipeline",
     ]
     assert [m["items"] for m in report["modes"]] == [3, 3, len(TEXTS), len(TEXTS)]
-    assert report["same_labels"] is True
+    assert report["same_labels"] is True and report["items_compared"] == 3 and report["items_differing"] == 0
     assert report["peak_gflops"] > 0 and report["unavoidable_gflop"] > 0
     assert report["option_cost_ratio"] > 0 and report["option_cost_floor"] > 1  # labels add tokens and logits rows
     assert all(m["ms_per_item"] > 0 and 0 < m["efficiency"] for m in report["modes"])
@@ -241,3 +241,17 @@ def test_bench_compares_decisions_under_the_specs_normalisation(tmp_path, tiny_m
     result = invoke("bench", spec, items, "--limit", 3, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["same_labels"] is True
+
+
+def test_bench_table_counts_items_whose_labels_differ(capsys):
+    from prefixcache.bench import BenchReport, ModeResult
+    from prefixcache.report import print_bench
+
+    modes = [ModeResult(f"mode {i}", 3, 10.0, 100.0, None, 0.5, 1.0) for i in range(4)]
+    report = BenchReport(device="cpu", dtype="bfloat16", threads=2, peak_gflops=100.0, load_seconds=0.1,
+                         prefill_ms=1.0, prefix_tokens=10, item_tokens=5.0, candidate_tokens=2.0,
+                         unavoidable_gflop=1.0, same_labels=False, items_compared=3, items_differing=1,
+                         option_cost_ratio=1.2, option_cost_floor=1.1, store_load_ms=1.0, store_prefill_ms=2.0,
+                         modes=modes)
+    print_bench(report)
+    assert "same labels in every mode: NO (1 of 3 items differ)" in capsys.readouterr().out
