@@ -188,9 +188,20 @@ class Engine:
         input_ids = torch.tensor([list(ids)], device=self.device)  # [1, P]
         # A cache of full layers: a model's own cache would keep only the last `window` keys of
         # its sliding-window layers, and the rows' masks need every prefix position.
-        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: DynamicCache()})
+        kind, P = self.model.config.model_type, len(ids)
+        try:
+            out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: DynamicCache()})
+        except (ValueError, IndexError, TypeError, AttributeError, NotImplementedError) as exc:
+            # e.g. models with recurrent layers (Mamba, convolutions, linear attention) need a cache
+            # of their own kind, which cannot be shared by rows the way keys and values are
+            raise ModelError(f"{kind} models are not supported: prefilling the prompt prefix into a key/value "
+                             f"cache failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-        kv = tuple((layer.keys, layer.values) for layer in cache.layers)
+        kv = tuple((layer.keys, layer.values) for layer in getattr(cache, "layers", ()))
+        layers = self.model.config.get_text_config().num_hidden_layers
+        if len(kv) != layers or any(not isinstance(k, torch.Tensor) or k.shape[-2] != P or v.shape[-2] != P for k, v in kv):
+            raise ModelError(f"{kind} models are not supported: their cache does not hold keys and values for every "
+                             f"layer and position of the prompt prefix")
         last = out.logits[0, -1].float()  # [V]
         return Prefix(tuple(ids), kv, last, (time.perf_counter() - start) * 1000)
 

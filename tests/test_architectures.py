@@ -115,3 +115,11 @@ def test_run_a_model_folder_without_sdpa_support(chat_tokenizer, tmp_path):
     result = CliRunner().invoke(app, ["run", str(write_spec(tmp_path, model=str(folder))), str(items), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == list(range(len(TEXTS)))
+
+
+def test_a_model_with_recurrent_layers_is_a_model_error(chat_tokenizer, tmp_path):
+    # LFM2's convolution layers keep a state of their own kind, not keys and values.
+    model = _model("Lfm2Config", len(chat_tokenizer), layer_types=["conv", "full_attention"])
+    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
+    with pytest.raises(ModelError, match="^lfm2 models are not supported: prefilling"):
+        Engine(model).prefill(builder.prefix_ids)
