@@ -246,6 +246,7 @@ def run_bench(
         device=str(device), dtype=str(engine.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
         peak_gflops=peak, load_seconds=clf.stats.load_seconds, prefill_ms=prefix.prefill_ms,
         prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
-        same_labels=differing == 0, items_compared=n, items_differing=differing, option_cost_ratio=option_ratio, option_cost_floor=gflop / alone, modes=modes,
+        same_labels=differing == 0, items_compared=n, items_differing=differing,
+        option_cost_ratio=option_ratio, option_cost_floor=gflop / alone, modes=modes,
         store_load_ms=load_ms, store_prefill_ms=prefill_ms,
     )
