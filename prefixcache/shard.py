@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import InputError, OutputError
-from .output import FINGERPRINT_SUFFIX, fingerprint_path, read_done, write_fingerprint
+from .output import FINGERPRINT_SUFFIX, fingerprint_path, write_fingerprint
+from .records import read_records, record_id
 
 # Fingerprint fields that must agree between the parts of one job (device may differ by host).
 SHARED_FIELDS = ("spec", "gold", "model", "input", "dtype")
@@ -80,13 +81,13 @@ def merge_parts(parts: Sequence[str], output: str) -> int:
     chunks = []
     for k in range(n):
         part = by_shard[k]
-        done = read_done(part)
+        done = read_records(part)
         expected = infos[part].get("items")
         if expected is not None and len(done.records) != expected:
             raise InputError(f"{part}: has {len(done.records)} of its {expected} records; "
                              f"finish it with --resume before merging")
         for record in done.records:
-            rid = str(record.get("id"))
+            rid = record_id(record)
             if rid in seen:
                 raise InputError(f"item {rid!r} is in both {seen[rid]} and {part}")
             seen[rid] = part

@@ -62,7 +62,7 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
 
 class PrefixStore:
     """Example:
-        store = PrefixStore(cache_root() / "prefixes")
+        store = PrefixStore(cache_dir / "prefixes")
         prefix = store.load(key, device) or store.save(key, engine.prefill(ids), model="...")
     """
 

@@ -1,0 +1,126 @@
+"""Every place prefixcache relies on a private or unstable part of torch, transformers or the hub
+client, in one list. Each has a test in tests/test_compat.py that fails, naming the touchpoint,
+when an upgrade breaks it. Nothing here runs on import: torch and transformers are imported by
+the functions that need them.
+
+| touchpoint                                                   | used for                               |
+|--------------------------------------------------------------|----------------------------------------|
+| torch.ops.aten._scaled_dot_product_flash_attention_for_cpu   | attention with its log-sum-exp (CPU)   |
+| transformers.integrations.sdpa_attention.sdpa_attention_forward | outside scoring, plain SDPA         |
+| PreTrainedModel._can_set_attn_implementation()               | may the model take our attention       |
+| PretrainedConfig._attn_implementation (set and restored)     | switch attention for one forward       |
+| PretrainedConfig._commit_hash                                | the hub revision actually loaded       |
+| forward kwarg `cache` / `past_key_values`                    | passing a cache (being renamed)        |
+| DynamicCache(list of (keys, values)), cache.layers[i].keys   | building and reading KV caches         |
+| modeling_gguf_pytorch_utils.tqdm                             | GGUF conversion's progress bar         |
+| PreTrainedModel.hf_quantizer, config.quantization_config     | saving dequantised GGUF weights        |
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+
+@functools.cache
+def flash_attention_cpu() -> Callable | None:
+    """PyTorch's fused CPU flash-attention op, which also returns the log-sum-exp; None if gone.
+    Called as op(q, k, v, dropout, is_causal, attn_mask=, scale=) -> (out, lse, ...)."""
+    import torch
+
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def sdpa_forward() -> Callable:
+    """transformers' own SDPA attention function (the default a model would use)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
+
+
+def can_set_attention(model: Any) -> bool:
+    """Whether the model dispatches attention through transformers' AttentionInterface."""
+    return bool(getattr(model, "_can_set_attn_implementation", lambda: False)())
+
+
+@contextmanager
+def attention_implementation(config: Any, name: str) -> Iterator[None]:
+    """Run the model's forwards with the registered attention `name`, then restore it."""
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+def loaded_revision(config: Any) -> str | None:
+    """The hub commit a model was loaded from (None for local folders)."""
+    return getattr(config, "_commit_hash", None)
+
+
+def cache_kwarg(model: Any) -> str:
+    """The forward's name for the KV cache argument: `cache` in newer releases."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def cache_from(kv: Sequence[tuple[Any, Any]]) -> Any:
+    """A DynamicCache holding these per-layer (keys, values); empty for an empty sequence."""
+    from transformers import DynamicCache
+
+    return DynamicCache(list(kv)) if kv else DynamicCache()
+
+
+def cache_layers(cache: Any) -> tuple[tuple[Any, Any], ...]:
+    """Per-layer (keys, values) of a cache a forward returned; () for caches of other kinds."""
+    return tuple((layer.keys, layer.values) for layer in getattr(cache, "layers", ()))
+
+
+def returned_cache(output: Any) -> Any:
+    return getattr(output, "cache", None) or getattr(output, "past_key_values", None)
+
+
+@contextmanager
+def gguf_progress_bar(enabled: bool) -> Iterator[None]:
+    """transformers' GGUF conversion draws a tqdm bar that ignores its own progress-bar setting;
+    this carries that setting over for the duration of a conversion."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is not None and not enabled:
+        gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original
+
+
+def progress_bars_enabled() -> bool:
+    from transformers.utils import logging
+
+    return logging.is_progress_bar_enabled()
+
+
+def drop_quantizer(model: Any) -> None:
+    """Mark dequantised GGUF weights as plain floats, so a saved copy loads as such."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
+def quiet_libraries() -> None:
+    """Process-wide: transformers' and the hub client's advice and progress bars off. For
+    programs that own stderr (the CLI); the library itself never calls it."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:  # the hub client's retry chatter, when the network is down
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_logging.set_verbosity_error()
+    except ImportError:
+        pass

@@ -1,0 +1,251 @@
+"""The output record: made from an item's scores, written as JSONL or CSV, read back. No torch.
+
+This is the only module that knows the record's layout. A label task's record, in JSONL:
+
+    {"id", "label", "prob", "margin", "probs": {label: p}, "logprobs": {label: lp},
+     ["raw_probs": {label: p}], ["gold", "correct"], "normalize", "prefix_tokens", "item_tokens", "ms"}
+
+Multiple choice adds "index" after "label" and holds "probs" and "logprobs" as lists in option
+order. An item that could not be scored is `{"id", "error"}`. In CSV, a label task's dicts become
+one column per label (`prob_<label>`, `logprob_<label>`, `raw_prob_<label>`), lists are JSON in
+one cell, and None is an empty cell. Reading a file back gives records in the JSONL layout
+whatever the file's format (ids from CSV stay text), so resume, merge and evaluation never look
+at columns.
+
+Every record is written with one `write` and flushed, so a crash at any moment leaves at most one
+partial trailing line; `read_records` leaves it out.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Mapping, Sequence
+
+from .errors import OutputError
+from .io import EXTENSIONS, Item
+from .scoring import Decision
+from .spec import TaskSpec, gold_value
+
+Record = dict[str, Any]
+PER_LABEL = (("raw_probs", "raw_prob_"), ("logprobs", "logprob_"), ("probs", "prob_"))  # longest column prefix first
+_FLOATS = ("prob", "margin", "ms")
+_INTS = ("index", "prefix_tokens", "item_tokens")
+
+
+def _r6(x: float) -> float:
+    return round(x, 6)
+
+
+def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], decision: Decision,
+                prefix_tokens: int, item_tokens: int, ms: float) -> Record:
+    """The record of a scored item. `names`: its candidates' texts (labels or options), in order."""
+    best, probs = decision.best, decision.probs
+    record: Record = {"id": item.id, "label": None if best is None else names[best]}
+    if spec.choices:
+        record["index"] = best
+    record.update(prob=None if best is None else _r6(probs[best]), margin=_r6(decision.margin))
+    if spec.choices:
+        record.update(probs=[_r6(p) for p in probs], logprobs=list(logprobs))
+    else:
+        record.update(probs={n: _r6(p) for n, p in zip(names, probs)}, logprobs=dict(zip(names, logprobs)))
+        if decision.raw is not None:
+            record["raw_probs"] = {n: _r6(p) for n, p in zip(names, decision.raw)}
+    if spec.gold:
+        gold = gold_value(item.record, spec.gold)
+        record.update(gold=gold, correct=record["label"] == gold)
+    record.update(
+        normalize=spec.normalize + ("+calibrated" if decision.raw is not None else ""),
+        prefix_tokens=prefix_tokens,
+        item_tokens=item_tokens,
+        ms=round(ms, 3),
+    )
+    return record
+
+
+def error_record(item_id: Any, message: str) -> Record:
+    return {"id": item_id, "error": message}
+
+
+def is_error(record: Mapping[str, Any]) -> bool:
+    return "error" in record
+
+
+def id_text(item_id: Any) -> str:
+    """An id as text: how items and records are matched across runs and files."""
+    return str(item_id)
+
+
+def record_id(record: Mapping[str, Any]) -> str:
+    return id_text(record.get("id"))
+
+
+def logprobs_in_order(record: Mapping[str, Any], names: Sequence[str]) -> list[float]:
+    """The raw log-probs a record holds, in the order of `names` (its candidates' texts)."""
+    value = record["logprobs"]
+    if isinstance(value, list):
+        return [float(v) for v in value]
+    return [float(value[name]) for name in names]
+
+
+def columns(spec: TaskSpec) -> list[str]:
+    """CSV columns: the record's scalar fields plus one prob_/logprob_ column per label (for
+    multiple choice, `probs` and `logprobs` are JSON lists in one cell each)."""
+    head = ["id", "label"] + (["index"] if spec.choices else []) + ["prob", "margin"]
+    if spec.choices:
+        per_label = ["probs", "logprobs"]
+    else:
+        names = list(spec.label_names)
+        per_label = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
+        per_label += [f"raw_prob_{n}" for n in names] if spec.content_free else []
+    gold = ["gold", "correct"] if spec.gold else []
+    return head + per_label + gold + ["normalize", "prefix_tokens", "item_tokens", "ms", "error"]
+
+
+def to_csv_row(record: Mapping[str, Any]) -> dict[str, Any]:
+    """One CSV row's cells: per-label dicts spread into columns, lists as JSON, None empty."""
+    flat: dict[str, Any] = {}
+    for key, value in record.items():
+        prefix = dict(PER_LABEL).get(key)
+        if prefix is not None and isinstance(value, dict):
+            flat.update({f"{prefix}{name}": v for name, v in value.items()})
+        else:
+            flat[key] = value
+    return {k: json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else "" if v is None else v
+            for k, v in flat.items()}
+
+
+def from_csv_row(row: Mapping[str, str]) -> Record:
+    """A CSV row back in the JSONL layout (the inverse of `to_csv_row`, ids aside)."""
+    if row.get("error"):
+        return error_record(row["id"], row["error"])
+    record: Record = {}
+    for key, cell in row.items():
+        if key == "error":
+            continue
+        field = next(((f, key[len(p):]) for f, p in PER_LABEL if key.startswith(p)), None)
+        if field is not None:
+            record.setdefault(field[0], {})[field[1]] = float(cell)
+        elif key in ("probs", "logprobs"):
+            record[key] = json.loads(cell)
+        elif key in _FLOATS + _INTS:
+            record[key] = None if cell == "" else (float(cell) if key in _FLOATS else int(cell))
+        elif key == "correct":
+            record[key] = cell == "True"
+        elif key == "label":
+            record[key] = cell or None
+        else:
+            record[key] = cell
+    return record
+
+
+# -- files --------------------------------------------------------------------------------------
+def file_format(path: str) -> str:
+    fmt = EXTENSIONS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise OutputError(f"{path}: output must end in .jsonl or .csv")
+    return fmt
+
+
+class RecordWriter:
+    """Writes one record at a time as JSONL or CSV and flushes after each."""
+
+    def __init__(self, stream: IO[str], fmt: str, columns: Sequence[str] = (), header: bool = True):
+        self.stream, self.fmt, self.columns = stream, fmt, list(columns)
+        if fmt == "csv" and header:
+            self.stream.write(self._csv_line({c: c for c in self.columns}))
+            stream.flush()
+
+    def _csv_line(self, cells: Mapping[str, Any]) -> str:
+        buffer = io.StringIO()
+        csv.DictWriter(buffer, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n").writerow(cells)
+        return buffer.getvalue()
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if self.fmt == "csv":
+            self.stream.write(self._csv_line(to_csv_row(record)))  # one write per record, quoted newlines included
+        else:
+            self.stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is not sys.stdout:
+            self.stream.close()
+
+
+def open_writer(path: str | None, columns: Sequence[str] = (), append: bool = False) -> RecordWriter:
+    """`path` None or '-' writes JSONL to stdout; otherwise the extension picks JSONL or CSV.
+    With `append`, records go after what is there (a CSV header only if the file is empty)."""
+    if path is None or path == "-":
+        return RecordWriter(sys.stdout, "jsonl")
+    fmt = file_format(path)
+    fresh = not append or not os.path.exists(path) or os.path.getsize(path) == 0
+    try:
+        stream = open(path, "a" if append else "w", encoding="utf-8", newline="")
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write output: {exc.strerror}")
+    return RecordWriter(stream, fmt, columns, header=fresh)
+
+
+@dataclass
+class Written:
+    """What an output file holds: its complete records in file order, and where they end."""
+
+    records: list[Record]
+    end: int  # byte offset just past the last complete record
+    size: int  # the file's size (larger than `end` when a partial record trails)
+
+
+def read_records(path: str) -> Written:
+    """The complete records of an output file, in the JSONL layout; a partial trailing record is
+    left out."""
+    data = Path(path).read_bytes()
+    parse = _read_jsonl if file_format(path) == "jsonl" else _read_csv
+    records, end = parse(data, path)
+    return Written(records, end, len(data))
+
+
+def _read_jsonl(data: bytes, path: str) -> tuple[list[Record], int]:
+    records, offset = [], 0
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break  # the partial record a crash can leave
+        try:
+            records.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            if offset + len(line) == len(data):
+                break
+            raise OutputError(f"{path}: line {len(records) + 1} is not a record; is this a prefixcache output?")
+        offset += len(line)
+    return records, offset
+
+
+def _read_csv(data: bytes, path: str) -> tuple[list[Record], int]:
+    text = data.decode("utf-8", errors="replace")
+    lines = text.splitlines(keepends=True)
+    if not lines or not lines[0].endswith("\n"):
+        return [], 0
+    header = next(csv.reader([lines[0]]))
+    records, offset, pending, pending_len = [], len(lines[0].encode()), [], 0
+    for line in lines[1:]:
+        pending.append(line)
+        pending_len += len(line.encode())
+        if not line.endswith("\n"):
+            break
+        try:
+            rows = list(csv.reader(pending))
+        except csv.Error:
+            continue
+        if len(rows) == 1 and len(rows[0]) == len(header):
+            try:
+                records.append(from_csv_row(dict(zip(header, rows[0]))))
+            except (ValueError, json.JSONDecodeError):
+                raise OutputError(f"{path}: record {len(records) + 1} is not a record; is this a prefixcache output?")
+            offset += pending_len
+            pending, pending_len = [], 0
+    return records, offset
