@@ -25,7 +25,7 @@ from rich.table import Table
 from . import __version__, compat
 from .errors import EXIT_GATE, EXIT_INTERNAL, EXIT_USAGE, Interrupted, OutputError, PrefixcacheError, SpecError
 from .io import detect_format, read_items
-from .job import RunOptions, run_job
+from .job import Event, RunOptions, run_job
 from .load import default_cache_dir, models_dir
 from .output import check_output
 from .report import print_bench, print_evaluation, print_summary
@@ -105,22 +105,30 @@ def _setup_logging(quiet: bool, level: str = "info") -> None:
 
 
 @contextmanager
-def _progress(quiet: bool) -> Iterator[Callable[[int, Optional[int], float], None]]:
-    """A Rich progress bar on stderr (a terminal only), as the callback `run_job` reports to."""
+def _progress(quiet: bool) -> Iterator[Callable[[Event], None]]:
+    """What the CLI does as a run goes: once the input is checked, quiet the model libraries
+    (their advice and progress bars would clutter stderr); while scoring, a Rich progress bar
+    on stderr (a terminal only)."""
     bar = Progress(
         TextColumn("classifying"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
         TimeRemainingColumn(), console=err, disable=quiet or not err.is_terminal, transient=False,
     )
     task = None
 
-    def update(written: int, total: Optional[int], rate: float) -> None:
+    def on_event(event: Event) -> None:
         nonlocal task
-        if task is None:
-            task = bar.add_task("classify", total=total, rate="")
-        bar.update(task, completed=written, rate=f"{rate:.1f} items/s" if written else "")
+        if event.phase == "checked":
+            compat.quiet_libraries()
+        elif event.phase == "scoring":
+            bar.start()
+            task = bar.add_task("classify", total=event.total, rate="")
+        elif task is not None:
+            bar.update(task, completed=event.written, rate=f"{event.rate:.1f} items/s")
 
-    with bar:
-        yield update
+    try:
+        yield on_event
+    finally:
+        bar.stop()
 
 
 SPEC_ARG = typer.Argument(..., help="Task spec (YAML).", show_default=False)
@@ -191,7 +199,6 @@ def run(
     """
     _setup_logging(quiet, log_level)
     with _errors(debug):
-        compat.quiet_libraries()
         options = RunOptions(
             spec, items, output, fmt, resume, overwrite, on_error, batch_size, batch_tokens, limit, gold, metrics,
             summary_md, junit, min_accuracy, device, dtype, _cache_dir(cache_dir), not no_cache_store,

@@ -37,7 +37,20 @@ from .task import Batching, Task
 
 log = logging.getLogger("prefixcache")
 
-Progress = Callable[[int, Optional[int], float], None]  # (records written, records to write or None, items/s)
+
+
+@dataclass(frozen=True)
+class Event:
+    """What `run_job` reports as it goes. phase: "checked" (spec, input and output are valid; no
+    model loaded yet), "scoring" (records are about to stream), "batch" (a batch was written)."""
+
+    phase: str
+    written: int = 0  # records written by this run so far
+    total: Optional[int] = None  # records this run will write (None when reading stdin)
+    rate: float = 0.0  # items per second of scoring
+
+
+Progress = Callable[[Event], None]
 Stop = Callable[[], Optional[int]]  # the signal number that asks the run to stop, or None
 
 
@@ -113,6 +126,8 @@ class _Plan:
 def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Optional[Stop] = None) -> RunResult:
     started = time.perf_counter()
     plan = _plan(options)
+    if progress:
+        progress(Event("checked", total=plan.total))
     task = Task.from_spec(plan.spec, options.cache_dir)
     for warning in lint_labels(task.builder) if plan.spec.labels else ():
         log.warning("%s", warning)
@@ -219,14 +234,14 @@ def _stream(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, Op
 
     def after_batch(n: int) -> None:
         if progress:
-            progress(stats.items, left, stats.items_per_second)
+            progress(Event("batch", stats.items, left, stats.items_per_second))
         signum = stop() if stop else None
         if signum:
             raise _interrupted(signum, stats.items, options)
 
     try:
         if progress:
-            progress(0, left, 0.0)
+            progress(Event("scoring", 0, left))
         items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), first, last)
         for record in classify(scorer, items, _batching(options), stats, done, after_batch):
             writer.write(record)

@@ -1,13 +1,14 @@
 """Fixtures: an offline byte-level BPE tokenizer trained in-process, and tiny random models of
-several architectures built from transformers config classes. Nothing is downloaded."""
+several architectures built from transformers config classes. Nothing is downloaded. torch and
+transformers are imported by the fixtures that need them, so spec and prompt tests start fast."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
+
 import pytest
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
@@ -31,7 +32,10 @@ CORPUS = [
 ] * 3
 
 
-def build_tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
+def build_tokenizer(chat_template: str | None) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -47,18 +51,21 @@ def build_tokenizer(chat_template: str | None) -> PreTrainedTokenizerFast:
 
 
 @pytest.fixture(scope="session")
-def chat_tokenizer() -> PreTrainedTokenizerFast:
+def chat_tokenizer() -> Any:
     return build_tokenizer(CHATML)
 
 
 @pytest.fixture(scope="session")
-def plain_tokenizer() -> PreTrainedTokenizerFast:
+def plain_tokenizer() -> Any:
     return build_tokenizer(None)
 
 
-def tiny_model(arch: str, vocab: int, seed: int = 0, init: float = 0.2) -> torch.nn.Module:
+def tiny_model(arch: str, vocab: int, seed: int = 0, init: float = 0.2) -> Any:
     """A 2-layer random model whose weights are large enough that context changes the scores
     by far more than the test tolerance (so a masking bug cannot hide under it)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, initializer_range=init, tie_word_embeddings=False)
     if arch == "llama":
@@ -95,19 +102,16 @@ def tiny_model_dir(tmp_path_factory, chat_tokenizer):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def isolated_cache_dir(tmp_path_factory):
-    """Tests keep their prefix store out of the user's cache; the converted embedded model (slow
-    to make) is shared with the real cache folder when there is one."""
-    import os
-    from pathlib import Path
+def cache_dir(tmp_path_factory) -> Path:
+    """A cache folder of the test session's own, so tests never see or fill the user's prefix
+    store; its converted models are the real cache's (converting the embedded model is slow), and
+    the CLI finds it through PREFIXCACHE_CACHE_DIR, as a user would set it."""
+    from prefixcache.load import default_cache_dir, models_dir
 
-    from prefixcache.load import cache_root
-
-    real_models = cache_root() / "models"
+    real = Path(os.environ.get("PREFIXCACHE_CACHE_DIR") or default_cache_dir())
+    models_dir(real).mkdir(parents=True, exist_ok=True)
     root = tmp_path_factory.mktemp("prefixcache-cache")
-    Path(root / "models").symlink_to(real_models if real_models.is_dir() else root.parent / "no-models", True)
-    if not real_models.is_dir():
-        (root / "models").unlink()
+    models_dir(root).symlink_to(models_dir(real).resolve(), target_is_directory=True)
     previous = os.environ.get("PREFIXCACHE_CACHE_DIR")
     os.environ["PREFIXCACHE_CACHE_DIR"] = str(root)
     yield root

@@ -9,7 +9,8 @@ import torch
 import transformers
 
 from helpers import TEXTS, make_spec
-from prefixcache.engine import Engine, Row
+from prefixcache.engine import Engine
+from prefixcache.rows import Row
 from prefixcache.errors import ModelError
 from prefixcache.prompt import PromptBuilder
 from prefixcache.reference import score_naive

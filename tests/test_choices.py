@@ -1,4 +1,4 @@
-"""Multiple choice, normalisations, calibration and gold evaluation through the Classifier and
+"""Multiple choice, normalisations, calibration and gold evaluation through the scorer and
 the CLI, on a tiny model, against naive full forwards."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from prefixcache.cli import app
 from prefixcache.engine import Engine
 from prefixcache.io import read_items
 from prefixcache.load import ModelSource
-from prefixcache.prompt import PromptBuilder
 from prefixcache.reference import score_naive
-from prefixcache.run import Classifier
+from prefixcache.run import classify
+from prefixcache.scorer import Scorer
+from prefixcache.task import Batching, Task
 from prefixcache.scoring import calibrate, mean_distribution, softmax
 
 TOL = 1e-4
@@ -30,11 +31,9 @@ QUESTIONS = [
 ]
 
 
-def _classifier(spec, tokenizer, arch="llama", init=0.2) -> Classifier:
-    clf = Classifier(spec, ModelSource("tiny", "dir", "."), tokenizer, PromptBuilder(spec, tokenizer))
-    clf.engine = Engine(tiny_model(arch, len(tokenizer), init=init))
-    clf.prefix = clf.engine.prefill(clf.builder.prefix_ids)
-    return clf
+def _scorer(spec, tokenizer, arch="llama", init=0.2) -> Scorer:
+    task = Task(spec, ModelSource("tiny", "dir", "."), tokenizer)
+    return Scorer.start(task, Engine(tiny_model(arch, len(tokenizer), init=init)))
 
 
 def _items(tmp_path, rows=QUESTIONS, name="q.jsonl"):
@@ -47,11 +46,11 @@ def _items(tmp_path, rows=QUESTIONS, name="q.jsonl"):
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_options_scored_like_a_full_forward_per_option(chat_tokenizer, tmp_path, arch, batch_size):
     spec = make_spec(tmp_path, labels=None, choices="choices", template="Q: {text}", normalize="sum")
-    clf = _classifier(spec, chat_tokenizer, arch)
+    clf = _scorer(spec, chat_tokenizer, arch)
     items = list(read_items(str(_items(tmp_path))))
-    records = list(clf.classify(items, batch_size=batch_size))
+    records = list(classify(clf, items, Batching(size=batch_size)))
     for item, record in zip(items, records):
-        prep = clf.prepare(item)
+        prep = clf.task.prepare(item)
         assert list(prep.candidates) == item.record["choices"]
         want = score_naive(clf.engine.model, prep.enc.ids, list(prep.candidates.values()))
         assert len(record["logprobs"]) == len(want)
@@ -60,18 +59,18 @@ def test_options_scored_like_a_full_forward_per_option(chat_tokenizer, tmp_path,
         assert record["index"] == best and record["label"] == item.record["choices"][best]
         assert sum(record["probs"]) == pytest.approx(1, abs=1e-5)
     # Options sharing leading tokens (tech / technical support / te) were scored in one trie.
-    assert len(clf.prepare(items[3]).candidates) == 5
+    assert len(clf.task.prepare(items[3]).candidates) == 5
 
 
 @pytest.mark.parametrize("how", ["sum", "mean", "chars", "bytes", "pmi"])
 def test_normalisations_in_records(chat_tokenizer, tmp_path, how):
     spec = make_spec(tmp_path, labels=None, choices="choices", template="Q: {text}", normalize=how)
-    clf = _classifier(spec, chat_tokenizer)
+    clf = _scorer(spec, chat_tokenizer)
     items = list(read_items(str(_items(tmp_path))))
     model = clf.engine.model
-    cf = clf.content_free("")
-    for item, record in zip(items, clf.classify(items, batch_size=2)):
-        prep = clf.prepare(item)
+    cf = clf.task.content_free("")
+    for item, record in zip(items, classify(clf, items, Batching(size=2))):
+        prep = clf.task.prepare(item)
         texts, ids = list(prep.candidates), list(prep.candidates.values())
         lps = score_naive(model, prep.enc.ids, ids)
         if how == "sum":
@@ -90,19 +89,17 @@ def test_normalisations_in_records(chat_tokenizer, tmp_path, how):
 
 def test_label_task_pmi_and_calibration(chat_tokenizer, tmp_path):
     spec = make_spec(tmp_path, labels=["tech", "technical", "billing"], calibrate=["N/A", ""], normalize="pmi")
-    clf = _classifier(spec, chat_tokenizer)
-    clf._score_unconditional(list(clf.builder.candidates.values()))
-    clf.prior = clf._calibration_prior()
-    model, cands = clf.engine.model, list(clf.builder.candidates.values())
-    uncond = score_naive(model, clf.content_free("").ids, cands)
+    clf = _scorer(spec, chat_tokenizer)
+    model, cands = clf.engine.model, list(clf.task.builder.candidates.values())
+    uncond = score_naive(model, clf.task.content_free("").ids, cands)
     dists = []
     for text in ("N/A", ""):
-        lps = score_naive(model, clf.content_free(text).ids, cands)
+        lps = score_naive(model, clf.task.content_free(text).ids, cands)
         dists.append(softmax([lp - u for lp, u in zip(lps, uncond)]))
     assert clf.prior == pytest.approx(mean_distribution(dists), abs=1e-5)
     item = next(iter(read_items(str(_items(tmp_path)))))
-    record = next(clf.classify([item]))
-    lps = score_naive(model, clf.prepare(item).enc.ids, cands)
+    record = next(classify(clf, [item]))
+    lps = score_naive(model, clf.task.prepare(item).enc.ids, cands)
     raw = softmax([lp - u for lp, u in zip(lps, uncond)])
     assert list(record["raw_probs"].values()) == pytest.approx(raw, abs=1e-4)
     assert list(record["probs"].values()) == pytest.approx(calibrate(raw, clf.prior), abs=1e-4)
@@ -111,16 +108,17 @@ def test_label_task_pmi_and_calibration(chat_tokenizer, tmp_path):
 
 def test_threshold_abstains_and_reports_margin(chat_tokenizer, tmp_path):
     item = list(read_items(str(_items(tmp_path))))[:1]
-    plain = next(_classifier(make_spec(tmp_path, labels=["tech", "billing"]), chat_tokenizer, init=0.02).classify(item))
+    plain = next(classify(_scorer(make_spec(tmp_path, labels=["tech", "billing"]), chat_tokenizer, init=0.02), item))
     assert plain["prob"] < 1
     above = (plain["prob"] + 1) / 2
-    record = next(_classifier(make_spec(tmp_path, labels=["tech", "billing"], threshold=above), chat_tokenizer, init=0.02).classify(item))
+    record = next(classify(_scorer(make_spec(tmp_path, labels=["tech", "billing"], threshold=above), chat_tokenizer,
+                                   init=0.02), item))
     assert record["label"] is None and record["prob"] is None
     assert record["probs"] == plain["probs"]
     probs = list(record["probs"].values())
     assert record["margin"] == pytest.approx(abs(probs[0] - probs[1]), abs=1e-5)
-    below = next(_classifier(make_spec(tmp_path, labels=["tech", "billing"], threshold=plain["prob"] / 2),
-                             chat_tokenizer, init=0.02).classify(item))
+    below = next(classify(_scorer(make_spec(tmp_path, labels=["tech", "billing"], threshold=plain["prob"] / 2),
+                                  chat_tokenizer, init=0.02), item))
     assert below["label"] == plain["label"]
 
 
@@ -147,11 +145,18 @@ def test_cli_multiple_choice_with_gold_reports_and_gate(mc_spec, tmp_path):
     assert f"accuracy {correct / 4:.3f} ({correct}/4)" in result.stderr
     assert "### prefixcache evaluation" in md.read_text() and "<testsuite" in junit.read_text()
 
-    gated = runner.invoke(app, args[:6] + ["--min-accuracy", "1.0"])
-    if correct < 4:
-        assert gated.exit_code == 5 and "gate failed: accuracy" in gated.stderr
-    passed = runner.invoke(app, args[:6] + ["--min-accuracy", "0.0"])
-    assert passed.exit_code == 0
+    # The gate, with gold values that make one answer wrong whatever this random model picks: the
+    # first question's gold becomes an option it did not choose.
+    rows = [dict(q) for q in QUESTIONS]
+    rows[0]["answer"] = next(o for o in rows[0]["choices"] if o != records[0]["label"])
+    expected = sum(r["label"] == q["answer"] for r, q in zip(records, rows)) / 4
+    assert expected < 1
+    gate_args = ["run", str(mc_spec), str(_items(tmp_path, rows, "wrong.jsonl")), "-o", str(out), "--overwrite"]
+    gated = runner.invoke(app, gate_args + ["--min-accuracy", "1.0"])
+    assert gated.exit_code == 5
+    assert gated.stderr.splitlines()[-1] == f"gate failed: accuracy {expected:.4f} is below --min-accuracy 1.0"
+    at_the_bound = runner.invoke(app, gate_args + ["--min-accuracy", str(expected)])
+    assert at_the_bound.exit_code == 0, at_the_bound.output
 
 
 def test_cli_render_shows_options_as_candidates(mc_spec, tmp_path):

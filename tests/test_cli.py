@@ -56,10 +56,12 @@ def test_run_writes_records_equal_to_naive_scoring(spec_path, items_path, tmp_pa
     rendered = invoke("render", spec_path, items_path)
     assert rendered.exit_code == 0
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    for record, line in zip(records, rendered.stdout.splitlines()):
-        r = json.loads(line)
+    lines = [json.loads(line) for line in rendered.stdout.splitlines()]
+    prefix = lines[0]["prompt_ids"][: lines[0]["prefix_len"]]  # every item starts with the same cached ids
+    assert len(prefix) > 10
+    for record, r in zip(records, lines):
         assert r["id"] == record["id"]
-        assert r["prompt_ids"][: r["prefix_len"]] == r["prompt_ids"][: r["prefix_len"]]
+        assert r["prompt_ids"][: r["prefix_len"]] == prefix[: r["prefix_len"]] and r["prefix_len"] >= len(prefix) - 1
         names = list(r["candidates"])
         want = score_naive(model, r["prompt_ids"], list(r["candidates"].values()))
         got = [record["logprobs"][n] for n in names]

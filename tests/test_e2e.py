@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 from prefixcache.cli import app
 from prefixcache.io import read_items
 from prefixcache.reference import score_naive
-from prefixcache.run import Classifier
+from prefixcache.run import classify
+from prefixcache.scorer import Scorer
 from prefixcache.spec import load_spec
+from prefixcache.task import Batching, Task
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "configs" / "support-tickets.yaml"
@@ -21,28 +23,31 @@ TICKETS = ROOT / "data" / "samples" / "tickets.jsonl"
 pytestmark = pytest.mark.e2e
 
 
+def _scorer(spec_path: Path, cache_dir: Path) -> Scorer:
+    task = Task.from_spec(load_spec(spec_path), cache_dir)
+    return Scorer.load(task, cache_dir, "cpu", "float32")
+
+
 @pytest.fixture(scope="module")
-def classifier():
-    clf = Classifier.from_spec(load_spec(SPEC))
-    clf.load_model("cpu", "float32")
-    return clf
+def scorer(cache_dir):
+    return _scorer(SPEC, cache_dir)
 
 
-def test_real_model_cached_scores_equal_full_reencode(classifier):
-    tok = classifier.tokenizer
-    assert classifier.builder.mode == "chat"
+def test_real_model_cached_scores_equal_full_reencode(scorer):
+    builder = scorer.task.builder
+    assert builder.mode == "chat"
     # SmolLM2 splits "billing" as "b" + "illing": whole-sequence scoring is required.
-    assert len(classifier.builder.candidates["billing"]) == 3
-    assert tok.convert_ids_to_tokens(classifier.builder.candidates["billing"][-1]) == "<|im_end|>"
+    assert len(builder.candidates["billing"]) == 3
+    assert scorer.task.tokenizer.convert_ids_to_tokens(builder.candidates["billing"][-1]) == "<|im_end|>"
     items = list(read_items(str(TICKETS)))[:6]
-    records = list(classifier.classify(items, batch_size=4))
-    assert classifier.engine.backend == "shared"  # the fast path, not the padded fallback
-    model = classifier.engine.model
-    names = list(classifier.builder.candidates)
+    records = list(classify(scorer, items, Batching(size=4)))
+    assert scorer.engine.backend == "shared"  # the fast path, not the padded fallback
+    model = scorer.engine.model
+    names = list(builder.candidates)
     for item, record in zip(items, records):
-        enc = classifier.builder.encode_item(item.record, item.id)
-        assert enc.prefix_len == len(classifier.prefix.ids)  # the whole prefix is reused
-        want = score_naive(model, enc.ids, list(classifier.builder.candidates.values()))
+        enc = builder.encode_item(item.record, item.id)
+        assert enc.prefix_len == len(scorer.prefix.ids)  # the whole prefix is reused
+        want = score_naive(model, enc.ids, list(builder.candidates.values()))
         got = [record["logprobs"][n] for n in names]
         assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
         assert record["label"] == names[max(range(3), key=want.__getitem__)]
@@ -59,16 +64,14 @@ def test_real_model_cli_run_on_samples(tmp_path):
     assert "24 items in" in result.stderr
 
 
-def test_real_model_multiple_choice_equals_full_reencode(tmp_path):
-    spec = load_spec(ROOT / "configs" / "general-knowledge.yaml")
-    clf = Classifier.from_spec(spec)
-    clf.load_model("cpu", "float32")
+def test_real_model_multiple_choice_equals_full_reencode(cache_dir):
+    scorer = _scorer(ROOT / "configs" / "general-knowledge.yaml", cache_dir)
     items = list(read_items(str(ROOT / "data" / "samples" / "general_knowledge.jsonl")))[:8]
-    records = list(clf.classify(items, batch_size=3))
+    records = list(classify(scorer, items, Batching(size=3)))
     for item, record in zip(items[:4], records):
-        prep = clf.prepare(item)
+        prep = scorer.task.prepare(item)
         assert list(prep.candidates) == item.record["choices"]
-        want = score_naive(clf.engine.model, prep.enc.ids, list(prep.candidates.values()))
+        want = score_naive(scorer.engine.model, prep.enc.ids, list(prep.candidates.values()))
         assert max(abs(a - b) for a, b in zip(record["logprobs"], want)) < 1e-4
         assert record["gold"] == item.record["answer"] and record["correct"] == (record["label"] == record["gold"])
 

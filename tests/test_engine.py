@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from helpers import TEXTS, make_spec
-from prefixcache.engine import Engine, Row
+from prefixcache.engine import Engine
+from prefixcache.rows import Row
 from prefixcache.prompt import PromptBuilder
 from prefixcache.reference import score_naive
 

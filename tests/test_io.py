@@ -8,7 +8,7 @@ import pytest
 
 from prefixcache.errors import InputError
 from prefixcache.io import read_items, scan_items
-from prefixcache.output import open_writer
+from prefixcache.records import open_writer
 
 
 def test_jsonl_ids_and_numbering(tmp_path):

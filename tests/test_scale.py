@@ -78,6 +78,7 @@ def test_merge_reports_missing_incomplete_or_duplicate_shards(job, tmp_path):
     assert runner.invoke(app, ["run", str(spec), str(items), "--shard", "4/3"]).stderr.startswith("error: --shard must look like K/N")
 
 
+@pytest.mark.slow
 def test_two_cpu_processes_with_accelerate_launch(job, tmp_path):
     spec, items, single = job
     out = tmp_path / "launched.jsonl"

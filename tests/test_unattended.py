@@ -154,6 +154,7 @@ def _cli(*args, **kwargs) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
+@pytest.mark.slow
 def test_spec_errors_do_not_import_torch(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("labels: [a]\nlables: [b]\n")
@@ -176,6 +177,7 @@ def _wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float =
     raise AssertionError("no records appeared")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_killed_run_resumes_to_the_uninterrupted_output(spec_path, tmp_path, how):
     src = _write_items(tmp_path / "in.jsonl", _texts(300))
