@@ -186,6 +186,17 @@ def _store_timings(scorer: Scorer) -> tuple[float, float]:
     return prefill, load
 
 
+def _unavoidable_work(model: torch.nn.Module, prepared: Sequence[Prepared]) -> tuple[float, float, float, float]:
+    """Per item: own tokens, label tokens fed after the item (trie nodes), GFLOP of the linear
+    layers on them plus the lm_head rows scored, and the GFLOP of the item alone (its tokens and
+    one row of logits: one one-token candidate)."""
+    body, head = linear_params(model)
+    nodes = sum(len(trie(list(p.candidates.values()))) for p in prepared) / len(prepared)
+    own = sum(p.own_tokens for p in prepared) / len(prepared)
+    gflop = (2 * body * (own + nodes) + 2 * head * (1 + nodes)) / 1e9
+    return own, nodes, gflop, (2 * body * own + 2 * head) / 1e9
+
+
 def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching: Batching = Batching()) -> BenchReport:
     engine, prefix, task = scorer.engine, scorer.prefix, scorer.task
     model, device = engine.model, engine.device
@@ -228,11 +239,7 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
     option_ratio = _option_cost_ratio(scorer, items, batching)
     prefill_ms, load_ms = _store_timings(scorer)
 
-    body, head = linear_params(model)
-    nodes = sum(len(trie(cands(p))) for p in prepared) / len(prepared)
-    own = sum(p.own_tokens for p in prepared) / len(prepared)
-    gflop = (2 * body * (own + nodes) + 2 * head * (1 + nodes)) / 1e9
-    alone = (2 * body * own + 2 * head) / 1e9  # one one-token candidate: the item's tokens, one logits row
+    own, nodes, gflop, alone = _unavoidable_work(model, prepared)
     peak = measure_peak_gflops(device, engine.dtype)
     base = modes[0].ms_per_item
     for m in modes:

@@ -6,32 +6,32 @@ stdout carries data only (records, rendered prompts); progress, summaries and er
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
-import signal
 import sys
-import traceback
-from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from . import __version__, compat
-from .errors import EXIT_GATE, EXIT_INTERNAL, EXIT_USAGE, Interrupted, OutputError, PrefixcacheError, SpecError
+from .errors import EXIT_USAGE, OutputError, SpecError
 from .io import detect_format, read_items
-from .job import Event, RunOptions, run_job
+from .job import RunOptions, run_job
 from .load import default_cache_dir, models_dir
 from .output import check_output
-from .report import print_bench, print_evaluation, print_summary
+from .options import (
+    BATCH_SIZE_OPT, BATCH_TOKENS_OPT, BENCH_BATCH_SIZE_OPT, BENCH_BATCH_TOKENS_OPT, BENCH_LIMIT_OPT, CACHE_DIR_OPT,
+    CLEAR_MODELS_OPT, DEBUG_OPT, DEVICE_OPT, DTYPE_OPT, FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_LINES_OPT, JSON_OPT,
+    JUNIT_OPT, LIMIT_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, NO_STORE_OPT,
+    ON_ERROR_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT, RESUME_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT,
+)
+from .report import print_bench, print_cache, print_evaluation, print_summary
 from .shard import merge_parts
 from .spec import load_spec
 from .task import Batching, Task
+from .terminal import err, errors, progress, setup_logging, signals
 
 app = typer.Typer(
     add_completion=False,
@@ -46,9 +46,6 @@ app = typer.Typer(
     ),
 )
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
 def _version(value: bool) -> None:
     if value:
         print(f"prefixcache {__version__}")
@@ -60,101 +57,6 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
 ) -> None:
     """Classify batches of text with a local language model, encoding the static prompt prefix once."""
-
-
-@contextmanager
-def _errors(debug: bool) -> Iterator[None]:
-    """Library errors become `error: <message>` on stderr and their exit code; no traceback."""
-    try:
-        yield
-    except typer.Exit:
-        raise
-    except Interrupted as exc:
-        err.print(str(exc), markup=False, soft_wrap=True)
-        raise typer.Exit(exc.exit_code)
-    except PrefixcacheError as exc:
-        if debug:
-            traceback.print_exc()
-        err.print(f"error: {exc}", markup=False, soft_wrap=True)
-        raise typer.Exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err.print("interrupted", markup=False)
-        raise typer.Exit(130)
-    except BrokenPipeError:
-        sys.stderr.close()  # the reader went away (e.g. `| head`): not an error
-        raise typer.Exit(0)
-    except Exception as exc:
-        if debug:
-            traceback.print_exc()
-        err.print(f"internal error: {type(exc).__name__}: {exc} (run with --debug for a traceback)", markup=False, soft_wrap=True)
-        raise typer.Exit(EXIT_INTERNAL)
-
-
-def _setup_logging(quiet: bool, level: str = "info") -> None:
-    """Library log messages (a one-time model conversion, lint warnings) go to stderr, one line each."""
-    levels = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
-    if level.lower() not in levels:
-        raise typer.BadParameter(f"--log-level must be one of {', '.join(levels)}")
-    logger = logging.getLogger("prefixcache")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("prefixcache: %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False
-    logger.setLevel(logging.ERROR if quiet else levels[level.lower()])
-
-
-@contextmanager
-def _progress(quiet: bool) -> Iterator[Callable[[Event], None]]:
-    """What the CLI does as a run goes: once the input is checked, quiet the model libraries
-    (their advice and progress bars would clutter stderr); while scoring, a Rich progress bar
-    on stderr (a terminal only)."""
-    bar = Progress(
-        TextColumn("classifying"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-        TimeRemainingColumn(), console=err, disable=quiet or not err.is_terminal, transient=False,
-    )
-    task = None
-
-    def on_event(event: Event) -> None:
-        nonlocal task
-        if event.phase == "checked":
-            compat.quiet_libraries()
-        elif event.phase == "scoring":
-            bar.start()
-            task = bar.add_task("classify", total=event.total, rate="")
-        elif task is not None:
-            bar.update(task, completed=event.written, rate=f"{event.rate:.1f} items/s")
-
-    try:
-        yield on_event
-    finally:
-        bar.stop()
-
-
-SPEC_ARG = typer.Argument(..., help="Task spec (YAML).", show_default=False)
-ITEMS_ARG = typer.Argument(..., help="Items: a .jsonl or .csv file, or - for stdin (with --format).", show_default=False)
-FORMAT_OPT = typer.Option(None, "--format", "-f", help="Input format when it cannot be told from the extension: jsonl or csv.")
-LIMIT_OPT = typer.Option(None, "--limit", "-n", min=1, help="Process only the first N items.")
-DEBUG_OPT = typer.Option(False, "--debug", help="Show a traceback for errors.")
-CACHE_DIR_OPT = typer.Option(None, "--cache-dir", envvar="PREFIXCACHE_CACHE_DIR", show_envvar=False,
-                             help="Where converted models and prefilled prefixes are kept (env PREFIXCACHE_CACHE_DIR; default ~/.cache/prefixcache).")
-DEVICE_OPT = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", help="auto, cpu, cuda or mps.")
-OUTPUT_OPT = typer.Option(None, "--output", "-o", help="Output .jsonl or .csv; stdout (JSONL) when omitted.")
-RESUME_OPT = typer.Option(False, "--resume", help="Continue an interrupted run: keep its records, score the rest.")
-OVERWRITE_OPT = typer.Option(False, "--overwrite", help="Replace an existing output file.")
-ON_ERROR_OPT = typer.Option("fail", "--on-error", help="An item that cannot be scored: fail (stop after writing what is done) or skip (write an error record, go on).")
-BATCH_SIZE_OPT = typer.Option(64, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="At most this many items per forward pass.")
-BATCH_TOKENS_OPT = typer.Option(768, "--batch-tokens", min=1, envvar="PREFIXCACHE_BATCH_TOKENS", help="About this many tokens per forward pass (items' own tokens + label tokens).")
-GOLD_OPT = typer.Option(None, "--gold", help="Item field with the expected label or option (overrides the spec's 'gold').")
-METRICS_OPT = typer.Option(None, "--metrics", help="Write the evaluation as JSON to this file.")
-SUMMARY_MD_OPT = typer.Option(None, "--summary-md", help="Write the evaluation as Markdown (e.g. $GITHUB_STEP_SUMMARY).")
-JUNIT_OPT = typer.Option(None, "--junit", help="Write the evaluation as a JUnit XML report.")
-MIN_ACCURACY_OPT = typer.Option(None, "--min-accuracy", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when accuracy is below this.")
-DTYPE_OPT = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto (float32 on CPU, bf16/fp16 on CUDA), float32, bfloat16, float16.")
-NO_STORE_OPT = typer.Option(False, "--no-cache-store", help="Neither load nor keep the prefilled prefix on disk.")
-SHARD_OPT = typer.Option(None, "--shard", help="Run only shard K of N (K/N, 1-based), e.g. one CI matrix job; join the parts with `prefixcache merge`.")
-QUIET_OPT = typer.Option(False, "--quiet", "-q", help="No progress bar, summary, warnings or evaluation tables.")
-LOG_LEVEL_OPT = typer.Option("info", "--log-level", envvar="PREFIXCACHE_LOG_LEVEL", help="debug, info, warning or error (stderr).")
 
 
 def _cache_dir(cache_dir: Optional[Path]) -> Path:
@@ -197,14 +99,14 @@ def run(
 
         prefixcache run configs/irony.yaml data/samples/irony.jsonl -o out.jsonl --min-accuracy 0.6 --junit report.xml
     """
-    _setup_logging(quiet, log_level)
-    with _errors(debug):
+    setup_logging(quiet, log_level)
+    with errors(debug):
         options = RunOptions(
             spec, items, output, fmt, resume, overwrite, on_error, batch_size, batch_tokens, limit, gold, metrics,
             summary_md, junit, min_accuracy, device, dtype, _cache_dir(cache_dir), not no_cache_store,
             _store_max_bytes(), shard,
         )
-        with _progress(quiet) as bar, _signals() as stopped:
+        with progress(quiet) as bar, signals() as stopped:
             result = run_job(options, progress=bar, stop=lambda: stopped[0] if stopped else None)
         if not quiet:
             print_summary(err, result)
@@ -215,25 +117,6 @@ def run(
         if result.gate_failed:
             err.print(f"gate failed: accuracy {result.evaluation.accuracy:.4f} is below --min-accuracy {min_accuracy}", markup=False)
         raise typer.Exit(result.exit_code)
-
-
-@contextmanager
-def _signals() -> Iterator[list[int]]:
-    """SIGINT/SIGTERM during scoring: note it (the run stops after the current batch); a second
-    one stops at once."""
-    stopped: list[int] = []
-
-    def handler(signum, frame):
-        if stopped:
-            raise KeyboardInterrupt
-        stopped.append(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stopped
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 @app.command()
@@ -254,7 +137,7 @@ def render(
 
         prefixcache render configs/support-tickets.yaml data/samples/tickets.jsonl --limit 1
     """
-    with _errors(debug):
+    with errors(debug):
         task_spec = load_spec(spec)
         in_fmt = detect_format(items, fmt)
         compat.quiet_libraries()
@@ -269,14 +152,14 @@ def bench(
     spec: Path = SPEC_ARG,
     items: str = ITEMS_ARG,
     fmt: Optional[str] = FORMAT_OPT,
-    limit: int = typer.Option(16, "--limit", "-n", min=1, help="Items for the naive modes (they are slow)."),
-    max_items: Optional[int] = typer.Option(None, "--max-items", min=1, help="Items for the cached modes (default: all)."),
-    batch_size: int = typer.Option(64, "--batch-size", "-b", min=1, help="Run pipeline: at most this many items per forward pass."),
-    batch_tokens: int = typer.Option(768, "--batch-tokens", min=1, help="Run pipeline: about this many tokens per forward pass."),
+    limit: int = BENCH_LIMIT_OPT,
+    max_items: Optional[int] = MAX_ITEMS_OPT,
+    batch_size: int = BENCH_BATCH_SIZE_OPT,
+    batch_tokens: int = BENCH_BATCH_TOKENS_OPT,
     device: str = DEVICE_OPT,
     dtype: str = DTYPE_OPT,
     cache_dir: Optional[Path] = CACHE_DIR_OPT,
-    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
+    as_json: bool = JSON_OPT,
     debug: bool = DEBUG_OPT,
 ) -> None:
     """Time the naive baselines, cached one-at-a-time scoring and the run pipeline on the same items.
@@ -292,8 +175,8 @@ def bench(
     from .bench import run_bench  # torch: only for this command
     from .scorer import Scorer
 
-    _setup_logging(as_json)
-    with _errors(debug):
+    setup_logging(as_json)
+    with errors(debug):
         task_spec = load_spec(spec)
         in_fmt = detect_format(items, fmt)
         records = list(islice(read_items(items, in_fmt, task_spec.id_field), max_items))
@@ -310,12 +193,8 @@ def bench(
 
 
 @app.command()
-def merge(
-    parts: list[str] = typer.Argument(..., help="The part files written with --shard K/N (any order).", show_default=False),
-    output: str = typer.Option(..., "--output", "-o", help="The joined .jsonl or .csv."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file."),
-    debug: bool = DEBUG_OPT,
-) -> None:
+def merge(parts: list[str] = PARTS_ARG, output: str = MERGED_OPT, overwrite: bool = OVERWRITE_OPT,
+          debug: bool = DEBUG_OPT) -> None:
     """Join the outputs of `run --shard K/N` into one file in input order.
 
     Checks that every shard 1..N is there exactly once, complete, from the same spec, model and
@@ -325,7 +204,7 @@ def merge(
 
         prefixcache merge out.1.jsonl out.2.jsonl out.3.jsonl -o out.jsonl
     """
-    with _errors(debug):
+    with errors(debug):
         check_output(output, False, overwrite)
         count = merge_parts(parts, output)
         err.print(f"merged {count} records from {len(parts)} parts into {output}", markup=False)
@@ -336,7 +215,7 @@ app.add_typer(cache_app, name="cache")
 
 
 @cache_app.command("list")
-def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table.")) -> None:
+def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = JSON_LINES_OPT) -> None:
     """List the stored prefixes (fingerprint, model, prefix tokens, size, last used) and converted models.
 
     Example:
@@ -347,28 +226,20 @@ def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = typer.
 
     root = _cache_dir(cache_dir)
     store = PrefixStore(root / "prefixes")
-    rows = [describe(e) for e in sorted(store.entries(), key=lambda e: -e.last_used)]
-    models = sorted(models_dir(root).glob("*/prefixcache.json")) if models_dir(root).is_dir() else []
+    prefixes = [describe(e) for e in sorted(store.entries(), key=lambda e: -e.last_used)]
+    models = [{"path": str(m.parent), **json.loads(m.read_text())}
+              for m in sorted(models_dir(root).glob("*/prefixcache.json"))] if models_dir(root).is_dir() else []
     if as_json:
-        for row in rows:
+        for row in prefixes:
             print(json.dumps({"kind": "prefix", **row}))
-        for m in models:
-            print(json.dumps({"kind": "model", "path": str(m.parent), **json.loads(m.read_text())}))
-        return
-    table = Table("fingerprint", "model", "prefix tokens", "size MB", "last used", title=f"prefix store: {store.root}")
-    for row in rows:
-        table.add_row(row["fingerprint"], row["model"], str(row["prefix_tokens"]), f"{row['size_mb']:.1f}", row["last_used"])
-    out = Console(highlight=False)
-    out.print(table)
-    for m in models:
-        out.print(f"converted model: {m.parent} (from {json.loads(m.read_text()).get('source')})", soft_wrap=True)
+        for row in models:
+            print(json.dumps({"kind": "model", **row}))
+    else:
+        print_cache(store.root, prefixes, models)
 
 
 @cache_app.command("clear")
-def cache_clear(
-    cache_dir: Optional[Path] = CACHE_DIR_OPT,
-    models: bool = typer.Option(False, "--models", help="Also delete converted (dequantised GGUF) models."),
-) -> None:
+def cache_clear(cache_dir: Optional[Path] = CACHE_DIR_OPT, models: bool = CLEAR_MODELS_OPT) -> None:
     """Delete every stored prefix (and with --models the converted models).
 
     Example:

@@ -9,7 +9,7 @@ the functions that need them.
 | transformers.integrations.sdpa_attention.sdpa_attention_forward | outside scoring, plain SDPA         |
 | PreTrainedModel._can_set_attn_implementation()               | may the model take our attention       |
 | PretrainedConfig._attn_implementation (set and restored)     | switch attention for one forward       |
-| PretrainedConfig._commit_hash                                | the hub revision actually loaded       |
+| huggingface_hub cache layout (snapshots/<commit>/)           | the hub revision actually loaded       |
 | forward kwarg `cache` / `past_key_values`                    | passing a cache (being renamed)        |
 | DynamicCache(list of (keys, values)), cache.layers[i].keys   | building and reading KV caches         |
 | modeling_gguf_pytorch_utils.tqdm                             | GGUF conversion's progress bar         |
@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 
@@ -56,9 +57,14 @@ def attention_implementation(config: Any, name: str) -> Iterator[None]:
         config._attn_implementation = previous
 
 
-def loaded_revision(config: Any) -> str | None:
-    """The hub commit a model was loaded from (None for local folders)."""
-    return getattr(config, "_commit_hash", None)
+def hub_revision(repo_id: str, cache_dir: str | None = None) -> str | None:
+    """The commit of a hub model's files in the local hub cache: what `from_pretrained` just
+    loaded (None when the files are not in the cache)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir)
+    parts = Path(path).parts if isinstance(path, str) else ()
+    return parts[parts.index("snapshots") + 1] if "snapshots" in parts[:-1] else None
 
 
 def cache_kwarg(model: Any) -> str:

@@ -151,7 +151,8 @@ class Engine:
         if self.window is not None and kinds and "sliding_attention" not in kinds:
             self.window = None  # a window in the config that no layer uses (Qwen2 without use_sliding_window)
         self.backend = choose_backend(model, backend)
-        self._unchecked = backend == "auto" and model.config.model_type not in CHECKED_ARCHITECTURES
+        # True until the first batch of an architecture the tests do not cover agreed with the standard path.
+        self.unchecked = backend == "auto" and model.config.model_type not in CHECKED_ARCHITECTURES
         self._scored = False  # no batch scored yet: a failure then means the model is not supported
         self._warm_up()
 
@@ -279,7 +280,7 @@ class Engine:
 
     def _check_shared(self, shared: torch.Tensor, standard: torch.Tensor) -> None:
         """First batch of an architecture the tests do not cover: both paths must agree."""
-        self._unchecked = False
+        self.unchecked = False
         tol = 1e-3 if self.dtype == torch.float32 else 5e-2
         diff = (torch.log_softmax(shared.float(), -1) - torch.log_softmax(standard.float(), -1)).abs().max()
         if not bool(diff <= tol):
@@ -297,7 +298,7 @@ class Engine:
         if self.backend == "shared":
             try:
                 logits = self._forward_shared(prefix, lay)
-                if self._unchecked:
+                if self.unchecked:
                     self._check_shared(logits, self._standard_or_unsupported(prefix, lay))
             except attention.UnsupportedAttention as exc:
                 self._fall_back(exc)

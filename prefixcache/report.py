@@ -68,3 +68,14 @@ def print_bench(report: Any) -> None:
         f"prefilling it {report.store_prefill_ms:.0f} ms ({report.store_prefill_ms / max(report.store_load_ms, 1e-6):.0f}x)",
         soft_wrap=True,
     )
+
+
+def print_cache(root: Any, prefixes: list[dict], models: list[dict]) -> None:
+    """`cache list`: the stored prefixes as a table, then the converted models (stdout)."""
+    table = Table("fingerprint", "model", "prefix tokens", "size MB", "last used", title=f"prefix store: {root}")
+    for row in prefixes:
+        table.add_row(row["fingerprint"], row["model"], str(row["prefix_tokens"]), f"{row['size_mb']:.1f}", row["last_used"])
+    out = Console(highlight=False)
+    out.print(table)
+    for m in models:
+        out.print(f"converted model: {m['path']} (from {m.get('source')})", soft_wrap=True)

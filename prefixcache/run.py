@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 from .io import Item
 from .records import Record, error_record, id_text, logprobs_in_order, make_record
-from .scorer import Scorer
 from .task import Batching, Failed, Prepared
+
+if TYPE_CHECKING:  # the scorer brings torch; this module only calls it
+    from .scorer import Scorer
 
 
 @dataclass

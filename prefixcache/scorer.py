@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from . import compat
 from .engine import Engine, Prefix
@@ -174,7 +174,7 @@ def _prefix(task: Task, engine: Engine, store: PrefixStore | None) -> tuple[Pref
         return engine.prefill(ids), "computed"
     identity = model_identity(task.source)
     if task.source.kind == "hub":  # the revision actually loaded, so a new upload misses
-        identity += "@" + str(compat.loaded_revision(engine.model.config))
+        identity += "@" + str(compat.hub_revision(task.source.path))
     key = prefix_key(identity, engine.dtype, engine.device.type, ids)
     prefix = store.load(key, engine.device)
     if prefix is not None and prefix.ids == tuple(ids):

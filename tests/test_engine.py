@@ -154,20 +154,34 @@ def test_unlisted_architecture_is_checked_once_then_shared(chat_tokenizer, tmp_p
     model = _mistral(len(chat_tokenizer))
     builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
     engine = Engine(model)
-    assert engine.backend == "shared" and engine._unchecked
+    assert engine.backend == "shared" and engine.unchecked
     prefix = engine.prefill(builder.prefix_ids)
     cands = list(builder.candidates.values())
     encoded = [builder.encode_item({"text": t}) for t in TEXTS[:4]]
     got = engine.score(prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded])
-    assert engine.backend == "shared" and not engine._unchecked
+    assert engine.backend == "shared" and not engine.unchecked
     assert _max_diff(got, [score_naive(model, e.ids, cands) for e in encoded]) < TOL
 
 
-def test_a_shared_path_that_disagrees_falls_back(chat_tokenizer, tmp_path, monkeypatch):
+@pytest.fixture()
+def kernel():
+    """Swap the registered shared-prefix kernel for a test's own; the real one comes back after."""
+    from transformers import AttentionInterface
+
     from prefixcache import attention
 
-    real = attention._part
-    monkeypatch.setattr(attention, "_part", lambda *a: (lambda o, l: (o * 1.5, l))(*real(*a)))
+    yield lambda fn: AttentionInterface.register(attention.NAME, fn)
+    AttentionInterface.register(attention.NAME, attention.shared_prefix_attention)
+
+
+def test_a_shared_path_that_disagrees_falls_back(chat_tokenizer, tmp_path, kernel):
+    from prefixcache import attention
+
+    def off(*args, **kwargs):
+        out, weights = attention.shared_prefix_attention(*args, **kwargs)
+        return (out * 1.5 if attention.STATE_KW in kwargs else out), weights
+
+    kernel(off)
     model = _mistral(len(chat_tokenizer))
     builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
     engine = Engine(model)
@@ -177,3 +191,75 @@ def test_a_shared_path_that_disagrees_falls_back(chat_tokenizer, tmp_path, monke
     got = engine.score(prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded])
     assert engine.backend == "standard"
     assert _max_diff(got, [score_naive(model, e.ids, cands) for e in encoded]) < TOL
+
+
+@pytest.mark.parametrize("error", [AttributeError, TypeError, RuntimeError])
+def test_a_bug_in_the_kernel_surfaces_instead_of_a_slow_path(chat_tokenizer, tmp_path, kernel, error):
+    """Only UnsupportedAttention means "this model cannot use the shared kernel"; anything else
+    raised there is a bug and must not quietly turn every later batch into the padded path."""
+    from prefixcache import attention
+
+    def broken(*args, **kwargs):
+        if attention.STATE_KW in kwargs:
+            raise error("a bug in the kernel")
+        return attention.shared_prefix_attention(*args, **kwargs)
+
+    kernel(broken)
+    from conftest import tiny_model
+
+    model = tiny_model("llama", len(chat_tokenizer))
+    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
+    engine = Engine(model)
+    prefix = engine.prefill(builder.prefix_ids)
+    enc = builder.encode_item({"text": TEXTS[0]})
+    with pytest.raises(error, match="a bug in the kernel"):
+        engine.score(prefix, [Row(enc.ids, enc.prefix_len, list(builder.candidates.values()))])
+    assert engine.backend == "shared"
+
+
+def test_unsupported_attention_falls_back_once_with_a_reason(chat_tokenizer, tmp_path, kernel, caplog):
+    from prefixcache import attention
+
+    def refuses(*args, **kwargs):
+        if attention.STATE_KW in kwargs:
+            raise attention.UnsupportedAttention("needs something the kernel does not do")
+        return attention.shared_prefix_attention(*args, **kwargs)
+
+    kernel(refuses)
+    from conftest import tiny_model
+
+    model = tiny_model("llama", len(chat_tokenizer))
+    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
+    engine = Engine(model)
+    prefix = engine.prefill(builder.prefix_ids)
+    cands = list(builder.candidates.values())
+    encoded = [builder.encode_item({"text": t}) for t in TEXTS[:3]]
+    got = engine.score(prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded])
+    assert engine.backend == "standard"
+    assert caplog.text.count("needs something the kernel does not do") == 1
+    assert _max_diff(got, [score_naive(model, e.ids, cands) for e in encoded]) < TOL
+
+
+def test_a_kernel_bug_is_exit_1_through_the_cli(tmp_path, tiny_model_dir, kernel):
+    import json
+
+    from typer.testing import CliRunner
+
+    from helpers import write_spec
+    from prefixcache import attention
+    from prefixcache.cli import app
+
+    def broken(*args, **kwargs):
+        if attention.STATE_KW in kwargs:
+            raise AttributeError("a bug in the kernel")
+        return attention.shared_prefix_attention(*args, **kwargs)
+
+    kernel(broken)
+    items = tmp_path / "in.jsonl"
+    items.write_text(json.dumps({"id": 1, "text": "crash"}) + "\n")
+    spec = write_spec(tmp_path, model=str(tiny_model_dir))
+    result = CliRunner().invoke(app, ["run", str(spec), str(items), "--no-cache-store"])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1] == "internal error: AttributeError: a bug in the kernel (run with --debug for a traceback)"
+    debug = CliRunner().invoke(app, ["run", str(spec), str(items), "--no-cache-store", "--debug"])
+    assert debug.exit_code == 1 and "Traceback" in debug.stderr and "in broken" in debug.stderr

@@ -1,0 +1,44 @@
+"""The command line's options and arguments: flags, short forms, environment fallbacks, help.
+Shared by the commands in cli.py, so one option reads the same everywhere."""
+
+from __future__ import annotations
+
+import typer
+
+from .errors import EXIT_GATE
+
+SPEC_ARG = typer.Argument(..., help="Task spec (YAML).", show_default=False)
+ITEMS_ARG = typer.Argument(..., help="Items: a .jsonl or .csv file, or - for stdin (with --format).", show_default=False)
+FORMAT_OPT = typer.Option(None, "--format", "-f", help="Input format when it cannot be told from the extension: jsonl or csv.")
+LIMIT_OPT = typer.Option(None, "--limit", "-n", min=1, help="Process only the first N items.")
+DEBUG_OPT = typer.Option(False, "--debug", help="Show a traceback for errors.")
+CACHE_DIR_OPT = typer.Option(None, "--cache-dir", envvar="PREFIXCACHE_CACHE_DIR", show_envvar=False,
+                             help="Where converted models and prefilled prefixes are kept (env PREFIXCACHE_CACHE_DIR; default ~/.cache/prefixcache).")
+DEVICE_OPT = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", help="auto, cpu, cuda or mps.")
+OUTPUT_OPT = typer.Option(None, "--output", "-o", help="Output .jsonl or .csv; stdout (JSONL) when omitted.")
+RESUME_OPT = typer.Option(False, "--resume", help="Continue an interrupted run: keep its records, score the rest.")
+OVERWRITE_OPT = typer.Option(False, "--overwrite", help="Replace an existing output file.")
+ON_ERROR_OPT = typer.Option("fail", "--on-error", help="An item that cannot be scored: fail (stop after writing what is done) or skip (write an error record, go on).")
+BATCH_SIZE_OPT = typer.Option(64, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="At most this many items per forward pass.")
+BATCH_TOKENS_OPT = typer.Option(768, "--batch-tokens", min=1, envvar="PREFIXCACHE_BATCH_TOKENS", help="About this many tokens per forward pass (items' own tokens + label tokens).")
+GOLD_OPT = typer.Option(None, "--gold", help="Item field with the expected label or option (overrides the spec's 'gold').")
+METRICS_OPT = typer.Option(None, "--metrics", help="Write the evaluation as JSON to this file.")
+SUMMARY_MD_OPT = typer.Option(None, "--summary-md", help="Write the evaluation as Markdown (e.g. $GITHUB_STEP_SUMMARY).")
+JUNIT_OPT = typer.Option(None, "--junit", help="Write the evaluation as a JUnit XML report.")
+MIN_ACCURACY_OPT = typer.Option(None, "--min-accuracy", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when accuracy is below this.")
+DTYPE_OPT = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto (float32 on CPU, bf16/fp16 on CUDA), float32, bfloat16, float16.")
+NO_STORE_OPT = typer.Option(False, "--no-cache-store", help="Neither load nor keep the prefilled prefix on disk.")
+SHARD_OPT = typer.Option(None, "--shard", help="Run only shard K of N (K/N, 1-based), e.g. one CI matrix job; join the parts with `prefixcache merge`.")
+QUIET_OPT = typer.Option(False, "--quiet", "-q", help="No progress bar, summary, warnings or evaluation tables.")
+LOG_LEVEL_OPT = typer.Option("info", "--log-level", envvar="PREFIXCACHE_LOG_LEVEL", help="debug, info, warning or error (stderr).")
+
+
+BENCH_LIMIT_OPT = typer.Option(16, "--limit", "-n", min=1, help="Items for the naive modes (they are slow).")
+MAX_ITEMS_OPT = typer.Option(None, "--max-items", min=1, help="Items for the cached modes (default: all).")
+BENCH_BATCH_SIZE_OPT = typer.Option(64, "--batch-size", "-b", min=1, help="Run pipeline: at most this many items per forward pass.")
+BENCH_BATCH_TOKENS_OPT = typer.Option(768, "--batch-tokens", min=1, help="Run pipeline: about this many tokens per forward pass.")
+JSON_OPT = typer.Option(False, "--json", help="Print the figures as JSON instead of a table.")
+PARTS_ARG = typer.Argument(..., help="The part files written with --shard K/N (any order).", show_default=False)
+MERGED_OPT = typer.Option(..., "--output", "-o", help="The joined .jsonl or .csv.")
+JSON_LINES_OPT = typer.Option(False, "--json", help="JSON lines instead of a table.")
+CLEAR_MODELS_OPT = typer.Option(False, "--models", help="Also delete converted (dequantised GGUF) models.")
