@@ -55,11 +55,13 @@ def setup_logging(quiet: bool, level: str = "info") -> None:
     if level.lower() not in levels:
         raise typer.BadParameter(f"--log-level must be one of {', '.join(levels)}")
     logger = logging.getLogger("prefixcache")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("prefixcache: %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False
+    for handler in [h for h in logger.handlers if getattr(h, "prefixcache_cli", False)]:
+        logger.removeHandler(handler)  # an earlier command in this process wrote to another stderr
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("prefixcache: %(message)s"))
+    handler.prefixcache_cli = True
+    logger.addHandler(handler)
+    logger.propagate = False
     logger.setLevel(logging.ERROR if quiet else levels[level.lower()])
 
 

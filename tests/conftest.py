@@ -101,6 +101,20 @@ def tiny_model_dir(tmp_path_factory, chat_tokenizer):
     return path
 
 
+@pytest.fixture(autouse=True)
+def library_logs_reach_caplog(monkeypatch):
+    """The CLI keeps prefixcache's log lines to its own stderr handler; tests read them through
+    caplog, which listens on the root logger."""
+    import logging
+
+    logger = logging.getLogger("prefixcache")
+    monkeypatch.setattr(logger, "propagate", True)
+    level = logger.level
+    logger.setLevel(logging.NOTSET)  # an earlier --quiet command set ERROR
+    yield
+    logger.setLevel(level)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def cache_dir(tmp_path_factory) -> Path:
     """A cache folder of the test session's own, so tests never see or fill the user's prefix
