@@ -15,6 +15,7 @@ scored from the item's last logits), through every linear layer, plus the lm_hea
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,6 +29,7 @@ from .reference import score_naive
 from .rows import Row, trie
 from .run import classify
 from .scorer import Scorer
+from .store import PrefixStore
 from .task import Batching, Prepared
 
 
@@ -173,10 +175,6 @@ def _option_cost_ratio(scorer: Scorer, items: Sequence[Item], batching: Batching
 def _store_timings(scorer: Scorer) -> tuple[float, float]:
     """(prefill ms, prefix-store load ms) for this spec's prefix, best of three each, through a
     throwaway store."""
-    import tempfile
-
-    from .store import PrefixStore
-
     engine, ids = scorer.engine, scorer.task.builder.prefix_ids
     prefill = min(engine.prefill(ids).prefill_ms for _ in range(3))
     with tempfile.TemporaryDirectory() as tmp:
