@@ -7,8 +7,8 @@ import typer
 
 from .errors import EXIT_GATE
 
-SPEC_ARG = typer.Argument(..., help="Task spec (YAML).", show_default=False)
-ITEMS_ARG = typer.Argument(..., help="Items: a .jsonl or .csv file, or - for stdin (with --format).", show_default=False)
+SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Task spec (YAML).", show_default=False)
+ITEMS_ARG = typer.Argument(..., metavar="ITEMS", help="Items: a .jsonl or .csv file, or - for stdin (with --format).", show_default=False)
 FORMAT_OPT = typer.Option(None, "--format", "-f", help="Input format when it cannot be told from the extension: jsonl or csv.")
 LIMIT_OPT = typer.Option(None, "--limit", "-n", min=1, help="Process only the first N items.")
 DEBUG_OPT = typer.Option(False, "--debug", help="Show a traceback for errors.")
@@ -38,7 +38,7 @@ MAX_ITEMS_OPT = typer.Option(None, "--max-items", min=1, help="Items for the cac
 BENCH_BATCH_SIZE_OPT = typer.Option(64, "--batch-size", "-b", min=1, help="Run pipeline: at most this many items per forward pass.")
 BENCH_BATCH_TOKENS_OPT = typer.Option(768, "--batch-tokens", min=1, help="Run pipeline: about this many tokens per forward pass.")
 JSON_OPT = typer.Option(False, "--json", help="Print the figures as JSON instead of a table.")
-PARTS_ARG = typer.Argument(..., help="The part files written with --shard K/N (any order).", show_default=False)
+PARTS_ARG = typer.Argument(..., metavar="PART...", help="The part files written with --shard K/N (any order).", show_default=False)
 MERGED_OPT = typer.Option(..., "--output", "-o", help="The joined .jsonl or .csv.")
 JSON_LINES_OPT = typer.Option(False, "--json", help="JSON lines instead of a table.")
 CLEAR_MODELS_OPT = typer.Option(False, "--models", help="Also delete converted (dequantised GGUF) models.")

@@ -1,0 +1,33 @@
+"""The docs stay true: the CLI reference matches --help, the README's commands are the ones CI
+runs, and every relative link points at a file that exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import cli_reference
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_cli_reference_is_current():
+    assert cli_reference.PATH.read_text(encoding="utf-8") == cli_reference.reference(), \
+        "docs/cli.md is stale: regenerate it with `python tests/cli_reference.py`"
+
+
+def test_readme_has_the_two_set_up_commands_and_ci_runs_the_test_one():
+    blocks = re.findall(r"```\n(python3 -m venv .*?)\n```", (ROOT / "README.md").read_text(encoding="utf-8"))
+    assert len(blocks) == 2
+    main, tests = blocks
+    assert main.endswith("prefixcache run configs/support-tickets.yaml data/samples/tickets.jsonl -o predictions.jsonl")
+    assert tests.endswith("python -m pytest -q")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert tests.split("pip install torch==2.13.0 && ", 1)[1] in ci
+
+
+def test_relative_links_resolve():
+    for doc in DOCS:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text(encoding="utf-8")):
+            assert (doc.parent / target).exists(), f"{doc.name}: broken link {target}"
