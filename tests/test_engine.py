@@ -193,24 +193,33 @@ def test_a_shared_path_that_disagrees_falls_back(chat_tokenizer, tmp_path, kerne
     assert _max_diff(got, [score_naive(model, e.ids, cands) for e in encoded]) < TOL
 
 
+def _raising(exc: Exception):
+    """A kernel that raises `exc` in scoring forwards (and is plain SDPA elsewhere)."""
+    from prefixcache import attention
+
+    def kernel_fn(*args, **kwargs):
+        if attention.STATE_KW in kwargs:
+            raise exc
+        return attention.shared_prefix_attention(*args, **kwargs)
+
+    return kernel_fn
+
+
+def _prefilled_llama(tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    model = tiny_model("llama", len(tokenizer))
+    builder = PromptBuilder(make_spec(tmp_path), tokenizer)
+    engine = Engine(model)
+    return model, builder, engine, engine.prefill(builder.prefix_ids)
+
+
 @pytest.mark.parametrize("error", [AttributeError, TypeError, RuntimeError])
 def test_a_bug_in_the_kernel_surfaces_instead_of_a_slow_path(chat_tokenizer, tmp_path, kernel, error):
     """Only UnsupportedAttention means "this model cannot use the shared kernel"; anything else
     raised there is a bug and must not quietly turn every later batch into the padded path."""
-    from prefixcache import attention
-
-    def broken(*args, **kwargs):
-        if attention.STATE_KW in kwargs:
-            raise error("a bug in the kernel")
-        return attention.shared_prefix_attention(*args, **kwargs)
-
-    kernel(broken)
-    from conftest import tiny_model
-
-    model = tiny_model("llama", len(chat_tokenizer))
-    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
-    engine = Engine(model)
-    prefix = engine.prefill(builder.prefix_ids)
+    kernel(_raising(error("a bug in the kernel")))
+    model, builder, engine, prefix = _prefilled_llama(chat_tokenizer, tmp_path)
     enc = builder.encode_item({"text": TEXTS[0]})
     with pytest.raises(error, match="a bug in the kernel"):
         engine.score(prefix, [Row(enc.ids, enc.prefix_len, list(builder.candidates.values()))])
@@ -218,20 +227,10 @@ def test_a_bug_in_the_kernel_surfaces_instead_of_a_slow_path(chat_tokenizer, tmp
 
 
 def test_unsupported_attention_falls_back_once_with_a_reason(chat_tokenizer, tmp_path, kernel, caplog):
-    from prefixcache import attention
+    from prefixcache.attention import UnsupportedAttention
 
-    def refuses(*args, **kwargs):
-        if attention.STATE_KW in kwargs:
-            raise attention.UnsupportedAttention("needs something the kernel does not do")
-        return attention.shared_prefix_attention(*args, **kwargs)
-
-    kernel(refuses)
-    from conftest import tiny_model
-
-    model = tiny_model("llama", len(chat_tokenizer))
-    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
-    engine = Engine(model)
-    prefix = engine.prefill(builder.prefix_ids)
+    kernel(_raising(UnsupportedAttention("needs something the kernel does not do")))
+    model, builder, engine, prefix = _prefilled_llama(chat_tokenizer, tmp_path)
     cands = list(builder.candidates.values())
     encoded = [builder.encode_item({"text": t}) for t in TEXTS[:3]]
     got = engine.score(prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded])
@@ -246,15 +245,9 @@ def test_a_kernel_bug_is_exit_1_through_the_cli(tmp_path, tiny_model_dir, kernel
     from typer.testing import CliRunner
 
     from helpers import write_spec
-    from prefixcache import attention
     from prefixcache.cli import app
 
-    def broken(*args, **kwargs):
-        if attention.STATE_KW in kwargs:
-            raise AttributeError("a bug in the kernel")
-        return attention.shared_prefix_attention(*args, **kwargs)
-
-    kernel(broken)
+    kernel(_raising(AttributeError("a bug in the kernel")))
     items = tmp_path / "in.jsonl"
     items.write_text(json.dumps({"id": 1, "text": "crash"}) + "\n")
     spec = write_spec(tmp_path, model=str(tiny_model_dir))
@@ -262,4 +255,4 @@ def test_a_kernel_bug_is_exit_1_through_the_cli(tmp_path, tiny_model_dir, kernel
     assert result.exit_code == 1
     assert result.stderr.splitlines()[-1] == "internal error: AttributeError: a bug in the kernel (run with --debug for a traceback)"
     debug = CliRunner().invoke(app, ["run", str(spec), str(items), "--no-cache-store", "--debug"])
-    assert debug.exit_code == 1 and "Traceback" in debug.stderr and "in broken" in debug.stderr
+    assert debug.exit_code == 1 and "Traceback" in debug.stderr and "in kernel_fn" in debug.stderr
