@@ -26,6 +26,7 @@ from .options import (
     CLEAR_MODELS_OPT, DEBUG_OPT, DEVICE_OPT, DTYPE_OPT, FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_LINES_OPT, JSON_OPT,
     JUNIT_OPT, LIMIT_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, NO_STORE_OPT,
     ON_ERROR_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT, RESUME_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT,
+    UPDATE_OPT,
 )
 from .report import print_bench, print_cache, print_evaluation, print_summary
 from .shard import merge_parts
@@ -75,7 +76,7 @@ def _store_max_bytes() -> Optional[int]:
 @app.command()
 def run(
     spec: Path = SPEC_ARG, items: str = ITEMS_ARG, output: Optional[str] = OUTPUT_OPT, fmt: Optional[str] = FORMAT_OPT,
-    resume: bool = RESUME_OPT, overwrite: bool = OVERWRITE_OPT, on_error: str = ON_ERROR_OPT,
+    resume: bool = RESUME_OPT, update: bool = UPDATE_OPT, overwrite: bool = OVERWRITE_OPT, on_error: str = ON_ERROR_OPT,
     batch_size: int = BATCH_SIZE_OPT, batch_tokens: int = BATCH_TOKENS_OPT, limit: Optional[int] = LIMIT_OPT,
     gold: Optional[str] = GOLD_OPT, metrics: Optional[Path] = METRICS_OPT, summary_md: Optional[Path] = SUMMARY_MD_OPT,
     junit: Optional[Path] = JUNIT_OPT, min_accuracy: Optional[float] = MIN_ACCURACY_OPT, device: str = DEVICE_OPT,
@@ -85,15 +86,16 @@ def run(
     """Classify every item and stream one record per item, in input order.
 
     An existing output is refused unless `--resume` (keep its records, score the rest: safe to
-    repeat after any crash) or `--overwrite`. Ctrl-C / SIGTERM finish the current batch, flush, and
-    exit 130 / 143. With a gold field (spec key `gold` or `--gold`), accuracy, macro-F1, per-label
+    repeat after any crash, and on an input that grew), `--update` (the input may have changed: keep
+    the records of unchanged items, score new and changed ones) or `--overwrite`. Ctrl-C / SIGTERM
+    finish the current batch, flush, and exit 130 / 143. With a gold field (spec key `gold` or `--gold`), accuracy, macro-F1, per-label
     precision/recall and a confusion matrix follow on stderr; `--min-accuracy` gates on them.
 
     Example:
 
         prefixcache run configs/support-tickets.yaml data/samples/tickets.jsonl -o predictions.jsonl
 
-        prefixcache run spec.yaml items.jsonl -o out.jsonl --resume --on-error skip --quiet   # cron
+        prefixcache run spec.yaml export.jsonl -o out.jsonl --update --on-error skip   # cron
 
         cat items.csv | prefixcache run spec.yaml - --format csv > predictions.jsonl
 
@@ -102,9 +104,11 @@ def run(
     setup_logging(quiet, log_level)
     with errors(debug):
         options = RunOptions(
-            spec, items, output, fmt, resume, overwrite, on_error, batch_size, batch_tokens, limit, gold, metrics,
-            summary_md, junit, min_accuracy, device, dtype, _cache_dir(cache_dir), not no_cache_store,
-            _store_max_bytes(), shard,
+            spec, items, output=output, input_format=fmt, resume=resume, update=update, overwrite=overwrite,
+            on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit, gold=gold,
+            metrics=metrics, summary_md=summary_md, junit=junit, min_accuracy=min_accuracy, device=device,
+            dtype=dtype, cache_dir=_cache_dir(cache_dir), cache_store=not no_cache_store,
+            store_max_bytes=_store_max_bytes(), shard=shard,
         )
         with progress(quiet) as bar, signals() as stopped:
             result = run_job(options, progress=bar, stop=lambda: stopped[0] if stopped else None)

@@ -118,19 +118,28 @@ def read_items(path: str, fmt: str | None = None, id_field: str = "id") -> Itera
             stream.close()
 
 
-def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mapping[str, Any]], None]) -> int:
-    """Read the whole input once before the model loads: syntax, unique ids, and `check` (which
-    raises ValueError with what is wrong). Returns the number of items."""
-    seen: dict[Any, int] = {}
+def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mapping[str, Any]], None],
+               id_required: bool = False) -> int:
+    """Read the whole input once before the model loads: syntax, unique ids (compared as the text
+    they are written as, so 1 and "1" collide), and `check` (which raises ValueError with what is
+    wrong). With `id_required`, an input where no item has `id_field` is an error (a misspelt
+    field would otherwise number the items). Returns the number of items."""
+    seen: dict[str, int] = {}
     name = "<stdin>" if path == "-" else path
-    count = 0
+    count, with_id, first_fields = 0, 0, None
     for item in read_items(path, fmt, id_field):
         try:
             check(item.record)
         except ValueError as exc:
             raise InputError(f"{name}:{item.line}: item {item.id!r} {exc}")
-        if item.id in seen:
-            raise InputError(f"{name}:{item.line}: duplicate id {item.id!r} (first on line {seen[item.id]})")
-        seen[item.id] = item.line
+        key = str(item.id)
+        if key in seen:
+            raise InputError(f"{name}:{item.line}: duplicate id {item.id!r} (first on line {seen[key]})")
+        seen[key] = item.line
         count += 1
+        with_id += id_field in item.record
+        first_fields = first_fields or list(item.record)
+    if id_required and count and not with_id:
+        raise InputError(f"{name}: no item has the id field {id_field!r} set by the spec's 'id_field'; "
+                         f"the items' fields are {', '.join(map(repr, first_fields))}")
     return count

@@ -16,20 +16,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import shlex
 import signal
+import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted, OutputError, SpecError
-from .io import detect_format, read_items, scan_items
+from .io import Item, detect_format, read_items, scan_items
 from .lint import lint_labels
-from .load import default_cache_dir, model_identity, pick_device, pick_dtype
-from .metrics import Evaluation, evaluation_for, write_reports
-from .output import check_output, file_digest, start_output
-from .records import columns, is_error, open_writer, read_records
+from .load import default_cache_dir, model_identity, pick_device, pick_dtype, resolve_model
+from .metrics import Evaluation, add_record, evaluation_for, write_reports
+from .output import Start, check_output, continue_output, file_digest, start_output, write_fingerprint
+from .records import Record, columns, id_text, item_sha, open_writer, read_records
 from .run import RunStats, classify
 from .shard import launch_state, merge_launched, parse_shard, part_path, shard_range
 from .spec import TaskSpec, load_spec
@@ -62,7 +66,8 @@ class RunOptions:
     items: str  # a file, or "-" for stdin
     output: Optional[str] = None  # .jsonl or .csv; None or "-": JSONL on stdout
     input_format: Optional[str] = None  # jsonl or csv when the extension does not tell
-    resume: bool = False
+    resume: bool = False  # continue the output: the same input, or the same input grown
+    update: bool = False  # continue the output whatever the input: keep unchanged items' records
     overwrite: bool = False
     on_error: str = "fail"  # or "skip": error records
     batch_size: int = 64
@@ -97,6 +102,9 @@ class RunResult:
     device: str
     dtype: str
     shard: Optional[tuple[int, int]] = None  # (k, n), 0-based k
+    kept: int = 0  # --update: records kept from the output for items that did not change
+    dropped: int = 0  # --update: records of items no longer in the input
+    nothing_to_do: bool = False  # the output already held every item
     merged: Optional[int] = None  # records joined from the processes of a launch (its rank 0)
     processes: int = 1
     evaluation: Optional[Evaluation] = None
@@ -128,27 +136,30 @@ def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Opti
     plan = _plan(options)
     if progress:
         progress(Event("checked", total=plan.total))
+    device = str(plan.launched.device) if plan.launched and options.device == "auto" else options.device
+    fingerprint = _fingerprint(options, plan, pick_device(device))
+    start = None
+    if not plan.part:  # a shard's items are known once batches can be formed: after the model loads
+        start = start_output(plan.output, fingerprint, options.resume, options.update, options.items)
+        if _complete(start, options, plan):
+            return _nothing_to_do(start, plan, options)
     task = Task.from_spec(plan.spec, options.cache_dir)
     for warning in lint_labels(task.builder) if plan.spec.labels else ():
         log.warning("%s", warning)
-    device = options.device
-    if plan.launched and device == "auto":
-        device = str(plan.launched.device)  # accelerate's placement: cuda:<local rank>, or cpu
-    fingerprint = _fingerprint(options, plan, task, pick_device(device))
     scorer = _load_scorer(task, options, device)
-    first, last = _bounds(task, scorer, options, plan)
+    bounds = _bounds(task, scorer, options, plan)
     if plan.part:
-        fingerprint.update(shard=f"{plan.part[0] + 1}/{plan.part[1]}", items=last - first)
-    done = start_output(plan.output, options.resume, fingerprint)
-    evaluation = evaluation_for(plan.spec, done.values())
-    stats = RunStats()
-    first_record = _stream(scorer, options, plan, (first, last), done, stats, evaluation, progress, stop, started)
+        fingerprint.update(shard=f"{plan.part[0] + 1}/{plan.part[1]}", items=bounds[1] - bounds[0])
+        start = start_output(plan.output, fingerprint, options.resume, options.update, options.items)
     result = RunResult(
-        output=plan.output, stats=stats, resumed=len(done), first_record=first_record,
-        load_seconds=task.load_seconds + scorer.load_seconds, prefill_ms=scorer.prefix.prefill_ms,
-        prefix_source=scorer.prefix_source, prefix_tokens=len(scorer.prefix.ids), device=scorer.device,
-        dtype=scorer.dtype, shard=plan.part, evaluation=evaluation, min_accuracy=options.min_accuracy,
+        output=plan.output, stats=RunStats(), resumed=0 if start.mode == "update" else len(start.records),
+        first_record=None, load_seconds=task.load_seconds + scorer.load_seconds,
+        prefill_ms=scorer.prefix.prefill_ms, prefix_source=scorer.prefix_source,
+        prefix_tokens=len(scorer.prefix.ids), device=scorer.device, dtype=scorer.dtype, shard=plan.part,
+        evaluation=evaluation_for(plan.spec, () if start.mode == "update" else start.records.values()),
+        min_accuracy=options.min_accuracy,
     )
+    _write(scorer, options, plan, bounds, start, fingerprint, result, progress, stop, started)
     if plan.launched:
         _join_launch(result, plan, options)
     if result.evaluation:
@@ -160,14 +171,18 @@ def _plan(options: RunOptions) -> _Plan:
     """Every check that needs no model: a mistake costs a second, not a model load."""
     if options.on_error not in ("fail", "skip"):
         raise SpecError(f"--on-error must be fail or skip, not {options.on_error!r}")
-    if options.resume and options.output in (None, "-"):
-        raise OutputError("--resume needs an output file (-o)")
+    if (options.resume or options.update) and options.output in (None, "-"):
+        raise OutputError(f"{'--update' if options.update else '--resume'} needs an output file (-o)")
+    if options.overwrite and (options.resume or options.update):
+        raise OutputError(f"--overwrite starts the output again; {'--update' if options.update else '--resume'} "
+                          f"continues it: give one of them")
     launched = launch_state(cpu=options.device == "cpu")
     part = parse_shard(options.shard) if options.shard else None
     if launched:
         part = (launched.process_index, launched.num_processes)
     if part and (options.items == "-" or options.output in (None, "-")):
         raise OutputError("sharded and multi-process runs need an input file and an output file (-o)")
+    _not_the_input(options)
     spec = load_spec(options.spec)
     if options.gold:
         spec = dataclasses.replace(spec, gold=options.gold)
@@ -178,23 +193,62 @@ def _plan(options: RunOptions) -> _Plan:
     total = None
     if options.items != "-":  # validate the whole input before the model loads
         check = spec.check_record if options.on_error == "fail" else (lambda record: None)
-        total = scan_items(options.items, fmt, spec.id_field, check)
+        total = scan_items(options.items, fmt, spec.id_field, check, spec.id_field_given)
         total = min(total, options.limit) if options.limit else total
-    check_output(options.output, options.resume, options.overwrite)
+    keep = options.resume or options.update
+    check_output(options.output, keep, options.overwrite)
     output = options.output
     if launched:
         output = part_path(options.output, *part)
-        check_output(output, options.resume, options.overwrite)
+        check_output(output, keep, options.overwrite)
     return _Plan(spec, fmt, total, output, part, launched)
 
 
-def _fingerprint(options: RunOptions, plan: _Plan, task: Task, device: str) -> dict[str, Any]:
-    """What an output file is tied to: a resume with any of it changed is refused."""
+def _not_the_input(options: RunOptions) -> None:
+    """Writing the output must never destroy the input (the same file, a link to it included)."""
+    if options.items == "-" or options.output in (None, "-"):
+        return
+    try:
+        same = Path(options.output).exists() and Path(options.output).samefile(options.items)
+    except OSError:
+        same = False
+    if same:
+        raise OutputError(f"{options.output}: is the input file {options.items}; write the output to another file")
+
+
+def _fingerprint(options: RunOptions, plan: _Plan, device: str) -> dict[str, Any]:
+    """What an output file is tied to: continuing it with any of it changed is refused (the input
+    may grow, or with --update change)."""
+    source = resolve_model(plan.spec.model, Path(plan.spec.path).parent, plan.spec.trust_remote_code)
     return {
-        "spec": file_digest(str(options.spec)), "gold": plan.spec.gold, "model": model_identity(task.source),
-        "input": file_digest(options.items), "device": device.split(":")[0],
+        "spec": file_digest(str(options.spec)), "gold": plan.spec.gold, "model": model_identity(source),
+        "input": file_digest(options.items), "input_bytes": _size(options.items), "device": device.split(":")[0],
         "dtype": str(pick_dtype(options.dtype, device)).removeprefix("torch."),
+        "batch_size": options.batch_size, "batch_tokens": options.batch_tokens,
     }
+
+
+def _size(path: str) -> Optional[int]:
+    return None if path == "-" else os.path.getsize(path)
+
+
+def _complete(start: Start, options: RunOptions, plan: _Plan) -> bool:
+    """A resumed output that already holds a record for every item (of the same input)."""
+    if start.mode != "resume" or plan.total is None or len(start.records) < plan.total:
+        return False
+    items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), plan.total)
+    return all(id_text(item.id) in start.records for item in items)
+
+
+def _nothing_to_do(start: Start, plan: _Plan, options: RunOptions) -> RunResult:
+    result = RunResult(
+        output=plan.output, stats=RunStats(), resumed=len(start.records), first_record=None, load_seconds=0.0,
+        prefill_ms=0.0, prefix_source="", prefix_tokens=0, device="", dtype="", nothing_to_do=True,
+        evaluation=evaluation_for(plan.spec, start.records.values()), min_accuracy=options.min_accuracy,
+    )
+    if result.evaluation:
+        write_reports(result.evaluation, options.metrics, options.summary_md, options.junit, options.min_accuracy)
+    return result
 
 
 def _load_scorer(task: Task, options: RunOptions, device: str) -> Any:
@@ -212,7 +266,7 @@ def _bounds(task: Task, scorer: Any, options: RunOptions, plan: _Plan) -> tuple[
     """The items this process scores: all (up to --limit), or its shard's whole batches, so
     every shard forms the batches one process would."""
     if not plan.part:
-        return 0, plan.total
+        return 0, plan.total if plan.total is not None else options.limit
     items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), plan.total)
     starts = task.batch_starts(items, _batching(options), scorer.context) + [plan.total]
     first, last = shard_range(len(starts) - 1, *plan.part)
@@ -223,42 +277,116 @@ def _batching(options: RunOptions) -> Batching:
     return Batching(options.batch_size, options.batch_tokens, options.on_error)
 
 
-def _stream(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, Optional[int]], done: dict,
-            stats: RunStats, evaluation: Optional[Evaluation], progress: Optional[Progress],
-            stop: Optional[Stop], started: float) -> Optional[float]:
-    """Score the items and write their records; returns when the first was written."""
+def _write(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, Optional[int]], start: Start,
+           fingerprint: dict[str, Any], result: RunResult, progress: Optional[Progress], stop: Optional[Stop],
+           started: float) -> None:
+    """Score the items and write their records. A fresh or resumed output is appended to; an
+    updated one is written aside and replaces the old one only when complete."""
+    path = plan.output
+    if start.mode == "update":
+        path = _aside(plan.output)
+    elif start.mode != "fresh":
+        continue_output(plan.output, start, fingerprint)
+        log.info("%s: %d records already written; resuming", plan.output, len(start.records))
+    writer = open_writer(path, columns(plan.spec), append=start.mode in ("resume", "grown"))
+    if start.mode == "fresh" and path not in (None, "-"):
+        write_fingerprint(path, fingerprint)
+    try:
+        for record in _records(scorer, options, plan, bounds, start, result, progress, stop):
+            writer.write(record)
+            result.first_record = result.first_record or time.perf_counter() - started
+            if result.evaluation:
+                add_record(result.evaluation, record)
+    except BaseException:
+        writer.close()
+        if start.mode == "update":
+            Path(path).unlink(missing_ok=True)  # the output stays as it was
+        raise
+    writer.close()
+    if start.mode == "update":
+        os.replace(path, plan.output)
+        write_fingerprint(plan.output, fingerprint)
+
+
+def _aside(output: str) -> str:
+    """A new, unpredictable file next to `output`, to be renamed over it."""
+    target = Path(output)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
+    os.close(fd)
+    return tmp
+
+
+def _records(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, Optional[int]], start: Start,
+             result: RunResult, progress: Optional[Progress], stop: Optional[Stop]) -> Iterator[Record]:
+    """The records to write, in input order: for a fresh or resumed output those not written yet;
+    for an update, every item's (an unchanged item's kept record, a new or changed item's fresh one)."""
     first, last = bounds
+    stats, updating = result.stats, start.mode == "update"
+    done = {} if updating else start.records
     left = None if last is None else max(last - first - len(done), 0)
-    writer = open_writer(plan.output, columns(plan.spec), append=bool(done))
-    first_record = None
 
     def after_batch(n: int) -> None:
         if progress:
             progress(Event("batch", stats.items, left, stats.items_per_second))
         signum = stop() if stop else None
         if signum:
-            raise _interrupted(signum, stats.items, options)
+            raise _interrupted(signum, stats.items, options, updating)
 
-    try:
-        if progress:
-            progress(Event("scoring", 0, left))
-        items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), first, last)
-        for record in classify(scorer, items, _batching(options), stats, done, after_batch):
-            writer.write(record)
-            first_record = first_record or time.perf_counter() - started
-            if evaluation and not is_error(record):
-                evaluation.add(record["gold"], record["label"])
-    finally:
-        writer.close()
-    return first_record
+    if progress:
+        progress(Event("scoring", 0, left))
+    items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), first, last)
+    if not updating:
+        yield from classify(scorer, items, _batching(options), stats, done, after_batch)
+        return
+    order: deque = deque()  # per item in input order: its kept record, or None when it is scored
+    gone = set(start.records)
+
+    def changed() -> Iterator[Item]:
+        for item in items:
+            gone.discard(id_text(item.id))
+            old = start.records.get(id_text(item.id))
+            kept = old is not None and old.get("item_sha") == item_sha(item.record)
+            order.append(old if kept else None)
+            result.kept += kept
+            if not kept:
+                yield item
+
+    for record in classify(scorer, changed(), _batching(options), stats, None, after_batch):
+        while order[0] is not None:
+            yield order.popleft()
+        order.popleft()
+        yield record
+    yield from order
+    result.dropped = len(gone)
 
 
-def _interrupted(signum: int, written: int, options: RunOptions) -> Interrupted:
-    name = signal.Signals(signum).name
-    output = options.output
-    where = f" to {output}" if output and output != "-" else ""
-    again = f"; resume with: prefixcache run {options.spec} {options.items} -o {output} --resume" if where else ""
-    return Interrupted(signum, f"interrupted by {name}: {written} records written{where}{again}")
+def command_line(options: RunOptions) -> str:
+    """The `prefixcache run` command that continues this run: its arguments and every option that
+    is not at its default (whether it came from the command line or the environment)."""
+    default = RunOptions(options.spec, options.items)
+    flags = {"output": "-o", "input_format": "--format", "on_error": "--on-error", "batch_size": "--batch-size",
+             "batch_tokens": "--batch-tokens", "limit": "--limit", "gold": "--gold", "metrics": "--metrics",
+             "summary_md": "--summary-md", "junit": "--junit", "min_accuracy": "--min-accuracy",
+             "device": "--device", "dtype": "--dtype", "cache_dir": "--cache-dir", "shard": "--shard"}
+    words = ["prefixcache", "run", str(options.spec), options.items]
+    for name, flag in flags.items():
+        value = getattr(options, name)
+        if value is not None and value != getattr(default, name):
+            words += [flag, str(value)]
+    if not options.cache_store:
+        words.append("--no-cache-store")
+    words.append("--update" if options.update else "--resume")
+    return shlex.join(words)
+
+
+def _interrupted(signum: int, written: int, options: RunOptions, updating: bool) -> Interrupted:
+    name, output = signal.Signals(signum).name, options.output
+    if output in (None, "-"):
+        return Interrupted(signum, f"interrupted by {name}: {written} records written")
+    if updating:
+        return Interrupted(signum, f"interrupted by {name}: {output} is unchanged; update it with: {command_line(options)}")
+    return Interrupted(signum, f"interrupted by {name}: {written} records written to {output}; "
+                               f"resume with: {command_line(options)}")
 
 
 def _join_launch(result: RunResult, plan: _Plan, options: RunOptions) -> None:

@@ -1,6 +1,7 @@
 """Gold-label evaluation, accumulated record by record (memory does not grow with the items).
 
-Accuracy counts an abstention (label null) as wrong; coverage is the share not abstained.
+Accuracy counts an abstention (label null) and an item that could not be scored (an error
+record) as wrong; coverage is the share of items that got a label.
 Per-label precision, recall, F1 and the confusion matrix are kept for label tasks; for multiple
 choice, whose options differ per item, accuracy is the measure.
 """
@@ -26,6 +27,7 @@ class Evaluation:
     n: int = 0
     correct: int = 0
     abstained: int = 0
+    failed: int = 0  # items written as error records
     confusion: Counter = field(default_factory=Counter)  # (gold, predicted) -> count
 
     def add(self, gold: str, predicted: str | None) -> None:
@@ -35,13 +37,17 @@ class Evaluation:
         if self.labels is not None:
             self.confusion[(gold, ABSTAIN if predicted is None else predicted)] += 1
 
+    def add_failed(self) -> None:
+        self.n += 1
+        self.failed += 1
+
     @property
     def accuracy(self) -> float:
         return self.correct / self.n if self.n else 0.0
 
     @property
     def coverage(self) -> float:
-        return 1 - self.abstained / self.n if self.n else 0.0
+        return 1 - (self.abstained + self.failed) / self.n if self.n else 0.0
 
     def per_label(self) -> dict[str, dict[str, float]]:
         out = {}
@@ -71,7 +77,7 @@ class Evaluation:
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "items": self.n, "correct": self.correct, "accuracy": self.accuracy,
-            "abstained": self.abstained, "coverage": self.coverage,
+            "abstained": self.abstained, "failed": self.failed, "coverage": self.coverage,
         }
         if self.labels is not None:
             columns, rows = self.matrix()
@@ -119,14 +125,21 @@ def evaluation_for(spec: Any, records: Any = ()) -> Evaluation | None:
         return None
     evaluation = Evaluation(None if spec.choices else spec.label_names)
     for record in records:
-        if not is_error(record):
-            evaluation.add(str(record["gold"]), record["label"] or None)
+        add_record(evaluation, record)
     return evaluation
 
 
-def _write(path: Path, text: str) -> None:
+def add_record(evaluation: Evaluation, record: Any) -> None:
+    if is_error(record):
+        evaluation.add_failed()
+    else:
+        evaluation.add(str(record["gold"]), record["label"] or None)
+
+
+def _write(path: Path, text: str, append: bool = False) -> None:
     try:
-        path.write_text(text, encoding="utf-8")
+        with open(path, "a" if append else "w", encoding="utf-8") as f:
+            f.write(text)
     except OSError as exc:
         raise OutputError(f"{path}: cannot write report: {exc.strerror}")
 
@@ -137,6 +150,6 @@ def write_reports(evaluation: Any, metrics: Optional[Path], summary_md: Optional
     if metrics:
         _write(metrics, json.dumps({**evaluation.to_json(), "min_accuracy": min_accuracy}, indent=2) + "\n")
     if summary_md:
-        _write(summary_md, evaluation.to_markdown(min_accuracy=min_accuracy))
+        _write(summary_md, evaluation.to_markdown(min_accuracy=min_accuracy), append=True)  # as CI step summaries do
     if junit:
         _write(junit, evaluation.to_junit(min_accuracy=min_accuracy))

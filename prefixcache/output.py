@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -31,7 +32,8 @@ def check_output(path: str | None, resume: bool = False, overwrite: bool = False
     if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise OutputError(f"{path}: not writable")
     if target.exists() and target.stat().st_size > 0 and not (resume or overwrite):
-        raise OutputError(f"{path}: already exists; use --resume to continue it or --overwrite to replace it")
+        raise OutputError(f"{path}: already exists; use --resume to continue it, --update to bring it up to date "
+                          f"with the input, or --overwrite to replace it")
 
 
 def truncate_partial(path: str, done: Written) -> bool:
@@ -57,45 +59,100 @@ def write_fingerprint(output: str, fingerprint: Mapping[str, Any]) -> None:
         raise OutputError(f"{path}: cannot write the run's fingerprint: {exc.strerror}")
 
 
-def check_fingerprint(output: str, fingerprint: Mapping[str, Any]) -> None:
-    """Refuse to resume an output written by another spec, model or input."""
+# Fingerprint keys a resume may not change, and how to ask for the old value again.
+_OPTION_OF = {"gold": "--gold", "device": "--device", "dtype": "--dtype", "batch_size": "--batch-size",
+              "batch_tokens": "--batch-tokens", "shard": "--shard"}
+_THING_OF = {"spec": "another version of the spec file", "model": "another model"}
+
+
+def read_fingerprint(output: str) -> dict[str, Any]:
     path = fingerprint_path(output)
     try:
-        previous = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise OutputError(f"{output}: cannot resume: {path.name} (the fingerprint of the run that wrote it) is missing; "
-                          f"use --overwrite to start again")
+        raise OutputError(f"{output}: cannot continue it: {path.name} (the fingerprint of the run that wrote it) "
+                          f"is missing; choose another output file, or --overwrite to start it again")
     except (OSError, json.JSONDecodeError):
-        raise OutputError(f"{output}: cannot resume: {path.name} is unreadable; use --overwrite to start again")
-    changed = [k for k in fingerprint if previous.get(k) != fingerprint[k]]
-    if changed:
-        raise OutputError(f"{output}: cannot resume: it was written with a different {', '.join(changed)}; "
-                          f"use --overwrite to start again, or another output file")
+        raise OutputError(f"{output}: cannot continue it: {path.name} is unreadable; choose another output file, "
+                          f"or --overwrite to start it again")
 
 
-def file_digest(path: str) -> str:
-    """sha256 of a file's bytes ('stdin' for '-')."""
+def check_fingerprint(output: str, previous: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> None:
+    """Refuse to continue an output written with another spec, model or options (the input is
+    compared by `input_change`), saying what to add back."""
+    changed = [k for k in fingerprint if k not in ("input", "input_bytes") and k in previous
+               and previous[k] != fingerprint[k]]  # keys an older version did not record are not compared
+    if not changed:
+        return
+    options = [f"{_OPTION_OF[k]} {previous[k]}" for k in changed if k in _OPTION_OF and previous.get(k) is not None]
+    options += [f"no {_OPTION_OF[k]}" for k in changed if k in _OPTION_OF and previous.get(k) is None]
+    things = [_THING_OF.get(k, f"another {k}") for k in changed if k not in _OPTION_OF]
+    if options:
+        raise OutputError(f"{output}: cannot continue it: it was written with {' and '.join(options)}; "
+                          f"add {'them' if len(options) > 1 else 'it'} back to continue it, or choose another output file")
+    raise OutputError(f"{output}: cannot continue it: it was written with {' and '.join(things)}; "
+                      f"restore {'them' if len(things) > 1 else 'it'} to continue it, or choose another output file")
+
+
+def input_change(path: str, previous: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> str:
+    """"same" input as the run that wrote the output, "grown" (that input plus more bytes at the
+    end), or "changed"."""
+    if previous.get("input") == fingerprint["input"]:
+        return "same"
+    consumed = previous.get("input_bytes")
+    if path != "-" and isinstance(consumed, int) and 0 < consumed < fingerprint["input_bytes"]:
+        if file_digest(path, consumed) == previous.get("input"):
+            return "grown"
+    return "changed"
+
+
+def file_digest(path: str, limit: int | None = None) -> str:
+    """sha256 of a file's bytes (of its first `limit` bytes when given; 'stdin' for '-')."""
     if path == "-":
         return "stdin"
-    h = hashlib.sha256()
+    h, left = hashlib.sha256(), limit if limit is not None else float("inf")
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        while left > 0:
+            block = f.read(int(min(1 << 20, left)))
+            if not block:
+                break
             h.update(block)
+            left -= len(block)
     return h.hexdigest()
 
 
-def start_output(output: str | None, resume: bool, fingerprint: Mapping[str, Any]) -> dict[str, Record]:
-    """Fresh output: record the fingerprint. Resumed output: check it, drop a partial trailing
-    record, and return the records already written, by str(id)."""
-    log = logging.getLogger("prefixcache")
-    if output is None or output == "-":
-        return {}
-    if resume and Path(output).exists():
-        check_fingerprint(output, fingerprint)
-        done = read_records(output)
-        if truncate_partial(output, done):
-            log.warning("%s: dropped a partial last record left by an interrupted run", output)
-        log.info("%s: %d records already written; resuming", output, len(done.records))
-        return {record_id(r): r for r in done.records}
+@dataclass
+class Start:
+    """How a run starts on its output. mode: "fresh" (nothing kept), "resume" (the same input:
+    keep the records, score the rest), "grown" (the input only grew: likewise), "update" (the input
+    changed: rewrite the output, keeping the records of unchanged items)."""
+
+    mode: str
+    records: dict[str, Record]  # the existing output's complete records, by id text
+
+
+def start_output(output: str | None, fingerprint: Mapping[str, Any], resume: bool, update: bool,
+                 items: str) -> Start:
+    """Decide how to continue an existing output (with `resume` or `update`), refusing one written
+    with another spec, model or options. Nothing is written here."""
+    if output is None or output == "-" or not (resume or update) or not Path(output).exists():
+        return Start("fresh", {})
+    previous = read_fingerprint(output)
+    check_fingerprint(output, previous, fingerprint)
+    change = input_change(items, previous, fingerprint)
+    if change == "changed" and not update:
+        raise OutputError(f"{output}: cannot resume it: {items} changed since it was written (not only grew); "
+                          f"--update keeps the records of unchanged items and scores new and changed ones")
+    if change == "changed" and fingerprint.get("shard"):
+        raise OutputError(f"{output}: a shard can only be continued on the same input; {items} changed")
+    done = read_records(output)
+    records = {record_id(r): r for r in done.records}
+    return Start("update" if change == "changed" else "resume" if change == "same" else "grown", records)
+
+
+def continue_output(output: str, start: Start, fingerprint: Mapping[str, Any]) -> None:
+    """Before appending to a resumed output: drop a partial last record, record the input now read."""
+    done = read_records(output)
+    if truncate_partial(output, done):
+        logging.getLogger("prefixcache").warning("%s: dropped a partial last record left by an interrupted run", output)
     write_fingerprint(output, fingerprint)
-    return {}

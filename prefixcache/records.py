@@ -3,10 +3,12 @@
 This is the only module that knows the record's layout. A label task's record, in JSONL:
 
     {"id", "label", "prob", "margin", "probs": {label: p}, "logprobs": {label: lp},
-     ["raw_probs": {label: p}], ["gold", "correct"], "normalize", "prefix_tokens", "item_tokens", "ms"}
+     ["raw_probs": {label: p}], ["gold", "correct"], "normalize", "prefix_tokens", "item_tokens",
+     "item_sha", "ms"}
 
 Multiple choice adds "index" after "label" and holds "probs" and "logprobs" as lists in option
-order. An item that could not be scored is `{"id", "error"}`. In CSV, a label task's dicts become
+order. An item that could not be scored is `{"id", "item_sha", "error"}`. `item_sha` identifies
+the item's content (all its fields), so a later run can tell an unchanged item from a changed one. In CSV, a label task's dicts become
 one column per label (`prob_<label>`, `logprob_<label>`, `raw_prob_<label>`), lists are JSON in
 one cell, and None is an empty cell. Reading a file back gives records in the JSONL layout
 whatever the file's format (ids from CSV stay text), so resume, merge and evaluation never look
@@ -19,6 +21,7 @@ partial trailing line; `read_records` leaves it out.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -63,13 +66,20 @@ def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequ
         normalize=spec.normalize + ("+calibrated" if decision.raw is not None else ""),
         prefix_tokens=prefix_tokens,
         item_tokens=item_tokens,
+        item_sha=item_sha(item.record),
         ms=round(ms, 3),
     )
     return record
 
 
-def error_record(item_id: Any, message: str) -> Record:
-    return {"id": item_id, "error": message}
+def error_record(item: Item, message: str) -> Record:
+    return {"id": item.id, "item_sha": item_sha(item.record), "error": message}
+
+
+def item_sha(fields: Mapping[str, Any]) -> str:
+    """A short digest of an item's fields (names and values, in any order)."""
+    text = json.dumps(fields, sort_keys=True, ensure_ascii=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def is_error(record: Mapping[str, Any]) -> bool:
@@ -104,7 +114,7 @@ def columns(spec: TaskSpec) -> list[str]:
         per_label = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
         per_label += [f"raw_prob_{n}" for n in names] if spec.content_free else []
     gold = ["gold", "correct"] if spec.gold else []
-    return head + per_label + gold + ["normalize", "prefix_tokens", "item_tokens", "ms", "error"]
+    return head + per_label + gold + ["normalize", "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
 
 
 def to_csv_row(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -123,7 +133,7 @@ def to_csv_row(record: Mapping[str, Any]) -> dict[str, Any]:
 def from_csv_row(row: Mapping[str, str]) -> Record:
     """A CSV row back in the JSONL layout (the inverse of `to_csv_row`, ids aside)."""
     if row.get("error"):
-        return error_record(row["id"], row["error"])
+        return {"id": row["id"], "item_sha": row.get("item_sha", ""), "error": row["error"]}
     record: Record = {}
     for key, cell in row.items():
         if key == "error":

@@ -13,12 +13,17 @@ from rich.table import Table
 def print_summary(console: Console, result: Any) -> None:
     """One line on what a run did (a RunResult)."""
     s, r = result.stats, result
+    if r.nothing_to_do:
+        console.print(f"nothing to do: {r.output} already holds all {r.resumed} records", markup=False, soft_wrap=True)
+        return
     label = f"shard {r.shard[0] + 1}/{r.shard[1]}: " if r.shard else ""
+    kept = f"{r.kept} unchanged items kept, {r.dropped} dropped, " if r.kept or r.dropped else ""
+    reused = s.items - s.errors - s.scored
     console.print(
-        f"{label}{f'{r.resumed} items already done, ' if r.resumed else ''}"
+        f"{label}{f'{r.resumed} items already done, ' if r.resumed else ''}{kept}"
         f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
         f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
-        f"{f', {s.items - s.scored} duplicates reused' if s.items > s.scored else ''}) · "
+        f"{f', {reused} duplicates reused' if reused > 0 else ''}) · "
         f"prefix {r.prefix_tokens} tokens {r.prefix_source} in {r.prefill_ms:.0f} ms · "
         f"load {r.load_seconds:.1f} s · first record after {r.first_record or 0:.1f} s · {r.device} {r.dtype}"
         f"{f' · {s.errors} items failed (error records written)' if s.errors else ''}",

@@ -86,7 +86,7 @@ def _record(scorer: Scorer, entry: Prepared | Failed, by_key: Mapping[tuple, lis
             stats: RunStats) -> Record:
     if isinstance(entry, Failed):
         stats.errors += 1
-        return error_record(entry.item.id, entry.message)
+        return error_record(entry.item, entry.message)
     logprobs = by_key[entry.key]
     return make_record(scorer.task.spec, entry.item, list(entry.candidates), logprobs, scorer.decide(entry, logprobs),
                        entry.enc.prefix_len, entry.own_tokens, ms)

@@ -77,6 +77,7 @@ class TaskSpec:
     examples: tuple[Mapping[str, Any], ...]
     template: Template
     id_field: str = "id"
+    id_field_given: bool = False  # the spec names id_field (then items must carry it)
     format: str = "auto"
     normalize: str = "sum"
     answer_prefix: str = "Answer:"
@@ -316,6 +317,7 @@ def load_spec(path: str | Path) -> TaskSpec:
         examples=_examples(data.get("examples"), path, labels, template, choices),
         template=template,
         id_field=id_field,
+        id_field_given="id_field" in data,
         format=fmt,
         normalize=norm,
         answer_prefix=_want_str(data, "answer_prefix", path, "Answer:"),

@@ -8,7 +8,9 @@ import pytest
 
 from helpers import make_spec
 from prefixcache.io import Item
-from prefixcache.records import columns, error_record, logprobs_in_order, make_record, open_writer, read_records
+from prefixcache.records import (
+    columns, error_record, item_sha, logprobs_in_order, make_record, open_writer, read_records,
+)
 from prefixcache.scoring import judge
 
 LABELS = ["tech", "billing, refunds", 'say "hi"']
@@ -37,10 +39,11 @@ def test_label_records_read_back_the_same_from_jsonl_and_csv(tmp_path):
     records = [
         _label_record(spec, "a", [-0.1, -3.2, -5.0], prior=[0.5, 0.3, 0.2]),
         _label_record(spec, 7, [-1.0, -1.1, -1.2], prior=[0.2, 0.4, 0.4]),  # abstains: below the threshold
-        error_record("c", "item 'c': lacks field 'text' used by the template"),
+        error_record(Item("c", {"body": "x"}, 3), "item 'c': lacks field 'text' used by the template"),
     ]
     assert list(records[0]) == ["id", "label", "prob", "margin", "probs", "logprobs", "raw_probs", "gold", "correct",
-                                "normalize", "prefix_tokens", "item_tokens", "ms"]
+                                "normalize", "prefix_tokens", "item_tokens", "item_sha", "ms"]
+    assert records[0]["item_sha"] == item_sha({"answer": "tech", "text": "x"}) != item_sha({"text": "x"})
     assert records[1]["label"] is None and records[1]["prob"] is None and records[1]["correct"] is False
     assert records[0]["normalize"] == "sum+calibrated" and records[0]["ms"] == 1.235
     got = _round_trip(tmp_path, spec, records, "labels")
@@ -57,7 +60,7 @@ def test_csv_columns_spread_labels(tmp_path):
     writer.close()
     header = path.read_text().splitlines()[0]
     assert header == ('id,label,prob,margin,prob_tech,"prob_billing, refunds","prob_say ""hi""",logprob_tech,'
-                      '"logprob_billing, refunds","logprob_say ""hi""",normalize,prefix_tokens,item_tokens,ms,error')
+                      '"logprob_billing, refunds","logprob_say ""hi""",normalize,prefix_tokens,item_tokens,item_sha,ms,error')
 
 
 def test_multiple_choice_records_round_trip(tmp_path):

@@ -64,7 +64,8 @@ def test_refuses_to_overwrite(spec_path, tmp_path):
     out.write_text("precious\n")
     result = invoke("run", spec_path, src, "-o", out)
     assert result.exit_code == 2
-    assert result.stderr == f"error: {out}: already exists; use --resume to continue it or --overwrite to replace it\n"
+    assert result.stderr == (f"error: {out}: already exists; use --resume to continue it, --update to bring it up "
+                             "to date with the input, or --overwrite to replace it\n")
     assert out.read_text() == "precious\n"
     assert invoke("run", spec_path, src, "-o", out, "--overwrite", "-q").exit_code == 0
     assert len(_records(out)) == 3
@@ -78,7 +79,8 @@ def test_on_error_skip_writes_error_records(spec_path, tmp_path):
     assert result.exit_code == 4
     records = _records(out)
     assert [r["id"] for r in records] == ["a", "b", "c"]
-    assert records[1] == {"id": "b", "error": "item 'b': lacks field 'text' used by the template"}
+    assert records[1] == {"id": "b", "item_sha": records[1]["item_sha"],
+                          "error": "item 'b': lacks field 'text' used by the template"}
     assert "label" in records[0] and "label" in records[2]
     assert "1 items failed (error records written)" in result.stderr
     failed = invoke("run", spec_path, src, "-o", tmp_path / "o2.jsonl")  # fail: refused before the model loads
@@ -126,10 +128,13 @@ def test_resume_refuses_another_spec_input_or_a_missing_fingerprint(spec_path, t
     other = write_spec(tmp_path, name="other.yaml", model=str(tiny_model_dir), labels=["x", "y"])
     result = invoke("run", other, src, "-o", out, "--resume")
     assert result.exit_code == 2
-    assert result.stderr == (f"error: {out}: cannot resume: it was written with a different spec; "
-                             "use --overwrite to start again, or another output file\n")
-    changed = _write_items(tmp_path / "in.jsonl", _texts(5))
-    assert "different input" in invoke("run", spec_path, changed, "-o", out, "--resume").stderr
+    assert result.stderr == (f"error: {out}: cannot continue it: it was written with another version of the spec "
+                             "file; restore it to continue it, or choose another output file\n")
+    changed = _write_items(tmp_path / "in.jsonl", list(reversed(_texts(4))))
+    refused = invoke("run", spec_path, changed, "-o", out, "--resume")
+    assert refused.exit_code == 2
+    assert refused.stderr == (f"error: {out}: cannot resume it: {changed} changed since it was written (not only "
+                              "grew); --update keeps the records of unchanged items and scores new and changed ones\n")
     (tmp_path / "out.jsonl.prefixcache.json").unlink()
     assert "fingerprint of the run that wrote it) is missing" in invoke("run", spec_path, changed, "-o", out, "--resume").stderr
 
