@@ -26,7 +26,7 @@ from .options import (
     CLEAR_MODELS_OPT, DEBUG_OPT, DEVICE_OPT, DTYPE_OPT, FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_LINES_OPT, JSON_OPT,
     JUNIT_OPT, LIMIT_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, NO_STORE_OPT,
     ON_ERROR_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT, RESUME_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT,
-    UPDATE_OPT,
+    UPDATE_OPT, LOG_INTERVAL_OPT, MIN_RECALL_OPT,
 )
 from .report import print_bench, print_cache, print_evaluation, print_summary
 from .shard import merge_parts
@@ -79,9 +79,11 @@ def run(
     resume: bool = RESUME_OPT, update: bool = UPDATE_OPT, overwrite: bool = OVERWRITE_OPT, on_error: str = ON_ERROR_OPT,
     batch_size: int = BATCH_SIZE_OPT, batch_tokens: int = BATCH_TOKENS_OPT, limit: Optional[int] = LIMIT_OPT,
     gold: Optional[str] = GOLD_OPT, metrics: Optional[Path] = METRICS_OPT, summary_md: Optional[Path] = SUMMARY_MD_OPT,
-    junit: Optional[Path] = JUNIT_OPT, min_accuracy: Optional[float] = MIN_ACCURACY_OPT, device: str = DEVICE_OPT,
+    junit: Optional[Path] = JUNIT_OPT, min_accuracy: Optional[float] = MIN_ACCURACY_OPT,
+    min_recall: Optional[float] = MIN_RECALL_OPT, device: str = DEVICE_OPT,
     dtype: str = DTYPE_OPT, cache_dir: Optional[Path] = CACHE_DIR_OPT, no_cache_store: bool = NO_STORE_OPT,
-    shard: Optional[str] = SHARD_OPT, quiet: bool = QUIET_OPT, log_level: str = LOG_LEVEL_OPT, debug: bool = DEBUG_OPT,
+    shard: Optional[str] = SHARD_OPT, quiet: bool = QUIET_OPT, log_level: str = LOG_LEVEL_OPT,
+    log_interval: float = LOG_INTERVAL_OPT, debug: bool = DEBUG_OPT,
 ) -> None:
     """Classify every item and stream one record per item, in input order.
 
@@ -106,20 +108,20 @@ def run(
         options = RunOptions(
             spec, items, output=output, input_format=fmt, resume=resume, update=update, overwrite=overwrite,
             on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit, gold=gold,
-            metrics=metrics, summary_md=summary_md, junit=junit, min_accuracy=min_accuracy, device=device,
+            metrics=metrics, summary_md=summary_md, junit=junit, min_accuracy=min_accuracy, min_recall=min_recall, device=device,
             dtype=dtype, cache_dir=_cache_dir(cache_dir), cache_store=not no_cache_store,
             store_max_bytes=_store_max_bytes(), shard=shard,
         )
-        with progress(quiet) as bar, signals() as stopped:
-            result = run_job(options, progress=bar, stop=lambda: stopped[0] if stopped else None)
+        with progress(quiet, log_interval) as reporter, signals(reporter) as stopped:
+            result = run_job(options, progress=reporter, stop=lambda: stopped[0] if stopped else None)
         if not quiet:
-            print_summary(err, result)
+            print_summary(err, result, stamped=not err.is_terminal)
             if result.merged is not None:
                 err.print(f"merged {result.merged} records from {result.processes} processes into {result.output}")
             if result.evaluation:
                 print_evaluation(err, result.evaluation)
-        if result.gate_failed:
-            err.print(f"gate failed: accuracy {result.evaluation.accuracy:.4f} is below --min-accuracy {min_accuracy}", markup=False)
+        for failure in result.gate_failures:
+            err.print(f"gate failed: {failure}", markup=False)
         raise typer.Exit(result.exit_code)
 
 

@@ -21,7 +21,7 @@ import shlex
 import signal
 import tempfile
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -31,9 +31,9 @@ from .errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted, OutputError, Spe
 from .io import Item, detect_format, read_items, scan_items
 from .lint import lint_labels
 from .load import default_cache_dir, model_identity, pick_device, pick_dtype, resolve_model
-from .metrics import Evaluation, add_record, evaluation_for, write_reports
+from .metrics import Evaluation, Gates, add_record, evaluation_for, write_reports
 from .output import Start, check_output, continue_output, file_digest, start_output, write_fingerprint
-from .records import Record, columns, id_text, item_sha, open_writer, read_records
+from .records import Record, columns, id_text, is_error, item_sha, open_writer, read_records
 from .run import RunStats, classify
 from .shard import launch_state, merge_launched, parse_shard, part_path, shard_range
 from .spec import TaskSpec, load_spec
@@ -46,12 +46,15 @@ log = logging.getLogger("prefixcache")
 @dataclass(frozen=True)
 class Event:
     """What `run_job` reports as it goes. phase: "checked" (spec, input and output are valid; no
-    model loaded yet), "scoring" (records are about to stream), "batch" (a batch was written)."""
+    model loaded yet), "loading" (`detail`: "tokenizer", or "model": loading it and its prefilled
+    prefix), "scoring" (records
+    are about to stream; `detail` says with what), "batch" (a batch was written)."""
 
     phase: str
     written: int = 0  # records written by this run so far
     total: Optional[int] = None  # records this run will write (None when reading stdin)
     rate: float = 0.0  # items per second of scoring
+    detail: str = ""
 
 
 Progress = Callable[[Event], None]
@@ -78,6 +81,7 @@ class RunOptions:
     summary_md: Optional[Path] = None
     junit: Optional[Path] = None
     min_accuracy: Optional[float] = None
+    min_recall: Optional[float] = None  # every label's recall
     device: str = "auto"
     dtype: str = "auto"
     cache_dir: Path = field(default_factory=default_cache_dir)
@@ -88,7 +92,7 @@ class RunOptions:
 
 @dataclass
 class RunResult:
-    """What a run did. `exit_code`: 0, EXIT_GATE when accuracy missed `min_accuracy`, or
+    """What a run did. `exit_code`: 0, EXIT_GATE when a gate was missed (`gate_failures`), or
     EXIT_ITEM when items were written as error records."""
 
     output: Optional[str]
@@ -105,14 +109,19 @@ class RunResult:
     kept: int = 0  # --update: records kept from the output for items that did not change
     dropped: int = 0  # --update: records of items no longer in the input
     nothing_to_do: bool = False  # the output already held every item
+    labels: Counter = field(default_factory=Counter)  # predictions written by this run, by label
     merged: Optional[int] = None  # records joined from the processes of a launch (its rank 0)
     processes: int = 1
     evaluation: Optional[Evaluation] = None
-    min_accuracy: Optional[float] = None
+    gates: Gates = Gates()
+
+    @property
+    def gate_failures(self) -> list[str]:
+        return self.evaluation.gate_failures(self.gates) if self.evaluation else []
 
     @property
     def gate_failed(self) -> bool:
-        return bool(self.evaluation) and self.min_accuracy is not None and self.evaluation.accuracy < self.min_accuracy
+        return bool(self.gate_failures)
 
     @property
     def exit_code(self) -> int:
@@ -143,9 +152,13 @@ def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Opti
         start = start_output(plan.output, fingerprint, options.resume, options.update, options.items)
         if _complete(start, options, plan):
             return _nothing_to_do(start, plan, options)
+    if progress:
+        progress(Event("loading", detail="tokenizer"))
     task = Task.from_spec(plan.spec, options.cache_dir)
     for warning in lint_labels(task.builder) if plan.spec.labels else ():
         log.warning("%s", warning)
+    if progress:
+        progress(Event("loading", detail="model"))
     scorer = _load_scorer(task, options, device)
     bounds = _bounds(task, scorer, options, plan)
     if plan.part:
@@ -157,14 +170,19 @@ def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Opti
         prefill_ms=scorer.prefix.prefill_ms, prefix_source=scorer.prefix_source,
         prefix_tokens=len(scorer.prefix.ids), device=scorer.device, dtype=scorer.dtype, shard=plan.part,
         evaluation=evaluation_for(plan.spec, () if start.mode == "update" else start.records.values()),
-        min_accuracy=options.min_accuracy,
+        gates=_gates(options),
     )
     _write(scorer, options, plan, bounds, start, fingerprint, result, progress, stop, started)
     if plan.launched:
         _join_launch(result, plan, options)
     if result.evaluation:
-        write_reports(result.evaluation, options.metrics, options.summary_md, options.junit, options.min_accuracy)
+        write_reports(result.evaluation, options.metrics, options.summary_md, options.junit, result.gates,
+                      result.stats.seconds)
     return result
+
+
+def _gates(options: RunOptions) -> Gates:
+    return Gates(options.min_accuracy, options.min_recall)
 
 
 def _plan(options: RunOptions) -> _Plan:
@@ -186,9 +204,10 @@ def _plan(options: RunOptions) -> _Plan:
     spec = load_spec(options.spec)
     if options.gold:
         spec = dataclasses.replace(spec, gold=options.gold)
-    reports = options.metrics or options.summary_md or options.junit or options.min_accuracy is not None
+    reports = options.metrics or options.summary_md or options.junit or _gates(options) != Gates()
     if reports and not spec.gold:
-        raise SpecError("--metrics, --summary-md, --junit and --min-accuracy need a gold field ('gold' in the spec, or --gold)")
+        raise SpecError("--metrics, --summary-md, --junit, --min-accuracy and --min-recall need a gold field "
+                        "('gold' in the spec, or --gold)")
     fmt = detect_format(options.items, options.input_format)
     total = None
     if options.items != "-":  # validate the whole input before the model loads
@@ -244,10 +263,10 @@ def _nothing_to_do(start: Start, plan: _Plan, options: RunOptions) -> RunResult:
     result = RunResult(
         output=plan.output, stats=RunStats(), resumed=len(start.records), first_record=None, load_seconds=0.0,
         prefill_ms=0.0, prefix_source="", prefix_tokens=0, device="", dtype="", nothing_to_do=True,
-        evaluation=evaluation_for(plan.spec, start.records.values()), min_accuracy=options.min_accuracy,
+        evaluation=evaluation_for(plan.spec, start.records.values()), gates=_gates(options),
     )
     if result.evaluation:
-        write_reports(result.evaluation, options.metrics, options.summary_md, options.junit, options.min_accuracy)
+        write_reports(result.evaluation, options.metrics, options.summary_md, options.junit, result.gates)
     return result
 
 
@@ -294,6 +313,7 @@ def _write(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, Opt
     try:
         for record in _records(scorer, options, plan, bounds, start, result, progress, stop):
             writer.write(record)
+            result.labels[_label_of(record)] += 1
             result.first_record = result.first_record or time.perf_counter() - started
             if result.evaluation:
                 add_record(result.evaluation, record)
@@ -306,6 +326,10 @@ def _write(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, Opt
     if start.mode == "update":
         os.replace(path, plan.output)
         write_fingerprint(plan.output, fingerprint)
+
+
+def _label_of(record: Record) -> str:
+    return "(error)" if is_error(record) else "(abstained)" if record["label"] is None else str(record["label"])
 
 
 def _aside(output: str) -> str:
@@ -326,6 +350,7 @@ def _records(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, O
     left = None if last is None else max(last - first - len(done), 0)
 
     def after_batch(n: int) -> None:
+        log.debug("batch: %d records, %d written, %.1f items/s", n, stats.items, stats.items_per_second)
         if progress:
             progress(Event("batch", stats.items, left, stats.items_per_second))
         signum = stop() if stop else None
@@ -333,7 +358,10 @@ def _records(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, O
             raise _interrupted(signum, stats.items, options, updating)
 
     if progress:
-        progress(Event("scoring", 0, left))
+        progress(Event("scoring", 0, left, detail=(
+            f"spec {options.spec}, input {options.items}, output {plan.output or 'stdout'}, model "
+            f"{scorer.task.source.ref}, {scorer.device} {scorer.dtype}, prefix {len(scorer.prefix.ids)} tokens "
+            f"{scorer.prefix_source}{', ' + str(len(done)) + ' records already written' if done else ''}")))
     items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), first, last)
     if not updating:
         yield from classify(scorer, items, _batching(options), stats, done, after_batch)
@@ -366,7 +394,7 @@ def command_line(options: RunOptions) -> str:
     default = RunOptions(options.spec, options.items)
     flags = {"output": "-o", "input_format": "--format", "on_error": "--on-error", "batch_size": "--batch-size",
              "batch_tokens": "--batch-tokens", "limit": "--limit", "gold": "--gold", "metrics": "--metrics",
-             "summary_md": "--summary-md", "junit": "--junit", "min_accuracy": "--min-accuracy",
+             "summary_md": "--summary-md", "junit": "--junit", "min_accuracy": "--min-accuracy", "min_recall": "--min-recall",
              "device": "--device", "dtype": "--dtype", "cache_dir": "--cache-dir", "shard": "--shard"}
     words = ["prefixcache", "run", str(options.spec), options.items]
     for name, flag in flags.items():

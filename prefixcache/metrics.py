@@ -85,9 +85,9 @@ class Evaluation:
                         confusion={"labels": list(self.labels), "predicted": columns, "matrix": rows})
         return data
 
-    def to_markdown(self, title: str = "prefixcache evaluation", min_accuracy: float | None = None) -> str:
-        gate = "" if min_accuracy is None else (
-            f" · gate {min_accuracy:.3f}: **{'passed' if self.accuracy >= min_accuracy else 'FAILED'}**")
+    def to_markdown(self, gates: "Gates", title: str = "prefixcache evaluation") -> str:
+        stated = gates.min_accuracy is not None or gates.min_recall is not None
+        gate = f" · gates: **{'FAILED' if self.gate_failures(gates) else 'passed'}**" if stated else ""
         lines = [f"### {title}", "",
                  f"accuracy **{self.accuracy:.3f}** ({self.correct}/{self.n}) · coverage {self.coverage:.3f}"
                  + (f" · macro-F1 {self.macro_f1:.3f}" if self.labels is not None else "") + gate, ""]
@@ -100,22 +100,43 @@ class Evaluation:
             lines += [f"| {g} | " + " | ".join(map(str, row)) + " |" for g, row in zip(self.labels, rows)]
         return "\n".join(lines) + "\n"
 
-    def to_junit(self, name: str = "prefixcache", min_accuracy: float | None = None) -> str:
-        """A JUnit XML report: one test case for the accuracy gate (failing when missed), one
-        per label recording its recall (never failing)."""
-        cases = []
-        gate_failed = min_accuracy is not None and self.accuracy < min_accuracy
-        body = (f'<failure message={quoteattr(f"accuracy {self.accuracy:.4f} < {min_accuracy}")}/>'
-                if gate_failed else "")
-        cases.append(f'<testcase classname={quoteattr(name)} name={quoteattr(f"accuracy {self.accuracy:.4f}")}>'
-                     f"{body}</testcase>")
-        for label, stats in self.per_label().items():
-            case_name = quoteattr("recall[%s] %.4f" % (label, stats["recall"]))
-            cases.append(f"<testcase classname={quoteattr(name)} name={case_name}/>")
+    def gate_failures(self, gates: "Gates") -> list[str]:
+        """One line per gate this evaluation misses."""
+        out = []
+        if gates.min_accuracy is not None and self.accuracy < gates.min_accuracy:
+            out.append(f"accuracy {self.accuracy:.4f} is below --min-accuracy {gates.min_accuracy}")
+        if gates.min_recall is not None:
+            out += [f"recall of {label!r} {st['recall']:.4f} is below --min-recall {gates.min_recall}"
+                    for label, st in self.per_label().items() if st["recall"] < gates.min_recall]
+        return out
+
+    def to_junit(self, gates: "Gates", name: str = "prefixcache", seconds: float = 0.0) -> str:
+        """A JUnit XML report with stable test names (CI history follows them from run to run):
+        "accuracy" and one "recall[<label>]" per label. A case fails only against a stated gate
+        (--min-accuracy, --min-recall); its value is in the case's output and the properties."""
+        cases, failures = [], 0
+        checks = [("accuracy", self.accuracy, gates.min_accuracy, "--min-accuracy")]
+        checks += [(f"recall[{label}]", st["recall"], gates.min_recall, "--min-recall")
+                   for label, st in self.per_label().items()]
+        for case, value, bound, option in checks:
+            failed = bound is not None and value < bound
+            failures += failed
+            body = f'<failure message={quoteattr(f"{case} {value:.4f} is below {option} {bound}")}/>' if failed else ""
+            out = f"<system-out>{case} {value:.4f}</system-out>"
+            cases.append(f'<testcase classname={quoteattr(name)} name={quoteattr(case)} time="0">{body}{out}</testcase>')
         props = "".join(f'<property name={quoteattr(k)} value={quoteattr(json.dumps(v))}/>'
                         for k, v in self.to_json().items() if not isinstance(v, dict))
         return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name={quoteattr(name)} tests="{len(cases)}" '
-                f'failures="{int(gate_failed)}"><properties>{props}</properties>{"".join(cases)}</testsuite>\n')
+                f'failures="{failures}" time="{seconds:.3f}"><properties>{props}</properties>{"".join(cases)}'
+                f"</testsuite>\n")
+
+
+@dataclass(frozen=True)
+class Gates:
+    """Thresholds a CI run must meet (None: not checked)."""
+
+    min_accuracy: float | None = None
+    min_recall: float | None = None  # for every label
 
 
 def evaluation_for(spec: Any, records: Any = ()) -> Evaluation | None:
@@ -144,12 +165,14 @@ def _write(path: Path, text: str, append: bool = False) -> None:
         raise OutputError(f"{path}: cannot write report: {exc.strerror}")
 
 
-def write_reports(evaluation: Any, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],
-                  min_accuracy: Optional[float]) -> None:
-    """The report files asked for: JSON metrics, a Markdown summary, a JUnit XML report."""
+def write_reports(evaluation: Evaluation, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],
+                  gates: Gates, seconds: float = 0.0) -> None:
+    """The report files asked for: JSON metrics, a Markdown summary (appended), a JUnit XML report."""
     if metrics:
-        _write(metrics, json.dumps({**evaluation.to_json(), "min_accuracy": min_accuracy}, indent=2) + "\n")
+        figures = {**evaluation.to_json(), "min_accuracy": gates.min_accuracy, "min_recall": gates.min_recall,
+                   "gates_failed": evaluation.gate_failures(gates)}
+        _write(metrics, json.dumps(figures, indent=2) + "\n")
     if summary_md:
-        _write(summary_md, evaluation.to_markdown(min_accuracy=min_accuracy), append=True)  # as CI step summaries do
+        _write(summary_md, evaluation.to_markdown(gates), append=True)  # as CI step summaries do
     if junit:
-        _write(junit, evaluation.to_junit(min_accuracy=min_accuracy))
+        _write(junit, evaluation.to_junit(gates, seconds=seconds))

@@ -27,10 +27,12 @@ METRICS_OPT = typer.Option(None, "--metrics", help="Write the evaluation as JSON
 SUMMARY_MD_OPT = typer.Option(None, "--summary-md", help="Write the evaluation as Markdown (e.g. $GITHUB_STEP_SUMMARY).")
 JUNIT_OPT = typer.Option(None, "--junit", help="Write the evaluation as a JUnit XML report.")
 MIN_ACCURACY_OPT = typer.Option(None, "--min-accuracy", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when accuracy is below this.")
+MIN_RECALL_OPT = typer.Option(None, "--min-recall", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when any label's recall is below this.")
 DTYPE_OPT = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto (float32 on CPU, bf16/fp16 on CUDA), float32, bfloat16, float16.")
 NO_STORE_OPT = typer.Option(False, "--no-cache-store", help="Neither load nor keep the prefilled prefix on disk.")
 SHARD_OPT = typer.Option(None, "--shard", help="Run only shard K of N (K/N, 1-based), e.g. one CI matrix job; join the parts with `prefixcache merge`.")
 QUIET_OPT = typer.Option(False, "--quiet", "-q", help="No progress bar, summary, warnings or evaluation tables.")
+LOG_INTERVAL_OPT = typer.Option(30.0, "--log-interval", min=1.0, envvar="PREFIXCACHE_LOG_INTERVAL", help="When stderr is not a terminal (cron, CI): seconds between progress lines.")
 LOG_LEVEL_OPT = typer.Option("info", "--log-level", envvar="PREFIXCACHE_LOG_LEVEL", help="debug, info, warning or error (stderr).")
 
 

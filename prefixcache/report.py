@@ -4,23 +4,30 @@ on the console it is given (stderr for everything but bench's table)."""
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 
-def print_summary(console: Console, result: Any) -> None:
-    """One line on what a run did (a RunResult)."""
+def print_summary(console: Console, result: Any, stamped: bool = False) -> None:
+    """One line on what a run did (a RunResult); `stamped` (for logs): a timestamp and
+    "done:", the output and the count of each label written."""
     s, r = result.stats, result
+    head = f"{time.strftime('%Y-%m-%d %H:%M:%S')} prefixcache: " if stamped else ""
     if r.nothing_to_do:
-        console.print(f"nothing to do: {r.output} already holds all {r.resumed} records", markup=False, soft_wrap=True)
+        console.print(f"{head}nothing to do: {r.output} already holds all {r.resumed} records", markup=False,
+                      soft_wrap=True)
         return
+    if stamped:
+        counts = ", ".join(f"{label} {n}" for label, n in r.labels.most_common())
+        head += f"done: {s.items} records to {r.output or 'stdout'}{f' ({counts})' if counts else ''}; "
     label = f"shard {r.shard[0] + 1}/{r.shard[1]}: " if r.shard else ""
     kept = f"{r.kept} unchanged items kept, {r.dropped} dropped, " if r.kept or r.dropped else ""
     reused = s.items - s.errors - s.scored
     console.print(
-        f"{label}{f'{r.resumed} items already done, ' if r.resumed else ''}{kept}"
+        f"{head}{label}{f'{r.resumed} items already done, ' if r.resumed else ''}{kept}"
         f"{s.items} items in {s.seconds:.2f} s ({s.items_per_second:.1f} items/s, "
         f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
         f"{f', {reused} duplicates reused' if reused > 0 else ''}) · "

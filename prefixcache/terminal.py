@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import time
 import traceback
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Iterator
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
 from . import compat
 from .errors import EXIT_INTERNAL, Interrupted, PrefixcacheError
@@ -58,50 +59,104 @@ def setup_logging(quiet: bool, level: str = "info") -> None:
     for handler in [h for h in logger.handlers if getattr(h, "prefixcache_cli", False)]:
         logger.removeHandler(handler)  # an earlier command in this process wrote to another stderr
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("prefixcache: %(message)s"))
+    stamp = "" if sys.stderr.isatty() else "%(asctime)s "  # logs read later need the time
+    handler.setFormatter(logging.Formatter(stamp + "prefixcache: %(message)s", "%Y-%m-%d %H:%M:%S"))
     handler.prefixcache_cli = True
     logger.addHandler(handler)
     logger.propagate = False
     logger.setLevel(logging.ERROR if quiet else levels[level.lower()])
 
 
-@contextmanager
-def progress(quiet: bool) -> Iterator[Callable[[Event], None]]:
-    """What the CLI does as a run goes: once the input is checked, quiet the model libraries
-    (their advice and progress bars would clutter stderr); while scoring, a Rich progress bar
-    on stderr (a terminal only)."""
-    bar = Progress(
-        TextColumn("classifying"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-        TimeRemainingColumn(), console=err, disable=quiet or not err.is_terminal, transient=False,
-    )
-    task = None
+class Reporter:
+    """Shows a run's events on stderr. On a terminal: a spinner while loading, then a progress bar
+    with rate and ETA. Elsewhere (cron, CI logs): timestamped lines: a start line, a progress line
+    every `interval` seconds, and the end line the CLI writes. Nothing with `quiet`."""
 
-    def on_event(event: Event) -> None:
-        nonlocal task
+    def __init__(self, quiet: bool, interval: float):
+        self.quiet, self.interval, self.tty = quiet, interval, err.is_terminal
+        self.bar = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[eta]}"), console=err, transient=False,
+            disable=quiet or not self.tty,
+        )
+        self.task = None
+        self.started = self.last_line = 0.0
+
+    def __call__(self, event: Event) -> None:
         if event.phase == "checked":
             compat.quiet_libraries()
+        elif event.phase == "loading":
+            self._loading(event.detail)
         elif event.phase == "scoring":
-            bar.start()
-            task = bar.add_task("classify", total=event.total, rate="")
-        elif task is not None:
-            bar.update(task, completed=event.written, rate=f"{event.rate:.1f} items/s")
+            self._scoring(event)
+        elif event.phase == "batch":
+            self._batch(event)
 
-    try:
-        yield on_event
-    finally:
-        bar.stop()
+    def _loading(self, what: str) -> None:
+        text = {"tokenizer": "loading the tokenizer", "model": "loading the model, prefilling the prefix"}[what]
+        if self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task(text, total=None, rate="", eta="")
+        self.bar.update(self.task, description=text)
+
+    def _scoring(self, event: Event) -> None:
+        self.started = self.last_line = time.monotonic()
+        if self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task("", total=None, rate="", eta="")
+        self.bar.update(self.task, description="classifying", total=event.total, completed=0)
+        if not self.tty and not self.quiet:
+            log_line(f"start: {event.detail}; {event.total if event.total is not None else 'all'} items to score")
+
+    def _batch(self, event: Event) -> None:
+        eta = _eta(event)
+        self.bar.update(self.task, completed=event.written, rate=f"{event.rate:.1f} items/s",
+                        eta=f"ETA {eta}" if eta else "")
+        now = time.monotonic()
+        if not self.tty and not self.quiet and now - self.last_line >= self.interval:
+            self.last_line = now
+            total = f"/{event.total}" if event.total is not None else ""
+            log_line(f"{event.written}{total} items, {event.rate:.1f} items/s" + (f", ETA {eta}" if eta else ""))
+
+    def stopping(self) -> None:
+        if not self.quiet:
+            err.print("stopping after this batch (Ctrl-C again to abort)", markup=False)
+
+
+def _eta(event: Event) -> str:
+    if event.total is None or not event.rate:
+        return ""
+    seconds = max(event.total - event.written, 0) / event.rate
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def log_line(text: str) -> None:
+    """A timestamped line, for logs a person reads later."""
+    err.print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} prefixcache: {text}", markup=False, soft_wrap=True)
 
 
 @contextmanager
-def signals() -> Iterator[list[int]]:
-    """SIGINT/SIGTERM during scoring: note it (the run stops after the current batch); a second
-    one stops at once."""
+def progress(quiet: bool, interval: float = 30.0) -> Iterator[Reporter]:
+    """The reporter `run_job` sends its events to, for the length of a run."""
+    reporter = Reporter(quiet, interval)
+    try:
+        yield reporter
+    finally:
+        reporter.bar.stop()
+
+
+@contextmanager
+def signals(reporter: Reporter | None = None) -> Iterator[list[int]]:
+    """SIGINT/SIGTERM during scoring: note it and say so (the run stops after the current batch);
+    a second one stops at once."""
     stopped: list[int] = []
 
     def handler(signum, frame):
         if stopped:
             raise KeyboardInterrupt
         stopped.append(signum)
+        if reporter:
+            reporter.stopping()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

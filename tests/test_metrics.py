@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from prefixcache.metrics import ABSTAIN, Evaluation
+from prefixcache.metrics import ABSTAIN, Evaluation, Gates
 
 
 def _filled() -> Evaluation:
@@ -36,12 +36,22 @@ def test_reports():
     ev = _filled()
     data = json.loads(json.dumps(ev.to_json()))
     assert data["accuracy"] == pytest.approx(4 / 7) and data["confusion"]["matrix"][2] == [0, 0, 1, 1]
-    md = ev.to_markdown(min_accuracy=0.9)
+    md = ev.to_markdown(Gates(min_accuracy=0.9))
     assert "accuracy **0.571** (4/7)" in md and "**FAILED**" in md and "| c | 1.000 | 0.500 |" in md
-    suite = ET.fromstring(ev.to_junit(min_accuracy=0.9))
-    assert suite.get("failures") == "1" and suite.find("testcase/failure") is not None
-    passed = ET.fromstring(ev.to_junit(min_accuracy=0.5))
-    assert passed.get("failures") == "0" and len(passed.findall("testcase")) == 4
+    suite = ET.fromstring(ev.to_junit(Gates(min_accuracy=0.9), seconds=1.5))
+    assert suite.get("failures") == "1" and suite.get("time") == "1.500"
+    [failed] = [case for case in suite.findall("testcase") if case.find("failure") is not None]
+    assert failed.get("name") == "accuracy"
+    assert failed.find("failure").get("message") == "accuracy 0.5714 is below --min-accuracy 0.9"
+    passed = ET.fromstring(ev.to_junit(Gates(min_accuracy=0.5)))
+    # Stable names: the values are in each case's output, never in its name.
+    assert [c.get("name") for c in passed.findall("testcase")] == ["accuracy", "recall[a]", "recall[b]", "recall[c]"]
+    assert passed.get("failures") == "0" and passed.find("testcase/system-out").text == "accuracy 0.5714"
+    recall = ET.fromstring(ev.to_junit(Gates(min_recall=0.6)))
+    assert [c.get("name") for c in recall.findall("testcase") if c.find("failure") is not None] == ["recall[b]", "recall[c]"]
+    assert ev.gate_failures(Gates(min_recall=0.6)) == ["recall of 'b' 0.5000 is below --min-recall 0.6",
+                                                       "recall of 'c' 0.5000 is below --min-recall 0.6"]
+    assert ev.gate_failures(Gates()) == []
 
 
 def test_multiple_choice_has_accuracy_only():

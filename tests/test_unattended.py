@@ -54,7 +54,7 @@ def test_empty_input_is_an_empty_output(spec_path, tmp_path):
         out = tmp_path / ("out-" + name)
         result = invoke("run", spec_path, src, "-o", out)
         assert result.exit_code == 0, result.output
-        assert result.stderr.splitlines()[-1].startswith("0 items in")
+        assert "prefixcache: done: 0 records to" in result.stderr.splitlines()[-1]
         assert out.read_text() == ("" if name.endswith("jsonl") else out.read_text().splitlines()[0] + "\n")
 
 
