@@ -6,6 +6,7 @@ stdout carries data only (records, rendered prompts); progress, summaries and er
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -19,23 +20,23 @@ from . import __version__, compat
 from .errors import EXIT_USAGE, OutputError, SpecError
 from .io import detect_format, read_items
 from .job import RunOptions, run_job
-from .load import default_cache_dir, models_dir
+from .load import converted_models, default_cache_dir, models_dir
 from .output import check_output
 from .options import (
     BATCH_SIZE_OPT, BATCH_TOKENS_OPT, BENCH_BATCH_SIZE_OPT, BENCH_BATCH_TOKENS_OPT, BENCH_LIMIT_OPT, CACHE_DIR_OPT,
     CLEAR_MODELS_OPT, DEBUG_OPT, DEVICE_OPT, DTYPE_OPT, FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_LINES_OPT, JSON_OPT,
     JUNIT_OPT, LIMIT_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, NO_STORE_OPT,
     ON_ERROR_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT, RESUME_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT,
-    UPDATE_OPT, LOG_INTERVAL_OPT, MIN_RECALL_OPT,
+    UPDATE_OPT, LOG_INTERVAL_OPT, MIN_RECALL_OPT, Dtype, Format, LogLevel, OnError,
 )
 from .report import print_bench, print_cache, print_evaluation, print_summary
 from .shard import merge_parts
 from .spec import load_spec
 from .task import Batching, Task
-from .terminal import err, errors, progress, setup_logging, signals
+from .terminal import err, errors, progress, reporting, setup_logging, signals
 
 app = typer.Typer(
-    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
@@ -67,22 +68,27 @@ def _cache_dir(cache_dir: Optional[Path]) -> Path:
 def _store_max_bytes() -> Optional[int]:
     """PREFIXCACHE_STORE_MAX_MB: the prefix store's bound (default 2048)."""
     limit = os.environ.get("PREFIXCACHE_STORE_MAX_MB")
+    if not limit:
+        return None
     try:
-        return int(float(limit) * 2**20) if limit else None
+        megabytes = float(limit)
     except ValueError:
-        raise SpecError(f"PREFIXCACHE_STORE_MAX_MB must be a number of megabytes, not {limit!r}")
+        megabytes = float("nan")
+    if not math.isfinite(megabytes) or megabytes < 0:
+        raise SpecError(f"PREFIXCACHE_STORE_MAX_MB must be a number of megabytes (0 or more), not {limit!r}")
+    return int(megabytes * 2**20)
 
 
 @app.command()
 def run(
-    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, output: Optional[str] = OUTPUT_OPT, fmt: Optional[str] = FORMAT_OPT,
-    resume: bool = RESUME_OPT, update: bool = UPDATE_OPT, overwrite: bool = OVERWRITE_OPT, on_error: str = ON_ERROR_OPT,
+    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, output: Optional[str] = OUTPUT_OPT, fmt: Optional[Format] = FORMAT_OPT,
+    resume: bool = RESUME_OPT, update: bool = UPDATE_OPT, overwrite: bool = OVERWRITE_OPT, on_error: OnError = ON_ERROR_OPT,
     batch_size: int = BATCH_SIZE_OPT, batch_tokens: int = BATCH_TOKENS_OPT, limit: Optional[int] = LIMIT_OPT,
     gold: Optional[str] = GOLD_OPT, metrics: Optional[Path] = METRICS_OPT, summary_md: Optional[Path] = SUMMARY_MD_OPT,
     junit: Optional[Path] = JUNIT_OPT, min_accuracy: Optional[float] = MIN_ACCURACY_OPT,
     min_recall: Optional[float] = MIN_RECALL_OPT, device: str = DEVICE_OPT,
-    dtype: str = DTYPE_OPT, cache_dir: Optional[Path] = CACHE_DIR_OPT, no_cache_store: bool = NO_STORE_OPT,
-    shard: Optional[str] = SHARD_OPT, quiet: bool = QUIET_OPT, log_level: str = LOG_LEVEL_OPT,
+    dtype: Dtype = DTYPE_OPT, cache_dir: Optional[Path] = CACHE_DIR_OPT, no_cache_store: bool = NO_STORE_OPT,
+    shard: Optional[str] = SHARD_OPT, quiet: bool = QUIET_OPT, log_level: LogLevel = LOG_LEVEL_OPT,
     log_interval: float = LOG_INTERVAL_OPT, debug: bool = DEBUG_OPT,
 ) -> None:
     """Classify every item and stream one record per item, in input order.
@@ -114,14 +120,15 @@ def run(
         )
         with progress(quiet, log_interval) as reporter, signals(reporter) as stopped:
             result = run_job(options, progress=reporter, stop=lambda: stopped[0] if stopped else None)
-        if not quiet:
-            print_summary(err, result, stamped=not err.is_terminal)
-            if result.merged is not None:
-                err.print(f"merged {result.merged} records from {result.processes} processes into {result.output}")
-            if result.evaluation:
-                print_evaluation(err, result.evaluation)
-        for failure in result.gate_failures:
-            err.print(f"gate failed: {failure}", markup=False)
+        with reporting():
+            if not quiet:
+                print_summary(err, result, stamped=not err.is_terminal)
+                if result.merged is not None:
+                    err.print(f"merged {result.merged} records from {result.processes} processes into {result.output}")
+                if result.evaluation:
+                    print_evaluation(err, result.evaluation)
+            for failure in result.gate_failures:
+                err.print(f"gate failed: {failure}", markup=False)
         raise typer.Exit(result.exit_code)
 
 
@@ -129,7 +136,7 @@ def run(
 def render(
     spec: Path = SPEC_ARG,
     items: str = ITEMS_ARG,
-    fmt: Optional[str] = FORMAT_OPT,
+    fmt: Optional[Format] = FORMAT_OPT,
     limit: Optional[int] = LIMIT_OPT,
     cache_dir: Optional[Path] = CACHE_DIR_OPT,
     debug: bool = DEBUG_OPT,
@@ -157,13 +164,13 @@ def render(
 def bench(
     spec: Path = SPEC_ARG,
     items: str = ITEMS_ARG,
-    fmt: Optional[str] = FORMAT_OPT,
+    fmt: Optional[Format] = FORMAT_OPT,
     limit: int = BENCH_LIMIT_OPT,
     max_items: Optional[int] = MAX_ITEMS_OPT,
     batch_size: int = BENCH_BATCH_SIZE_OPT,
     batch_tokens: int = BENCH_BATCH_TOKENS_OPT,
     device: str = DEVICE_OPT,
-    dtype: str = DTYPE_OPT,
+    dtype: Dtype = DTYPE_OPT,
     cache_dir: Optional[Path] = CACHE_DIR_OPT,
     as_json: bool = JSON_OPT,
     debug: bool = DEBUG_OPT,
@@ -221,7 +228,7 @@ app.add_typer(cache_app, name="cache")
 
 
 @cache_app.command("list")
-def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = JSON_LINES_OPT) -> None:
+def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = JSON_LINES_OPT, debug: bool = DEBUG_OPT) -> None:
     """List the stored prefixes (fingerprint, model, prefix tokens, size, last used) and converted models.
 
     Example:
@@ -230,22 +237,23 @@ def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = JSON_L
     """
     from .store import PrefixStore, describe  # torch: only for this command
 
-    root = _cache_dir(cache_dir)
-    store = PrefixStore(root / "prefixes")
-    prefixes = [describe(e) for e in sorted(store.entries(), key=lambda e: -e.last_used)]
-    models = [{"path": str(m.parent), **json.loads(m.read_text())}
-              for m in sorted(models_dir(root).glob("*/prefixcache.json"))] if models_dir(root).is_dir() else []
-    if as_json:
-        for row in prefixes:
-            print(json.dumps({"kind": "prefix", **row}))
-        for row in models:
-            print(json.dumps({"kind": "model", **row}))
-    else:
-        print_cache(store.root, prefixes, models)
+    with errors(debug):
+        root = _cache_dir(cache_dir)
+        store = PrefixStore(root / "prefixes")
+        prefixes = [describe(e) for e in sorted(store.entries(), key=lambda e: -e.last_used)]
+        models = converted_models(root)
+        if as_json:
+            for row in prefixes:
+                print(json.dumps({"kind": "prefix", **row}))
+            for row in models:
+                print(json.dumps({"kind": "model", **row}))
+        else:
+            print_cache(store.root, prefixes, models)
 
 
 @cache_app.command("clear")
-def cache_clear(cache_dir: Optional[Path] = CACHE_DIR_OPT, models: bool = CLEAR_MODELS_OPT) -> None:
+def cache_clear(cache_dir: Optional[Path] = CACHE_DIR_OPT, models: bool = CLEAR_MODELS_OPT,
+                debug: bool = DEBUG_OPT) -> None:
     """Delete every stored prefix (and with --models the converted models).
 
     Example:
@@ -254,12 +262,16 @@ def cache_clear(cache_dir: Optional[Path] = CACHE_DIR_OPT, models: bool = CLEAR_
     """
     from .store import PrefixStore  # torch: only for this command
 
-    root = _cache_dir(cache_dir)
-    removed = PrefixStore(root / "prefixes").clear()
-    err.print(f"removed {removed} stored prefixes", markup=False)
-    if models and models_dir(root).is_dir():
-        shutil.rmtree(models_dir(root))
-        err.print("removed the converted models", markup=False)
+    with errors(debug):
+        root = _cache_dir(cache_dir)
+        try:
+            removed = PrefixStore(root / "prefixes").clear()
+            err.print(f"removed {removed} stored prefixes", markup=False)
+            if models and models_dir(root).is_dir():
+                shutil.rmtree(models_dir(root))
+                err.print("removed the converted models", markup=False)
+        except OSError as exc:
+            raise OutputError(f"{exc.filename or root}: cannot remove it: {exc.strerror}")
 
 
 def main() -> None:

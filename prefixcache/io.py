@@ -67,9 +67,23 @@ def _jsonl_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[
             record = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"{name}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})")
+        except RecursionError:
+            raise InputError(f"{name}:{lineno}: JSON nested too deeply")
         if not isinstance(record, dict):
             raise InputError(f"{name}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        _check_text(record, name, lineno)
         yield lineno, record
+
+
+def _check_text(record: Mapping[str, Any], name: str, lineno: int) -> None:
+    """JSON may escape half of a UTF-16 surrogate pair (\\ud800), which is no text at all: no
+    tokenizer or UTF-8 writer can take it."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{name}:{lineno}: contains an unpaired surrogate escape (like \\ud800), which is not text")
+    except RecursionError:
+        raise InputError(f"{name}:{lineno}: JSON nested too deeply")
 
 
 def _csv_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:

@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -107,6 +108,19 @@ def models_dir(cache_dir: Path) -> Path:
     return Path(cache_dir) / "models"
 
 
+def converted_models(cache_dir: Path) -> list[dict[str, Any]]:
+    """The converted models kept under `cache_dir`: their folder and what they were made from."""
+    out = []
+    folder = models_dir(cache_dir)
+    for marker in sorted(folder.glob("*/prefixcache.json")) if folder.is_dir() else ():
+        try:
+            info = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            info = {"source": "(unreadable)"}
+        out.append({"path": str(marker.parent), **(info if isinstance(info, dict) else {})})
+    return out
+
+
 def _complete(directory: Path) -> bool:
     return (directory / "prefixcache.json").is_file()
 
@@ -135,6 +149,8 @@ def _hub_hint(source: ModelSource) -> str:
 def pick_device(device: str = "auto") -> str:
     import torch
 
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
+        raise ModelError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps")
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -179,20 +195,40 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: Any) -> Any:
     log.info("converting %s to float weights once (takes a while); later runs load them from %s", path.name, target)
     with compat.gguf_progress_bar(compat.progress_bars_enabled()):
         model = _from_pretrained(str(path.parent), torch.float32, gguf_file=path.name)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    compat.drop_quantizer(model)  # the weights are plain floats now
+    try:
+        _keep_converted(model, tokenizer, path, target)
+    except OSError as exc:  # a full disk or a read-only cache: this run goes on, the next converts again
+        log.warning("cannot keep the converted weights in %s (%s); the next run converts again", target.parent,
+                    exc.strerror or exc)
+    return model
+
+
+def _keep_converted(model: Any, tokenizer: Any, source: Path, target: Path) -> None:
+    """Write the converted model aside and rename it into place, so no reader sees half of it."""
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
-        compat.drop_quantizer(model)  # the weights are plain floats now
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
-        (tmp / "prefixcache.json").write_text(json.dumps({"source": str(path), "created": time.time()}))
+        (tmp / "prefixcache.json").write_text(json.dumps({"source": str(source), "created": time.time()}))
         try:
             tmp.rename(target)
         except OSError:
             pass  # another process finished first; its copy is as good as ours
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return model
+
+
+def _load_gguf(source: ModelSource, tokenizer: Any, converted: Path, dtype: Any) -> Any:
+    """The converted copy when there is a good one; a damaged copy is removed and made again."""
+    if _complete(converted):
+        try:
+            return _from_pretrained(str(converted), dtype)
+        except Exception as exc:
+            log.warning("the converted weights in %s are unusable (%s); converting again", converted, first_line(exc)[:160])
+            shutil.rmtree(converted, ignore_errors=True)
+    return _convert_gguf(source, converted, tokenizer).to(dtype)
 
 
 def load_model(source: ModelSource, tokenizer: Any, cache_dir: Path, device: str = "cpu", dtype: Any = None) -> Any:
@@ -202,11 +238,7 @@ def load_model(source: ModelSource, tokenizer: Any, cache_dir: Path, device: str
     dtype = dtype or torch.float32
     try:
         if source.kind == "gguf":
-            converted = _converted_dir(source, cache_dir)
-            if _complete(converted):
-                model = _from_pretrained(str(converted), dtype)
-            else:
-                model = _convert_gguf(source, converted, tokenizer).to(dtype)
+            model = _load_gguf(source, tokenizer, _converted_dir(source, cache_dir), dtype)
         else:
             model = _from_pretrained(source.path, dtype, trust_remote_code=source.trust_remote_code)
     except ModelError:

@@ -3,22 +3,30 @@ Shared by the commands in cli.py, so one option reads the same everywhere."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import typer
 
 from .errors import EXIT_GATE
 
+# Values an option may take: shown in --help, checked before the command runs.
+Format = Literal["jsonl", "csv"]
+OnError = Literal["fail", "skip"]
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
 SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Task spec (YAML).", show_default=False)
 ITEMS_ARG = typer.Argument(..., metavar="ITEMS", help="Items: a .jsonl or .csv file, or - for stdin (with --format).", show_default=False)
-FORMAT_OPT = typer.Option(None, "--format", "-f", help="Input format when it cannot be told from the extension: jsonl or csv.")
+FORMAT_OPT = typer.Option(None, "--format", "-f", help="Input format when it cannot be told from the extension.")
 LIMIT_OPT = typer.Option(None, "--limit", "-n", min=1, help="Process only the first N items.")
-DEBUG_OPT = typer.Option(False, "--debug", help="Show a traceback for errors.")
+DEBUG_OPT = typer.Option(False, "--debug", metavar="", help="Show a traceback for errors.")
 CACHE_DIR_OPT = typer.Option(None, "--cache-dir", envvar="PREFIXCACHE_CACHE_DIR", show_envvar=False,
                              help="Where converted models and prefilled prefixes are kept (env PREFIXCACHE_CACHE_DIR; default ~/.cache/prefixcache).")
-DEVICE_OPT = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", help="auto, cpu, cuda or mps.")
+DEVICE_OPT = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", metavar="auto|cpu|cuda|cuda:N|mps", help="Where the model runs (auto: CUDA when present, else the CPU).")
 OUTPUT_OPT = typer.Option(None, "--output", "-o", help="Output .jsonl or .csv; stdout (JSONL) when omitted.")
-RESUME_OPT = typer.Option(False, "--resume", help="Continue the output of an interrupted run, or of an input that has grown since: keep its records, score the rest.")
-UPDATE_OPT = typer.Option(False, "--update", help="Bring the output up to date with the input, whatever changed: keep the records of items whose id and fields are unchanged, score new and changed items, drop items no longer there.")
-OVERWRITE_OPT = typer.Option(False, "--overwrite", help="Replace an existing output file.")
+RESUME_OPT = typer.Option(False, "--resume", metavar="", help="Continue the output of an interrupted run, or of an input that has grown since: keep its records, score the rest.")
+UPDATE_OPT = typer.Option(False, "--update", metavar="", help="Bring the output up to date with the input, whatever changed: keep the records of items whose id and fields are unchanged, score new and changed items, drop items no longer there.")
+OVERWRITE_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace an existing output file.")
 ON_ERROR_OPT = typer.Option("fail", "--on-error", help="An item that cannot be scored: fail (stop after writing what is done) or skip (write an error record, go on).")
 BATCH_SIZE_OPT = typer.Option(64, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="At most this many items per forward pass.")
 BATCH_TOKENS_OPT = typer.Option(768, "--batch-tokens", min=1, envvar="PREFIXCACHE_BATCH_TOKENS", help="About this many tokens per forward pass (items' own tokens + label tokens).")
@@ -28,20 +36,20 @@ SUMMARY_MD_OPT = typer.Option(None, "--summary-md", help="Write the evaluation a
 JUNIT_OPT = typer.Option(None, "--junit", help="Write the evaluation as a JUnit XML report.")
 MIN_ACCURACY_OPT = typer.Option(None, "--min-accuracy", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when accuracy is below this.")
 MIN_RECALL_OPT = typer.Option(None, "--min-recall", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when any label's recall is below this.")
-DTYPE_OPT = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto (float32 on CPU, bf16/fp16 on CUDA), float32, bfloat16, float16.")
-NO_STORE_OPT = typer.Option(False, "--no-cache-store", help="Neither load nor keep the prefilled prefix on disk.")
+DTYPE_OPT = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto: float32 on the CPU, bfloat16 (or float16) on CUDA.")
+NO_STORE_OPT = typer.Option(False, "--no-cache-store", metavar="", help="Neither load nor keep the prefilled prefix on disk.")
 SHARD_OPT = typer.Option(None, "--shard", help="Run only shard K of N (K/N, 1-based), e.g. one CI matrix job; join the parts with `prefixcache merge`.")
-QUIET_OPT = typer.Option(False, "--quiet", "-q", help="No progress bar, summary, warnings or evaluation tables.")
+QUIET_OPT = typer.Option(False, "--quiet", "-q", metavar="", help="No progress bar, summary, warnings or evaluation tables.")
 LOG_INTERVAL_OPT = typer.Option(30.0, "--log-interval", min=1.0, envvar="PREFIXCACHE_LOG_INTERVAL", help="When stderr is not a terminal (cron, CI): seconds between progress lines.")
-LOG_LEVEL_OPT = typer.Option("info", "--log-level", envvar="PREFIXCACHE_LOG_LEVEL", help="debug, info, warning or error (stderr).")
+LOG_LEVEL_OPT = typer.Option("info", "--log-level", envvar="PREFIXCACHE_LOG_LEVEL", help="How much to log on stderr.")
 
 
 BENCH_LIMIT_OPT = typer.Option(16, "--limit", "-n", min=1, help="Items for the naive modes (they are slow).")
 MAX_ITEMS_OPT = typer.Option(None, "--max-items", min=1, help="Items for the cached modes (default: all).")
 BENCH_BATCH_SIZE_OPT = typer.Option(64, "--batch-size", "-b", min=1, help="Run pipeline: at most this many items per forward pass.")
 BENCH_BATCH_TOKENS_OPT = typer.Option(768, "--batch-tokens", min=1, help="Run pipeline: about this many tokens per forward pass.")
-JSON_OPT = typer.Option(False, "--json", help="Print the figures as JSON instead of a table.")
+JSON_OPT = typer.Option(False, "--json", metavar="", help="Print the figures as JSON instead of a table.")
 PARTS_ARG = typer.Argument(..., metavar="PART...", help="The part files written with --shard K/N (any order).", show_default=False)
 MERGED_OPT = typer.Option(..., "--output", "-o", help="The joined .jsonl or .csv.")
-JSON_LINES_OPT = typer.Option(False, "--json", help="JSON lines instead of a table.")
-CLEAR_MODELS_OPT = typer.Option(False, "--models", help="Also delete converted (dequantised GGUF) models.")
+JSON_LINES_OPT = typer.Option(False, "--json", metavar="", help="JSON lines instead of a table.")
+CLEAR_MODELS_OPT = typer.Option(False, "--models", metavar="", help="Also delete converted (dequantised GGUF) models.")

@@ -177,11 +177,14 @@ class RecordWriter:
         return buffer.getvalue()
 
     def write(self, record: Mapping[str, Any]) -> None:
-        if self.fmt == "csv":
-            self.stream.write(self._csv_line(to_csv_row(record)))  # one write per record, quoted newlines included
-        else:
-            self.stream.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self.stream.flush()
+        line = self._csv_line(to_csv_row(record)) if self.fmt == "csv" else json.dumps(record, ensure_ascii=False) + "\n"
+        try:
+            self.stream.write(line)  # one write per record, quoted newlines included
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:  # a full disk, a quota: what was written before stays, --resume continues
+            raise OutputError(f"{getattr(self.stream, 'name', 'output')}: cannot write the output: {exc.strerror or exc}")
 
     def close(self) -> None:
         if self.stream is not sys.stdout:
@@ -192,6 +195,8 @@ def open_writer(path: str | None, columns: Sequence[str] = (), append: bool = Fa
     """`path` None or '-' writes JSONL to stdout; otherwise the extension picks JSONL or CSV.
     With `append`, records go after what is there (a CSV header only if the file is empty)."""
     if path is None or path == "-":
+        if sys.stdout is None or sys.stdout.closed:
+            raise OutputError("stdout is closed; give an output file with -o")
         return RecordWriter(sys.stdout, "jsonl")
     fmt = file_format(path)
     fresh = not append or not os.path.exists(path) or os.path.getsize(path) == 0

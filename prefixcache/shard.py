@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import InputError, OutputError
+from .errors import InputError, OutputError, first_line
 from .output import FINGERPRINT_SUFFIX, fingerprint_path, write_fingerprint
 from .records import read_records, record_id
 
@@ -130,10 +130,17 @@ def merge_launched(state: Any, output: str) -> int | None:
 def launch_state(cpu: bool = False) -> Any:
     """accelerate's view of a multi-process launch (`accelerate launch`, torchrun), or None when
     this is a single process. `cpu` (or no GPU) makes it a gloo process group on CPUs."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.strip().isdigit():
+        raise InputError(f"WORLD_SIZE is {world!r}, not a number of processes; unset it unless a launcher sets it")
+    if int(world) <= 1:
         return None
     import torch
     from accelerate import PartialState
 
-    state = PartialState(cpu=cpu or not torch.cuda.is_available())
+    try:
+        state = PartialState(cpu=cpu or not torch.cuda.is_available())
+    except (ValueError, RuntimeError, KeyError) as exc:
+        raise InputError(f"WORLD_SIZE is {world} but this process was not started by a launcher (accelerate launch, "
+                         f"torchrun): {first_line(exc)[:160]}; unset WORLD_SIZE to run one process")
     return state if state.num_processes > 1 else None

@@ -213,6 +213,8 @@ def _load_yaml(path: Path) -> Any:
         raise SpecError(f"{loc}: YAML syntax error: {exc.problem or exc.context}")
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: YAML error: {exc}")
+    except RecursionError:
+        raise SpecError(f"{path}: YAML nested too deeply")
 
 
 def _want_str(data: Mapping, key: str, path: Path, default: str | None = None) -> str | None:

@@ -19,7 +19,11 @@ from .io import Item
 from .load import ModelSource, load_tokenizer, resolve_model
 from .prompt import EncodedItem, PromptBuilder
 from .rows import Candidate, Row, trie
-from .spec import TaskSpec, choice_list
+from .spec import TaskSpec, choice_list, field_text
+
+# No tokenizer makes tokens this long on average: an item longer than this many characters per
+# position of the model's context cannot fit it, whatever its text.
+MAX_CHARS_PER_TOKEN = 64
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,10 @@ class Task:
             self.spec.check_record(item.record)
         except ValueError as exc:
             raise ItemError(item.id, str(exc))
+        chars = sum(len(field_text(item.record[f])) for f in self.spec.template.fields)
+        if context and chars > MAX_CHARS_PER_TOKEN * context:  # refused before tokenising it costs gigabytes
+            raise ItemError(item.id, f"its fields hold {chars} characters, far more than the model's context of "
+                                     f"{context} tokens")
         enc = self.builder.encode_item(item.record, item.id)
         if self.spec.choices:
             candidates = self.builder.options(choice_list(item.record, self.spec.choices), item.id)

@@ -4,6 +4,7 @@ progress bar on stderr, and Ctrl-C / SIGTERM. stdout is never written here."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -19,7 +20,14 @@ from . import compat
 from .errors import EXIT_INTERNAL, Interrupted, PrefixcacheError
 from .job import Event
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Rich would exit with status 1; the command decides instead (see `reporting`, `errors`)."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
+err = _Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 @contextmanager
@@ -40,14 +48,34 @@ def errors(debug: bool) -> Iterator[None]:
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
         raise typer.Exit(130)
-    except BrokenPipeError:
-        sys.stderr.close()  # the reader went away (e.g. `| head`): not an error
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly, as head expects
+        detach_closed_streams()
         raise typer.Exit(0)
     except Exception as exc:
         if debug:
             traceback.print_exc()
         err.print(f"internal error: {type(exc).__name__}: {exc} (run with --debug for a traceback)", markup=False, soft_wrap=True)
         raise typer.Exit(EXIT_INTERNAL)
+
+
+def detach_closed_streams() -> None:
+    """Point stdout and stderr at /dev/null, so nothing at exit tries a pipe nobody reads."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+@contextmanager
+def reporting() -> Iterator[None]:
+    """What is shown after the work is done and written: a closed stderr (`2>&1 | head -1`) or
+    stdout must not turn a finished run into an error, or change its exit code."""
+    try:
+        yield
+    except (BrokenPipeError, ValueError, AttributeError):  # ValueError: I/O on a closed file
+        detach_closed_streams()
 
 
 def setup_logging(quiet: bool, level: str = "info") -> None:
@@ -83,6 +111,13 @@ class Reporter:
         self.started = self.last_line = 0.0
 
     def __call__(self, event: Event) -> None:
+        try:
+            self._show(event)
+        except BrokenPipeError:  # nobody reads stderr any more: the run goes on, silently
+            detach_closed_streams()
+            self.quiet = True
+
+    def _show(self, event: Event) -> None:
         if event.phase == "checked":
             compat.quiet_libraries()
         elif event.phase == "loading":
