@@ -17,7 +17,7 @@ from typing import Optional
 import typer
 
 from . import __version__, compat
-from .errors import EXIT_USAGE, OutputError, SpecError
+from .errors import EXIT_USAGE, OutputError, UsageError
 from .io import detect_format, read_items
 from .job import RunOptions, run_job
 from .load import converted_models, default_cache_dir, models_dir
@@ -75,7 +75,7 @@ def _store_max_bytes() -> Optional[int]:
     except ValueError:
         megabytes = float("nan")
     if not math.isfinite(megabytes) or megabytes < 0:
-        raise SpecError(f"PREFIXCACHE_STORE_MAX_MB must be a number of megabytes (0 or more), not {limit!r}")
+        raise UsageError(f"PREFIXCACHE_STORE_MAX_MB must be a number of megabytes (0 or more), not {limit!r}")
     return int(megabytes * 2**20)
 
 

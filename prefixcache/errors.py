@@ -23,6 +23,12 @@ class SpecError(PrefixcacheError):
     exit_code = EXIT_USAGE
 
 
+class UsageError(PrefixcacheError):
+    """A bad option or environment value (a device that does not exist, a size that is no number)."""
+
+    exit_code = EXIT_USAGE
+
+
 class InputError(PrefixcacheError):
     """The items file is unreadable or a record is invalid."""
 

