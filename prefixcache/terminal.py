@@ -14,7 +14,7 @@ from typing import Iterator
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from . import compat
 from .errors import EXIT_INTERNAL, Interrupted, PrefixcacheError
@@ -78,6 +78,18 @@ def reporting() -> Iterator[None]:
         detach_closed_streams()
 
 
+class _ConsoleHandler(logging.Handler):
+    """Log lines through the stderr console, so they print above a live progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            err.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
+        except BrokenPipeError:
+            detach_closed_streams()
+        except Exception:
+            self.handleError(record)
+
+
 def setup_logging(quiet: bool, level: str = "info") -> None:
     """Library log messages (a one-time model conversion, lint warnings) go to stderr, one line each."""
     levels = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -86,8 +98,8 @@ def setup_logging(quiet: bool, level: str = "info") -> None:
     logger = logging.getLogger("prefixcache")
     for handler in [h for h in logger.handlers if getattr(h, "prefixcache_cli", False)]:
         logger.removeHandler(handler)  # an earlier command in this process wrote to another stderr
-    handler = logging.StreamHandler(sys.stderr)
-    stamp = "" if sys.stderr.isatty() else "%(asctime)s "  # logs read later need the time
+    handler = _ConsoleHandler()
+    stamp = "" if err.is_terminal else "%(asctime)s "  # logs read later need the time
     handler.setFormatter(logging.Formatter(stamp + "prefixcache: %(message)s", "%Y-%m-%d %H:%M:%S"))
     handler.prefixcache_cli = True
     logger.addHandler(handler)
@@ -103,12 +115,13 @@ class Reporter:
     def __init__(self, quiet: bool, interval: float):
         self.quiet, self.interval, self.tty = quiet, interval, err.is_terminal
         self.bar = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
             TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[eta]}"), console=err, transient=False,
             disable=quiet or not self.tty,
         )
         self.task = None
         self.started = self.last_line = 0.0
+        self.scoring = False  # records are being written: a stop waits for the batch
 
     def __call__(self, event: Event) -> None:
         try:
@@ -131,22 +144,24 @@ class Reporter:
         text = {"tokenizer": "loading the tokenizer", "model": "loading the model, prefilling the prefix"}[what]
         if self.task is None:
             self.bar.start()
-            self.task = self.bar.add_task(text, total=None, rate="", eta="")
+            self.task = self.bar.add_task(text, total=None, rate="", eta="", count="")
         self.bar.update(self.task, description=text)
 
     def _scoring(self, event: Event) -> None:
+        self.scoring = True
         self.started = self.last_line = time.monotonic()
         if self.task is None:
             self.bar.start()
-            self.task = self.bar.add_task("", total=None, rate="", eta="")
-        self.bar.update(self.task, description="classifying", total=event.total, completed=0)
+            self.task = self.bar.add_task("", total=None, rate="", eta="", count="")
+        self.bar.update(self.task, description="classifying", total=event.total, completed=0,
+                        count=_count(0, event.total))
         if not self.tty and not self.quiet:
             log_line(f"start: {event.detail}; {event.total if event.total is not None else 'all'} items to score")
 
     def _batch(self, event: Event) -> None:
         eta = _eta(event)
         self.bar.update(self.task, completed=event.written, rate=f"{event.rate:.1f} items/s",
-                        eta=f"ETA {eta}" if eta else "")
+                        eta=f"ETA {eta}" if eta else "", count=_count(event.written, event.total))
         now = time.monotonic()
         if not self.tty and not self.quiet and now - self.last_line >= self.interval:
             self.last_line = now
@@ -156,6 +171,10 @@ class Reporter:
     def stopping(self) -> None:
         if not self.quiet:
             err.print("stopping after this batch (Ctrl-C again to abort)", markup=False)
+
+
+def _count(written: int, total: int | None) -> str:
+    return f"{written}/{total}" if total is not None else str(written)
 
 
 def _eta(event: Event) -> str:
@@ -189,6 +208,8 @@ def signals(reporter: Reporter | None = None) -> Iterator[list[int]]:
     def handler(signum, frame):
         if stopped:
             raise KeyboardInterrupt
+        if reporter and not reporter.scoring:  # still loading: nothing to finish, stop now
+            raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name} before any record was written")
         stopped.append(signum)
         if reporter:
             reporter.stopping()
