@@ -149,7 +149,7 @@ def _hub_hint(source: ModelSource) -> str:
 def pick_device(device: str = "auto") -> str:
     import torch
 
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
+    if not re.fullmatch(r"auto|(cpu|mps|cuda)(:\d+)?", device):
         raise UsageError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps")
     if device == "auto":
         if torch.cuda.is_available():
