@@ -86,3 +86,21 @@ def test_real_model_gold_evaluation_cli(tmp_path):
     data = json.loads(metrics.read_text())
     assert data["items"] == 20 and set(data["per_label"]) == {"ironic", "not ironic"}
     assert sum(map(sum, data["confusion"]["matrix"])) == 20
+
+
+def test_a_damaged_converted_model_is_rebuilt_with_a_warning(cache_dir, tmp_path, caplog):
+    import shutil
+
+    from prefixcache.load import converted_models, models_dir
+
+    _scorer(SPEC, cache_dir)  # the converted copy exists in the shared cache
+    [kept] = [m for m in converted_models(cache_dir) if m["source"].endswith(".gguf")][:1]
+    copy = models_dir(tmp_path) / Path(kept["path"]).name
+    shutil.copytree(kept["path"], copy)
+    weights = next(copy.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])  # a torn file, as a full disk leaves it
+    scorer = _scorer(SPEC, tmp_path)
+    assert "are unusable" in caplog.text and "converting again" in caplog.text
+    item = next(iter(read_items(str(TICKETS))))
+    assert scorer.decide(scorer.task.prepare(item), scorer.score([scorer.task.prepare(item)]).logprobs[0]).best is not None
+    assert weights.stat().st_size > 1000  # made again

@@ -223,3 +223,22 @@ def test_a_cron_log_a_person_can_follow(spec_path, tmp_path):
     assert any("batch: 2 records" in line for line in lines)  # --log-level debug: one line a batch
     assert re.match(stamp + r"done: 40 records to out.jsonl \((tech|billing) \d+(, (tech|billing) \d+)?\); 40 items in",
                     lines[-1])
+
+
+def test_ctrl_c_while_loading_stops_at_once_and_while_scoring_says_it_waits_for_the_batch(capsys):
+    import signal as signals_module
+
+    from prefixcache.errors import Interrupted
+    from prefixcache.job import Event
+    from prefixcache.terminal import Reporter, signals
+
+    reporter = Reporter(quiet=False, interval=30)
+    with signals(reporter) as stopped:
+        with pytest.raises(Interrupted, match="^interrupted by SIGINT before any record was written$"):
+            os.kill(os.getpid(), signals_module.SIGINT)
+        assert stopped == []
+        reporter(Event("scoring", 0, 10))
+        os.kill(os.getpid(), signals_module.SIGINT)
+        assert stopped == [signals_module.SIGINT]
+    reporter.bar.stop()
+    assert "stopping after this batch (Ctrl-C again to abort)" in capsys.readouterr().err
