@@ -14,6 +14,7 @@ the functions that need them.
 | DynamicCache(list of (keys, values)), cache.layers[i].keys   | building and reading KV caches         |
 | modeling_gguf_pytorch_utils.tqdm                             | GGUF conversion's progress bar         |
 | PreTrainedModel.hf_quantizer, config.quantization_config     | saving dequantised GGUF weights        |
+| typer._click.exceptions (UsageError, NoArgsIsHelpError)      | usage errors as one line (typer ships its own click) |
 """
 
 from __future__ import annotations
@@ -130,3 +131,16 @@ def quiet_libraries() -> None:
         hub_logging.set_verbosity_error()
     except ImportError:
         pass
+
+
+def cli_usage_errors() -> tuple[type, type]:
+    """(UsageError, NoArgsIsHelpError) of the click that typer runs on: typer vendors its own
+    copy, whose classes are not the `click` package's."""
+    import typer
+
+    try:
+        from typer._click.exceptions import NoArgsIsHelpError, UsageError
+    except ImportError:  # a typer on the click package
+        from click.exceptions import NoArgsIsHelpError, UsageError
+    assert issubclass(typer.BadParameter, UsageError)
+    return UsageError, NoArgsIsHelpError

@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,17 @@ def detect_format(path: str, fmt: str | None, what: str = "input") -> str:
     if not found:
         raise InputError(f"{path}: cannot tell the format from the extension; use .jsonl or .csv, or pass --format")
     return found
+
+
+def is_stream(path: str) -> bool:
+    """stdin ("-"), a pipe, a FIFO or a device given as a path: input that can be read only once,
+    so it is not scanned before the run (nor hashed, nor re-read)."""
+    if path == "-":
+        return True
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False  # reported as "not found" when it is opened
 
 
 def _open_binary(path: str) -> IO[bytes]:
@@ -88,7 +101,8 @@ def _check_text(record: Mapping[str, Any], name: str, lineno: int) -> None:
 
 def _csv_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
     text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
-    reader = csv.reader(text)
+    reader = csv.reader(text, strict=True)  # a quote never closed is an error, not the rest of the file
+    start = 1
     try:
         header = next(reader, None)
         if header is None:
@@ -107,6 +121,8 @@ def _csv_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[st
     except UnicodeDecodeError:
         raise InputError(f"{name}:{reader.line_num + 1}: not valid UTF-8")
     except csv.Error as exc:
+        if "end of data" in str(exc):
+            raise InputError(f"{name}:{start}: a quoted field opened in this row is never closed")
         raise InputError(f"{name}:{reader.line_num}: malformed CSV: {exc}")
     finally:
         text.detach()

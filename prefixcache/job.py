@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from .errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted, OutputError, SpecError, UsageError
-from .io import Item, detect_format, read_items, scan_items
+from .io import Item, detect_format, is_stream, read_items, scan_items
 from .lint import lint_labels
 from .load import default_cache_dir, model_identity, pick_device, pick_dtype, resolve_model
 from .metrics import Evaluation, Gates, add_record, evaluation_for, write_reports
-from .output import Start, check_output, continue_output, file_digest, start_output, write_fingerprint
+from .output import Start, check_output, check_report, continue_output, default_mode, file_digest, start_output, write_fingerprint
 from .records import Record, columns, id_text, is_error, item_sha, open_writer, read_records
 from .run import RunStats, classify
 from .shard import launch_state, merge_launched, parse_shard, part_path, shard_range
@@ -198,7 +198,7 @@ def _plan(options: RunOptions) -> _Plan:
     part = parse_shard(options.shard) if options.shard else None
     if launched:
         part = (launched.process_index, launched.num_processes)
-    if part and (options.items == "-" or options.output in (None, "-")):
+    if part and (is_stream(options.items) or options.output in (None, "-")):
         raise OutputError("sharded and multi-process runs need an input file and an output file (-o)")
     _not_the_input(options)
     spec = load_spec(options.spec)
@@ -210,12 +210,14 @@ def _plan(options: RunOptions) -> _Plan:
                         "('gold' in the spec, or --gold)")
     fmt = detect_format(options.items, options.input_format)
     total = None
-    if options.items != "-":  # validate the whole input before the model loads
+    if not is_stream(options.items):  # validate the whole input before the model loads
         check = spec.check_record if options.on_error == "fail" else (lambda record: None)
         total = scan_items(options.items, fmt, spec.id_field, check, spec.id_field_given)
         total = min(total, options.limit) if options.limit else total
     keep = options.resume or options.update
     check_output(options.output, keep, options.overwrite)
+    for report in (options.metrics, options.summary_md, options.junit):
+        check_report(report)
     output = options.output
     if launched:
         output = part_path(options.output, *part)
@@ -225,7 +227,7 @@ def _plan(options: RunOptions) -> _Plan:
 
 def _not_the_input(options: RunOptions) -> None:
     """Writing the output must never destroy the input (the same file, a link to it included)."""
-    if options.items == "-" or options.output in (None, "-"):
+    if is_stream(options.items) or options.output in (None, "-"):
         return
     try:
         same = Path(options.output).exists() and Path(options.output).samefile(options.items)
@@ -248,7 +250,7 @@ def _fingerprint(options: RunOptions, plan: _Plan, device: str) -> dict[str, Any
 
 
 def _size(path: str) -> Optional[int]:
-    return None if path == "-" else os.path.getsize(path)
+    return None if is_stream(path) else os.path.getsize(path)
 
 
 def _complete(start: Start, options: RunOptions, plan: _Plan) -> bool:
@@ -337,6 +339,7 @@ def _aside(output: str) -> str:
     target = Path(output)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
     os.close(fd)
+    os.chmod(tmp, default_mode())  # the replaced output keeps the mode a new output would have
     return tmp
 
 

@@ -207,6 +207,9 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: Any) -> Any:
 def _keep_converted(model: Any, tokenizer: Any, source: Path, target: Path) -> None:
     """Write the converted model aside and rename it into place, so no reader sees half of it."""
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for stale in target.parent.glob(".tmp-*"):  # conversions killed mid-write, an hour or more ago
+        if time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)

@@ -8,11 +8,13 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import OutputError
+from .io import is_stream
 from .records import Record, Written, file_format, read_records, record_id
 
 FINGERPRINT_SUFFIX = ".prefixcache.json"
@@ -24,6 +26,8 @@ def check_output(path: str | None, resume: bool = False, overwrite: bool = False
         return
     file_format(path)
     target = Path(path)
+    if target.is_symlink():
+        raise OutputError(f"{path}: is a symbolic link; name the file itself (prefixcache never writes through a link)")
     if target.is_dir():
         raise OutputError(f"{path}: is a directory")
     parent = target.parent if str(target.parent) else Path(".")
@@ -34,6 +38,19 @@ def check_output(path: str | None, resume: bool = False, overwrite: bool = False
     if target.exists() and target.stat().st_size > 0 and not (resume or overwrite):
         raise OutputError(f"{path}: already exists; use --resume to continue it, --update to bring it up to date "
                           f"with the input, or --overwrite to replace it")
+
+
+def check_report(path: Path | None) -> None:
+    """A report file asked for must be writable before the run, not found unwritable after it."""
+    if path is None:
+        return
+    parent = Path(path).parent if str(Path(path).parent) else Path(".")
+    if Path(path).is_dir():
+        raise OutputError(f"{path}: is a directory, not a report file")
+    if not parent.is_dir():
+        raise OutputError(f"{path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
+        raise OutputError(f"{path}: not writable")
 
 
 def truncate_partial(path: str, done: Written) -> bool:
@@ -51,12 +68,32 @@ def fingerprint_path(output: str) -> Path:
 
 def write_fingerprint(output: str, fingerprint: Mapping[str, Any]) -> None:
     path = fingerprint_path(output)
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(fingerprint, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_aside(path, (json.dumps(fingerprint, indent=2, sort_keys=True) + "\n").encode())
     except OSError as exc:
         raise OutputError(f"{path}: cannot write the run's fingerprint: {exc.strerror}")
+
+
+def write_aside(path: Path, data: bytes) -> None:
+    """Write `data` to a new file with an unpredictable name next to `path` (created exclusively,
+    so no planted link is followed), then rename it over `path`. The file gets the mode a plain
+    `open` would give it under the user's umask."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, default_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def default_mode() -> int:
+    """The mode `open` gives a new file under the user's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 # Fingerprint keys a resume may not change, and how to ask for the old value again.
@@ -107,8 +144,9 @@ def input_change(path: str, previous: Mapping[str, Any], fingerprint: Mapping[st
 
 
 def file_digest(path: str, limit: int | None = None) -> str:
-    """sha256 of a file's bytes (of its first `limit` bytes when given; 'stdin' for '-')."""
-    if path == "-":
+    """sha256 of a file's bytes (of its first `limit` bytes when given); "stdin" for "-" or any
+    input that can be read only once."""
+    if is_stream(path):
         return "stdin"
     h, left = hashlib.sha256(), limit if limit is not None else float("inf")
     with open(path, "rb") as f:

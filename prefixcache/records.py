@@ -172,8 +172,12 @@ class RecordWriter:
             stream.flush()
 
     def _csv_line(self, cells: Mapping[str, Any]) -> str:
+        # The csv module quotes a field holding "\n" but not one holding a lone "\r", which every
+        # reader takes for a line end: such a row is written with every field quoted.
+        carriage = any("\r" in str(v) for v in cells.values())
         buffer = io.StringIO()
-        csv.DictWriter(buffer, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n").writerow(cells)
+        csv.DictWriter(buffer, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n",
+                       quoting=csv.QUOTE_ALL if carriage else csv.QUOTE_MINIMAL).writerow(cells)
         return buffer.getvalue()
 
     def write(self, record: Mapping[str, Any]) -> None:
@@ -242,7 +246,8 @@ def _read_jsonl(data: bytes, path: str) -> tuple[list[Record], int]:
 
 def _read_csv(data: bytes, path: str) -> tuple[list[Record], int]:
     text = data.decode("utf-8", errors="replace")
-    lines = text.splitlines(keepends=True)
+    lines = text.split("\n")  # records end in \n; \r or U+2028 inside a quoted id is not an end
+    lines = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
     if not lines or not lines[0].endswith("\n"):
         return [], 0
     header = next(csv.reader([lines[0]]))

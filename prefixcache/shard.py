@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import InputError, OutputError, UsageError, first_line
-from .output import FINGERPRINT_SUFFIX, fingerprint_path, write_fingerprint
+from .output import FINGERPRINT_SUFFIX, fingerprint_path, write_aside, write_fingerprint
 from .records import read_records, record_id
 
 # Fingerprint fields that must agree between the parts of one job (device may differ by host).
@@ -59,6 +58,9 @@ def merge_parts(parts: Sequence[str], output: str) -> int:
         raise InputError("no parts to merge")
     if len(set(parts)) != len(parts):
         raise InputError(f"{next(p for p in parts if parts.count(p) > 1)} is given twice")
+    formats = {Path(p).suffix.lower() for p in [*parts, output]}
+    if len(formats) > 1:
+        raise InputError(f"the parts and the output must all be .jsonl or all .csv (got {', '.join(sorted(formats))})")
     infos = {part: _part_info(part) for part in parts}
     first_part, first = next(iter(infos.items()))
     n = parse_shard(first["shard"])[1]
@@ -102,12 +104,8 @@ def merge_parts(parts: Sequence[str], output: str) -> int:
 
 
 def _write_atomically(output: str, data: bytes) -> None:
-    target = Path(output)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent if str(target.parent) else ".")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
+        write_aside(Path(output), data)
     except OSError as exc:
         raise OutputError(f"{output}: cannot write the merged output: {exc.strerror}")
 

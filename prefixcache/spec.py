@@ -96,6 +96,8 @@ class TaskSpec:
         for name in self.template.fields:
             if name not in record:
                 raise ValueError(f"lacks field {name!r} used by the template")
+            if record[name] is None:
+                raise ValueError(f"has field {name!r} (used by the template) set to null")
         options = choice_list(record, self.choices) if self.choices else None
         if self.gold:
             gold = gold_value(record, self.gold)
@@ -196,6 +198,32 @@ def parse_template(text: str, where: str) -> Template:
     return Template(text=text, parts=tuple(parts))
 
 
+class _RefusedYAML(Exception):
+    def __init__(self, mark: Any, message: str):
+        super().__init__(message)
+        self.line, self.message = (mark.line + 1 if mark else "?"), message
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """yaml.safe_load, minus what a spec never needs and an attacker can use: aliases (a few lines
+    of them expand to gigabytes) and keys given twice (the second silently wins)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _RefusedYAML(event.start_mark, f"YAML alias *{event.anchor} is not allowed in a spec; write the value out")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _RefusedYAML(key_node.start_mark, f"key {key!r} is given twice")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def _load_yaml(path: Path) -> Any:
     try:
         raw = path.read_text(encoding="utf-8")
@@ -206,7 +234,9 @@ def _load_yaml(path: Path) -> Any:
     except OSError as exc:
         raise SpecError(f"{path}: cannot read spec: {exc.strerror}")
     try:
-        return yaml.safe_load(raw)
+        return yaml.load(raw, Loader=_SpecLoader)
+    except _RefusedYAML as exc:
+        raise SpecError(f"{path}:{exc.line}: {exc.message}")
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -241,7 +271,10 @@ def _labels(value: Any, path: Path, choices: str | None) -> tuple[Label, ...]:
         raise SpecError(f"{path}: 'labels' is empty")
     labels, seen = [], set()
     for name, desc in items:
-        if isinstance(name, (int, float)) and not isinstance(name, bool):
+        if isinstance(name, bool):
+            raise SpecError(f"{path}: label {name!r} is how YAML reads an unquoted yes/no/true/false/on/off; "
+                            f"quote the label, e.g. \"yes\"")
+        if isinstance(name, (int, float)):
             name = str(name)
         if not isinstance(name, str) or not name.strip():
             raise SpecError(f"{path}: label {name!r} must be a non-empty string")

@@ -2,8 +2,10 @@
 
 One file per prefix, `<key>.safetensors`, named by a fingerprint of everything that changes the
 tensors: the model's identity, dtype, device type, torch and transformers versions and the prefix
-token ids. The file's header carries a sha256 of the tensor bytes; a file that fails to load or
-to verify is reported, deleted and rebuilt. Files are written aside and renamed into place, so
+token ids. The file's header carries a sha256 of the tensor bytes and an HMAC of that digest and the
+header, keyed by a secret only the user can read (`.store-key`, 0600, in a 0700 folder): a file
+that fails to load or to verify (torn, or written by someone else, or claiming another prefix's
+key) is reported, deleted and rebuilt. Files are written aside and renamed into place, so
 concurrent writers cannot leave a torn file. The store is bounded: least recently used files go
 first (a hit touches the file's modification time).
 """
@@ -11,9 +13,11 @@ first (a hit touches the file's modification time).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,6 +33,7 @@ from .engine import Prefix
 log = logging.getLogger(__name__)
 FORMAT = "prefixcache-prefix-1"
 DEFAULT_MAX_BYTES = 2 * 1024**3
+STALE_SECONDS = 3600  # a temporary file this old belongs to a writer that is gone
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,21 @@ def prefix_key(model_identity: str, dtype: torch.dtype, device_type: str, prefix
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def _signature(secret: bytes, meta: dict[str, str]) -> str:
+    """HMAC-SHA256 over the header (tensor digest included), in a fixed order."""
+    text = json.dumps({k: v for k, v in meta.items() if k != "hmac"}, sort_keys=True)
+    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+
+
+def private_folder(path: Path) -> None:
+    """Create `path` (and missing parents) readable and writable by the user alone, whatever the
+    umask; tighten an existing folder of the user's that others could write to."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(tensors):
@@ -68,6 +88,27 @@ class PrefixStore:
 
     def __init__(self, root: Path, max_bytes: int = DEFAULT_MAX_BYTES):
         self.root, self.max_bytes = Path(root), max_bytes
+        self._secret: bytes | None = None
+
+    def _key(self) -> bytes:
+        """The store's secret: made once, exclusively, 0600; read after."""
+        if self._secret is None:
+            private_folder(self.root)
+            path = self.root / ".store-key"
+            if not path.exists():  # written whole, then linked in: a racing writer sees all of it or none
+                fd, tmp = tempfile.mkstemp(prefix=".tmp-key-", dir=self.root)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(secrets.token_bytes(32))
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    pass
+                finally:
+                    os.unlink(tmp)
+            if path.is_symlink() or (path.stat().st_mode & 0o077):
+                raise OSError(f"{path} is readable or writable by others")
+            self._secret = path.read_bytes()
+        return self._secret
 
     def _path(self, key: str) -> Path:
         return self.root / f"{key}.safetensors"
@@ -84,6 +125,8 @@ class PrefixStore:
                 tensors = {name: f.get_tensor(name) for name in f.keys()}
             if meta.get("format") != FORMAT or meta.get("key") != key or _digest(tensors) != meta.get("sha256"):
                 raise ValueError("checksum or header mismatch")
+            if not hmac.compare_digest(meta.get("hmac", ""), _signature(self._key(), meta)):
+                raise ValueError("not signed by this store")
             layers = int(meta["layers"])
             kv = tuple((tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(layers))
             ids = tuple(json.loads(meta["ids"]))
@@ -106,7 +149,7 @@ class PrefixStore:
             "ids": json.dumps(list(prefix.ids)), "prefill_ms": f"{prefix.prefill_ms:.3f}", "sha256": _digest(tensors),
         }
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            meta["hmac"] = _signature(self._key(), meta)
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=self.root)
             os.close(fd)
             try:
@@ -116,7 +159,7 @@ class PrefixStore:
                 Path(tmp).unlink(missing_ok=True)
             self.evict(keep=key)
         except OSError as exc:
-            log.warning("prefix store: cannot write %s (%s); continuing without it", self.root, exc.strerror)
+            log.warning("prefix store: cannot write %s (%s); continuing without it", self.root, exc.strerror or exc)
         return prefix
 
     def entries(self) -> list[Entry]:
@@ -139,7 +182,14 @@ class PrefixStore:
         return out
 
     def evict(self, keep: str | None = None) -> list[str]:
-        """Remove least recently used entries until the store fits in `max_bytes`."""
+        """Remove least recently used entries until the store fits in `max_bytes` (and the temporary
+        files of writers killed mid-write, once they are an hour old)."""
+        for tmp in self.root.glob(".tmp-*") if self.root.is_dir() else ():
+            try:
+                if time.time() - tmp.stat().st_mtime > STALE_SECONDS:
+                    tmp.unlink()
+            except OSError:
+                pass  # another process is finishing or removing it
         entries = sorted(self.entries(), key=lambda e: e.last_used)
         total = sum(e.size for e in entries)
         removed = []

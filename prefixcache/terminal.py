@@ -206,8 +206,9 @@ def signals(reporter: Reporter | None = None) -> Iterator[list[int]]:
     stopped: list[int] = []
 
     def handler(signum, frame):
-        if stopped:
-            raise KeyboardInterrupt
+        if stopped:  # the second: stop now; the batch in flight is scored again by --resume
+            raise Interrupted(signum, f"interrupted again by {signal.Signals(signum).name}: stopped at once; "
+                                      f"finished records are kept (--resume continues)")
         if reporter and not reporter.scoring:  # still loading: nothing to finish, stop now
             raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name} before any record was written")
         stopped.append(signum)

@@ -120,3 +120,11 @@ def test_quiet_libraries_sets_verbosity_and_progress_bars():
         logging.set_verbosity(level)
         if bars:
             logging.enable_progress_bar()
+
+
+def test_typer_usage_errors_are_the_classes_it_raises():
+    import typer
+
+    usage_error, no_args = compat.cli_usage_errors()
+    assert issubclass(typer.BadParameter, usage_error) and issubclass(no_args, usage_error), \
+        "typer no longer raises usage errors of typer._click.exceptions.UsageError"

@@ -1,0 +1,224 @@
+"""Never a silent wrong or empty result, and no way for another local user to change one: each
+case is a reproduction of a defect found by hostile testing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import write_spec
+from prefixcache.cli import app
+from prefixcache.errors import Interrupted, SpecError
+from prefixcache.spec import load_spec
+
+runner = CliRunner()
+
+
+def invoke(*args, **kwargs):
+    return runner.invoke(app, [str(a) for a in args], **kwargs)
+
+
+@pytest.fixture()
+def spec_path(tmp_path, tiny_model_dir):
+    return write_spec(tmp_path, model=str(tiny_model_dir), labels=["tech", "billing"])
+
+
+def _jsonl(path: Path, ids) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "text": f"ticket {i!s}"}) + "\n" for i in ids))
+    return path
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_fifo_given_as_a_path_is_read_once_not_as_empty(spec_path, tmp_path):
+    fifo = tmp_path / "items.jsonl"
+    os.mkfifo(fifo)
+    data = "".join(json.dumps({"id": f"p{k}", "text": f"ticket {k}"}) + "\n" for k in range(5))
+    writer = threading.Thread(target=lambda: fifo.write_text(data))
+    writer.start()
+    out = tmp_path / "out.jsonl"
+    result = invoke("run", spec_path, fifo, "-o", out, "-q")
+    writer.join()
+    assert result.exit_code == 0, result.output
+    assert [r["id"] for r in _lines(out)] == [f"p{k}" for k in range(5)]
+
+
+def test_an_unterminated_csv_quote_names_its_line(spec_path, tmp_path):
+    src = tmp_path / "in.csv"
+    src.write_text('id,text\nc1,"never closed\nc2,x\nc3,y\n')
+    result = invoke("run", spec_path, src)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {src}:2: a quoted field opened in this row is never closed\n"
+
+
+def test_merge_refuses_mixed_formats(spec_path, tmp_path):
+    src = _jsonl(tmp_path / "in.jsonl", [f"m{k}" for k in range(6)])
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.csv"
+    assert invoke("run", spec_path, src, "-o", a, "--shard", "1/2", "-q").exit_code == 0
+    assert invoke("run", spec_path, src, "-o", b, "--shard", "2/2", "-q").exit_code == 0
+    for output in ("all.jsonl", "all.csv"):
+        result = invoke("merge", a, b, "-o", tmp_path / output)
+        assert result.exit_code == 2
+        assert result.stderr == "error: the parts and the output must all be .jsonl or all .csv (got .csv, .jsonl)\n"
+        assert not (tmp_path / output).exists()
+
+
+def test_ids_equal_as_text_are_duplicates(spec_path, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": 1, "text": "a"}\n{"id": "1", "text": "b"}\n')
+    result = invoke("run", spec_path, src)
+    assert result.exit_code == 2 and result.stderr == f"error: {src}:2: duplicate id '1' (first on line 1)\n"
+    numbered = tmp_path / "numbered.jsonl"
+    numbered.write_text('{"text": "first"}\n{"id": "1", "text": "clash with the first one\'s number"}\n')
+    assert "duplicate id '1'" in invoke("run", spec_path, numbered).stderr
+
+
+def test_csv_resume_keeps_records_whose_ids_hold_line_breaks(spec_path, tmp_path):
+    src = _jsonl(tmp_path / "in.jsonl", ["a\rb", "c\u2028d", "plain", "e\nf"])
+    out = tmp_path / "out.csv"
+    assert invoke("run", spec_path, src, "-o", out, "-b", 1, "-q").exit_code == 0
+    whole = out.read_bytes()
+    out.write_bytes(whole[: whole.index(b"\nplain,") + 1])  # the run stopped after two records
+    result = invoke("run", spec_path, src, "-o", out, "-b", 1, "--resume")
+    assert result.exit_code == 0, result.output
+    assert "2 items already done, 2 items in" in result.stderr
+    assert out.read_bytes().count(b"\n") == whole.count(b"\n")
+
+
+def test_a_planted_link_at_a_temporary_name_is_never_followed(spec_path, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out.jsonl"
+    (tmp_path / "out.jsonl.prefixcache.json.tmp").symlink_to(victim)  # the name older versions wrote to
+    assert invoke("run", spec_path, _jsonl(tmp_path / "in.jsonl", ["x"]), "-o", out, "-q").exit_code == 0
+    assert victim.read_text() == "precious"
+    assert json.loads((tmp_path / "out.jsonl.prefixcache.json").read_text())["batch_size"] == 64
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_symlinked_output_is_refused(spec_path, tmp_path, dangling):
+    target = tmp_path / "elsewhere" / "target.jsonl"
+    target.parent.mkdir()
+    if not dangling:
+        target.write_text("someone else's file\n")
+    link = tmp_path / "out.jsonl"
+    link.symlink_to(target)
+    result = invoke("run", spec_path, _jsonl(tmp_path / "in.jsonl", ["x"]), "-o", link, "--overwrite")
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {link}: is a symbolic link; name the file itself (prefixcache never writes through a link)\n"
+    assert target.exists() != dangling and (dangling or target.read_text() == "someone else's file\n")
+
+
+def test_outputs_follow_the_umask_and_the_store_is_private(spec_path, tmp_path):
+    old = os.umask(0o022)
+    try:
+        src, out = _jsonl(tmp_path / "in.jsonl", ["a", "b"]), tmp_path / "out.jsonl"
+        cache = tmp_path / "cache"
+        assert invoke("run", spec_path, src, "-o", out, "-q", "--cache-dir", cache).exit_code == 0
+        os.umask(0)
+        _jsonl(src, ["a", "b", "c"])
+        src.write_text(src.read_text().replace("ticket a", "ticket A"))  # changed: --update rewrites
+        assert invoke("run", spec_path, src, "-o", out, "-q", "--update", "--cache-dir", cache).exit_code == 0
+    finally:
+        os.umask(old)
+    assert oct(out.stat().st_mode & 0o777) == oct(0o666)  # umask 000 at the rewrite
+    store = cache / "prefixes"
+    assert store.stat().st_mode & 0o777 == 0o700
+    assert all(p.stat().st_mode & 0o077 == 0 for p in store.iterdir())
+
+
+def test_a_stored_prefix_rewritten_to_another_key_is_rebuilt(tmp_path, chat_tokenizer, caplog):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from conftest import tiny_model
+    from helpers import make_spec
+    from prefixcache.engine import Engine
+    from prefixcache.prompt import PromptBuilder
+    from prefixcache.store import PrefixStore
+
+    engine = Engine(tiny_model("llama", len(chat_tokenizer)))
+    one = engine.prefill(PromptBuilder(make_spec(tmp_path, system="One task."), chat_tokenizer).prefix_ids)
+    store = PrefixStore(tmp_path / "store")
+    store.save("key-one", one, "tiny")
+    with safe_open(str(tmp_path / "store" / "key-one.safetensors"), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(tmp_path / "store" / "key-two.safetensors"), metadata={**meta, "key": "key-two"})
+    assert store.load("key-two", "cpu") is None  # the header claims another key: not signed for it
+    assert "not signed by this store" in caplog.text
+    assert store.load("key-one", "cpu") is not None
+
+
+def test_stale_temporary_files_are_cleaned(tmp_path, chat_tokenizer):
+    from conftest import tiny_model
+    from helpers import make_spec
+    from prefixcache.engine import Engine
+    from prefixcache.prompt import PromptBuilder
+    from prefixcache.store import PrefixStore
+
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    old, fresh = store_dir / ".tmp-abc.safetensors", store_dir / ".tmp-def.safetensors"
+    old.write_bytes(b"x" * 1000)
+    fresh.write_bytes(b"y")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    engine = Engine(tiny_model("llama", len(chat_tokenizer)))
+    PrefixStore(store_dir).save("k", engine.prefill(PromptBuilder(make_spec(tmp_path), chat_tokenizer).prefix_ids), "t")
+    assert not old.exists() and fresh.exists()  # a writer may still own the fresh one
+
+
+@pytest.mark.parametrize("text,message", [
+    ("labels: &a [x, y]\nexamples: [{text: *a, label: x}]\n", "YAML alias *a is not allowed in a spec; write the value out"),
+    ("labels: [a, b]\nlabels: [c, d]\n", "key 'labels' is given twice"),
+    ("labels: [yes, no]\n", "label True is how YAML reads an unquoted yes/no/true/false/on/off; quote the label, e.g. \"yes\""),
+])
+def test_spec_yaml_traps(tmp_path, text, message):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as refused:
+        load_spec(path)
+    assert str(refused.value).endswith(message)
+
+
+def test_a_null_template_field_is_refused(spec_path, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": "n", "text": null}\n')
+    result = invoke("run", spec_path, src)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {src}:1: item 'n' has field 'text' (used by the template) set to null\n"
+
+
+def test_a_second_signal_stops_at_once_with_its_own_code():
+    from prefixcache.job import Event
+    from prefixcache.terminal import Reporter, signals
+
+    reporter = Reporter(quiet=True, interval=30)
+    reporter(Event("scoring", 0, 10))
+    with signals(reporter):
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(Interrupted) as again:
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert again.value.exit_code == 143
+
+
+def test_usage_errors_and_report_paths_are_one_line_before_the_run(spec_path, tmp_path):
+    src = _jsonl(tmp_path / "in.jsonl", ["x"])
+    zero = invoke("run", spec_path, src, "--limit", 0)
+    assert zero.exit_code == 2
+    assert zero.stderr == ("error: Invalid value for '--limit' / '-n': Input should be greater than or equal to 1 "
+                           "(see root run -h)\n")
+    gold = write_spec(tmp_path, name="gold.yaml", model=load_spec(spec_path).model, labels=["tech", "billing"], gold="answer")
+    src.write_text('{"id": 1, "text": "x", "answer": "tech"}\n')
+    missing = invoke("run", gold, src, "-o", tmp_path / "o.jsonl", "--metrics", tmp_path / "no" / "m.json")
+    assert missing.exit_code == 2
+    assert missing.stderr == f"error: {tmp_path / 'no' / 'm.json'}: folder {tmp_path / 'no'} does not exist\n"
+    assert not (tmp_path / "o.jsonl").exists()
