@@ -25,15 +25,15 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
-from .errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted, OutputError, SpecError, UsageError
+from .errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted, OutputError, SpecError, UsageError
 from .io import Item, detect_format, is_stream, read_items, scan_items
 from .lint import lint_labels
 from .load import default_cache_dir, model_identity, pick_device, pick_dtype, resolve_model
 from .metrics import Evaluation, Gates, add_record, evaluation_for, write_reports
 from .output import Start, check_output, check_report, continue_output, default_mode, file_digest, start_output, write_fingerprint
-from .records import Record, columns, id_text, is_error, item_sha, open_writer, read_records
+from .records import Record, columns, id_text, ids_digest, is_error, item_sha, open_writer, read_records
 from .run import RunStats, classify
 from .shard import launch_state, merge_launched, parse_shard, part_path, shard_range
 from .spec import TaskSpec, load_spec
@@ -150,7 +150,9 @@ def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Opti
     start = None
     if not plan.part:  # a shard's items are known once batches can be formed: after the model loads
         start = start_output(plan.output, fingerprint, options.resume, options.update, options.items)
+        _in_input_order(start, options, plan)
         if _complete(start, options, plan):
+            continue_output(plan.output, start, fingerprint)  # a damaged last line still goes
             return _nothing_to_do(start, plan, options)
     if progress:
         progress(Event("loading", detail="tokenizer"))
@@ -162,7 +164,9 @@ def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Opti
     scorer = _load_scorer(task, options, device)
     bounds = _bounds(task, scorer, options, plan)
     if plan.part:
-        fingerprint.update(shard=f"{plan.part[0] + 1}/{plan.part[1]}", items=bounds[1] - bounds[0])
+        fingerprint.update(shard=f"{plan.part[0] + 1}/{plan.part[1]}", items=bounds[1] - bounds[0],
+                           ids=ids_digest(id_text(item.id) for item in islice(
+                               read_items(options.items, plan.input_format, plan.spec.id_field), *bounds)))
         start = start_output(plan.output, fingerprint, options.resume, options.update, options.items)
     result = RunResult(
         output=plan.output, stats=RunStats(), resumed=0 if start.mode == "update" else len(start.records),
@@ -251,6 +255,18 @@ def _fingerprint(options: RunOptions, plan: _Plan, device: str) -> dict[str, Any
 
 def _size(path: str) -> Optional[int]:
     return None if is_stream(path) else os.path.getsize(path)
+
+
+def _in_input_order(start: Start, options: RunOptions, plan: _Plan) -> None:
+    """An output being continued holds the first items of its input, in order (records are only
+    ever appended); anything else was changed after it was written, and appending would mix."""
+    if start.mode not in ("resume", "grown") or is_stream(options.items) or not start.records:
+        return
+    items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), len(start.records))
+    for n, (item, key) in enumerate(zip(items, start.records), 1):
+        if id_text(item.id) != key:
+            raise OutputError(f"{plan.output}: record {n} is item {key!r}, but item {n} of {options.items} is "
+                              f"{item.id!r}; the output was changed after it was written: --update rewrites it")
 
 
 def _complete(start: Start, options: RunOptions, plan: _Plan) -> bool:
@@ -366,6 +382,8 @@ def _records(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, O
             f"{scorer.task.source.ref}, {scorer.device} {scorer.dtype}, prefix {len(scorer.prefix.ids)} tokens "
             f"{scorer.prefix_source}{', ' + str(len(done)) + ' records already written' if done else ''}")))
     items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), first, last)
+    if is_stream(options.items):  # read once, never scanned: check it as it streams
+        items = _checked_stream(items, options.items, {} if updating else start.records)
     if not updating:
         yield from classify(scorer, items, _batching(options), stats, done, after_batch)
         return
@@ -389,6 +407,23 @@ def _records(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, O
         yield record
     yield from order
     result.dropped = len(gone)
+
+
+def _checked_stream(items: Iterator[Item], name: str, written: Mapping[str, Record]) -> Iterator[Item]:
+    """What the scan before the run checks for a file, for input that can be read only once:
+    unique ids; and, when continuing an output, that an item already written is the same item."""
+    seen: dict[str, int] = {}
+    label = "<stdin>" if name == "-" else name
+    for item in items:
+        key = id_text(item.id)
+        if key in seen:
+            raise InputError(f"{label}:{item.line}: duplicate id {item.id!r} (first on line {seen[key]})")
+        seen[key] = item.line
+        old = written.get(key)
+        if old is not None and old.get("item_sha") not in (None, item_sha(item.record)):
+            raise InputError(f"{label}:{item.line}: item {item.id!r} differs from the one already written to the "
+                             f"output; this is not the input the output was started with")
+        yield item
 
 
 def command_line(options: RunOptions) -> str:

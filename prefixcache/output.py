@@ -177,7 +177,9 @@ def start_output(output: str | None, fingerprint: Mapping[str, Any], resume: boo
         return Start("fresh", {})
     previous = read_fingerprint(output)
     check_fingerprint(output, previous, fingerprint)
-    change = input_change(items, previous, fingerprint)
+    # A stream cannot be compared before it is read: --update rewrites by id; --resume checks each
+    # item already written as it streams.
+    change = ("changed" if update else "same") if is_stream(items) else input_change(items, previous, fingerprint)
     if change == "changed" and not update:
         raise OutputError(f"{output}: cannot resume it: {items} changed since it was written (not only grew); "
                           f"--update keeps the records of unchanged items and scores new and changed ones")
@@ -185,6 +187,10 @@ def start_output(output: str | None, fingerprint: Mapping[str, Any], resume: boo
         raise OutputError(f"{output}: a shard can only be continued on the same input; {items} changed")
     done = read_records(output)
     records = {record_id(r): r for r in done.records}
+    if len(records) < len(done.records):
+        twice = next(r for i, r in enumerate(done.records) if record_id(r) in map(record_id, done.records[:i]))
+        raise OutputError(f"{output}: holds two records for item {twice.get('id')!r}; it was changed after it was "
+                          f"written: choose another output file, or --overwrite to start it again")
     return Start("update" if change == "changed" else "resume" if change == "same" else "grown", records)
 
 

@@ -91,6 +91,14 @@ def id_text(item_id: Any) -> str:
     return str(item_id)
 
 
+def ids_digest(ids: Any) -> str:
+    """A digest of a sequence of ids (as text), in order: which items, in which order."""
+    h = hashlib.sha256()
+    for key in ids:
+        h.update(key.encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()[:32]
+
+
 def record_id(record: Mapping[str, Any]) -> str:
     return id_text(record.get("id"))
 
@@ -229,17 +237,25 @@ def read_records(path: str) -> Written:
     return Written(records, end, len(data))
 
 
+def _is_record(value: Any) -> bool:
+    return isinstance(value, dict) and "id" in value and ("label" in value or "error" in value)
+
+
 def _read_jsonl(data: bytes, path: str) -> tuple[list[Record], int]:
     records, offset = [], 0
-    for line in data.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break  # the partial record a crash can leave
+    for line in data.split(b"\n"):
+        if offset + len(line) == len(data):
+            break  # no line end: the partial record a crash can leave (or nothing)
+        line += b"\n"
         try:
-            records.append(json.loads(line))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            record = None
+        if not _is_record(record):
             if offset + len(line) == len(data):
-                break
+                break  # a damaged last line: dropped like a partial one
             raise OutputError(f"{path}: line {len(records) + 1} is not a record; is this a prefixcache output?")
+        records.append(record)
         offset += len(line)
     return records, offset
 
@@ -251,6 +267,8 @@ def _read_csv(data: bytes, path: str) -> tuple[list[Record], int]:
     if not lines or not lines[0].endswith("\n"):
         return [], 0
     header = next(csv.reader([lines[0]]))
+    if not {"id", "label", "error"} <= set(header):
+        raise OutputError(f"{path}: its header has no id, label and error columns; is this a prefixcache output?")
     records, offset, pending, pending_len = [], len(lines[0].encode()), [], 0
     for line in lines[1:]:
         pending.append(line)

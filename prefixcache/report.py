@@ -22,7 +22,7 @@ def print_summary(console: Console, result: Any, stamped: bool = False) -> None:
         return
     if stamped:
         counts = ", ".join(f"{label} {n}" for label, n in r.labels.most_common())
-        head += f"done: {s.items} records to {r.output or 'stdout'}{f' ({counts})' if counts else ''}; "
+        head += f"done: {s.items + r.kept} records to {r.output or 'stdout'}{f' ({counts})' if counts else ''}; "
     label = f"shard {r.shard[0] + 1}/{r.shard[1]}: " if r.shard else ""
     kept = f"{r.kept} unchanged items kept, {r.dropped} dropped, " if r.kept or r.dropped else ""
     reused = s.items - s.errors - s.scored

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import InputError, OutputError, UsageError, first_line
 from .output import FINGERPRINT_SUFFIX, fingerprint_path, write_aside, write_fingerprint
-from .records import read_records, record_id
+from .records import ids_digest, read_records, record_id
+
+LAUNCH_TIMEOUT = 120  # seconds for every process of a launch to join
 
 # Fingerprint fields that must agree between the parts of one job (device may differ by host).
 SHARED_FIELDS = ("spec", "gold", "model", "input", "dtype")
@@ -88,6 +91,10 @@ def merge_parts(parts: Sequence[str], output: str) -> int:
         if expected is not None and len(done.records) != expected:
             raise InputError(f"{part}: has {len(done.records)} of its {expected} records; "
                              f"finish it with --resume before merging")
+        expected_ids = infos[part].get("ids")
+        if expected_ids is not None and ids_digest(map(record_id, done.records)) != expected_ids:
+            raise InputError(f"{part}: its records are not the items of shard {k + 1}/{n} in input order; "
+                             f"it was changed after it was written: run the shard again with --overwrite")
         for record in done.records:
             rid = record_id(record)
             if rid in seen:
@@ -98,7 +105,7 @@ def merge_parts(parts: Sequence[str], output: str) -> int:
             data = data.split(b"\n", 1)[1] if b"\n" in data else b""  # one header is enough
         chunks.append(data)
     _write_atomically(output, b"".join(chunks))
-    merged = {key: value for key, value in first.items() if key not in ("shard", "items")}
+    merged = {key: value for key, value in first.items() if key not in ("shard", "items", "ids")}
     write_fingerprint(output, {**merged, "items": len(seen)})
     return len(seen)
 
@@ -133,12 +140,16 @@ def launch_state(cpu: bool = False) -> Any:
         raise UsageError(f"WORLD_SIZE is {world!r}, not a number of processes; unset it unless a launcher sets it")
     if int(world) <= 1:
         return None
+    if not os.environ.get("MASTER_ADDR"):
+        raise UsageError(f"WORLD_SIZE is {world} but no launcher started this process (MASTER_ADDR is not set); "
+                         f"use accelerate launch or torchrun, or unset WORLD_SIZE to run one process")
     import torch
     from accelerate import PartialState
 
-    try:
-        state = PartialState(cpu=cpu or not torch.cuda.is_available())
+    try:  # a bounded wait: processes that never come would otherwise hang the run for half an hour
+        state = PartialState(cpu=cpu or not torch.cuda.is_available(), timeout=timedelta(seconds=LAUNCH_TIMEOUT))
     except (ValueError, RuntimeError, KeyError) as exc:
-        raise UsageError(f"WORLD_SIZE is {world} but this process was not started by a launcher (accelerate launch, "
-                         f"torchrun): {first_line(exc)[:160]}; unset WORLD_SIZE to run one process")
+        raise UsageError(f"WORLD_SIZE is {world} but the processes of the launch did not all join within "
+                         f"{LAUNCH_TIMEOUT} s ({first_line(exc)[:120]}); start them with accelerate launch or torchrun, "
+                         f"or unset WORLD_SIZE to run one process")
     return state if state.num_processes > 1 else None

@@ -242,3 +242,75 @@ def test_ctrl_c_while_loading_stops_at_once_and_while_scoring_says_it_waits_for_
         assert stopped == [signals_module.SIGINT]
     reporter.bar.stop()
     assert "stopping after this batch (Ctrl-C again to abort)" in capsys.readouterr().err
+
+
+# -- damaged outputs and parts: resume and merge either finish correctly or refuse in one line ----------
+def _damage(data: bytes, rng: random.Random) -> bytes:
+    lines = data.split(b"\n")[:-1]
+    kind = rng.choice(["truncate", "garbage-tail", "garbage-line", "duplicate", "delete", "foreign", "swap"])
+    if kind == "truncate":
+        return data[: rng.randint(0, len(data))]
+    if kind == "garbage-tail":
+        return data + bytes(rng.randint(0, 255) for _ in range(rng.randint(1, 40)))
+    k = rng.randrange(len(lines))
+    if kind == "garbage-line":
+        lines.insert(k, bytes(rng.choice(b'{}[]":,ab\\ 01') for _ in range(rng.randint(1, 30))))
+    elif kind == "duplicate":
+        lines.insert(k, lines[k])
+    elif kind == "delete":
+        del lines[k]
+    elif kind == "foreign":
+        lines.insert(k, b'{"name": "not a record"}')
+    else:
+        j = rng.randrange(len(lines))
+        lines[k], lines[j] = lines[j], lines[k]
+    return b"\n".join(lines) + b"\n"
+
+
+def _no_ms(path: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k != "ms"} for line in path.read_text().splitlines()]
+
+
+def test_resume_on_a_damaged_output_finishes_correctly_or_refuses(spec_path, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"d{k}", "text": f"ticket {k} {'again ' * (k % 3)}"}) + "\n"
+                           for k in range(12)))
+    full = tmp_path / "full.jsonl"
+    assert invoke("run", spec_path, src, "-o", full, "-b", 3, "-q").exit_code == 0
+    want = _no_ms(full)
+    rng = random.Random(7)
+    outcomes = set()
+    for case in range(30):
+        out = tmp_path / f"out{case}.jsonl"
+        out.write_bytes(_damage(full.read_bytes(), rng))
+        Path(f"{out}.prefixcache.json").write_bytes(Path(f"{full}.prefixcache.json").read_bytes())
+        result = invoke("run", spec_path, src, "-o", out, "-b", 3, "--resume", "-q")
+        assert result.exit_code in (0, 2), (case, result.output)
+        if result.exit_code == 0:
+            assert _no_ms(out) == want, case  # complete and exactly the uninterrupted run's records
+        else:
+            assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: "), result.stderr
+        outcomes.add(result.exit_code)
+    assert outcomes == {0, 2}
+
+
+def test_merge_of_damaged_parts_is_complete_or_refused(spec_path, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"m{k}", "text": f"ticket {k}"}) + "\n" for k in range(10)))
+    whole, parts = tmp_path / "whole.jsonl", [tmp_path / f"p{k}.jsonl" for k in (1, 2)]
+    assert invoke("run", spec_path, src, "-o", whole, "-b", 2, "-q").exit_code == 0
+    for k, part in enumerate(parts, 1):
+        assert invoke("run", spec_path, src, "-o", part, "-b", 2, "-q", "--shard", f"{k}/2").exit_code == 0
+    good = [p.read_bytes() for p in parts]
+    rng = random.Random(11)
+    for case in range(30):
+        victim = rng.randrange(2)
+        parts[victim].write_bytes(_damage(good[victim], rng))
+        merged = tmp_path / f"merged{case}.jsonl"
+        result = invoke("merge", *parts, "-o", merged)
+        assert result.exit_code in (0, 2), result.output
+        if result.exit_code == 0:
+            assert _no_ms(merged) == _no_ms(whole), case
+        else:
+            assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: ") and not merged.exists()
+        parts[victim].write_bytes(good[victim])

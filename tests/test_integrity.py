@@ -222,3 +222,42 @@ def test_usage_errors_and_report_paths_are_one_line_before_the_run(spec_path, tm
     assert missing.exit_code == 2
     assert missing.stderr == f"error: {tmp_path / 'no' / 'm.json'}: folder {tmp_path / 'no'} does not exist\n"
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_a_stream_is_checked_as_it_is_read(spec_path, tmp_path):
+    rows = [{"id": f"s{k}", "text": f"ticket {k}"} for k in range(6)]
+    text = lambda rs: "".join(json.dumps(r) + "\n" for r in rs)  # noqa: E731
+    dup = invoke("run", spec_path, "-", "--format", "jsonl", "-q", input=text(rows[:3] + rows[:1]))
+    assert dup.exit_code == 2 and dup.stderr == "error: <stdin>:4: duplicate id 's0' (first on line 1)\n"
+    out = tmp_path / "out.jsonl"
+    assert invoke("run", spec_path, "-", "--format", "jsonl", "-o", out, "-q", input=text(rows[:3])).exit_code == 0
+    other = [{**rows[0], "text": "another ticket"}] + rows[1:5]
+    refused = invoke("run", spec_path, "-", "--format", "jsonl", "-o", out, "-q", "--resume", input=text(other))
+    assert refused.exit_code == 2
+    assert refused.stderr == ("error: <stdin>:1: item 's0' differs from the one already written to the output; "
+                              "this is not the input the output was started with\n")
+    grown = invoke("run", spec_path, "-", "--format", "jsonl", "-o", out, "-q", "--resume", input=text(rows[:5]))
+    assert grown.exit_code == 0 and [r["id"] for r in _lines(out)] == [f"s{k}" for k in range(5)]
+    updated = invoke("run", spec_path, "-", "--format", "jsonl", "-o", out, "--update", input=text(other))
+    assert updated.exit_code == 0 and "4 unchanged items kept, 0 dropped, 1 items in" in updated.stderr
+
+
+@pytest.mark.slow
+def test_world_size_without_a_launcher_fails_in_bounded_time(spec_path, tmp_path):
+    import subprocess
+    import sys
+
+    src = _jsonl(tmp_path / "in.jsonl", ["x"])
+    base = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    no_master = subprocess.run([sys.executable, "-m", "prefixcache", "run", str(spec_path), str(src), "-q"],
+                               env={**base, "WORLD_SIZE": "2"}, capture_output=True, text=True, timeout=120)
+    assert no_master.returncode == 2 and no_master.stderr.endswith(
+        "error: WORLD_SIZE is 2 but no launcher started this process (MASTER_ADDR is not set); use accelerate "
+        "launch or torchrun, or unset WORLD_SIZE to run one process\n")
+    code = "import prefixcache.shard as s; s.LAUNCH_TIMEOUT = 3\nfrom prefixcache.cli import main\nmain()"
+    env = {**base, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29581"}
+    started = time.monotonic()
+    alone = subprocess.run([sys.executable, "-c", code, "run", str(spec_path), str(src), "-q"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 2 and time.monotonic() - started < 60
+    assert "did not all join within 3 s" in alone.stderr.splitlines()[-1]
