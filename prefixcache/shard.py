@@ -8,6 +8,7 @@ part's completeness is a count: its fingerprint records how many items it was gi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from datetime import timedelta
@@ -139,6 +140,10 @@ def launch_state(cpu: bool = False) -> Any:
     if not world.strip().isdigit():
         raise UsageError(f"WORLD_SIZE is {world!r}, not a number of processes; unset it unless a launcher sets it")
     if int(world) <= 1:
+        if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true":
+            logging.getLogger("prefixcache").warning(
+                "accelerate started this as a single process (with --cpu it starts several only through mpirun); "
+                "for N processes on CPUs use `accelerate launch --multi_gpu --num_processes N` or torchrun")
         return None
     if not os.environ.get("MASTER_ADDR"):
         raise UsageError(f"WORLD_SIZE is {world} but no launcher started this process (MASTER_ADDR is not set); "

@@ -204,9 +204,12 @@ class PrefixStore:
         return removed
 
     def clear(self) -> int:
+        """Remove every stored prefix (and temporary files writers left); returns how many prefixes."""
         entries = self.entries()
         for e in entries:
             e.path.unlink(missing_ok=True)
+        for tmp in self.root.glob(".tmp-*") if self.root.is_dir() else ():
+            tmp.unlink(missing_ok=True)
         return len(entries)
 
 

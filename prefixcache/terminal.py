@@ -199,25 +199,38 @@ def progress(quiet: bool, interval: float = 30.0) -> Iterator[Reporter]:
         reporter.bar.stop()
 
 
+STOP_GRACE = 10.0  # seconds a stop waits for the batch in flight before abandoning it
+
+
 @contextmanager
 def signals(reporter: Reporter | None = None) -> Iterator[list[int]]:
-    """SIGINT/SIGTERM during scoring: note it and say so (the run stops after the current batch);
-    a second one stops at once."""
+    """SIGINT/SIGTERM during scoring: note it and say so; the run stops after the current batch,
+    or abandons it after STOP_GRACE seconds (its items are scored again by --resume). Before
+    scoring starts, and at a second signal, it stops at once."""
     stopped: list[int] = []
+
+    def now(signum: int, why: str) -> Interrupted:
+        return Interrupted(signum, f"interrupted by {signal.Signals(signum).name}: {why}")
 
     def handler(signum, frame):
         if stopped:  # the second: stop now; the batch in flight is scored again by --resume
-            raise Interrupted(signum, f"interrupted again by {signal.Signals(signum).name}: stopped at once; "
-                                      f"finished records are kept (--resume continues)")
+            raise now(signum, "stopped at once; finished records are kept (--resume continues)")
         if reporter and not reporter.scoring:  # still loading: nothing to finish, stop now
-            raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name} before any record was written")
+            raise now(signum, "stopped before any record was written")
         stopped.append(signum)
+        signal.setitimer(signal.ITIMER_REAL, STOP_GRACE)
         if reporter:
             reporter.stopping()
 
+    def too_long(signum, frame):
+        raise now(stopped[0], f"the batch in flight did not finish within {STOP_GRACE:.0f} s and was abandoned; "
+                              f"finished records are kept (--resume continues)")
+
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, too_long)
     try:
         yield stopped
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
         for sig, old in previous.items():
             signal.signal(sig, old)

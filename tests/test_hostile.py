@@ -234,7 +234,7 @@ def test_ctrl_c_while_loading_stops_at_once_and_while_scoring_says_it_waits_for_
 
     reporter = Reporter(quiet=False, interval=30)
     with signals(reporter) as stopped:
-        with pytest.raises(Interrupted, match="^interrupted by SIGINT before any record was written$"):
+        with pytest.raises(Interrupted, match="^interrupted by SIGINT: stopped before any record was written$"):
             os.kill(os.getpid(), signals_module.SIGINT)
         assert stopped == []
         reporter(Event("scoring", 0, 10))

@@ -261,3 +261,19 @@ def test_world_size_without_a_launcher_fails_in_bounded_time(spec_path, tmp_path
                            capture_output=True, text=True, timeout=120)
     assert alone.returncode == 2 and time.monotonic() - started < 60
     assert "did not all join within 3 s" in alone.stderr.splitlines()[-1]
+
+
+def test_a_stop_waits_for_the_batch_in_flight_only_so_long(monkeypatch):
+    from prefixcache import terminal
+    from prefixcache.job import Event
+
+    monkeypatch.setattr(terminal, "STOP_GRACE", 0.2)
+    reporter = terminal.Reporter(quiet=True, interval=30)
+    reporter(Event("scoring", 0, 10))
+    with pytest.raises(Interrupted) as abandoned:
+        with terminal.signals(reporter):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # a batch that takes too long
+    assert abandoned.value.exit_code == 143
+    assert str(abandoned.value) == ("interrupted by SIGTERM: the batch in flight did not finish within 0 s and was "
+                                    "abandoned; finished records are kept (--resume continues)")
