@@ -104,3 +104,15 @@ def test_a_damaged_converted_model_is_rebuilt_with_a_warning(cache_dir, tmp_path
     item = next(iter(read_items(str(TICKETS))))
     assert scorer.decide(scorer.task.prepare(item), scorer.score([scorer.task.prepare(item)]).logprobs[0]).best is not None
     assert weights.stat().st_size > 1000  # made again
+
+
+def test_an_unwritable_cache_still_runs_the_embedded_model(tmp_path):
+    """With nowhere to keep the converted weights, the run converts in memory, warns and goes on."""
+    blocked = tmp_path / "cache-is-a-file"
+    blocked.write_text("not a folder")
+    out = tmp_path / "o.jsonl"
+    result = CliRunner().invoke(app, ["run", str(SPEC), str(TICKETS), "-o", str(out), "--limit", "3",
+                                      "--cache-dir", str(blocked)])
+    assert result.exit_code == 0, result.output
+    assert "cannot keep the converted weights" in result.stderr and "prefix store: cannot write" in result.stderr
+    assert len(out.read_text().splitlines()) == 3
