@@ -12,10 +12,9 @@ import shutil
 import sys
 from itertools import islice
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
-from typer.core import TyperGroup
 
 from . import __version__, compat
 from .errors import EXIT_USAGE, OutputError, UsageError
@@ -34,33 +33,10 @@ from .report import print_bench, print_cache, print_evaluation, print_summary
 from .shard import merge_parts
 from .spec import load_spec
 from .task import Batching, Task
-from .terminal import err, errors, progress, reporting, setup_logging, signals
-
-class _Commands(TyperGroup):
-    """Usage errors (`--limit 0`, an unknown option) as one `error:` line and exit 2, like every
-    other error, instead of a framed box; a missing command still shows the help."""
-
-    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True,
-             **extra: Any) -> Any:
-        usage_error, no_args = compat.cli_usage_errors()
-        try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except no_args as exc:
-            print(exc.ctx.get_help() if exc.ctx else "", file=sys.stderr)
-            code = EXIT_USAGE
-        except usage_error as exc:
-            command = exc.ctx.command_path if exc.ctx else "prefixcache"
-            print(f"error: {exc.format_message()} (see {command} -h)", file=sys.stderr)
-            code = EXIT_USAGE
-        except typer.Abort:
-            code = 130
-        if not standalone_mode:
-            return code
-        sys.exit(code if isinstance(code, int) else 0)
-
+from .terminal import Commands, err, errors, progress, reporting, setup_logging, signals
 
 app = typer.Typer(
-    cls=_Commands,
+    cls=Commands,
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -10,15 +10,39 @@ import sys
 import time
 import traceback
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import typer
+from typer.core import TyperGroup
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
 from . import compat
-from .errors import EXIT_INTERNAL, Interrupted, PrefixcacheError
+from .errors import EXIT_INTERNAL, EXIT_USAGE, Interrupted, PrefixcacheError
 from .job import Event
+
+class Commands(TyperGroup):
+    """Usage errors (`--limit 0`, an unknown option) as one `error:` line and exit 2, like every
+    other error, instead of a framed box; a missing command still shows the help."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        usage_error, no_args = compat.cli_usage_errors()
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except no_args as exc:
+            print(exc.ctx.get_help() if exc.ctx else "", file=sys.stderr)
+            code = EXIT_USAGE
+        except usage_error as exc:
+            command = exc.ctx.command_path if exc.ctx else "prefixcache"
+            print(f"error: {exc.format_message()} (see {command} -h)", file=sys.stderr)
+            code = EXIT_USAGE
+        except typer.Abort:
+            code = 130
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 class _Console(Console):
     def on_broken_pipe(self) -> None:

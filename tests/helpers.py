@@ -38,3 +38,12 @@ def write_spec(tmp_path: Path, name: str = "spec.yaml", **data) -> Path:
 
 def make_spec(tmp_path: Path, **data) -> TaskSpec:
     return load_spec(write_spec(tmp_path, **data))
+
+
+def invoke(*args, **kwargs):
+    """The CLI in-process, with any argument given as a path or a number."""
+    from typer.testing import CliRunner
+
+    from prefixcache.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args], **kwargs)

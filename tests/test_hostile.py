@@ -13,20 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from helpers import write_spec
-from prefixcache.cli import app
+from helpers import invoke, write_spec
 from prefixcache.errors import InputError, SpecError
 from prefixcache.io import scan_items
 from prefixcache.spec import load_spec
-
-runner = CliRunner()
-
-
-def invoke(*args, **kwargs):
-    return runner.invoke(app, [str(a) for a in args], **kwargs)
-
 
 @pytest.fixture()
 def spec_path(tmp_path, tiny_model_dir):
