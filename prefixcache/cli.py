@@ -19,7 +19,7 @@ import typer
 from . import __version__, compat
 from .errors import EXIT_USAGE, OutputError, UsageError
 from .io import detect_format, read_items
-from .job import RunOptions, run_job
+from .job import RunOptions, run_job, with_overrides
 from .load import converted_models, default_cache_dir, models_dir
 from .output import check_output
 from .options import (
@@ -27,7 +27,7 @@ from .options import (
     CLEAR_MODELS_OPT, DEBUG_OPT, DEVICE_OPT, DTYPE_OPT, FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_LINES_OPT, JSON_OPT,
     JUNIT_OPT, LIMIT_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, NO_STORE_OPT,
     ON_ERROR_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT, RESUME_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT,
-    UPDATE_OPT, LOG_INTERVAL_OPT, MIN_RECALL_OPT, Dtype, Format, LogLevel, OnError,
+    UPDATE_OPT, LOG_INTERVAL_OPT, MIN_RECALL_OPT, MODEL_OPT, REVISION_OPT, Dtype, Format, LogLevel, OnError,
 )
 from .report import print_bench, print_cache, print_evaluation, print_summary
 from .shard import merge_parts
@@ -85,6 +85,7 @@ def run(
     spec: Path = SPEC_ARG, items: str = ITEMS_ARG, output: Optional[str] = OUTPUT_OPT, fmt: Optional[Format] = FORMAT_OPT,
     resume: bool = RESUME_OPT, update: bool = UPDATE_OPT, overwrite: bool = OVERWRITE_OPT, on_error: OnError = ON_ERROR_OPT,
     batch_size: int = BATCH_SIZE_OPT, batch_tokens: int = BATCH_TOKENS_OPT, limit: Optional[int] = LIMIT_OPT,
+    model: Optional[str] = MODEL_OPT, revision: Optional[str] = REVISION_OPT,
     gold: Optional[str] = GOLD_OPT, metrics: Optional[Path] = METRICS_OPT, summary_md: Optional[Path] = SUMMARY_MD_OPT,
     junit: Optional[Path] = JUNIT_OPT, min_accuracy: Optional[float] = MIN_ACCURACY_OPT,
     min_recall: Optional[float] = MIN_RECALL_OPT, device: str = DEVICE_OPT,
@@ -114,7 +115,8 @@ def run(
     with errors(debug):
         options = RunOptions(
             spec, items, output=output, input_format=fmt, resume=resume, update=update, overwrite=overwrite,
-            on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit, gold=gold,
+            on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit, gold=gold, model=model,
+            revision=revision,
             metrics=metrics, summary_md=summary_md, junit=junit, min_accuracy=min_accuracy, min_recall=min_recall, device=device,
             dtype=dtype, cache_dir=_cache_dir(cache_dir), cache_store=not no_cache_store,
             store_max_bytes=_store_max_bytes(), shard=shard,
@@ -139,6 +141,8 @@ def render(
     items: str = ITEMS_ARG,
     fmt: Optional[Format] = FORMAT_OPT,
     limit: Optional[int] = LIMIT_OPT,
+    model: Optional[str] = MODEL_OPT,
+    revision: Optional[str] = REVISION_OPT,
     cache_dir: Optional[Path] = CACHE_DIR_OPT,
     debug: bool = DEBUG_OPT,
 ) -> None:
@@ -152,7 +156,7 @@ def render(
         prefixcache render configs/support-tickets.yaml data/samples/tickets.jsonl --limit 1
     """
     with errors(debug):
-        task_spec = load_spec(spec)
+        task_spec = with_overrides(load_spec(spec), model=model, revision=revision)
         in_fmt = detect_format(items, fmt)
         compat.quiet_libraries()
         task = Task.from_spec(task_spec, _cache_dir(cache_dir))
@@ -170,6 +174,7 @@ def bench(
     max_items: Optional[int] = MAX_ITEMS_OPT,
     batch_size: int = BENCH_BATCH_SIZE_OPT,
     batch_tokens: int = BENCH_BATCH_TOKENS_OPT,
+    model: Optional[str] = MODEL_OPT,
     device: str = DEVICE_OPT,
     dtype: Dtype = DTYPE_OPT,
     cache_dir: Optional[Path] = CACHE_DIR_OPT,
@@ -191,7 +196,7 @@ def bench(
 
     setup_logging(as_json)
     with errors(debug):
-        task_spec = load_spec(spec)
+        task_spec = with_overrides(load_spec(spec), model=model)
         in_fmt = detect_format(items, fmt)
         records = list(islice(read_items(items, in_fmt, task_spec.id_field), max_items))
         if not records:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 from .errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted, OutputError, SpecError, UsageError
 from .io import Item, detect_format, is_stream, read_items, scan_items
 from .lint import lint_labels
-from .load import default_cache_dir, model_identity, pick_device, pick_dtype, resolve_model
+from .load import default_cache_dir, model_identity, pick_device, pick_dtype, spec_model
 from .metrics import Evaluation, Gates, add_record, evaluation_for, write_reports
 from .output import Start, check_output, check_report, continue_output, default_mode, file_digest, start_output, write_fingerprint
 from .records import Record, columns, id_text, ids_digest, is_error, item_sha, open_writer, read_records
@@ -77,6 +77,8 @@ class RunOptions:
     batch_tokens: int = 768
     limit: Optional[int] = None
     gold: Optional[str] = None  # overrides the spec's gold field
+    model: Optional[str] = None  # overrides the spec's model (hub id, folder or .gguf file)
+    revision: Optional[str] = None  # overrides the spec's revision (hub models)
     metrics: Optional[Path] = None
     summary_md: Optional[Path] = None
     junit: Optional[Path] = None
@@ -105,6 +107,7 @@ class RunResult:
     prefix_tokens: int
     device: str
     dtype: str
+    model: str = ""  # the model used, as given
     shard: Optional[tuple[int, int]] = None  # (k, n), 0-based k
     kept: int = 0  # --update: records kept from the output for items that did not change
     dropped: int = 0  # --update: records of items no longer in the input
@@ -173,6 +176,7 @@ def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Opti
         first_record=None, load_seconds=task.load_seconds + scorer.load_seconds,
         prefill_ms=scorer.prefix.prefill_ms, prefix_source=scorer.prefix_source,
         prefix_tokens=len(scorer.prefix.ids), device=scorer.device, dtype=scorer.dtype, shard=plan.part,
+        model=task.source.ref,
         evaluation=evaluation_for(plan.spec, () if start.mode == "update" else start.records.values()),
         gates=_gates(options),
     )
@@ -183,6 +187,19 @@ def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Opti
         write_reports(result.evaluation, options.metrics, options.summary_md, options.junit, result.gates,
                       result.stats.seconds)
     return result
+
+
+def with_overrides(spec: TaskSpec, gold: Optional[str] = None, model: Optional[str] = None,
+                   revision: Optional[str] = None) -> TaskSpec:
+    """The spec with what the command line (or environment) sets instead. A model given there is
+    a path relative to the current folder, not the spec's."""
+    if gold:
+        spec = dataclasses.replace(spec, gold=gold)
+    if model:
+        spec = dataclasses.replace(spec, model=str(Path(model).expanduser().absolute()) if Path(model).exists() else model)
+    if revision:
+        spec = dataclasses.replace(spec, revision=revision)
+    return spec
 
 
 def _gates(options: RunOptions) -> Gates:
@@ -205,9 +222,7 @@ def _plan(options: RunOptions) -> _Plan:
     if part and (is_stream(options.items) or options.output in (None, "-")):
         raise OutputError("sharded and multi-process runs need an input file and an output file (-o)")
     _not_the_input(options)
-    spec = load_spec(options.spec)
-    if options.gold:
-        spec = dataclasses.replace(spec, gold=options.gold)
+    spec = with_overrides(load_spec(options.spec), options.gold, options.model, options.revision)
     reports = options.metrics or options.summary_md or options.junit or _gates(options) != Gates()
     if reports and not spec.gold:
         raise SpecError("--metrics, --summary-md, --junit, --min-accuracy and --min-recall need a gold field "
@@ -244,7 +259,7 @@ def _not_the_input(options: RunOptions) -> None:
 def _fingerprint(options: RunOptions, plan: _Plan, device: str) -> dict[str, Any]:
     """What an output file is tied to: continuing it with any of it changed is refused (the input
     may grow, or with --update change)."""
-    source = resolve_model(plan.spec.model, Path(plan.spec.path).parent, plan.spec.trust_remote_code)
+    source = spec_model(plan.spec)
     return {
         "spec": file_digest(str(options.spec)), "gold": plan.spec.gold, "model": model_identity(source),
         "input": file_digest(options.items), "input_bytes": _size(options.items), "device": device.split(":")[0],
@@ -432,7 +447,7 @@ def command_line(options: RunOptions) -> str:
     default = RunOptions(options.spec, options.items)
     flags = {"output": "-o", "input_format": "--format", "on_error": "--on-error", "batch_size": "--batch-size",
              "batch_tokens": "--batch-tokens", "limit": "--limit", "gold": "--gold", "metrics": "--metrics",
-             "summary_md": "--summary-md", "junit": "--junit", "min_accuracy": "--min-accuracy", "min_recall": "--min-recall",
+             "summary_md": "--summary-md", "junit": "--junit", "min_accuracy": "--min-accuracy", "min_recall": "--min-recall", "model": "--model", "revision": "--revision",
              "device": "--device", "dtype": "--dtype", "cache_dir": "--cache-dir", "shard": "--shard"}
     words = ["prefixcache", "run", str(options.spec), options.items]
     for name, flag in flags.items():

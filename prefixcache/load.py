@@ -36,6 +36,7 @@ class ModelSource:
     kind: str  # "gguf" | "dir" | "hub"
     path: str  # file, directory or hub id
     trust_remote_code: bool = False
+    revision: str | None = None  # a hub model's branch, tag or commit
 
 
 def default_cache_dir() -> Path:
@@ -59,7 +60,8 @@ def embedded_model_file() -> Path:
     raise ModelError(f"package {EMBEDDED_PACKAGE} does not contain {EMBEDDED_FILE}; reinstall it")
 
 
-def resolve_model(ref: str | None, base_dir: str | Path = ".", trust_remote_code: bool = False) -> ModelSource:
+def resolve_model(ref: str | None, base_dir: str | Path = ".", trust_remote_code: bool = False,
+                  revision: str | None = None) -> ModelSource:
     """Decide what a model reference points at. Relative paths are tried against the current
     directory, then against `base_dir` (the spec's folder)."""
     if ref is None:
@@ -76,14 +78,19 @@ def resolve_model(ref: str | None, base_dir: str | Path = ".", trust_remote_code
         raise ModelError(f"model path {ref!r} does not exist")
     if ref.count("/") > 1 or not ref.strip():
         raise ModelError(f"model {ref!r} is neither an existing path nor a hub id like 'org/name'")
-    return ModelSource(ref, "hub", ref, trust_remote_code)
+    return ModelSource(ref, "hub", ref, trust_remote_code, revision)
+
+
+def spec_model(spec: Any) -> ModelSource:
+    """The model a task spec names (relative paths: the current folder, then the spec's folder)."""
+    return resolve_model(spec.model, Path(spec.path).parent, spec.trust_remote_code, spec.revision)
 
 
 def model_identity(source: ModelSource) -> str:
     """What distinguishes one model's weights from another's, cheaply: for files and folders
     their names, sizes and modification times (and config.json's bytes), for hub ids the id."""
     if source.kind == "hub":
-        return f"hub:{source.path}"
+        return f"hub:{source.path}" + (f"@{source.revision}" if source.revision else "")
     path = Path(source.path)
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     h = hashlib.sha256()
@@ -135,9 +142,14 @@ def load_tokenizer(source: ModelSource, cache_dir: Path) -> Any:
                 return AutoTokenizer.from_pretrained(str(converted))
             path = Path(source.path)
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        return AutoTokenizer.from_pretrained(source.path, trust_remote_code=source.trust_remote_code)
+        return AutoTokenizer.from_pretrained(source.path, trust_remote_code=source.trust_remote_code,
+                                             **_revision(source))
     except Exception as exc:
         raise ModelError(f"cannot load the tokenizer of {source.ref}: {first_line(exc)}{_hub_hint(source)}")
+
+
+def _revision(source: ModelSource) -> dict[str, str]:
+    return {"revision": source.revision} if source.kind == "hub" and source.revision else {}
 
 
 def _hub_hint(source: ModelSource) -> str:
@@ -243,7 +255,7 @@ def load_model(source: ModelSource, tokenizer: Any, cache_dir: Path, device: str
         if source.kind == "gguf":
             model = _load_gguf(source, tokenizer, _converted_dir(source, cache_dir), dtype)
         else:
-            model = _from_pretrained(source.path, dtype, trust_remote_code=source.trust_remote_code)
+            model = _from_pretrained(source.path, dtype, trust_remote_code=source.trust_remote_code, **_revision(source))
     except ModelError:
         raise
     except Exception as exc:

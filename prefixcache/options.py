@@ -30,6 +30,8 @@ OVERWRITE_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace an 
 ON_ERROR_OPT = typer.Option("fail", "--on-error", help="An item that cannot be scored: fail (stop after writing what is done) or skip (write an error record, go on).")
 BATCH_SIZE_OPT = typer.Option(64, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="At most this many items per forward pass.")
 BATCH_TOKENS_OPT = typer.Option(768, "--batch-tokens", min=1, envvar="PREFIXCACHE_BATCH_TOKENS", help="About this many tokens per forward pass (items' own tokens + label tokens).")
+MODEL_OPT = typer.Option(None, "--model", "-m", envvar="PREFIXCACHE_MODEL", help="The model, instead of the spec's: a hub id, a local model folder or a .gguf file.")
+REVISION_OPT = typer.Option(None, "--revision", help="A hub model's branch, tag or commit (instead of the spec's 'revision').")
 GOLD_OPT = typer.Option(None, "--gold", help="Item field with the expected label or option (overrides the spec's 'gold').")
 METRICS_OPT = typer.Option(None, "--metrics", help="Write the evaluation as JSON to this file.")
 SUMMARY_MD_OPT = typer.Option(None, "--summary-md", help="Write the evaluation as Markdown (e.g. $GITHUB_STEP_SUMMARY).")

@@ -32,7 +32,7 @@ def print_summary(console: Console, result: Any, stamped: bool = False) -> None:
         f"{s.ms_per_item:.1f} ms/item, {s.item_tokens / max(s.scored, 1):.1f} tokens/item"
         f"{f', {reused} duplicates reused' if reused > 0 else ''}) · "
         f"prefix {r.prefix_tokens} tokens {r.prefix_source} in {r.prefill_ms:.0f} ms · "
-        f"load {r.load_seconds:.1f} s · first record after {r.first_record or 0:.1f} s · {r.device} {r.dtype}"
+        f"load {r.load_seconds:.1f} s · first record after {r.first_record or 0:.1f} s · {r.model} · {r.device} {r.dtype}"
         f"{f' · {s.errors} items failed (error records written)' if s.errors else ''}",
         markup=False,
         soft_wrap=True,

@@ -23,6 +23,7 @@ DEFAULT_CONTENT_FREE = ("N/A", "", "[MASK]")
 
 KNOWN_KEYS = (
     "model",
+    "revision",
     "system",
     "labels",
     "examples",
@@ -86,6 +87,7 @@ class TaskSpec:
     gold: str | None = None  # item field holding the expected label or option text
     content_free: tuple[str, ...] = ()  # calibration inputs; empty: no calibration
     threshold: float | None = None  # abstain below this probability
+    revision: str | None = None  # a hub model's branch, tag or commit
 
     @property
     def label_names(self) -> tuple[str, ...]:
@@ -361,4 +363,5 @@ def load_spec(path: str | Path) -> TaskSpec:
         gold=_want_str(data, "gold", path),
         content_free=_calibration(data.get("calibrate"), path, choices),
         threshold=_threshold(data.get("threshold"), path),
+        revision=_want_str(data, "revision", path),
     )

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator
 
 from .errors import ItemError
 from .io import Item
-from .load import ModelSource, load_tokenizer, resolve_model
+from .load import ModelSource, load_tokenizer, spec_model
 from .prompt import EncodedItem, PromptBuilder
 from .rows import Candidate, Row, trie
 from .spec import TaskSpec, choice_list, field_text
@@ -84,7 +84,7 @@ class Task:
     def from_spec(cls, spec: TaskSpec, cache_dir: Path) -> "Task":
         """Resolve the spec's model and load its tokenizer (converted GGUF models are looked for
         under `cache_dir`)."""
-        source = resolve_model(spec.model, Path(spec.path).parent, spec.trust_remote_code)
+        source = spec_model(spec)
         start = time.perf_counter()
         tokenizer = load_tokenizer(source, cache_dir)
         return cls(spec, source, tokenizer, time.perf_counter() - start)
