@@ -33,6 +33,9 @@ def detect_format(path: str, fmt: str | None, what: str = "input") -> str:
     if fmt:
         if fmt not in INPUT_FORMATS:
             raise InputError(f"unknown {what} format {fmt!r}; use one of {', '.join(INPUT_FORMATS)}")
+        found = EXTENSIONS.get(Path(path).suffix.lower()) if path != "-" else None
+        if found and found != fmt:
+            raise InputError(f"{path}: --format {fmt} contradicts the file's extension")
         return fmt
     if path == "-":
         raise InputError(f"reading {what} from stdin needs an explicit format (--format jsonl or --format csv)")
@@ -149,11 +152,12 @@ def read_items(path: str, fmt: str | None = None, id_field: str = "id") -> Itera
 
 
 def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mapping[str, Any]], None],
-               id_required: bool = False) -> int:
+               id_required: bool = False, fields: dict[str, None] | None = None) -> int:
     """Read the whole input once before the model loads: syntax, unique ids (compared as the text
     they are written as, so 1 and "1" collide), and `check` (which raises ValueError with what is
     wrong). With `id_required`, an input where no item has `id_field` is an error (a misspelt
-    field would otherwise number the items). Returns the number of items."""
+    field would otherwise number the items). `fields` collects every field name, in order of
+    first appearance. Returns the number of items."""
     seen: dict[str, int] = {}
     name = "<stdin>" if path == "-" else path
     count, with_id, first_fields = 0, 0, None
@@ -169,6 +173,8 @@ def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mappi
         count += 1
         with_id += id_field in item.record
         first_fields = first_fields or list(item.record)
+        if fields is not None:
+            fields.update(dict.fromkeys(item.record))
     if id_required and count and not with_id:
         raise InputError(f"{name}: no item has the id field {id_field!r} set by the spec's 'id_field'; "
                          f"the items' fields are {', '.join(map(repr, first_fields))}")

@@ -33,7 +33,9 @@ from .lint import lint_labels
 from .load import default_cache_dir, model_identity, pick_device, pick_dtype, spec_model
 from .metrics import Evaluation, Gates, add_record, evaluation_for, write_reports
 from .output import Start, check_output, check_report, continue_output, default_mode, file_digest, start_output, write_fingerprint
-from .records import Record, columns, id_text, ids_digest, is_error, item_sha, open_writer, read_records
+from .records import (
+    Keep, Record, columns, id_text, ids_digest, is_error, item_sha, keep_clash, open_writer, output_format, read_records,
+)
 from .run import RunStats, classify
 from .shard import launch_state, merge_launched, parse_shard, part_path, shard_range
 from .spec import TaskSpec, load_spec
@@ -77,6 +79,9 @@ class RunOptions:
     batch_tokens: int = 768
     limit: Optional[int] = None
     gold: Optional[str] = None  # overrides the spec's gold field
+    keep: tuple[str, ...] = ()  # input fields to copy into each record
+    keep_all: bool = False  # copy every input field
+    output_format: Optional[str] = None  # jsonl or csv when the output's extension does not tell (stdout)
     model: Optional[str] = None  # overrides the spec's model (hub id, folder or .gguf file)
     revision: Optional[str] = None  # overrides the spec's revision (hub models)
     metrics: Optional[Path] = None
@@ -141,6 +146,8 @@ class _Plan:
     output: Optional[str]  # where this process writes (a part file in a launch)
     part: Optional[tuple[int, int]]
     launched: Any  # accelerate's state of a multi-process launch, or None
+    output_format: str = "jsonl"
+    keep: Keep = ()  # input fields copied into each record (None: all)
 
 
 def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Optional[Stop] = None) -> RunResult:
@@ -228,11 +235,13 @@ def _plan(options: RunOptions) -> _Plan:
         raise SpecError("--metrics, --summary-md, --junit, --min-accuracy and --min-recall need a gold field "
                         "('gold' in the spec, or --gold)")
     fmt = detect_format(options.items, options.input_format)
-    total = None
+    total, fields = None, {}
     if not is_stream(options.items):  # validate the whole input before the model loads
         check = spec.check_record if options.on_error == "fail" else (lambda record: None)
-        total = scan_items(options.items, fmt, spec.id_field, check, spec.id_field_given)
+        total = scan_items(options.items, fmt, spec.id_field, check, spec.id_field_given, fields)
         total = min(total, options.limit) if options.limit else total
+    out_fmt = output_format(options.output, options.output_format)
+    kept = _keep(options, spec, fields, out_fmt)
     keep = options.resume or options.update
     check_output(options.output, keep, options.overwrite)
     for report in (options.metrics, options.summary_md, options.junit):
@@ -241,7 +250,29 @@ def _plan(options: RunOptions) -> _Plan:
     if launched:
         output = part_path(options.output, *part)
         check_output(output, keep, options.overwrite)
-    return _Plan(spec, fmt, total, output, part, launched)
+    return _Plan(spec, fmt, total, output, part, launched, out_fmt, kept)
+
+
+def _keep(options: RunOptions, spec: TaskSpec, fields: dict[str, None], out_fmt: str) -> Keep:
+    """The input fields each record carries: those named with --keep, or with --keep-all every
+    field the input has (None for a stream written as JSONL: each item's own)."""
+    if options.keep and options.keep_all:
+        raise UsageError("give --keep FIELD,... or --keep-all, not both")
+    if options.keep_all and is_stream(options.items):
+        if out_fmt == "csv":
+            raise UsageError("--keep-all with CSV output needs the columns before the first row: name them with --keep "
+                             "(input read once is not scanned)")
+        return None
+    names = list(fields) if options.keep_all else list(dict.fromkeys(options.keep))
+    names = [name for name in names if name != spec.id_field]  # the id is there already
+    for name in names:
+        clash = keep_clash(spec, name)
+        if clash:
+            raise UsageError(f"cannot keep input field {name!r}: {clash}; rename it in the input")
+        if fields and name not in fields:
+            raise UsageError(f"--keep {name}: no item has this field; the items' fields are "
+                             f"{', '.join(map(repr, fields))}")
+    return tuple(names)
 
 
 def _not_the_input(options: RunOptions) -> None:
@@ -265,6 +296,7 @@ def _fingerprint(options: RunOptions, plan: _Plan, device: str) -> dict[str, Any
         "input": file_digest(options.items), "input_bytes": _size(options.items), "device": device.split(":")[0],
         "dtype": str(pick_dtype(options.dtype, device)).removeprefix("torch."),
         "batch_size": options.batch_size, "batch_tokens": options.batch_tokens,
+        "keep": "all" if plan.keep is None else list(plan.keep),
     }
 
 
@@ -340,7 +372,8 @@ def _write(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, Opt
     elif start.mode != "fresh":
         continue_output(plan.output, start, fingerprint)
         log.info("%s: %d records already written; resuming", plan.output, len(start.records))
-    writer = open_writer(path, columns(plan.spec), append=start.mode in ("resume", "grown"))
+    writer = open_writer(path, columns(plan.spec, plan.keep or ()), append=start.mode in ("resume", "grown"),
+                         fmt=plan.output_format, id_column=plan.spec.id_field if plan.spec.id_field_given else "id")
     if start.mode == "fresh" and path not in (None, "-"):
         write_fingerprint(path, fingerprint)
     try:
@@ -400,7 +433,7 @@ def _records(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, O
     if is_stream(options.items):  # read once, never scanned: check it as it streams
         items = _checked_stream(items, options.items, {} if updating else start.records)
     if not updating:
-        yield from classify(scorer, items, _batching(options), stats, done, after_batch)
+        yield from classify(scorer, items, _batching(options), stats, done, after_batch, plan.keep)
         return
     order: deque = deque()  # per item in input order: its kept record, or None when it is scored
     gone = set(start.records)
@@ -415,7 +448,7 @@ def _records(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, O
             if not kept:
                 yield item
 
-    for record in classify(scorer, changed(), _batching(options), stats, None, after_batch):
+    for record in classify(scorer, changed(), _batching(options), stats, None, after_batch, plan.keep):
         while order[0] is not None:
             yield order.popleft()
         order.popleft()
@@ -448,12 +481,17 @@ def command_line(options: RunOptions) -> str:
     flags = {"output": "-o", "input_format": "--format", "on_error": "--on-error", "batch_size": "--batch-size",
              "batch_tokens": "--batch-tokens", "limit": "--limit", "gold": "--gold", "metrics": "--metrics",
              "summary_md": "--summary-md", "junit": "--junit", "min_accuracy": "--min-accuracy", "min_recall": "--min-recall", "model": "--model", "revision": "--revision",
+             "output_format": "--output-format",
              "device": "--device", "dtype": "--dtype", "cache_dir": "--cache-dir", "shard": "--shard"}
     words = ["prefixcache", "run", str(options.spec), options.items]
     for name, flag in flags.items():
         value = getattr(options, name)
         if value is not None and value != getattr(default, name):
             words += [flag, str(value)]
+    if options.keep:
+        words += ["--keep", ",".join(options.keep)]
+    if options.keep_all:
+        words.append("--keep-all")
     if not options.cache_store:
         words.append("--no-cache-store")
     words.append("--update" if options.update else "--resume")

@@ -17,12 +17,15 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 
 SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Task spec (YAML).", show_default=False)
 ITEMS_ARG = typer.Argument(..., metavar="ITEMS", help="Items: a .jsonl or .csv file, or - for stdin (with --format).", show_default=False)
-FORMAT_OPT = typer.Option(None, "--format", "-f", help="Input format when it cannot be told from the extension.")
+FORMAT_OPT = typer.Option(None, "--format", "--input-format", "-f", help="Input format when it cannot be told from the extension.")
 LIMIT_OPT = typer.Option(None, "--limit", "-n", min=1, help="Process only the first N items.")
 DEBUG_OPT = typer.Option(False, "--debug", metavar="", help="Show a traceback for errors.")
 CACHE_DIR_OPT = typer.Option(None, "--cache-dir", envvar="PREFIXCACHE_CACHE_DIR", show_envvar=False,
                              help="Where converted models and prefilled prefixes are kept (env PREFIXCACHE_CACHE_DIR; default ~/.cache/prefixcache).")
 DEVICE_OPT = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", metavar="auto|cpu|cuda|cuda:N|mps", help="Where the model runs (auto: CUDA when present, else the CPU).")
+OUTPUT_FORMAT_OPT = typer.Option(None, "--output-format", "-F", help="Output format when the output's extension does not tell (stdout: jsonl unless csv).")
+KEEP_OPT = typer.Option(None, "--keep", "-k", metavar="FIELD,...", help="Copy these input fields into each record (after the id; CSV: one column each).")
+KEEP_ALL_OPT = typer.Option(False, "--keep-all", metavar="", help="Copy every input field into each record.")
 OUTPUT_OPT = typer.Option(None, "--output", "-o", help="Output .jsonl or .csv; stdout (JSONL) when omitted.")
 RESUME_OPT = typer.Option(False, "--resume", metavar="", help="Continue the output of an interrupted run, or of an input that has grown since: keep its records, score the rest.")
 UPDATE_OPT = typer.Option(False, "--update", metavar="", help="Bring the output up to date with the input, whatever changed: keep the records of items whose id and fields are unchanged, score new and changed items, drop items no longer there.")

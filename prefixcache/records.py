@@ -28,7 +28,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Mapping, Sequence
+from typing import IO, Any, Mapping, Optional, Sequence
 
 from .errors import OutputError
 from .io import EXTENSIONS, Item
@@ -36,6 +36,7 @@ from .scoring import Decision
 from .spec import TaskSpec, gold_value
 
 Record = dict[str, Any]
+Keep = Optional[Sequence[str]]  # input fields a record carries; None: all
 PER_LABEL = (("raw_probs", "raw_prob_"), ("logprobs", "logprob_"), ("probs", "prob_"))  # longest column prefix first
 _FLOATS = ("prob", "margin", "ms")
 _INTS = ("index", "prefix_tokens", "item_tokens")
@@ -46,10 +47,12 @@ def _r6(x: float) -> float:
 
 
 def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], decision: Decision,
-                prefix_tokens: int, item_tokens: int, ms: float) -> Record:
-    """The record of a scored item. `names`: its candidates' texts (labels or options), in order."""
+                prefix_tokens: int, item_tokens: int, ms: float, keep: Keep = ()) -> Record:
+    """The record of a scored item. `names`: its candidates' texts (labels or options), in order;
+    `keep`: the item's fields to copy in after the id (None: all of them)."""
     best, probs = decision.best, decision.probs
-    record: Record = {"id": item.id, "label": None if best is None else names[best]}
+    record: Record = {"id": item.id, **kept_fields(item, spec.id_field, keep),
+                      "label": None if best is None else names[best]}
     if spec.choices:
         record["index"] = best
     record.update(prob=None if best is None else _r6(probs[best]), margin=_r6(decision.margin))
@@ -72,8 +75,31 @@ def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequ
     return record
 
 
-def error_record(item: Item, message: str) -> Record:
-    return {"id": item.id, "item_sha": item_sha(item.record), "error": message}
+def error_record(item: Item, message: str, id_field: str = "id", keep: Keep = ()) -> Record:
+    return {"id": item.id, **kept_fields(item, id_field, keep), "item_sha": item_sha(item.record), "error": message}
+
+
+def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
+    """The item's fields a record carries: those named (missing ones as null), or with None all
+    but the id."""
+    if keep is None:
+        return {k: v for k, v in item.record.items() if k != id_field}
+    return {k: item.record.get(k) for k in keep}
+
+
+# Names a kept field may not take: the record's own fields (and, in CSV, its per-label columns).
+RECORD_FIELDS = ("id", "label", "index", "prob", "margin", "probs", "logprobs", "raw_probs", "gold", "correct",
+                 "normalize", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
+
+
+def keep_clash(spec: TaskSpec, name: str) -> str | None:
+    """Why an input field cannot be copied into the records under its name, or None."""
+    if name in RECORD_FIELDS:
+        return f"{name!r} is a field of the record itself"
+    for _, prefix in PER_LABEL:
+        if name.startswith(prefix) and name[len(prefix):] in spec.label_names:
+            return f"{name!r} is one of the record's CSV columns"
+    return None
 
 
 def item_sha(fields: Mapping[str, Any]) -> str:
@@ -111,10 +137,11 @@ def logprobs_in_order(record: Mapping[str, Any], names: Sequence[str]) -> list[f
     return [float(value[name]) for name in names]
 
 
-def columns(spec: TaskSpec) -> list[str]:
-    """CSV columns: the record's scalar fields plus one prob_/logprob_ column per label (for
-    multiple choice, `probs` and `logprobs` are JSON lists in one cell each)."""
-    head = ["id", "label"] + (["index"] if spec.choices else []) + ["prob", "margin"]
+def columns(spec: TaskSpec, keep: Sequence[str] = ()) -> list[str]:
+    """CSV columns: the id, the kept input fields, the record's scalar fields, and one
+    prob_/logprob_ column per label (for multiple choice, `probs` and `logprobs` are JSON lists in
+    one cell each)."""
+    head = ["id", *keep, "label"] + (["index"] if spec.choices else []) + ["prob", "margin"]
     if spec.choices:
         per_label = ["probs", "logprobs"]
     else:
@@ -163,6 +190,17 @@ def from_csv_row(row: Mapping[str, str]) -> Record:
 
 
 # -- files --------------------------------------------------------------------------------------
+def output_format(path: str | None, asked: str | None = None) -> str:
+    """The output's format: `asked` (jsonl or csv), else the file's extension; stdout is JSONL
+    unless asked. An asked format the extension contradicts is an error."""
+    if path is None or path == "-":
+        return asked or "jsonl"
+    found = file_format(path)
+    if asked and asked != found:
+        raise OutputError(f"{path}: --output-format {asked} contradicts the file's extension")
+    return found
+
+
 def file_format(path: str) -> str:
     fmt = EXTENSIONS.get(Path(path).suffix.lower())
     if fmt is None:
@@ -173,10 +211,11 @@ def file_format(path: str) -> str:
 class RecordWriter:
     """Writes one record at a time as JSONL or CSV and flushes after each."""
 
-    def __init__(self, stream: IO[str], fmt: str, columns: Sequence[str] = (), header: bool = True):
+    def __init__(self, stream: IO[str], fmt: str, columns: Sequence[str] = (), header: bool = True,
+                 id_column: str = "id"):
         self.stream, self.fmt, self.columns = stream, fmt, list(columns)
-        if fmt == "csv" and header:
-            self.stream.write(self._csv_line({c: c for c in self.columns}))
+        if fmt == "csv" and header:  # the id column under the input's name for it
+            self.stream.write(self._csv_line({c: id_column if c == "id" else c for c in self.columns}))
             stream.flush()
 
     def _csv_line(self, cells: Mapping[str, Any]) -> str:
@@ -203,20 +242,22 @@ class RecordWriter:
             self.stream.close()
 
 
-def open_writer(path: str | None, columns: Sequence[str] = (), append: bool = False) -> RecordWriter:
-    """`path` None or '-' writes JSONL to stdout; otherwise the extension picks JSONL or CSV.
-    With `append`, records go after what is there (a CSV header only if the file is empty)."""
+def open_writer(path: str | None, columns: Sequence[str] = (), append: bool = False, fmt: str | None = None,
+                id_column: str = "id") -> RecordWriter:
+    """`path` None or '-' writes to stdout (JSONL unless `fmt` says csv); otherwise `fmt` or the
+    extension picks JSONL or CSV. With `append`, records go after what is there (a CSV header only
+    if the file is empty)."""
     if path is None or path == "-":
         if sys.stdout is None or sys.stdout.closed:
             raise OutputError("stdout is closed; give an output file with -o")
-        return RecordWriter(sys.stdout, "jsonl")
-    fmt = file_format(path)
+        return RecordWriter(sys.stdout, fmt or "jsonl", columns, id_column=id_column)
+    fmt = fmt or file_format(path)
     fresh = not append or not os.path.exists(path) or os.path.getsize(path) == 0
     try:
         stream = open(path, "a" if append else "w", encoding="utf-8", newline="")
     except OSError as exc:
         raise OutputError(f"{path}: cannot write output: {exc.strerror}")
-    return RecordWriter(stream, fmt, columns, header=fresh)
+    return RecordWriter(stream, fmt, columns, header=fresh, id_column=id_column)
 
 
 @dataclass
@@ -267,8 +308,9 @@ def _read_csv(data: bytes, path: str) -> tuple[list[Record], int]:
     if not lines or not lines[0].endswith("\n"):
         return [], 0
     header = next(csv.reader([lines[0]]))
-    if not {"id", "label", "error"} <= set(header):
-        raise OutputError(f"{path}: its header has no id, label and error columns; is this a prefixcache output?")
+    if not header or not {"label", "error"} <= set(header):
+        raise OutputError(f"{path}: its header has no label and error columns; is this a prefixcache output?")
+    header[0] = "id"  # written under the input's name for the id
     records, offset, pending, pending_len = [], len(lines[0].encode()), [], 0
     for line in lines[1:]:
         pending.append(line)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 from .io import Item
-from .records import Record, error_record, id_text, logprobs_in_order, make_record
+from .records import Keep, Record, error_record, id_text, logprobs_in_order, make_record
 from .task import Batching, Failed, Prepared
 
 if TYPE_CHECKING:  # the scorer brings torch; this module only calls it
@@ -45,6 +45,7 @@ def classify(
     stats: RunStats | None = None,
     done: Mapping[str, Record] | None = None,
     on_batch: Callable[[int], None] | None = None,
+    keep: Keep = (),
 ) -> Iterator[Record]:
     """Score items in batches against the cached prefix; yield records in input order.
 
@@ -52,7 +53,7 @@ def classify(
     in `done` (records an earlier run wrote, by `record_id`) are not yielded again; their batches
     are replayed so that every other record is the same as in an uninterrupted run. With
     on_error="skip", an item that cannot be scored yields an error record. `on_batch(n)` follows
-    each batch's n records."""
+    each batch's n records; `keep` names the input fields each record carries (None: all)."""
     task = scorer.task
     stats = stats if stats is not None else RunStats()
     done = done or {}
@@ -77,16 +78,16 @@ def classify(
         by_key = {p.key: lps for p, lps in zip(preps, scores.logprobs)}
         ms = 1000 * elapsed / len(pending)
         for entry in pending:
-            yield _record(scorer, entry, by_key, ms, stats)
+            yield _record(scorer, entry, by_key, ms, stats, keep)
         if on_batch:
             on_batch(len(pending))
 
 
 def _record(scorer: Scorer, entry: Prepared | Failed, by_key: Mapping[tuple, list[float]], ms: float,
-            stats: RunStats) -> Record:
+            stats: RunStats, keep: Keep) -> Record:
     if isinstance(entry, Failed):
         stats.errors += 1
-        return error_record(entry.item, entry.message)
+        return error_record(entry.item, entry.message, scorer.task.spec.id_field, keep)
     logprobs = by_key[entry.key]
     return make_record(scorer.task.spec, entry.item, list(entry.candidates), logprobs, scorer.decide(entry, logprobs),
-                       entry.enc.prefix_len, entry.own_tokens, ms)
+                       entry.enc.prefix_len, entry.own_tokens, ms, keep)

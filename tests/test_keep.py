@@ -1,0 +1,77 @@
+"""Data in and out the way data people work: kept input columns, the output format chosen apart
+from the input's, the id column under its own name."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from helpers import invoke, write_spec
+
+
+@pytest.fixture()
+def reviews(tmp_path):
+    path = tmp_path / "reviews.csv"
+    rows = [("r1", "Great", "Sound is clear, battery lasts.", "5"), ("r2", "Broken", "Stopped after two days.", "1"),
+            ("r3", "Fine", 'It does what it says; "ok".', "3")]
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerows([("review_id", "title", "body", "rating"), *rows])
+    return path
+
+
+@pytest.fixture()
+def spec_path(tmp_path, tiny_model_dir):
+    return write_spec(tmp_path, model=str(tiny_model_dir), labels=["positive", "negative"], template="{title}. {body}",
+                      id_field="review_id")
+
+
+def test_kept_columns_in_csv_need_no_join(spec_path, reviews, tmp_path):
+    out = tmp_path / "out.csv"
+    result = invoke("run", spec_path, reviews, "-o", out, "--keep", "title,rating", "-q")
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0])[:4] == ["review_id", "title", "rating", "label"]  # the id under its input name
+    assert [(r["review_id"], r["title"], r["rating"]) for r in rows] == [("r1", "Great", "5"), ("r2", "Broken", "1"),
+                                                                        ("r3", "Fine", "3")]
+    again = invoke("run", spec_path, reviews, "-o", out, "--keep", "title,rating", "--resume")  # read back fine
+    assert again.exit_code == 0 and "nothing to do" in again.stderr
+
+
+def test_keep_all_in_jsonl_keeps_values_as_they_were(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["a", "b"])
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": 7, "text": "x", "meta": {"tags": ["p", "q"]}, "n": 2.5}) + "\n")
+    result = invoke("run", spec, src, "--keep-all", "-q")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert list(record)[:5] == ["id", "text", "meta", "n", "label"]
+    assert record["meta"] == {"tags": ["p", "q"]} and record["n"] == 2.5
+    as_csv = invoke("run", spec, src, "--keep-all", "-q", "--output-format", "csv")  # CSV on stdout
+    assert as_csv.exit_code == 0, as_csv.output
+    [row] = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert row["meta"] == '{"tags": ["p", "q"]}' and row["n"] == "2.5" and row["id"] == "7"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--keep", "label"], "cannot keep input field 'label': 'label' is a field of the record itself; rename it in the input"),
+    (["--keep", "titel"], "--keep titel: no item has this field; the items' fields are 'review_id', 'title', 'body', 'rating'"),
+    (["--keep", "title", "--keep-all"], "give --keep FIELD,... or --keep-all, not both"),
+    (["-o", "{tmp}/out.csv", "--output-format", "jsonl"], "{tmp}/out.csv: --output-format jsonl contradicts the file's extension"),
+    (["--format", "jsonl"], "{src}: --format jsonl contradicts the file's extension"),
+])
+def test_refused_before_the_model_loads(spec_path, reviews, tmp_path, args, message):
+    args = [a.format(tmp=tmp_path) for a in args]
+    result = invoke("run", spec_path, reviews, *args)
+    assert result.exit_code == 2
+    assert result.stderr == "error: " + message.format(tmp=tmp_path, src=reviews) + "\n"
+
+
+def test_a_field_named_like_a_label_column_is_a_clash(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["a", "b"])
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": 1, "text": "x", "prob_a": 1}) + "\n")
+    result = invoke("run", spec, src, "--keep-all")
+    assert result.exit_code == 2 and "'prob_a' is one of the record's CSV columns" in result.stderr
