@@ -27,7 +27,8 @@ from .options import (
     CLEAR_MODELS_OPT, DEBUG_OPT, DEVICE_OPT, DTYPE_OPT, FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_LINES_OPT, JSON_OPT,
     JUNIT_OPT, LIMIT_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, NO_STORE_OPT,
     ON_ERROR_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT, RESUME_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT,
-    UPDATE_OPT, LOG_INTERVAL_OPT, MIN_RECALL_OPT, MODEL_OPT, REVISION_OPT, OUTPUT_FORMAT_OPT, KEEP_OPT, KEEP_ALL_OPT, Dtype, Format, LogLevel, OnError,
+    UPDATE_OPT, LOG_INTERVAL_OPT, MIN_RECALL_OPT, MODEL_OPT, REVISION_OPT, OUTPUT_FORMAT_OPT, KEEP_OPT, KEEP_ALL_OPT,
+    DELIMITER_OPT, ENCODING_OPT, OutFormat, Dtype, Format, LogLevel, OnError,
 )
 from .report import print_bench, print_cache, print_evaluation, print_summary
 from .shard import merge_parts
@@ -87,7 +88,8 @@ def _store_max_bytes() -> Optional[int]:
 @app.command()
 def run(
     spec: Path = SPEC_ARG, items: str = ITEMS_ARG, output: Optional[str] = OUTPUT_OPT, fmt: Optional[Format] = FORMAT_OPT,
-    out_fmt: Optional[Format] = OUTPUT_FORMAT_OPT, keep: Optional[str] = KEEP_OPT, keep_all: bool = KEEP_ALL_OPT,
+    delimiter: Optional[str] = DELIMITER_OPT, encoding: Optional[str] = ENCODING_OPT,
+    out_fmt: Optional[OutFormat] = OUTPUT_FORMAT_OPT, keep: Optional[str] = KEEP_OPT, keep_all: bool = KEEP_ALL_OPT,
     resume: bool = RESUME_OPT, update: bool = UPDATE_OPT, overwrite: bool = OVERWRITE_OPT, on_error: OnError = ON_ERROR_OPT,
     batch_size: int = BATCH_SIZE_OPT, batch_tokens: int = BATCH_TOKENS_OPT, limit: Optional[int] = LIMIT_OPT,
     model: Optional[str] = MODEL_OPT, revision: Optional[str] = REVISION_OPT,
@@ -119,7 +121,7 @@ def run(
     setup_logging(quiet, log_level)
     with errors(debug):
         options = RunOptions(
-            spec, items, output=output, input_format=fmt, output_format=out_fmt, keep=_fields(keep), keep_all=keep_all,
+            spec, items, output=output, input_format=fmt, delimiter=delimiter, encoding=encoding, output_format=out_fmt, keep=_fields(keep), keep_all=keep_all,
             resume=resume, update=update, overwrite=overwrite,
             on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit, gold=gold, model=model,
             revision=revision,

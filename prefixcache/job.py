@@ -70,7 +70,9 @@ class RunOptions:
     spec: Path
     items: str  # a file, or "-" for stdin
     output: Optional[str] = None  # .jsonl or .csv; None or "-": JSONL on stdout
-    input_format: Optional[str] = None  # jsonl or csv when the extension does not tell
+    input_format: Optional[str] = None  # jsonl, csv, tsv, json or parquet when the extension does not tell
+    delimiter: Optional[str] = None  # CSV/TSV field separator
+    encoding: Optional[str] = None  # CSV/TSV text encoding (default UTF-8, with or without a BOM)
     resume: bool = False  # continue the output: the same input, or the same input grown
     update: bool = False  # continue the output whatever the input: keep unchanged items' records
     overwrite: bool = False
@@ -176,7 +178,7 @@ def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Opti
     if plan.part:
         fingerprint.update(shard=f"{plan.part[0] + 1}/{plan.part[1]}", items=bounds[1] - bounds[0],
                            ids=ids_digest(id_text(item.id) for item in islice(
-                               read_items(options.items, plan.input_format, plan.spec.id_field), *bounds)))
+                               _read(options, plan), *bounds)))
         start = start_output(plan.output, fingerprint, options.resume, options.update, options.items)
     result = RunResult(
         output=plan.output, stats=RunStats(), resumed=0 if start.mode == "update" else len(start.records),
@@ -238,7 +240,8 @@ def _plan(options: RunOptions) -> _Plan:
     total, fields = None, {}
     if not is_stream(options.items):  # validate the whole input before the model loads
         check = spec.check_record if options.on_error == "fail" else (lambda record: None)
-        total = scan_items(options.items, fmt, spec.id_field, check, spec.id_field_given, fields)
+        total = scan_items(options.items, fmt, spec.id_field, check, spec.id_field_given, fields, options.delimiter,
+                           options.encoding)
         total = min(total, options.limit) if options.limit else total
     out_fmt = output_format(options.output, options.output_format)
     kept = _keep(options, spec, fields, out_fmt)
@@ -251,6 +254,10 @@ def _plan(options: RunOptions) -> _Plan:
         output = part_path(options.output, *part)
         check_output(output, keep, options.overwrite)
     return _Plan(spec, fmt, total, output, part, launched, out_fmt, kept)
+
+
+def _read(options: RunOptions, plan: _Plan) -> Iterator[Item]:
+    return read_items(options.items, plan.input_format, plan.spec.id_field, options.delimiter, options.encoding)
 
 
 def _keep(options: RunOptions, spec: TaskSpec, fields: dict[str, None], out_fmt: str) -> Keep:
@@ -309,7 +316,7 @@ def _in_input_order(start: Start, options: RunOptions, plan: _Plan) -> None:
     ever appended); anything else was changed after it was written, and appending would mix."""
     if start.mode not in ("resume", "grown") or is_stream(options.items) or not start.records:
         return
-    items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), len(start.records))
+    items = islice(_read(options, plan), len(start.records))
     for n, (item, key) in enumerate(zip(items, start.records), 1):
         if id_text(item.id) != key:
             raise OutputError(f"{plan.output}: record {n} is item {key!r}, but item {n} of {options.items} is "
@@ -320,7 +327,7 @@ def _complete(start: Start, options: RunOptions, plan: _Plan) -> bool:
     """A resumed output that already holds a record for every item (of the same input)."""
     if start.mode != "resume" or plan.total is None or len(start.records) < plan.total:
         return False
-    items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), plan.total)
+    items = islice(_read(options, plan), plan.total)
     return all(id_text(item.id) in start.records for item in items)
 
 
@@ -351,7 +358,7 @@ def _bounds(task: Task, scorer: Any, options: RunOptions, plan: _Plan) -> tuple[
     every shard forms the batches one process would."""
     if not plan.part:
         return 0, plan.total if plan.total is not None else options.limit
-    items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), plan.total)
+    items = islice(_read(options, plan), plan.total)
     starts = task.batch_starts(items, _batching(options), scorer.context) + [plan.total]
     first, last = shard_range(len(starts) - 1, *plan.part)
     return starts[first], starts[last]
@@ -429,7 +436,7 @@ def _records(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, O
             f"spec {options.spec}, input {options.items}, output {plan.output or 'stdout'}, model "
             f"{scorer.task.source.ref}, {scorer.device} {scorer.dtype}, prefix {len(scorer.prefix.ids)} tokens "
             f"{scorer.prefix_source}{', ' + str(len(done)) + ' records already written' if done else ''}")))
-    items = islice(read_items(options.items, plan.input_format, plan.spec.id_field), first, last)
+    items = islice(_read(options, plan), first, last)
     if is_stream(options.items):  # read once, never scanned: check it as it streams
         items = _checked_stream(items, options.items, {} if updating else start.records)
     if not updating:
@@ -481,7 +488,7 @@ def command_line(options: RunOptions) -> str:
     flags = {"output": "-o", "input_format": "--format", "on_error": "--on-error", "batch_size": "--batch-size",
              "batch_tokens": "--batch-tokens", "limit": "--limit", "gold": "--gold", "metrics": "--metrics",
              "summary_md": "--summary-md", "junit": "--junit", "min_accuracy": "--min-accuracy", "min_recall": "--min-recall", "model": "--model", "revision": "--revision",
-             "output_format": "--output-format",
+             "output_format": "--output-format", "delimiter": "--delimiter", "encoding": "--encoding",
              "device": "--device", "dtype": "--dtype", "cache_dir": "--cache-dir", "shard": "--shard"}
     words = ["prefixcache", "run", str(options.spec), options.items]
     for name, flag in flags.items():

@@ -10,19 +10,22 @@ import typer
 from .errors import EXIT_GATE
 
 # Values an option may take: shown in --help, checked before the command runs.
-Format = Literal["jsonl", "csv"]
+Format = Literal["jsonl", "csv", "tsv", "json", "parquet"]
+OutFormat = Literal["jsonl", "csv"]
 OnError = Literal["fail", "skip"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Task spec (YAML).", show_default=False)
-ITEMS_ARG = typer.Argument(..., metavar="ITEMS", help="Items: a .jsonl or .csv file, or - for stdin (with --format).", show_default=False)
+ITEMS_ARG = typer.Argument(..., metavar="ITEMS", help="Items: a .jsonl, .csv, .tsv, .json (an array) or .parquet file, the text ones optionally .gz; or - for stdin (with --format).", show_default=False)
 FORMAT_OPT = typer.Option(None, "--format", "--input-format", "-f", help="Input format when it cannot be told from the extension.")
 LIMIT_OPT = typer.Option(None, "--limit", "-n", min=1, help="Process only the first N items.")
 DEBUG_OPT = typer.Option(False, "--debug", metavar="", help="Show a traceback for errors.")
 CACHE_DIR_OPT = typer.Option(None, "--cache-dir", envvar="PREFIXCACHE_CACHE_DIR", show_envvar=False,
                              help="Where converted models and prefilled prefixes are kept (env PREFIXCACHE_CACHE_DIR; default ~/.cache/prefixcache).")
 DEVICE_OPT = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", metavar="auto|cpu|cuda|cuda:N|mps", help="Where the model runs (auto: CUDA when present, else the CPU).")
+DELIMITER_OPT = typer.Option(None, "--delimiter", help="CSV/TSV field separator (default , for CSV, tab for TSV).")
+ENCODING_OPT = typer.Option(None, "--encoding", help="CSV/TSV text encoding, e.g. latin-1 (default UTF-8).")
 OUTPUT_FORMAT_OPT = typer.Option(None, "--output-format", "-F", help="Output format when the output's extension does not tell (stdout: jsonl unless csv).")
 KEEP_OPT = typer.Option(None, "--keep", "-k", metavar="FIELD,...", help="Copy these input fields into each record (after the id; CSV: one column each).")
 KEEP_ALL_OPT = typer.Option(False, "--keep-all", metavar="", help="Copy every input field into each record.")

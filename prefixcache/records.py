@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any, Mapping, Optional, Sequence
 
 from .errors import OutputError
-from .io import EXTENSIONS, Item
+from .io import Item
 from .scoring import Decision
 from .spec import TaskSpec, gold_value
 
@@ -201,8 +201,11 @@ def output_format(path: str | None, asked: str | None = None) -> str:
     return found
 
 
+OUTPUT_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+
+
 def file_format(path: str) -> str:
-    fmt = EXTENSIONS.get(Path(path).suffix.lower())
+    fmt = OUTPUT_EXTENSIONS.get(Path(path).suffix.lower())
     if fmt is None:
         raise OutputError(f"{path}: output must end in .jsonl or .csv")
     return fmt

@@ -132,7 +132,7 @@ def test_missing_field_exit_2(spec_path, tmp_path):
     bad.write_text('{"id": "a", "body": "ok"}\n')
     result = invoke("run", spec_path, bad)
     assert result.exit_code == 2
-    assert result.stderr == f"error: {bad}:1: item 'a' lacks field 'text' used by the template\n"
+    assert result.stderr == f"error: {bad}:1: item 'a' lacks field 'text' used by the template (its fields: 'id', 'body')\n"
 
 
 def test_unwritable_output_exit_2(spec_path, items_path, tmp_path):

@@ -145,7 +145,7 @@ def _fuzz_lines(rng: random.Random) -> bytes:
     return b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 40)))
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "tsv", "json"])
 def test_readers_never_fail_with_anything_but_an_input_error(tmp_path, fmt):
     """A seeded fuzz of the readers: whatever the bytes, a clean scan or one InputError."""
     rng = random.Random(1234)

@@ -59,7 +59,7 @@ def test_scan_checks_fields_and_duplicate_ids(tmp_path):
     check = make_spec(tmp_path).check_record
     path = tmp_path / "in.jsonl"
     path.write_text('{"id": 1, "text": "x"}\n{"id": 2, "body": "y"}\n')
-    with pytest.raises(InputError, match=rf"^{path}:2: item 2 lacks field 'text' used by the template$"):
+    with pytest.raises(InputError, match=rf"^{path}:2: item 2 lacks field 'text' used by the template \(its fields: 'id', 'body'\)$"):
         scan_items(str(path), None, "id", check)
     path.write_text('{"id": 1, "text": "x"}\n{"id": 1, "text": "y"}\n')
     with pytest.raises(InputError, match=rf"^{path}:2: duplicate id 1 \(first on line 1\)$"):
