@@ -30,9 +30,11 @@ class Evaluation:
     failed: int = 0  # items written as error records
     confusion: Counter = field(default_factory=Counter)  # (gold, predicted) -> count
 
-    def add(self, gold: str, predicted: str | None) -> None:
+    def add(self, gold: str, predicted: str | None, correct: bool | None = None) -> None:
+        """One item: its gold value and prediction (`correct` when the record decided it, e.g. a
+        gold letter naming the option predicted)."""
         self.n += 1
-        self.correct += predicted == gold
+        self.correct += (predicted == gold) if correct is None else bool(correct)
         self.abstained += predicted is None
         if self.labels is not None:
             self.confusion[(gold, ABSTAIN if predicted is None else predicted)] += 1
@@ -154,7 +156,7 @@ def add_record(evaluation: Evaluation, record: Any) -> None:
     if is_error(record):
         evaluation.add_failed()
     else:
-        evaluation.add(str(record["gold"]), record["label"] or None)
+        evaluation.add(str(record["gold"]), record["label"] or None, record.get("correct"))
 
 
 def _write(path: Path, text: str, append: bool = False) -> None:

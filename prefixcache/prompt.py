@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .errors import ItemError, ModelError, SpecError
-from .spec import TaskSpec
+from .spec import LETTERS, OPTIONS_FIELD, TaskSpec, choice_list, lettered_options, option_of
 
 # Field values used to find where item text starts and which prefix tokens never merge with it.
 _PROBES = ("A", "a", "1", " ", "  x", "\n", "\t", ".", ",", ":", "'s", '"', "-", "<", "é", "中", "x y", "")
@@ -64,21 +64,41 @@ class PromptBuilder:
 
     # -- rendering ---------------------------------------------------------------------------
     def render(self, record: Mapping[str, Any], item_id: object = None) -> str:
-        body = self.spec.template.render(record, item_id)
+        body = self._body(record, item_id)
         return self._render_chat(body) if self.mode == "chat" else self._render_plain(body)
+
+    def _body(self, record: Mapping[str, Any], item_id: object = None) -> str:
+        """The template filled in; with a lettered layout `{options}` shows the item's options as
+        "A. ...\nB. ..." lines."""
+        if self.spec.lettered and isinstance(record.get(self.spec.choices), (list, str)):
+            try:
+                record = {**record, OPTIONS_FIELD: lettered_options(choice_list(record, self.spec.choices))}
+            except ValueError:
+                pass  # not a list of options (a probe, a content-free prompt): shown as it is
+        return self.spec.template.render(record, item_id)
+
+    def answer_of(self, example: Mapping[str, Any]) -> str:
+        """What a few-shot example's answer turn says: its label, or for multiple choice its
+        option's text or letter (as `score_by` asks)."""
+        label = str(example["label"])
+        if not self.spec.choices:
+            return label
+        options = choice_list(example, self.spec.choices)
+        option = option_of(label, options)
+        return LETTERS[options.index(option)] if self.spec.score_by == "letter" else option
 
     def _render_plain(self, body: str) -> str:
         blocks = [self._system] if self._system.strip() else []
         for ex in self.spec.examples:
-            blocks.append(f"{self.spec.template.render(ex)}\n{self.spec.answer_prefix} {ex['label']}")
+            blocks.append(f"{self._body(ex)}\n{self.spec.answer_prefix} {self.answer_of(ex)}")
         blocks.append(f"{body}\n{self.spec.answer_prefix}")
         return "\n\n".join(blocks)
 
     def _messages(self, body: str) -> list[dict[str, str]]:
         turns = []
         for ex in self.spec.examples:
-            turns.append({"role": "user", "content": self.spec.template.render(ex)})
-            turns.append({"role": "assistant", "content": str(ex["label"])})
+            turns.append({"role": "user", "content": self._body(ex)})
+            turns.append({"role": "assistant", "content": self.answer_of(ex)})
         turns.append({"role": "user", "content": body})
         if self._system_role:
             return [{"role": "system", "content": self._system}, *turns]

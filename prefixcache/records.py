@@ -33,7 +33,7 @@ from typing import IO, Any, Mapping, Optional, Sequence
 from .errors import OutputError
 from .io import Item
 from .scoring import Decision
-from .spec import TaskSpec, gold_value
+from .spec import TaskSpec, gold_value, option_of
 
 Record = dict[str, Any]
 Keep = Optional[Sequence[str]]  # input fields a record carries; None: all
@@ -55,6 +55,7 @@ def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequ
                       "label": None if best is None else names[best]}
     if spec.choices:
         record["index"] = best
+        record["scored"] = spec.score_by
     record.update(prob=None if best is None else _r6(probs[best]), margin=_r6(decision.margin))
     if spec.choices:
         record.update(probs=[_r6(p) for p in probs], logprobs=list(logprobs))
@@ -64,7 +65,8 @@ def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequ
             record["raw_probs"] = {n: _r6(p) for n, p in zip(names, decision.raw)}
     if spec.gold:
         gold = gold_value(item.record, spec.gold)
-        record.update(gold=gold, correct=record["label"] == gold)
+        meant = option_of(gold, list(names)) if spec.choices else gold  # multiple choice: a letter names an option
+        record.update(gold=gold, correct=record["label"] is not None and record["label"] == meant)
     record.update(
         normalize=spec.normalize + ("+calibrated" if decision.raw is not None else ""),
         prefix_tokens=prefix_tokens,
@@ -88,7 +90,7 @@ def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
 
 
 # Names a kept field may not take: the record's own fields (and, in CSV, its per-label columns).
-RECORD_FIELDS = ("id", "label", "index", "prob", "margin", "probs", "logprobs", "raw_probs", "gold", "correct",
+RECORD_FIELDS = ("id", "label", "index", "scored", "prob", "margin", "probs", "logprobs", "raw_probs", "gold", "correct",
                  "normalize", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
 
 
@@ -141,7 +143,7 @@ def columns(spec: TaskSpec, keep: Sequence[str] = ()) -> list[str]:
     """CSV columns: the id, the kept input fields, the record's scalar fields, and one
     prob_/logprob_ column per label (for multiple choice, `probs` and `logprobs` are JSON lists in
     one cell each)."""
-    head = ["id", *keep, "label"] + (["index"] if spec.choices else []) + ["prob", "margin"]
+    head = ["id", *keep, "label"] + (["index", "scored"] if spec.choices else []) + ["prob", "margin"]
     if spec.choices:
         per_label = ["probs", "logprobs"]
     else:

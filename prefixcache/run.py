@@ -65,7 +65,7 @@ def classify(
         replay = bool(preps) and all(id_text(p.item.id) in done for p in preps)
         known = None
         if replay:  # every item of this batch is written: its scores are in the records
-            known = {p.key: logprobs_in_order(done[id_text(p.item.id)], list(p.candidates)) for p in preps}
+            known = {p.key: logprobs_in_order(done[id_text(p.item.id)], p.texts) for p in preps}
         scores = scorer.score(preps, known)
         pending = [entry for entry in batch if id_text(entry.item.id) not in done]
         if not pending:
@@ -89,5 +89,5 @@ def _record(scorer: Scorer, entry: Prepared | Failed, by_key: Mapping[tuple, lis
         stats.errors += 1
         return error_record(entry.item, entry.message, scorer.task.spec.id_field, keep)
     logprobs = by_key[entry.key]
-    return make_record(scorer.task.spec, entry.item, list(entry.candidates), logprobs, scorer.decide(entry, logprobs),
+    return make_record(scorer.task.spec, entry.item, entry.texts, logprobs, scorer.decide(entry, logprobs),
                        entry.enc.prefix_len, entry.own_tokens, ms, keep)

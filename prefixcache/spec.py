@@ -33,6 +33,7 @@ KNOWN_KEYS = (
     "normalize",
     "answer_prefix",
     "choices",
+    "score_by",
     "gold",
     "calibrate",
     "threshold",
@@ -88,6 +89,16 @@ class TaskSpec:
     content_free: tuple[str, ...] = ()  # calibration inputs; empty: no calibration
     threshold: float | None = None  # abstain below this probability
     revision: str | None = None  # a hub model's branch, tag or commit
+    score_by: str = "text"  # multiple choice: score each option's "text" (cloze) or its "letter" (A, B, ...)
+
+    @property
+    def lettered(self) -> bool:
+        """The template shows the item's options as lettered lines through `{options}`."""
+        return bool(self.choices) and OPTIONS_FIELD in self.template.fields
+
+    def item_fields(self) -> tuple[str, ...]:
+        """The template's fields an item must have (`{options}` is made from its choices)."""
+        return tuple(f for f in self.template.fields if not (self.lettered and f == OPTIONS_FIELD))
 
     @property
     def label_names(self) -> tuple[str, ...]:
@@ -95,17 +106,19 @@ class TaskSpec:
 
     def check_record(self, record: Mapping[str, Any]) -> None:
         """Raise ValueError (a message to follow the item's id) if `record` cannot be scored."""
-        for name in self.template.fields:
+        for name in self.item_fields():
             if name not in record:
                 raise ValueError(f"lacks field {name!r} used by the template")
             if record[name] is None:
                 raise ValueError(f"has field {name!r} (used by the template) set to null")
         options = choice_list(record, self.choices) if self.choices else None
+        if options is not None and (self.lettered or self.score_by == "letter") and len(options) > len(LETTERS):
+            raise ValueError(f"has {len(options)} options; lettered options go up to {len(LETTERS)}")
         if self.gold:
             gold = gold_value(record, self.gold)
             allowed = options if options is not None else self.label_names
-            if gold not in allowed:
-                what = f"its '{self.choices}'" if options is not None else "the labels"
+            if gold not in allowed and not (options is not None and option_of(gold, options) is not None):
+                what = f"its '{self.choices}' (or their letters)" if options is not None else "the labels"
                 raise ValueError(f"has gold {gold!r} ({self.gold}), which is not one of {what}")
 
     def system_text(self) -> str:
@@ -121,6 +134,24 @@ class TaskSpec:
         head = self.system.rstrip()
         block = f"Answer with exactly one of these labels:\n{listing}"
         return f"{head}\n\n{block}" if head else block
+
+
+OPTIONS_FIELD = "options"  # with `choices`, the template field that shows them lettered
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def lettered_options(options: list[str]) -> str:
+    """'A. first\nB. second\n...', as multiple-choice exams show their options."""
+    return "\n".join(f"{LETTERS[i]}. {text}" for i, text in enumerate(options))
+
+
+def option_of(gold: str, options: list[str]) -> str | None:
+    """The option a gold value names: the option itself, or its letter; None for neither."""
+    if gold in options:
+        return gold
+    if len(gold) == 1 and gold in LETTERS[: len(options)]:
+        return options[LETTERS.index(gold)]
+    return None
 
 
 def field_text(value: Any) -> str:
@@ -177,6 +208,15 @@ def _threshold(value: Any, path: Path) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise SpecError(f"{path}: 'threshold' must be a probability in (0, 1], got {value!r}")
     return float(value)
+
+
+def _score_by(data: Mapping, path: Path, choices: str | None) -> str:
+    value = _want_str(data, "score_by", path, "text")
+    if value not in ("text", "letter"):
+        raise SpecError(f"{path}: 'score_by' must be text (score each option) or letter (score A, B, ...), got {value!r}")
+    if value == "letter" and choices is None:
+        raise SpecError(f"{path}: 'score_by: letter' is for multiple choice ('choices')")
+    return value
 
 
 def parse_template(text: str, where: str) -> Template:
@@ -309,11 +349,13 @@ def _examples(
                 options = choice_list(ex, choices)
             except ValueError as exc:
                 raise SpecError(f"{path}: example {n}: {exc}")
-            if label not in options:
-                raise SpecError(f"{path}: example {n} has label {label!r}, which is not one of its '{choices}'")
+            if option_of(str(label), options) is None:
+                raise SpecError(f"{path}: example {n} has label {label!r}, which is not one of its '{choices}' "
+                                f"(or their letters)")
         elif label not in names:
             raise SpecError(f"{path}: example {n} has label {label!r}, which is not one of the labels")
-        missing = [f for f in template.fields if f not in ex]
+        lettered = choices is not None and OPTIONS_FIELD in template.fields
+        missing = [f for f in template.fields if f not in ex and not (lettered and f == OPTIONS_FIELD)]
         if missing:
             raise SpecError(f"{path}: example {n} lacks field {missing[0]!r} used by the template")
         out.append({**ex, "label": label})
@@ -364,4 +406,5 @@ def load_spec(path: str | Path) -> TaskSpec:
         content_free=_calibration(data.get("calibrate"), path, choices),
         threshold=_threshold(data.get("threshold"), path),
         revision=_want_str(data, "revision", path),
+        score_by=_score_by(data, path, choices),
     )

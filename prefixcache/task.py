@@ -19,7 +19,7 @@ from .io import Item
 from .load import ModelSource, load_tokenizer, spec_model
 from .prompt import EncodedItem, PromptBuilder
 from .rows import Candidate, Row, trie
-from .spec import TaskSpec, choice_list, field_text
+from .spec import LETTERS, TaskSpec, choice_list, field_text
 
 # No tokenizer makes tokens this long on average: an item longer than this many characters per
 # position of the model's context cannot fit it, whatever its text.
@@ -32,7 +32,13 @@ class Prepared:
 
     item: Item
     enc: EncodedItem
-    candidates: dict[str, Candidate]  # text -> ids, in output order
+    candidates: dict[str, Candidate]  # text scored -> ids, in output order
+    names: tuple[str, ...] = ()  # what each candidate stands for (the options, when letters are scored)
+
+    @property
+    def texts(self) -> list[str]:
+        """The labels or options the candidates stand for, in candidate order."""
+        return list(self.names) if self.names else list(self.candidates)
 
     @property
     def key(self) -> tuple:
@@ -96,19 +102,24 @@ class Task:
             self.spec.check_record(item.record)
         except ValueError as exc:
             raise ItemError(item.id, str(exc))
-        chars = sum(len(field_text(item.record[f])) for f in self.spec.template.fields)
+        chars = sum(len(field_text(item.record[f])) for f in self.spec.item_fields())
         if context and chars > MAX_CHARS_PER_TOKEN * context:  # refused before tokenising it costs gigabytes
             raise ItemError(item.id, f"its fields hold {chars} characters, far more than the model's context of "
                                      f"{context} tokens")
         enc = self.builder.encode_item(item.record, item.id)
+        names: tuple[str, ...] = ()
         if self.spec.choices:
-            candidates = self.builder.options(choice_list(item.record, self.spec.choices), item.id)
+            options = choice_list(item.record, self.spec.choices)
+            if self.spec.score_by == "letter":  # MMLU style: the letters are scored, the options reported
+                candidates, names = self.builder.options(LETTERS[: len(options)], item.id), tuple(options)
+            else:
+                candidates = self.builder.options(options, item.id)
         else:
             candidates = self.builder.candidates
         longest = max(len(c) for c in candidates.values())
         if context and len(enc.ids) + longest - 1 > context:
             raise ItemError(item.id, f"{len(enc.ids)} prompt tokens do not fit the model's context of {context}")
-        return Prepared(item, enc, candidates)
+        return Prepared(item, enc, candidates, names)
 
     def content_free(self, text: str) -> EncodedItem:
         """The prompt with every template field set to `text` (e.g. "" or "N/A")."""

@@ -169,7 +169,7 @@ def test_cli_gold_errors_before_the_model_loads(mc_spec, tmp_path, tiny_model_di
     bad = _items(tmp_path, [{"id": 1, "text": "q", "choices": ["a", "b"], "answer": "c"}])
     result = runner.invoke(app, ["run", str(mc_spec), str(bad)])
     assert result.exit_code == 2
-    assert result.stderr == f"error: {bad}:1: item 1 has gold 'c' (answer), which is not one of its 'choices'\n"
+    assert result.stderr == f"error: {bad}:1: item 1 has gold 'c' (answer), which is not one of its 'choices' (or their letters)\n"
     dup = _items(tmp_path, [{"id": 1, "text": "q", "choices": ["a", "a"], "answer": "a"}], "dup.jsonl")
     result = runner.invoke(app, ["run", str(mc_spec), str(dup)])
     assert result.exit_code == 2 and "lists option 'a' twice" in result.stderr
@@ -192,3 +192,38 @@ def test_spec_rules_for_choices_and_calibration(tmp_path):
         load_spec(write_spec(tmp_path, threshold=1.5))
     spec = load_spec(write_spec(tmp_path, calibrate=True))
     assert spec.content_free == ("N/A", "", "[MASK]")
+
+
+@pytest.mark.parametrize("score_by", ["text", "letter"])
+def test_lettered_layout_scores_equal_a_full_forward(chat_tokenizer, tmp_path, score_by):
+    """Options shown as "A. ..." lines through {options}; the letters (MMLU style) or the option
+    texts (cloze) scored; either way the cached scores equal one full forward per candidate."""
+    examples = [{"text": "Which is a colour?", "choices": ["red", "run"], "label": "A"}]
+    spec = make_spec(tmp_path, labels=None, choices="choices", template="Q: {text}\n{options}", score_by=score_by,
+                     gold="answer", examples=examples)
+    clf = _scorer(spec, chat_tokenizer)
+    rows = [dict(q, answer="B" if q["id"] == 1 else q["answer"]) for q in QUESTIONS]  # a gold letter, too
+    items = list(read_items(str(_items(tmp_path, rows))))
+    records = list(classify(clf, items, Batching(size=2)))
+    for item, record in zip(items, records):
+        prep = clf.task.prepare(item)
+        options = item.record["choices"]
+        assert "\n".join(f"{'ABCDE'[i]}. {o}" for i, o in enumerate(options)) in prep.enc.text
+        assert list(prep.candidates) == (list("ABCDE"[: len(options)]) if score_by == "letter" else options)
+        want = score_naive(clf.engine.model, prep.enc.ids, list(prep.candidates.values()))
+        assert max(abs(a - b) for a, b in zip(record["logprobs"], want)) < TOL
+        assert record["label"] == options[record["index"]] and record["scored"] == score_by
+        gold = item.record["answer"]
+        assert record["correct"] == (record["label"] == (options["ABCDE".index(gold)] if gold == "B" else gold))
+    answer_turn = "<|im_start|>assistant\n" + ("A" if score_by == "letter" else "red") + "<|im_end|>"
+    assert answer_turn in clf.task.prepare(items[0]).enc.text  # the example answers as the items are scored
+
+
+def test_score_by_letter_needs_choices(tmp_path):
+    from prefixcache.errors import SpecError
+    from prefixcache.spec import load_spec
+
+    with pytest.raises(SpecError, match="'score_by: letter' is for multiple choice"):
+        load_spec(write_spec(tmp_path, score_by="letter"))
+    with pytest.raises(SpecError, match="'score_by' must be text"):
+        load_spec(write_spec(tmp_path, labels=None, choices="choices", score_by="number"))
