@@ -20,6 +20,7 @@ from . import __version__, compat
 from .errors import EXIT_USAGE, OutputError, UsageError
 from .io import detect_format, read_items
 from .job import RunOptions, run_job, with_overrides
+from .job import dry_run as check_run
 from .load import converted_models, default_cache_dir, models_dir
 from .output import check_output
 from .options import (
@@ -28,9 +29,9 @@ from .options import (
     JUNIT_OPT, LIMIT_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, NO_STORE_OPT,
     ON_ERROR_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT, RESUME_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT,
     UPDATE_OPT, LOG_INTERVAL_OPT, MIN_RECALL_OPT, MODEL_OPT, REVISION_OPT, OUTPUT_FORMAT_OPT, KEEP_OPT, KEEP_ALL_OPT,
-    DELIMITER_OPT, ENCODING_OPT, OutFormat, Dtype, Format, LogLevel, OnError,
+    DELIMITER_OPT, ENCODING_OPT, OutFormat, DRY_RUN_OPT, Dtype, Format, LogLevel, OnError,
 )
-from .report import print_bench, print_cache, print_evaluation, print_summary
+from .report import print_bench, print_cache, print_dry_run, print_evaluation, print_summary
 from .shard import merge_parts
 from .spec import load_spec
 from .task import Batching, Task
@@ -98,7 +99,7 @@ def run(
     min_recall: Optional[float] = MIN_RECALL_OPT, device: str = DEVICE_OPT,
     dtype: Dtype = DTYPE_OPT, cache_dir: Optional[Path] = CACHE_DIR_OPT, no_cache_store: bool = NO_STORE_OPT,
     shard: Optional[str] = SHARD_OPT, quiet: bool = QUIET_OPT, log_level: LogLevel = LOG_LEVEL_OPT,
-    log_interval: float = LOG_INTERVAL_OPT, debug: bool = DEBUG_OPT,
+    log_interval: float = LOG_INTERVAL_OPT, dry_run: bool = DRY_RUN_OPT, debug: bool = DEBUG_OPT,
 ) -> None:
     """Classify every item and stream one record per item, in input order.
 
@@ -129,6 +130,11 @@ def run(
             dtype=dtype, cache_dir=_cache_dir(cache_dir), cache_store=not no_cache_store,
             store_max_bytes=_store_max_bytes(), shard=shard,
         )
+        if dry_run:
+            with progress(quiet, log_interval) as reporter:
+                planned = check_run(options, progress=reporter)
+            print_dry_run(err, planned)
+            raise typer.Exit(0)
         with progress(quiet, log_interval) as reporter, signals(reporter) as stopped:
             result = run_job(options, progress=reporter, stop=lambda: stopped[0] if stopped else None)
         with reporting():

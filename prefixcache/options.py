@@ -48,6 +48,7 @@ DTYPE_OPT = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="au
 NO_STORE_OPT = typer.Option(False, "--no-cache-store", metavar="", help="Neither load nor keep the prefilled prefix on disk.")
 SHARD_OPT = typer.Option(None, "--shard", help="Run only shard K of N (K/N, 1-based), e.g. one CI matrix job; join the parts with `prefixcache merge`.")
 QUIET_OPT = typer.Option(False, "--quiet", "-q", metavar="", help="No progress bar, summary, warnings or evaluation tables.")
+DRY_RUN_OPT = typer.Option(False, "--dry-run", metavar="", help="Check the spec and the input, print each item's token counts (stdout) and the total with an estimated time (stderr); write nothing.")
 LOG_INTERVAL_OPT = typer.Option(30.0, "--log-interval", min=1.0, envvar="PREFIXCACHE_LOG_INTERVAL", help="When stderr is not a terminal (cron, CI): seconds between progress lines.")
 LOG_LEVEL_OPT = typer.Option("info", "--log-level", envvar="PREFIXCACHE_LOG_LEVEL", help="How much to log on stderr.")
 

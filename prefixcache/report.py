@@ -3,6 +3,7 @@ on the console it is given (stderr for everything but bench's table)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
@@ -91,3 +92,23 @@ def print_cache(root: Any, prefixes: list[dict], models: list[dict]) -> None:
     out.print(table)
     for m in models:
         out.print(f"converted model: {m['path']} (from {m.get('source')})", soft_wrap=True)
+
+
+def print_dry_run(console: Console, dry: Any) -> None:
+    """`run --dry-run`: one JSON line per item on stdout, the totals and the estimate on stderr."""
+    for item in dry.items:
+        sys.stdout.write(json.dumps(item, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+    n = len(dry.items)
+    console.print(
+        f"dry run: {n} items to score{f' ({dry.failed} cannot be scored)' if dry.failed else ''} · prefix "
+        f"{dry.prefix_tokens} tokens, encoded once · {dry.item_tokens} item tokens ({dry.item_tokens / max(n, 1):.1f} "
+        f"per item) + {dry.label_tokens} label tokens to score\n"
+        f"measured on {dry.measured} items: {dry.ms_per_item:.1f} ms/item · estimated {_duration(dry.estimate_seconds)} "
+        f"for all {n} (plus about {dry.load_seconds:.0f} s to load) · nothing was written",
+        markup=False, soft_wrap=True,
+    )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"

@@ -75,3 +75,19 @@ def test_a_field_named_like_a_label_column_is_a_clash(tmp_path, tiny_model_dir):
     src.write_text(json.dumps({"id": 1, "text": "x", "prob_a": 1}) + "\n")
     result = invoke("run", spec, src, "--keep-all")
     assert result.exit_code == 2 and "'prob_a' is one of the record's CSV columns" in result.stderr
+
+
+def test_dry_run_counts_tokens_estimates_and_writes_nothing(spec_path, reviews, tmp_path):
+    out = tmp_path / "out.jsonl"
+    result = invoke("run", spec_path, reviews, "-o", out, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert not out.exists() and not (tmp_path / "out.jsonl.prefixcache.json").exists()
+    counts = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [c["id"] for c in counts] == ["r1", "r2", "r3"] and all(c["item_tokens"] > 3 for c in counts)
+    rendered = [json.loads(line) for line in invoke("render", spec_path, reviews).stdout.splitlines()]
+    assert [c["item_tokens"] for c in counts] == [len(r["prompt_ids"]) - r["prefix_len"] for r in rendered]
+    [summary, estimate] = result.stderr.splitlines()
+    total = sum(c["item_tokens"] for c in counts)
+    assert summary.startswith(f"dry run: 3 items to score · prefix {rendered[0]['prefix_len']} tokens, encoded once · "
+                              f"{total} item tokens")
+    assert estimate.startswith("measured on 3 items: ") and estimate.endswith("nothing was written")
