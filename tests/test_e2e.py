@@ -116,3 +116,30 @@ def test_an_unwritable_cache_still_runs_the_embedded_model(tmp_path):
     assert result.exit_code == 0, result.output
     assert "cannot keep the converted weights" in result.stderr and "prefix store: cannot write" in result.stderr
     assert len(out.read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("score_by", ["text", "letter"])
+def test_real_model_lettered_layout_equals_full_reencode(cache_dir, tmp_path, score_by):
+    from helpers import write_spec
+
+    spec = write_spec(tmp_path, labels=None, system="Answer the question with one of the options.",
+                      choices="choices", gold="answer", template="{text}\n{options}", score_by=score_by)
+    scorer = _scorer(spec, cache_dir)
+    items = list(read_items(str(ROOT / "data" / "samples" / "general_knowledge.jsonl")))[:5]
+    for item, record in zip(items, classify(scorer, items, Batching(size=3))):
+        prep = scorer.task.prepare(item)
+        want = score_naive(scorer.engine.model, prep.enc.ids, list(prep.candidates.values()))
+        assert max(abs(a - b) for a, b in zip(record["logprobs"], want)) < 1e-4
+        assert record["scored"] == score_by and record["label"] == item.record["choices"][record["index"]]
+
+
+def test_model_option_takes_a_gguf_file(tmp_path):
+    from prefixcache.load import embedded_model_file
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("model: ./not/here.gguf\nlabels: [billing, technical, account]\ntemplate: 'Ticket: {text}'\n")
+    out = tmp_path / "o.jsonl"
+    result = CliRunner().invoke(app, ["run", str(spec), str(TICKETS), "-o", str(out), "-n", "2",
+                                      "-m", str(embedded_model_file())])
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text().splitlines()) == 2 and "SmolLM2-135M-Instruct.Q4_1.gguf" in result.stderr
