@@ -29,7 +29,7 @@ from .options import (
     JUNIT_OPT, LIMIT_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, NO_STORE_OPT,
     ON_ERROR_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT, RESUME_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT,
     UPDATE_OPT, LOG_INTERVAL_OPT, MIN_RECALL_OPT, MODEL_OPT, REVISION_OPT, OUTPUT_FORMAT_OPT, KEEP_OPT, KEEP_ALL_OPT,
-    DELIMITER_OPT, ENCODING_OPT, OutFormat, DRY_RUN_OPT, Dtype, Format, LogLevel, OnError,
+    DELIMITER_OPT, ENCODING_OPT, OutFormat, DRY_RUN_OPT, EXACT_OPT, Dtype, Format, LogLevel, OnError,
 )
 from .report import print_bench, print_cache, print_dry_run, print_evaluation, print_summary
 from .shard import merge_parts
@@ -97,7 +97,8 @@ def run(
     gold: Optional[str] = GOLD_OPT, metrics: Optional[Path] = METRICS_OPT, summary_md: Optional[Path] = SUMMARY_MD_OPT,
     junit: Optional[Path] = JUNIT_OPT, min_accuracy: Optional[float] = MIN_ACCURACY_OPT,
     min_recall: Optional[float] = MIN_RECALL_OPT, device: str = DEVICE_OPT,
-    dtype: Dtype = DTYPE_OPT, cache_dir: Optional[Path] = CACHE_DIR_OPT, no_cache_store: bool = NO_STORE_OPT,
+    dtype: Dtype = DTYPE_OPT, exact: bool = EXACT_OPT, cache_dir: Optional[Path] = CACHE_DIR_OPT,
+    no_cache_store: bool = NO_STORE_OPT,
     shard: Optional[str] = SHARD_OPT, quiet: bool = QUIET_OPT, log_level: LogLevel = LOG_LEVEL_OPT,
     log_interval: float = LOG_INTERVAL_OPT, dry_run: bool = DRY_RUN_OPT, debug: bool = DEBUG_OPT,
 ) -> None:
@@ -127,7 +128,7 @@ def run(
             on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit, gold=gold, model=model,
             revision=revision,
             metrics=metrics, summary_md=summary_md, junit=junit, min_accuracy=min_accuracy, min_recall=min_recall, device=device,
-            dtype=dtype, cache_dir=_cache_dir(cache_dir), cache_store=not no_cache_store,
+            dtype=dtype, exact=exact, cache_dir=_cache_dir(cache_dir), cache_store=not no_cache_store,
             store_max_bytes=_store_max_bytes(), shard=shard,
         )
         if dry_run:

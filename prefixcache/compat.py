@@ -14,6 +14,7 @@ the functions that need them.
 | DynamicCache(list of (keys, values)), cache.layers[i].keys   | building and reading KV caches         |
 | modeling_gguf_pytorch_utils.tqdm                             | GGUF conversion's progress bar         |
 | PreTrainedModel.hf_quantizer, config.quantization_config     | saving dequantised GGUF weights        |
+| /proc/cpuinfo flags amx_bf16, avx512_bf16                    | is bfloat16 matmul fast on this CPU    |
 | typer._click.exceptions (UsageError, NoArgsIsHelpError)      | usage errors as one line (typer ships its own click) |
 """
 
@@ -144,3 +145,19 @@ def cli_usage_errors() -> tuple[type, type]:
         from click.exceptions import NoArgsIsHelpError, UsageError
     assert issubclass(typer.BadParameter, UsageError)
     return UsageError, NoArgsIsHelpError
+
+
+def bf16_matmul(device: str) -> bool:
+    """Whether bfloat16 matrix products are fast here: CUDA with bf16 support, or a CPU with AMX or
+    AVX-512 BF16 instructions (read from /proc/cpuinfo; False where it cannot be told)."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.startswith("cpu"):
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+        return "amx_bf16" in flags or "avx512_bf16" in flags
+    return False

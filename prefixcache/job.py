@@ -27,6 +27,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
+from . import compat
 from .errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted, OutputError, SpecError, UsageError
 from .io import Item, detect_format, is_stream, read_items, scan_items
 from .lint import lint_labels
@@ -94,6 +95,7 @@ class RunOptions:
     min_recall: Optional[float] = None  # every label's recall
     device: str = "auto"
     dtype: str = "auto"
+    exact: bool = False  # low-precision dtype, close calls re-scored in float32
     cache_dir: Path = field(default_factory=default_cache_dir)
     cache_store: bool = True  # load and keep prefilled prefixes under cache_dir
     store_max_bytes: Optional[int] = None  # None: the store's default bound
@@ -116,6 +118,7 @@ class RunResult:
     device: str
     dtype: str
     model: str = ""  # the model used, as given
+    rescored: Optional[tuple[int, int, float]] = None  # --exact: (re-scored in float32, scored, gap bound)
     shard: Optional[tuple[int, int]] = None  # (k, n), 0-based k
     kept: int = 0  # --update: records kept from the output for items that did not change
     dropped: int = 0  # --update: records of items no longer in the input
@@ -191,6 +194,8 @@ def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Opti
         gates=_gates(options),
     )
     _write(scorer, options, plan, bounds, start, fingerprint, result, progress, stop, started)
+    if hasattr(scorer, "rescored"):
+        result.rescored = (scorer.rescored, scorer.checked, scorer.bound or 0.0)
     if plan.launched:
         _join_launch(result, plan, options)
     if result.evaluation:
@@ -233,6 +238,9 @@ def _plan(options: RunOptions) -> _Plan:
         raise OutputError("sharded and multi-process runs need an input file and an output file (-o)")
     _not_the_input(options)
     spec = with_overrides(load_spec(options.spec), options.gold, options.model, options.revision)
+    if options.exact and options.dtype not in ("bfloat16", "float16"):
+        raise UsageError("--exact re-scores the close calls of a bfloat16 or float16 run in float32: "
+                         "give --dtype bfloat16 (or float16)")
     reports = options.metrics or options.summary_md or options.junit or _gates(options) != Gates()
     if reports and not spec.gold:
         raise SpecError("--metrics, --summary-md, --junit, --min-accuracy and --min-recall need a gold field "
@@ -304,7 +312,7 @@ def _fingerprint(options: RunOptions, plan: _Plan, device: str) -> dict[str, Any
         "input": file_digest(options.items), "input_bytes": _size(options.items), "device": device.split(":")[0],
         "dtype": str(pick_dtype(options.dtype, device)).removeprefix("torch."),
         "batch_size": options.batch_size, "batch_tokens": options.batch_tokens,
-        "keep": "all" if plan.keep is None else list(plan.keep),
+        "keep": "all" if plan.keep is None else list(plan.keep), "exact": options.exact,
     }
 
 
@@ -347,11 +355,26 @@ def _load_scorer(task: Task, options: RunOptions, device: str) -> Any:
     from .scorer import Scorer  # the torch side: imported once a model is needed
     from .store import PrefixStore
 
+    from .exact import CheckedScorer
+
     store = None
     if options.cache_store:
         root = options.cache_dir / "prefixes"
         store = PrefixStore(root) if options.store_max_bytes is None else PrefixStore(root, options.store_max_bytes)
-    return Scorer.load(task, options.cache_dir, device, options.dtype, store)
+    if options.exact and _fast_kind(options, device) == "float32":
+        log.warning("this %s has no bfloat16 matrix instructions, so --exact would gain nothing: scoring in float32",
+                    pick_device(device))
+    elif options.exact:
+        return CheckedScorer.pair(task, options.cache_dir, device, options.dtype, store)
+    scorer = Scorer.load(task, options.cache_dir, device, "float32" if options.exact else options.dtype, store)
+    scorer.says_precision = options.exact
+    return scorer
+
+
+def _fast_kind(options: RunOptions, device: str) -> str:
+    """The dtype the low-precision pass of --exact runs in: the one asked for, or float32 where
+    the hardware has no fast bfloat16 matmul."""
+    return options.dtype if compat.bf16_matmul(pick_device(device)) else "float32"
 
 
 def _bounds(task: Task, scorer: Any, options: RunOptions, plan: _Plan) -> tuple[int, Optional[int]]:
@@ -380,7 +403,8 @@ def _write(scorer: Any, options: RunOptions, plan: _Plan, bounds: tuple[int, Opt
     elif start.mode != "fresh":
         continue_output(plan.output, start, fingerprint)
         log.info("%s: %d records already written; resuming", plan.output, len(start.records))
-    writer = open_writer(path, columns(plan.spec, plan.keep or ()), append=start.mode in ("resume", "grown"),
+    writer = open_writer(path, columns(plan.spec, plan.keep or (), precision=options.exact),
+                         append=start.mode in ("resume", "grown"),
                          fmt=plan.output_format, id_column=plan.spec.id_field if plan.spec.id_field_given else "id")
     if start.mode == "fresh" and path not in (None, "-"):
         write_fingerprint(path, fingerprint)
@@ -489,13 +513,13 @@ def command_line(options: RunOptions) -> str:
     flags = {"output": "-o", "input_format": "--format", "on_error": "--on-error", "batch_size": "--batch-size",
              "batch_tokens": "--batch-tokens", "limit": "--limit", "gold": "--gold", "metrics": "--metrics",
              "summary_md": "--summary-md", "junit": "--junit", "min_accuracy": "--min-accuracy", "min_recall": "--min-recall", "model": "--model", "revision": "--revision",
-             "output_format": "--output-format", "delimiter": "--delimiter", "encoding": "--encoding",
+             "output_format": "--output-format", "exact": "--exact", "delimiter": "--delimiter", "encoding": "--encoding",
              "device": "--device", "dtype": "--dtype", "cache_dir": "--cache-dir", "shard": "--shard"}
     words = ["prefixcache", "run", str(options.spec), options.items]
     for name, flag in flags.items():
         value = getattr(options, name)
         if value is not None and value != getattr(default, name):
-            words += [flag, str(value)]
+            words += [flag] if value is True else [flag, str(value)]
     if options.keep:
         words += ["--keep", ",".join(options.keep)]
     if options.keep_all:

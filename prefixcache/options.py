@@ -45,6 +45,7 @@ JUNIT_OPT = typer.Option(None, "--junit", help="Write the evaluation as a JUnit 
 MIN_ACCURACY_OPT = typer.Option(None, "--min-accuracy", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when accuracy is below this.")
 MIN_RECALL_OPT = typer.Option(None, "--min-recall", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when any label's recall is below this.")
 DTYPE_OPT = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto: float32 on the CPU, bfloat16 (or float16) on CUDA.")
+EXACT_OPT = typer.Option(False, "--exact", metavar="", help="With --dtype bfloat16: score in bfloat16, then score again in float32 the items whose decision rounding could change (float32 answers at about bfloat16 speed; both models in memory).")
 NO_STORE_OPT = typer.Option(False, "--no-cache-store", metavar="", help="Neither load nor keep the prefilled prefix on disk.")
 SHARD_OPT = typer.Option(None, "--shard", help="Run only shard K of N (K/N, 1-based), e.g. one CI matrix job; join the parts with `prefixcache merge`.")
 QUIET_OPT = typer.Option(False, "--quiet", "-q", metavar="", help="No progress bar, summary, warnings or evaluation tables.")

@@ -47,7 +47,7 @@ def _r6(x: float) -> float:
 
 
 def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], decision: Decision,
-                prefix_tokens: int, item_tokens: int, ms: float, keep: Keep = ()) -> Record:
+                prefix_tokens: int, item_tokens: int, ms: float, keep: Keep = (), precision: str | None = None) -> Record:
     """The record of a scored item. `names`: its candidates' texts (labels or options), in order;
     `keep`: the item's fields to copy in after the id (None: all of them)."""
     best, probs = decision.best, decision.probs
@@ -67,8 +67,10 @@ def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequ
         gold = gold_value(item.record, spec.gold)
         meant = option_of(gold, list(names)) if spec.choices else gold  # multiple choice: a letter names an option
         record.update(gold=gold, correct=record["label"] is not None and record["label"] == meant)
+    record["normalize"] = spec.normalize + ("+calibrated" if decision.raw is not None else "")
+    if precision is not None:  # a run mixing precisions says which made each record
+        record["precision"] = precision
     record.update(
-        normalize=spec.normalize + ("+calibrated" if decision.raw is not None else ""),
         prefix_tokens=prefix_tokens,
         item_tokens=item_tokens,
         item_sha=item_sha(item.record),
@@ -91,7 +93,7 @@ def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
 
 # Names a kept field may not take: the record's own fields (and, in CSV, its per-label columns).
 RECORD_FIELDS = ("id", "label", "index", "scored", "prob", "margin", "probs", "logprobs", "raw_probs", "gold", "correct",
-                 "normalize", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
+                 "normalize", "precision", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
 
 
 def keep_clash(spec: TaskSpec, name: str) -> str | None:
@@ -139,7 +141,7 @@ def logprobs_in_order(record: Mapping[str, Any], names: Sequence[str]) -> list[f
     return [float(value[name]) for name in names]
 
 
-def columns(spec: TaskSpec, keep: Sequence[str] = ()) -> list[str]:
+def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False) -> list[str]:
     """CSV columns: the id, the kept input fields, the record's scalar fields, and one
     prob_/logprob_ column per label (for multiple choice, `probs` and `logprobs` are JSON lists in
     one cell each)."""
@@ -151,7 +153,8 @@ def columns(spec: TaskSpec, keep: Sequence[str] = ()) -> list[str]:
         per_label = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
         per_label += [f"raw_prob_{n}" for n in names] if spec.content_free else []
     gold = ["gold", "correct"] if spec.gold else []
-    return head + per_label + gold + ["normalize", "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
+    return (head + per_label + gold + ["normalize"] + (["precision"] if precision else [])
+            + ["prefix_tokens", "item_tokens", "item_sha", "ms", "error"])
 
 
 def to_csv_row(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,10 +34,17 @@ def print_summary(console: Console, result: Any, stamped: bool = False) -> None:
         f"{f', {reused} duplicates reused' if reused > 0 else ''}) · "
         f"prefix {r.prefix_tokens} tokens {r.prefix_source} in {r.prefill_ms:.0f} ms · "
         f"load {r.load_seconds:.1f} s · first record after {r.first_record or 0:.1f} s · {r.model} · {r.device} {r.dtype}"
-        f"{f' · {s.errors} items failed (error records written)' if s.errors else ''}",
+        f"{f' · {s.errors} items failed (error records written)' if s.errors else ''}"
+        f"{_rescored(r.rescored) if r.rescored else ''}",
         markup=False,
         soft_wrap=True,
     )
+
+
+def _rescored(figures: tuple[int, int, float]) -> str:
+    again, checked, bound = figures
+    share = again / checked if checked else 0.0
+    return f" · {again} of {checked} items re-scored in float32 ({share:.0%}; gap bound {bound:.3g})"
 
 
 def print_evaluation(console: Console, evaluation: Any) -> None:

@@ -90,4 +90,4 @@ def _record(scorer: Scorer, entry: Prepared | Failed, by_key: Mapping[tuple, lis
         return error_record(entry.item, entry.message, scorer.task.spec.id_field, keep)
     logprobs = by_key[entry.key]
     return make_record(scorer.task.spec, entry.item, entry.texts, logprobs, scorer.decide(entry, logprobs),
-                       entry.enc.prefix_len, entry.own_tokens, ms, keep)
+                       entry.enc.prefix_len, entry.own_tokens, ms, keep, scorer.precision(entry.key))

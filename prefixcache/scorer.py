@@ -66,6 +66,7 @@ class Scorer:
         self.device = str(engine.device)
         self.dtype = str(engine.dtype).removeprefix("torch.")
         self.prior: list[float] | None = None
+        self.says_precision = False  # records name their precision (a run asked for --exact)
         self._scores = ScoreCache()
         self._unconditional = ScoreCache()
         spec = task.spec
@@ -117,6 +118,11 @@ class Scorer:
                 self._scores.put(key, scores)
         computed = [] if known is not None else list(todo.values())
         return Scores([self._scores.get(p.key) for p in preps], computed)  # get: recency, the same in every run
+
+    def precision(self, key: tuple) -> str | None:
+        """Which precision produced the scores of a prompt, when the run's records say so (runs
+        that may mix two: `says_precision`), else None."""
+        return self.dtype if self.says_precision else None
 
     def clear(self) -> None:
         """Forget the scores of earlier items (e.g. between timed runs of the same items)."""

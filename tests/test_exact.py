@@ -1,0 +1,73 @@
+"""--exact: a bfloat16 pass whose close calls are scored again in float32. Compared with a plain
+float32 run on the same items: the same labels, and re-scored records equal to float32 records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import TEXTS, invoke, write_spec
+from prefixcache import compat, exact
+
+
+@pytest.fixture()
+def job(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(compat, "bf16_matmul", lambda device: True)  # run the bf16 pass on any CPU
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["tech", "technical", "billing", "account access"])
+    items = tmp_path / "in.jsonl"
+    items.write_text("".join(json.dumps({"id": n, "text": f"{t} (case {n})"}) + "\n" for n, t in enumerate(TEXTS * 2)))
+    plain = tmp_path / "fp32.jsonl"
+    assert invoke("run", spec, items, "-o", plain, "-b", 4, "-q").exit_code == 0
+    return spec, items, [json.loads(line) for line in plain.read_text().splitlines()]
+
+
+def _exact_run(spec, items, out):
+    result = invoke("run", spec, items, "-o", out, "-b", 4, "--dtype", "bfloat16", "--exact")
+    assert result.exit_code == 0, result.output
+    return result, [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_everything_under_the_bound_is_a_float32_run(job, tmp_path, monkeypatch):
+    spec, items, fp32 = job
+    monkeypatch.setattr(exact, "FLOOR", 1e9)  # every item is a close call
+    result, records = _exact_run(spec, items, tmp_path / "exact.jsonl")
+    assert f"{len(fp32)} of {len(fp32)} items re-scored in float32 (100%" in result.stderr
+    for got, want in zip(records, fp32):
+        assert got["precision"] == "float32" and got["label"] == want["label"]
+        assert max(abs(got["logprobs"][k] - want["logprobs"][k]) for k in want["logprobs"]) < 1e-5
+
+
+def test_after_the_first_batch_only_close_calls_are_rescored(job, tmp_path, monkeypatch):
+    spec, items, fp32 = job
+    monkeypatch.setattr(exact, "FLOOR", 0.0)
+    monkeypatch.setattr(exact, "SAFETY", 0.0)  # a bound of 0: nothing after the measured first batch
+    result, records = _exact_run(spec, items, tmp_path / "exact.jsonl")
+    precisions = [r["precision"] for r in records]
+    assert precisions[:4] == ["float32"] * 4 and set(precisions[4:]) == {"bfloat16"}
+    assert "4 of 22 items re-scored in float32" in result.stderr
+
+
+def test_labels_equal_a_float32_run_and_rescored_records_are_float32_records(job, tmp_path):
+    spec, items, fp32 = job
+    result, records = _exact_run(spec, items, tmp_path / "exact.jsonl")
+    assert [r["label"] for r in records] == [r["label"] for r in fp32]
+    for got, want in zip(records, fp32):
+        if got["precision"] == "float32":
+            assert max(abs(got["logprobs"][k] - want["logprobs"][k]) for k in want["logprobs"]) < 1e-5
+            assert got["probs"] == pytest.approx(want["probs"], abs=1e-5)
+
+
+def test_exact_needs_a_low_precision_dtype_and_falls_back_without_bf16_hardware(job, tmp_path, monkeypatch):
+    spec, items, fp32 = job
+    refused = invoke("run", spec, items, "--exact")
+    assert refused.exit_code == 2
+    assert refused.stderr == ("error: --exact re-scores the close calls of a bfloat16 or float16 run in float32: "
+                              "give --dtype bfloat16 (or float16)\n")
+    monkeypatch.setattr(compat, "bf16_matmul", lambda device: False)
+    out = tmp_path / "fallback.jsonl"
+    result = invoke("run", spec, items, "-o", out, "-b", 4, "--dtype", "bfloat16", "--exact")
+    assert result.exit_code == 0 and "no bfloat16 matrix instructions" in result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["precision"] for r in records} == {"float32"}
+    assert [r["logprobs"] for r in records] == [r["logprobs"] for r in fp32]
