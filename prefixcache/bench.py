@@ -24,6 +24,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .engine import Engine, Prefix
+from .errors import UsageError
+from .exact import CheckedScorer
 from .io import Item
 from .reference import score_naive
 from .rows import Row, trie
@@ -253,3 +255,56 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
         option_cost_ratio=option_ratio, option_cost_floor=gflop / alone, modes=modes,
         store_load_ms=load_ms, store_prefill_ms=prefill_ms,
     )
+
+
+@dataclass
+class PrecisionReport:
+    """`bench --exact`: the run pipeline in float32, in the low precision, and with close calls
+    re-scored in float32, on the same items in one process."""
+
+    dtype: str
+    items: int
+    float32_ms: float
+    fast_ms: float
+    exact_ms: float
+    rescored: int  # items the exact mode scored again in float32
+    bound: float  # its final gap bound
+    labels_differ_fast: int  # items whose label differs from float32's
+    labels_differ_exact: int
+    extra_weights_mb: float  # the second copy of the weights
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_precision_bench(fp32: Scorer, fast: Scorer, checked: Any, items: Sequence[Item],
+                        batching: Batching = Batching()) -> PrecisionReport:
+    def timed(scorer: Any) -> tuple[float, list]:
+        scorer.clear()
+        list(classify(scorer, items[: batching.size], batching))  # warm-up
+        scorer.clear()
+        start = time.perf_counter()
+        labels = [r["label"] for r in classify(scorer, items, batching)]
+        return 1000 * (time.perf_counter() - start) / len(items), labels
+
+    ms32, want = timed(fp32)
+    ms_fast, fast_labels = timed(fast)
+    checked.rescored = checked.checked = 0
+    checked.bound = None
+    ms_exact, exact_labels = timed(checked)
+    weights = sum(p.numel() * p.element_size() for p in fp32.engine.model.parameters()) / 2**20
+    return PrecisionReport(
+        dtype=fast.dtype, items=len(items), float32_ms=ms32, fast_ms=ms_fast, exact_ms=ms_exact,
+        rescored=checked.rescored, bound=checked.bound or 0.0,
+        labels_differ_fast=sum(a != b for a, b in zip(fast_labels, want)),
+        labels_differ_exact=sum(a != b for a, b in zip(exact_labels, want)), extra_weights_mb=weights,
+    )
+
+
+def bench_exact(task: Any, items: Sequence[Item], cache_dir: Any, device: str, dtype: str,
+                batching: Batching = Batching()) -> PrecisionReport:
+    """Load the float32 and the low-precision models and time the three ways of scoring."""
+    if dtype not in ("bfloat16", "float16"):
+        raise UsageError("bench --exact compares float32 with a low precision: give --dtype bfloat16 (or float16)")
+    fp32, fast = Scorer.load(task, cache_dir, device, "float32"), Scorer.load(task, cache_dir, device, dtype)
+    return run_precision_bench(fp32, fast, CheckedScorer.pair(task, cache_dir, device, dtype), items, batching)

@@ -6,8 +6,6 @@ stdout carries data only (records, rendered prompts); progress, summaries and er
 from __future__ import annotations
 
 import json
-import math
-import os
 import shutil
 import sys
 from itertools import islice
@@ -17,12 +15,13 @@ from typing import Optional
 import typer
 
 from . import __version__, compat
-from .errors import EXIT_USAGE, OutputError, UsageError
+from .errors import EXIT_USAGE, OutputError
 from .io import detect_format, read_items
 from .job import RunOptions, run_job, with_overrides
 from .job import dry_run as check_run
 from .load import converted_models, default_cache_dir, models_dir
 from .output import check_output
+from .options import field_list, store_max_bytes
 from .options import (
     BATCH_SIZE_OPT, BATCH_TOKENS_OPT, BENCH_BATCH_SIZE_OPT, BENCH_BATCH_TOKENS_OPT, BENCH_LIMIT_OPT, CACHE_DIR_OPT,
     CLEAR_MODELS_OPT, DEBUG_OPT, DEVICE_OPT, DTYPE_OPT, FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_LINES_OPT, JSON_OPT,
@@ -31,7 +30,7 @@ from .options import (
     UPDATE_OPT, LOG_INTERVAL_OPT, MIN_RECALL_OPT, MODEL_OPT, REVISION_OPT, OUTPUT_FORMAT_OPT, KEEP_OPT, KEEP_ALL_OPT,
     DELIMITER_OPT, ENCODING_OPT, OutFormat, DRY_RUN_OPT, EXACT_OPT, Dtype, Format, LogLevel, OnError,
 )
-from .report import print_bench, print_cache, print_dry_run, print_evaluation, print_summary
+from .report import print_bench, print_cache, print_dry_run, print_evaluation, print_precision_bench, print_summary
 from .shard import merge_parts
 from .spec import load_spec
 from .task import Batching, Task
@@ -66,24 +65,6 @@ def _root(
 
 def _cache_dir(cache_dir: Optional[Path]) -> Path:
     return cache_dir.expanduser() if cache_dir else default_cache_dir()
-
-
-def _fields(text: Optional[str]) -> tuple[str, ...]:
-    return tuple(name.strip() for name in (text or "").split(",") if name.strip())
-
-
-def _store_max_bytes() -> Optional[int]:
-    """PREFIXCACHE_STORE_MAX_MB: the prefix store's bound (default 2048)."""
-    limit = os.environ.get("PREFIXCACHE_STORE_MAX_MB")
-    if not limit:
-        return None
-    try:
-        megabytes = float(limit)
-    except ValueError:
-        megabytes = float("nan")
-    if not math.isfinite(megabytes) or megabytes < 0:
-        raise UsageError(f"PREFIXCACHE_STORE_MAX_MB must be a number of megabytes (0 or more), not {limit!r}")
-    return int(megabytes * 2**20)
 
 
 @app.command()
@@ -123,13 +104,13 @@ def run(
     setup_logging(quiet, log_level)
     with errors(debug):
         options = RunOptions(
-            spec, items, output=output, input_format=fmt, delimiter=delimiter, encoding=encoding, output_format=out_fmt, keep=_fields(keep), keep_all=keep_all,
+            spec, items, output=output, input_format=fmt, delimiter=delimiter, encoding=encoding, output_format=out_fmt, keep=field_list(keep), keep_all=keep_all,
             resume=resume, update=update, overwrite=overwrite,
             on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit, gold=gold, model=model,
             revision=revision,
             metrics=metrics, summary_md=summary_md, junit=junit, min_accuracy=min_accuracy, min_recall=min_recall, device=device,
             dtype=dtype, exact=exact, cache_dir=_cache_dir(cache_dir), cache_store=not no_cache_store,
-            store_max_bytes=_store_max_bytes(), shard=shard,
+            store_max_bytes=store_max_bytes(), shard=shard,
         )
         if dry_run:
             with progress(quiet, log_interval) as reporter:
@@ -194,6 +175,7 @@ def bench(
     dtype: Dtype = DTYPE_OPT,
     cache_dir: Optional[Path] = CACHE_DIR_OPT,
     as_json: bool = JSON_OPT,
+    exact: bool = EXACT_OPT,
     debug: bool = DEBUG_OPT,
 ) -> None:
     """Time the naive baselines, cached one-at-a-time scoring and the run pipeline on the same items.
@@ -205,8 +187,10 @@ def bench(
     Example:
 
         prefixcache bench configs/support-tickets.yaml data/samples/tickets.jsonl --limit 8
+
+        prefixcache bench configs/news-topics.yaml data/samples/headlines.jsonl --dtype bfloat16 --exact
     """
-    from .bench import run_bench  # torch: only for this command
+    from .bench import bench_exact, run_bench  # torch: only for this command
     from .scorer import Scorer
 
     setup_logging(as_json)
@@ -218,6 +202,10 @@ def bench(
             raise OutputError(f"{items}: no items to benchmark")
         compat.quiet_libraries()
         task = Task.from_spec(task_spec, _cache_dir(cache_dir))
+        if exact:
+            precision = bench_exact(task, records, _cache_dir(cache_dir), device, dtype, Batching(batch_size, batch_tokens))
+            print(json.dumps(precision.to_json(), indent=2)) if as_json else print_precision_bench(precision)
+            return
         scorer = Scorer.load(task, _cache_dir(cache_dir), device, dtype)
         report = run_bench(scorer, records, min(limit, len(records)), Batching(batch_size, batch_tokens))
         if as_json:

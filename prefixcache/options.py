@@ -3,11 +3,13 @@ Shared by the commands in cli.py, so one option reads the same everywhere."""
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+import os
+from typing import Literal, Optional
 
 import typer
 
-from .errors import EXIT_GATE
+from .errors import EXIT_GATE, UsageError
 
 # Values an option may take: shown in --help, checked before the command runs.
 Format = Literal["jsonl", "csv", "tsv", "json", "parquet"]
@@ -63,3 +65,21 @@ PARTS_ARG = typer.Argument(..., metavar="PART...", help="The part files written 
 MERGED_OPT = typer.Option(..., "--output", "-o", help="The joined .jsonl or .csv.")
 JSON_LINES_OPT = typer.Option(False, "--json", metavar="", help="JSON lines instead of a table.")
 CLEAR_MODELS_OPT = typer.Option(False, "--models", metavar="", help="Also delete converted (dequantised GGUF) models.")
+
+
+def field_list(text: Optional[str]) -> tuple[str, ...]:
+    return tuple(name.strip() for name in (text or "").split(",") if name.strip())
+
+
+def store_max_bytes() -> Optional[int]:
+    """PREFIXCACHE_STORE_MAX_MB: the prefix store's bound (default 2048)."""
+    limit = os.environ.get("PREFIXCACHE_STORE_MAX_MB")
+    if not limit:
+        return None
+    try:
+        megabytes = float(limit)
+    except ValueError:
+        megabytes = float("nan")
+    if not math.isfinite(megabytes) or megabytes < 0:
+        raise UsageError(f"PREFIXCACHE_STORE_MAX_MB must be a number of megabytes (0 or more), not {limit!r}")
+    return int(megabytes * 2**20)

@@ -119,3 +119,18 @@ def print_dry_run(console: Console, dry: Any) -> None:
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def print_precision_bench(report: Any) -> None:
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    r = report
+    table = Table(title=f"prefixcache bench --exact · {r.items} items")
+    for col in ("mode", "ms/item", "speed-up over float32", "labels differing from float32"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    table.add_row("float32", f"{r.float32_ms:.1f}", "1.00x", "-")
+    table.add_row(r.dtype, f"{r.fast_ms:.1f}", f"{r.float32_ms / r.fast_ms:.2f}x", str(r.labels_differ_fast))
+    table.add_row(f"{r.dtype} --exact", f"{r.exact_ms:.1f}", f"{r.float32_ms / r.exact_ms:.2f}x", str(r.labels_differ_exact))
+    out.print(table)
+    out.print(f"--exact re-scored {r.rescored} of {r.items} items in float32 ({r.rescored / max(r.items, 1):.0%}), "
+              f"gap bound {r.bound:.3g} · it holds a float32 copy of the weights too: +{r.extra_weights_mb:.0f} MB",
+              soft_wrap=True)
