@@ -143,3 +143,30 @@ def test_model_option_takes_a_gguf_file(tmp_path):
                                       "-m", str(embedded_model_file())])
     assert result.exit_code == 0, result.output
     assert len(out.read_text().splitlines()) == 2 and "SmolLM2-135M-Instruct.Q4_1.gguf" in result.stderr
+
+
+SAMPLES = [("support-tickets", "tickets.jsonl"), ("support-tickets", "tickets.csv"),
+           ("support-tickets-64-shot", "tickets.jsonl"), ("sentiment", "reviews.jsonl"),
+           ("news-topics", "headlines.jsonl"), ("irony", "irony.jsonl"), ("general-knowledge", "general_knowledge.jsonl"),
+           ("reading-comprehension", "passages.jsonl"), ("science-exam", "science_exam.jsonl")]
+
+
+@pytest.mark.parametrize("config,sample", SAMPLES)
+def test_exact_mode_labels_equal_float32_on_every_shipped_sample(tmp_path, config, sample):
+    from prefixcache import compat
+
+    if not compat.bf16_matmul("cpu"):
+        pytest.skip("no bfloat16 matrix instructions on this CPU: --exact runs float32 (tested in test_exact.py)")
+    runs = {}
+    for name, args in (("fp32", ["--dtype", "float32"]), ("exact", ["--dtype", "bfloat16", "--exact"])):
+        out = tmp_path / f"{name}.jsonl"
+        result = CliRunner().invoke(app, ["run", str(ROOT / "configs" / f"{config}.yaml"),
+                                          str(ROOT / "data" / "samples" / sample), "-o", str(out), "-q", *args])
+        assert result.exit_code in (0, 5), result.output
+        runs[name] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["label"] for r in runs["exact"]] == [r["label"] for r in runs["fp32"]]
+    for got, want in zip(runs["exact"], runs["fp32"]):
+        if got["precision"] == "float32":
+            lp = got["logprobs"]
+            pairs = zip(lp, want["logprobs"]) if isinstance(lp, list) else ((lp[k], want["logprobs"][k]) for k in lp)
+            assert max(abs(a - b) for a, b in pairs) < 1e-4
