@@ -88,8 +88,8 @@ def run(
     An existing output is refused unless `--resume` (keep its records, score the rest: safe to
     repeat after any crash, and on an input that grew), `--update` (the input may have changed: keep
     the records of unchanged items, score new and changed ones) or `--overwrite`. Ctrl-C / SIGTERM
-    finish the current batch, flush, and exit 130 / 143. With a gold field (spec key `gold` or `--gold`), accuracy, macro-F1, per-label
-    precision/recall and a confusion matrix follow on stderr; `--min-accuracy` gates on them.
+    finish the current batch, flush, and exit 130 / 143. With a gold field (spec key `gold` or
+    `--gold`), the evaluation follows on stderr; `--min-accuracy` gates on it.
 
     Example:
 
@@ -104,19 +104,15 @@ def run(
     setup_logging(quiet, log_level)
     with errors(debug):
         options = RunOptions(
-            spec, items, output=output, input_format=fmt, delimiter=delimiter, encoding=encoding, output_format=out_fmt, keep=field_list(keep), keep_all=keep_all,
-            resume=resume, update=update, overwrite=overwrite,
-            on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit, gold=gold, model=model,
-            revision=revision,
-            metrics=metrics, summary_md=summary_md, junit=junit, min_accuracy=min_accuracy, min_recall=min_recall, device=device,
-            dtype=dtype, exact=exact, cache_dir=_cache_dir(cache_dir), cache_store=not no_cache_store,
-            store_max_bytes=store_max_bytes(), shard=shard,
+            spec, items, output=output, input_format=fmt, delimiter=delimiter, encoding=encoding,
+            output_format=out_fmt, keep=field_list(keep), keep_all=keep_all, resume=resume, update=update,
+            overwrite=overwrite, on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit,
+            gold=gold, model=model, revision=revision, metrics=metrics, summary_md=summary_md, junit=junit,
+            min_accuracy=min_accuracy, min_recall=min_recall, device=device, dtype=dtype, exact=exact,
+            cache_dir=_cache_dir(cache_dir), cache_store=not no_cache_store, store_max_bytes=store_max_bytes(), shard=shard,
         )
         if dry_run:
-            with progress(quiet, log_interval) as reporter:
-                planned = check_run(options, progress=reporter)
-            print_dry_run(err, planned)
-            raise typer.Exit(0)
+            _dry_run(options, quiet, log_interval)
         with progress(quiet, log_interval) as reporter, signals(reporter) as stopped:
             result = run_job(options, progress=reporter, stop=lambda: stopped[0] if stopped else None)
         with reporting():
@@ -129,6 +125,13 @@ def run(
             for failure in result.gate_failures:
                 err.print(f"gate failed: {failure}", markup=False)
         raise typer.Exit(result.exit_code)
+
+
+def _dry_run(options: RunOptions, quiet: bool, log_interval: float) -> None:
+    with progress(quiet, log_interval) as reporter:
+        planned = check_run(options, progress=reporter)
+    print_dry_run(err, planned)
+    raise typer.Exit(0)
 
 
 @app.command()
