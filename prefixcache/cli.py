@@ -15,21 +15,22 @@ from typing import Optional
 import typer
 
 from . import __version__, compat
+from .dryrun import dry_run as check_run
 from .errors import EXIT_USAGE, OutputError
 from .io import detect_format, read_items
-from .job import RunOptions, run_job, with_overrides
-from .job import dry_run as check_run
+from .job import run_job
 from .load import converted_models, default_cache_dir, models_dir
-from .output import check_output
-from .options import field_list, store_max_bytes
-from .options import (
+from .options import (  # noqa: I001
     BATCH_SIZE_OPT, BATCH_TOKENS_OPT, BENCH_BATCH_SIZE_OPT, BENCH_BATCH_TOKENS_OPT, BENCH_LIMIT_OPT, CACHE_DIR_OPT,
-    CLEAR_MODELS_OPT, DEBUG_OPT, DEVICE_OPT, DTYPE_OPT, FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_LINES_OPT, JSON_OPT,
-    JUNIT_OPT, LIMIT_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, NO_STORE_OPT,
-    ON_ERROR_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT, RESUME_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT,
-    UPDATE_OPT, LOG_INTERVAL_OPT, MIN_RECALL_OPT, MODEL_OPT, REVISION_OPT, OUTPUT_FORMAT_OPT, KEEP_OPT, KEEP_ALL_OPT,
-    DELIMITER_OPT, ENCODING_OPT, OutFormat, DRY_RUN_OPT, EXACT_OPT, Dtype, Format, LogLevel, OnError,
+    CLEAR_MODELS_OPT, DEBUG_OPT, DELIMITER_OPT, DEVICE_OPT, DRY_RUN_OPT, DTYPE_OPT, ENCODING_OPT, EXACT_OPT,
+    FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_LINES_OPT, JSON_OPT, JUNIT_OPT, KEEP_ALL_OPT, KEEP_OPT, LIMIT_OPT,
+    LOG_INTERVAL_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, MIN_RECALL_OPT,
+    MODEL_OPT, NO_STORE_OPT, ON_ERROR_OPT, OUTPUT_FORMAT_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT,
+    RESUME_OPT, REVISION_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT, UPDATE_OPT, Dtype, Format, LogLevel, OnError,
+    OutFormat, field_list, store_max_bytes,
 )
+from .output import check_output
+from .plan import RunOptions, with_overrides
 from .report import print_bench, print_cache, print_dry_run, print_evaluation, print_precision_bench, print_summary
 from .shard import merge_parts
 from .spec import load_spec

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .errors import ItemError, ModelError, SpecError
-from .spec import LETTERS, OPTIONS_FIELD, TaskSpec, choice_list, lettered_options, option_of
+from .spec import (
+    LETTERS,
+    OPTIONS_FIELD,
+    TaskSpec,
+    choice_list,
+    lettered_options,
+    option_of,
+)
 
 # Field values used to find where item text starts and which prefix tokens never merge with it.
 _PROBES = ("A", "a", "1", " ", "  x", "\n", "\t", ".", ",", ":", "'s", '"', "-", "<", "é", "中", "x y", "")

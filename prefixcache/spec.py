@@ -15,7 +15,6 @@ from typing import Any, Mapping
 import yaml
 
 from .errors import InputError, SpecError
-
 from .scoring import NORMALIZATIONS
 
 FORMATS = ("auto", "chat", "plain")

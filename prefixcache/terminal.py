@@ -13,13 +13,14 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import typer
-from typer.core import TyperGroup
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+from typer.core import TyperGroup
 
 from . import compat
 from .errors import EXIT_INTERNAL, EXIT_USAGE, Interrupted, PrefixcacheError
 from .job import Event
+
 
 class Commands(TyperGroup):
     """Usage errors (`--limit 0`, an unknown option) as one `error:` line and exit 2, like every

@@ -64,7 +64,14 @@ def tiny_model(arch: str, vocab: int, seed: int = 0, init: float = 0.2) -> Any:
     """A 2-layer random model whose weights are large enough that context changes the scores
     by far more than the test tolerance (so a masking bug cannot hide under it)."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, initializer_range=init, tie_word_embeddings=False)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-
 from helpers import TEXTS, make_spec
+
 from prefixcache.engine import Engine
-from prefixcache.rows import Row
 from prefixcache.errors import ModelError
 from prefixcache.prompt import PromptBuilder
 from prefixcache.reference import score_naive
+from prefixcache.rows import Row
 
 TOL = 1e-4
 WINDOW = 16  # far shorter than the test prompts (~70-110 tokens), so the window always binds
@@ -102,9 +102,9 @@ def test_run_a_model_folder_without_sdpa_support(chat_tokenizer, tmp_path):
     """Gemma 2 refuses SDPA at load time: it is loaded with its own eager attention and runs."""
     import json
 
+    from helpers import write_spec
     from typer.testing import CliRunner
 
-    from helpers import write_spec
     from prefixcache.cli import app
 
     folder = tmp_path / "gemma2"

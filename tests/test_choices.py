@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
-
 from conftest import tiny_model
 from helpers import make_spec, write_spec
+from typer.testing import CliRunner
+
 from prefixcache.cli import app
 from prefixcache.engine import Engine
 from prefixcache.io import read_items
@@ -17,8 +17,8 @@ from prefixcache.load import ModelSource
 from prefixcache.reference import score_naive
 from prefixcache.run import classify
 from prefixcache.scorer import Scorer
-from prefixcache.task import Batching, Task
 from prefixcache.scoring import calibrate, mean_distribution, softmax
+from prefixcache.task import Batching, Task
 
 TOL = 1e-4
 QUESTIONS = [

@@ -6,10 +6,10 @@ import csv
 import json
 
 import pytest
+from helpers import TEXTS, write_spec
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
-from helpers import TEXTS, write_spec
 from prefixcache import __version__
 from prefixcache.cli import app
 from prefixcache.reference import score_naive

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_model
+
 from prefixcache import attention, compat
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import TEXTS, make_spec
+
 from prefixcache.engine import Engine
-from prefixcache.rows import Row
 from prefixcache.prompt import PromptBuilder
 from prefixcache.reference import score_naive
+from prefixcache.rows import Row
 
 TOL = 1e-4
 
@@ -242,9 +242,9 @@ def test_unsupported_attention_falls_back_once_with_a_reason(chat_tokenizer, tmp
 def test_a_kernel_bug_is_exit_1_through_the_cli(tmp_path, tiny_model_dir, kernel):
     import json
 
+    from helpers import write_spec
     from typer.testing import CliRunner
 
-    from helpers import write_spec
     from prefixcache.cli import app
 
     kernel(_raising(AttributeError("a bug in the kernel")))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import TEXTS, invoke, write_spec
+
 from prefixcache import compat, exact
 
 

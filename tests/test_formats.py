@@ -9,8 +9,8 @@ import json
 import sys
 
 import pytest
-
 from helpers import invoke, write_spec
+
 from prefixcache.errors import InputError
 from prefixcache.io import read_items
 

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 from helpers import invoke, write_spec
+
 from prefixcache.errors import InputError, SpecError
 from prefixcache.io import scan_items
 from prefixcache.spec import load_spec
+
 
 @pytest.fixture()
 def spec_path(tmp_path, tiny_model_dir):

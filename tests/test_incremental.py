@@ -9,12 +9,13 @@ import signal
 from pathlib import Path
 
 import pytest
+from helpers import write_spec
 from typer.testing import CliRunner
 
-from helpers import write_spec
 from prefixcache.cli import app
 from prefixcache.errors import Interrupted
-from prefixcache.job import RunOptions, command_line, run_job
+from prefixcache.job import run_job
+from prefixcache.plan import RunOptions, command_line
 
 runner = CliRunner()
 WORDS = "crash refund password invoice login error slow payment account screen update billing".split()

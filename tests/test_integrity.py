@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 from helpers import invoke, write_spec
+
 from prefixcache.errors import Interrupted, SpecError
 from prefixcache.spec import load_spec
+
 
 @pytest.fixture()
 def spec_path(tmp_path, tiny_model_dir):
@@ -115,11 +117,11 @@ def test_outputs_follow_the_umask_and_the_store_is_private(spec_path, tmp_path):
 
 
 def test_a_stored_prefix_rewritten_to_another_key_is_rebuilt(tmp_path, chat_tokenizer, caplog):
+    from conftest import tiny_model
+    from helpers import make_spec
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from conftest import tiny_model
-    from helpers import make_spec
     from prefixcache.engine import Engine
     from prefixcache.prompt import PromptBuilder
     from prefixcache.store import PrefixStore
@@ -139,6 +141,7 @@ def test_a_stored_prefix_rewritten_to_another_key_is_rebuilt(tmp_path, chat_toke
 def test_stale_temporary_files_are_cleaned(tmp_path, chat_tokenizer):
     from conftest import tiny_model
     from helpers import make_spec
+
     from prefixcache.engine import Engine
     from prefixcache.prompt import PromptBuilder
     from prefixcache.store import PrefixStore

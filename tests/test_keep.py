@@ -8,7 +8,6 @@ import io
 import json
 
 import pytest
-
 from helpers import invoke, write_spec
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import build_tokenizer
 from helpers import make_spec
+
 from prefixcache.errors import SpecError
 from prefixcache.lint import lint_labels
 from prefixcache.prompt import PromptBuilder

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import invoke, write_spec
+
 from prefixcache.load import model_identity, resolve_model
 
 

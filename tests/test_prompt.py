@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import NO_SYSTEM_CHAT, build_tokenizer
 from helpers import LABELS, TEXTS, make_spec
+
 from prefixcache.errors import SpecError
 from prefixcache.prompt import PromptBuilder
 

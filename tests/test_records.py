@@ -5,11 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import make_spec
+
 from prefixcache.io import Item
 from prefixcache.records import (
-    columns, error_record, item_sha, logprobs_in_order, make_record, open_writer, read_records,
+    columns,
+    error_record,
+    item_sha,
+    logprobs_in_order,
+    make_record,
+    open_writer,
+    read_records,
 )
 from prefixcache.scoring import judge
 

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import TEXTS, write_spec
 from typer.testing import CliRunner
 
-from helpers import TEXTS, write_spec
 from prefixcache.cli import app
 
 runner = CliRunner()

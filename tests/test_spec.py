@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import write_spec
+
 from prefixcache.errors import SpecError
 from prefixcache.spec import load_spec
 

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 import torch
-from typer.testing import CliRunner
-
 from conftest import tiny_model
 from helpers import make_spec, write_spec
+from typer.testing import CliRunner
+
 from prefixcache.cli import app
 from prefixcache.engine import Engine
 from prefixcache.prompt import PromptBuilder

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import write_spec
 from typer.testing import CliRunner
 
-from helpers import write_spec
 from prefixcache.cli import app
 
 runner = CliRunner()
