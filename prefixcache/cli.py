@@ -6,20 +6,21 @@ stdout carries data only (records, rendered prompts); progress, summaries and er
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from itertools import islice
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 
-from . import __version__, compat
+from . import compat
 from .dryrun import dry_run as check_run
-from .errors import EXIT_USAGE, OutputError
+from .diff import compare_outputs, write_diff_reports
+from .errors import EXIT_GATE, EXIT_USAGE, OutputError
 from .io import detect_format, read_items
 from .job import run_job
-from .load import converted_models, default_cache_dir, models_dir
+from .load import converted_models, default_cache_dir
 from .options import (  # noqa: I001
     BATCH_SIZE_OPT, BATCH_TOKENS_OPT, BENCH_BATCH_SIZE_OPT, BENCH_BATCH_TOKENS_OPT, BENCH_LIMIT_OPT, CACHE_DIR_OPT,
     CLEAR_MODELS_OPT, DEBUG_OPT, DELIMITER_OPT, DEVICE_OPT, DRY_RUN_OPT, DTYPE_OPT, ENCODING_OPT, EXACT_OPT,
@@ -27,11 +28,12 @@ from .options import (  # noqa: I001
     LOG_INTERVAL_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, MIN_RECALL_OPT,
     MODEL_OPT, NO_STORE_OPT, ON_ERROR_OPT, OUTPUT_FORMAT_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT,
     RESUME_OPT, REVISION_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT, UPDATE_OPT, Dtype, Format, LogLevel, OnError,
-    OutFormat, field_list, store_max_bytes,
+    OutFormat, field_list, store_max_bytes, DIFF_A_ARG, DIFF_B_ARG, DIFF_MD_OPT, DIFF_JSON_OPT, FAIL_ON_CHANGE_OPT,
+    FAIL_ON_REGRESSION_OPT, TOP_OPT, VERSION_OPT,
 )
 from .output import check_output
 from .plan import RunOptions, with_overrides
-from .report import print_bench, print_cache, print_dry_run, print_evaluation, print_precision_bench, print_summary
+from .report import print_bench, print_cache, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
 from .shard import merge_parts
 from .spec import load_spec
 from .task import Batching, Task
@@ -51,16 +53,10 @@ app = typer.Typer(
     ),
 )
 
-def _version(value: bool) -> None:
-    if value:
-        print(f"prefixcache {__version__}")
-        raise typer.Exit()
 
 
 @app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
-) -> None:
+def _root(version: bool = VERSION_OPT) -> None:
     """Classify batches of text with a local language model, encoding the static prompt prefix once."""
 
 
@@ -137,14 +133,9 @@ def _dry_run(options: RunOptions, quiet: bool, log_interval: float) -> None:
 
 @app.command()
 def render(
-    spec: Path = SPEC_ARG,
-    items: str = ITEMS_ARG,
-    fmt: Optional[Format] = FORMAT_OPT,
-    limit: Optional[int] = LIMIT_OPT,
-    model: Optional[str] = MODEL_OPT,
-    revision: Optional[str] = REVISION_OPT,
-    cache_dir: Optional[Path] = CACHE_DIR_OPT,
-    debug: bool = DEBUG_OPT,
+    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, fmt: Optional[Format] = FORMAT_OPT,
+    limit: Optional[int] = LIMIT_OPT, model: Optional[str] = MODEL_OPT, revision: Optional[str] = REVISION_OPT,
+    cache_dir: Optional[Path] = CACHE_DIR_OPT, debug: bool = DEBUG_OPT,
 ) -> None:
     """Print, per item, exactly the tokens the scorer uses (one JSON object a line).
 
@@ -167,20 +158,11 @@ def render(
 
 @app.command()
 def bench(
-    spec: Path = SPEC_ARG,
-    items: str = ITEMS_ARG,
-    fmt: Optional[Format] = FORMAT_OPT,
-    limit: int = BENCH_LIMIT_OPT,
-    max_items: Optional[int] = MAX_ITEMS_OPT,
-    batch_size: int = BENCH_BATCH_SIZE_OPT,
-    batch_tokens: int = BENCH_BATCH_TOKENS_OPT,
-    model: Optional[str] = MODEL_OPT,
-    device: str = DEVICE_OPT,
-    dtype: Dtype = DTYPE_OPT,
-    cache_dir: Optional[Path] = CACHE_DIR_OPT,
-    as_json: bool = JSON_OPT,
-    exact: bool = EXACT_OPT,
-    debug: bool = DEBUG_OPT,
+    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, fmt: Optional[Format] = FORMAT_OPT, limit: int = BENCH_LIMIT_OPT,
+    max_items: Optional[int] = MAX_ITEMS_OPT, batch_size: int = BENCH_BATCH_SIZE_OPT,
+    batch_tokens: int = BENCH_BATCH_TOKENS_OPT, model: Optional[str] = MODEL_OPT, device: str = DEVICE_OPT,
+    dtype: Dtype = DTYPE_OPT, cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = JSON_OPT,
+    exact: bool = EXACT_OPT, debug: bool = DEBUG_OPT,
 ) -> None:
     """Time the naive baselines, cached one-at-a-time scoring and the run pipeline on the same items.
 
@@ -216,6 +198,30 @@ def bench(
             print(json.dumps(report.to_json(), indent=2))
         else:
             print_bench(report)
+
+
+@app.command()
+def diff(
+    a: str = DIFF_A_ARG, b: str = DIFF_B_ARG, md: Optional[Path] = DIFF_MD_OPT, as_json: Optional[Path] = DIFF_JSON_OPT,
+    fail_on_change: Optional[float] = FAIL_ON_CHANGE_OPT, fail_on_regression: bool = FAIL_ON_REGRESSION_OPT,
+    top: int = TOP_OPT, debug: bool = DEBUG_OPT,
+) -> None:
+    """Compare two runs joined by id: label changes, confidence shifts, and with gold values the
+    accuracy of each, fixed and broken items and an exact McNemar test.
+
+    Example:
+
+        prefixcache diff before.jsonl after.jsonl --md "$GITHUB_STEP_SUMMARY" --fail-on-regression
+    """
+    with errors(debug):
+        cmp = compare_outputs(a, b)
+        failures = cmp.gate_failures(fail_on_change, fail_on_regression)
+        write_diff_reports(cmp, a, b, md, as_json)
+        with reporting():
+            print_diff(Console(highlight=False), cmp, a, b, top)
+            for failure in failures:
+                err.print(f"gate failed: {failure}", markup=False)
+        raise typer.Exit(EXIT_GATE if failures else 0)
 
 
 @app.command()
@@ -273,18 +279,12 @@ def cache_clear(cache_dir: Optional[Path] = CACHE_DIR_OPT, models: bool = CLEAR_
 
         prefixcache cache clear --models
     """
-    from .store import PrefixStore  # torch: only for this command
+    from .store import clear_cache  # torch: only for this command
 
     with errors(debug):
-        root = _cache_dir(cache_dir)
-        try:
-            removed = PrefixStore(root / "prefixes").clear()
-            err.print(f"removed {removed} stored prefixes", markup=False)
-            if models and models_dir(root).is_dir():
-                shutil.rmtree(models_dir(root))
-                err.print("removed the converted models", markup=False)
-        except OSError as exc:
-            raise OutputError(f"{exc.filename or root}: cannot remove it: {exc.strerror}")
+        removed, models_removed = clear_cache(_cache_dir(cache_dir), models)
+        err.print(f"removed {removed} stored prefixes" + (" and the converted models" if models_removed else ""),
+                  markup=False)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from typing import Literal, Optional
 
 import typer
 
+from . import __version__
 from .errors import EXIT_GATE, UsageError
 
 # Values an option may take: shown in --help, checked before the command runs.
@@ -18,6 +19,13 @@ OnError = Literal["fail", "skip"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"prefixcache {__version__}")
+        raise typer.Exit()
+
+
+VERSION_OPT = typer.Option(False, "--version", callback=_show_version, is_eager=True, metavar="", help="Show the version and exit.")
 SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Task spec (YAML).", show_default=False)
 ITEMS_ARG = typer.Argument(..., metavar="ITEMS", help="Items: a .jsonl, .csv, .tsv, .json (an array) or .parquet file, the text ones optionally .gz; or - for stdin (with --format).", show_default=False)
 FORMAT_OPT = typer.Option(None, "--format", "--input-format", "-f", help="Input format when it cannot be told from the extension.")
@@ -64,6 +72,13 @@ JSON_OPT = typer.Option(False, "--json", metavar="", help="Print the figures as 
 PARTS_ARG = typer.Argument(..., metavar="PART...", help="The part files written with --shard K/N (any order).", show_default=False)
 MERGED_OPT = typer.Option(..., "--output", "-o", help="The joined .jsonl or .csv.")
 JSON_LINES_OPT = typer.Option(False, "--json", metavar="", help="JSON lines instead of a table.")
+DIFF_A_ARG = typer.Argument(..., metavar="A", help="An output of run (JSONL or CSV): before.", show_default=False)
+DIFF_B_ARG = typer.Argument(..., metavar="B", help="An output of run: after.", show_default=False)
+DIFF_MD_OPT = typer.Option(None, "--md", help="Append a Markdown version (a pull-request comment, $GITHUB_STEP_SUMMARY).")
+DIFF_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON to this file.")
+FAIL_ON_CHANGE_OPT = typer.Option(None, "--fail-on-change", min=0.0, max=1.0, help=f"Exit {EXIT_GATE} when more than this share of the items changed label.")
+FAIL_ON_REGRESSION_OPT = typer.Option(False, "--fail-on-regression", metavar="", help=f"Exit {EXIT_GATE} when accuracy dropped (needs gold values in both).")
+TOP_OPT = typer.Option(10, "--top", min=1, help="How many changed items and shifts to list.")
 CLEAR_MODELS_OPT = typer.Option(False, "--models", metavar="", help="Also delete converted (dequantised GGUF) models.")
 
 

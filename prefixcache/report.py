@@ -134,3 +134,34 @@ def print_precision_bench(report: Any) -> None:
     out.print(f"--exact re-scored {r.rescored} of {r.items} items in float32 ({r.rescored / max(r.items, 1):.0%}), "
               f"gap bound {r.bound:.3g} · it holds a float32 copy of the weights too: +{r.extra_weights_mb:.0f} MB",
               soft_wrap=True)
+
+
+def print_diff(console: Console, cmp: Any, name_a: str, name_b: str, top: int = 10) -> None:
+    """`prefixcache diff`: counts, the flips, the changed items, the largest shifts, the accuracy."""
+    console.print(f"{cmp.both} items in both · {len(cmp.changed)} changed ({cmp.change_rate:.1%})"
+                  + (f" · only in {name_a}: {len(cmp.only_a)}" if cmp.only_a else "")
+                  + (f" · only in {name_b}: {len(cmp.only_b)}" if cmp.only_b else ""), markup=False, soft_wrap=True)
+    if not cmp.same_labels:
+        console.print(f"different label sets: {name_a} {cmp.labels_a}, {name_b} {cmp.labels_b}; probabilities are "
+                      f"compared on the labels they share", markup=False, soft_wrap=True)
+    if cmp.gold:
+        console.print(f"accuracy {cmp.accuracy_a:.3f} → {cmp.accuracy_b:.3f} ({cmp.accuracy_b - cmp.accuracy_a:+.3f}) · "
+                      f"fixed {len(cmp.fixed)} · broken {len(cmp.broken)} · McNemar exact p = {cmp.p_value:.3g}",
+                      markup=False, soft_wrap=True)
+    if cmp.flips:
+        shown = cmp.flips.most_common(top)
+        more = len(cmp.flips) - len(shown)
+        flips = Table("from", "to", "items", title="label changes", caption=f"and {more} more pairs" if more else None)
+        for (a, b), n in shown:
+            flips.add_row(a, b, str(n))
+        console.print(flips)
+    for title, rows in (("changed items", cmp.changed[:top]), ("largest confidence shifts", cmp.shifts[:top])):
+        if not rows:
+            continue
+        kept = list(rows[0].kept)[:3]
+        table = Table("id", name_a, name_b, f"p({name_a}'s label)", "shift", *kept, title=title)
+        for c in rows:
+            after = None if c.prob_a is None else c.prob_a + c.shift
+            table.add_row(c.id, c.label_a, c.label_b, "-" if c.prob_a is None else f"{c.prob_a:.3f} → {after:.3f}",
+                          f"{c.shift:+.3f}", *(str(c.kept.get(k, "")) for k in kept))
+        console.print(table)

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .engine import Prefix
+from .errors import OutputError
+from .load import models_dir
 
 log = logging.getLogger(__name__)
 FORMAT = "prefixcache-prefix-1"
@@ -218,3 +221,16 @@ def describe(entry: Entry) -> dict[str, Any]:
         "fingerprint": entry.key, "model": entry.model, "prefix_tokens": entry.prefix_tokens,
         "size_mb": round(entry.size / 2**20, 2), "last_used": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.last_used)),
     }
+
+
+def clear_cache(cache_dir: Path, models: bool = False) -> tuple[int, bool]:
+    """Remove the stored prefixes under `cache_dir` (and with `models` the converted models).
+    Returns (prefixes removed, whether converted models were removed)."""
+    try:
+        removed = PrefixStore(Path(cache_dir) / "prefixes").clear()
+        gone = models and models_dir(cache_dir).is_dir()
+        if gone:
+            shutil.rmtree(models_dir(cache_dir))
+    except OSError as exc:
+        raise OutputError(f"{exc.filename or cache_dir}: cannot remove it: {exc.strerror}")
+    return removed, gone

@@ -1,0 +1,88 @@
+"""`prefixcache diff`: two runs joined by id, on hand-built outputs with known flips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import invoke
+from prefixcache.diff import compare, mcnemar_exact
+
+
+def _rec(rid, label, probs, gold=None, **kept):
+    record = {"id": rid, **kept, "label": label, "prob": probs.get(label), "margin": 0.1, "probs": probs,
+              "logprobs": {k: -1.0 for k in probs}, "normalize": "sum", "prefix_tokens": 10, "item_tokens": 3,
+              "item_sha": "0" * 16, "ms": 1.0}
+    if gold is not None:
+        record.update(gold=gold, correct=label == gold)
+    return record
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+# Eight items with gold "a": A gets 2 right; B fixes 5 of the 6 wrong ones and breaks one right one.
+A = [_rec(f"i{k}", "a" if k in (0, 1) else "b", {"a": 0.6 if k < 2 else 0.3, "b": 0.4 if k < 2 else 0.7}, "a",
+          title=f"t{k}") for k in range(8)]
+B_LABELS = ["b", "a", "a", "a", "a", "a", "a", "b"]  # i0 broken; i2..i6 fixed; i7 still wrong
+B = [_rec(f"i{k}", lab, {"a": 0.8 if lab == "a" else 0.2, "b": 0.2 if lab == "a" else 0.8}, "a", title=f"t{k}")
+     for k, lab in enumerate(B_LABELS)]
+
+
+def test_the_comparison_of_a_known_pair():
+    cmp = compare(A, B)
+    assert cmp.both == 8 and not cmp.only_a and not cmp.only_b and cmp.same_labels
+    assert dict(cmp.flips) == {("a", "b"): 1, ("b", "a"): 5}
+    assert [c.id for c in cmp.changed] == ["i0", "i2", "i3", "i4", "i5", "i6"]
+    assert cmp.changed[0].kept == {"title": "t0"}
+    assert (cmp.accuracy_a, cmp.accuracy_b) == (2 / 8, 6 / 8)
+    assert cmp.fixed == ["i2", "i3", "i4", "i5", "i6"] and cmp.broken == ["i0"]
+    assert cmp.p_value == pytest.approx(0.21875)  # 2 * (C(6,0) + C(6,1)) / 2**6
+    assert cmp.shifts[0].id in ("i2", "i3", "i4", "i5", "i6") and cmp.shifts[0].shift == pytest.approx(-0.5)  # p(b): 0.7 -> 0.2
+
+
+def test_mcnemar_by_hand():
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(0, 10) == pytest.approx(2 / 1024)
+    assert mcnemar_exact(3, 3) == 1.0
+    assert mcnemar_exact(2, 9) == pytest.approx(2 * (1 + 11 + 55) / 2048)
+
+
+def test_cli_tables_markdown_json_and_gates(tmp_path):
+    a, b = _write(tmp_path / "a.jsonl", A), _write(tmp_path / "b.jsonl", B)
+    md, figures = tmp_path / "summary.md", tmp_path / "diff.json"
+    md.write_text("## earlier step\n")
+    result = invoke("diff", a, b, "--md", md, "--json", figures)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == "8 items in both · 6 changed (75.0%)"
+    assert result.stdout.splitlines()[1] == "accuracy 0.250 → 0.750 (+0.500) · fixed 5 · broken 1 · McNemar exact p = 0.219"
+    assert md.read_text().startswith("## earlier step\n### prefixcache diff:")
+    assert "| b | a | 5 |" in md.read_text()
+    data = json.loads(figures.read_text())
+    assert data["mcnemar_p"] == pytest.approx(0.21875) and data["fixed"] == ["i2", "i3", "i4", "i5", "i6"]
+    gated = invoke("diff", a, b, "--fail-on-change", 0.5)
+    assert gated.exit_code == 5
+    assert gated.stderr == "gate failed: 75.0% of the items changed label, more than --fail-on-change 0.5\n"
+    assert invoke("diff", a, b, "--fail-on-regression").exit_code == 0
+    worse = invoke("diff", b, a, "--fail-on-regression")
+    assert worse.exit_code == 5 and worse.stderr == "gate failed: accuracy dropped from 0.7500 to 0.2500\n"
+
+
+def test_refusals_and_different_label_sets(tmp_path):
+    a = _write(tmp_path / "a.jsonl", A)
+    foreign = tmp_path / "notes.jsonl"
+    foreign.write_text('{"name": "not an output"}\n{"name": "still not"}\n')
+    result = invoke("diff", a, foreign)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {foreign}: line 1 is not a record; is this a prefixcache output?\n"
+    assert invoke("diff", a, tmp_path / "missing.jsonl").stderr == f"error: {tmp_path / 'missing.jsonl'}: no such file\n"
+    nogold = _write(tmp_path / "nogold.jsonl", [_rec("i0", "a", {"a": 0.5, "c": 0.5})])
+    refused = invoke("diff", a, nogold, "--fail-on-regression")
+    assert refused.exit_code == 2
+    assert refused.stderr == "error: --fail-on-regression needs gold values in both outputs (run with --gold)\n"
+    other = invoke("diff", a, nogold)
+    assert other.exit_code == 0 and "different label sets" in other.stdout
+    assert other.stdout.splitlines()[0].startswith("1 items in both · 0 changed")
