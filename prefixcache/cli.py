@@ -16,24 +16,24 @@ from rich.console import Console
 
 from . import compat
 from .dryrun import dry_run as check_run
+from .cachecmd import cache_app, cache_dir_of
 from .diff import compare_outputs, write_diff_reports
 from .errors import EXIT_GATE, EXIT_USAGE, OutputError
 from .io import detect_format, read_items
 from .job import run_job
-from .load import converted_models, default_cache_dir
 from .options import (  # noqa: I001
     BATCH_SIZE_OPT, BATCH_TOKENS_OPT, BENCH_BATCH_SIZE_OPT, BENCH_BATCH_TOKENS_OPT, BENCH_LIMIT_OPT, CACHE_DIR_OPT,
-    CLEAR_MODELS_OPT, DEBUG_OPT, DELIMITER_OPT, DEVICE_OPT, DRY_RUN_OPT, DTYPE_OPT, ENCODING_OPT, EXACT_OPT,
-    FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_LINES_OPT, JSON_OPT, JUNIT_OPT, KEEP_ALL_OPT, KEEP_OPT, LIMIT_OPT,
+    DEBUG_OPT, DELIMITER_OPT, DEVICE_OPT, DRY_RUN_OPT, DTYPE_OPT, ENCODING_OPT, EXACT_OPT,
+    FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_OPT, JUNIT_OPT, KEEP_ALL_OPT, KEEP_OPT, LIMIT_OPT,
     LOG_INTERVAL_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, MIN_RECALL_OPT,
     MODEL_OPT, NO_STORE_OPT, ON_ERROR_OPT, OUTPUT_FORMAT_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT,
     RESUME_OPT, REVISION_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT, UPDATE_OPT, Dtype, Format, LogLevel, OnError,
     OutFormat, field_list, store_max_bytes, DIFF_A_ARG, DIFF_B_ARG, DIFF_MD_OPT, DIFF_JSON_OPT, FAIL_ON_CHANGE_OPT,
-    FAIL_ON_REGRESSION_OPT, TOP_OPT, VERSION_OPT,
+    FAIL_ON_REGRESSION_OPT, TOP_OPT, VERSION_OPT, REPORT_OUTPUT_ARG, REPORT_HTML_OPT, COMPARE_OPT,
 )
 from .output import check_output
 from .plan import RunOptions, with_overrides
-from .report import print_bench, print_cache, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
+from .report import print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
 from .shard import merge_parts
 from .spec import load_spec
 from .task import Batching, Task
@@ -54,14 +54,9 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _root(version: bool = VERSION_OPT) -> None:
     """Classify batches of text with a local language model, encoding the static prompt prefix once."""
-
-
-def _cache_dir(cache_dir: Optional[Path]) -> Path:
-    return cache_dir.expanduser() if cache_dir else default_cache_dir()
 
 
 @app.command()
@@ -106,7 +101,7 @@ def run(
             overwrite=overwrite, on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit,
             gold=gold, model=model, revision=revision, metrics=metrics, summary_md=summary_md, junit=junit,
             min_accuracy=min_accuracy, min_recall=min_recall, device=device, dtype=dtype, exact=exact,
-            cache_dir=_cache_dir(cache_dir), cache_store=not no_cache_store, store_max_bytes=store_max_bytes(), shard=shard,
+            cache_dir=cache_dir_of(cache_dir), cache_store=not no_cache_store, store_max_bytes=store_max_bytes(), shard=shard,
         )
         if dry_run:
             _dry_run(options, quiet, log_interval)
@@ -150,7 +145,7 @@ def render(
         task_spec = with_overrides(load_spec(spec), model=model, revision=revision)
         in_fmt = detect_format(items, fmt)
         compat.quiet_libraries()
-        task = Task.from_spec(task_spec, _cache_dir(cache_dir))
+        task = Task.from_spec(task_spec, cache_dir_of(cache_dir))
         for item in islice(read_items(items, in_fmt, task_spec.id_field), limit):
             sys.stdout.write(json.dumps(task.render(item), ensure_ascii=False) + "\n")
         sys.stdout.flush()
@@ -187,12 +182,12 @@ def bench(
         if not records:
             raise OutputError(f"{items}: no items to benchmark")
         compat.quiet_libraries()
-        task = Task.from_spec(task_spec, _cache_dir(cache_dir))
+        task = Task.from_spec(task_spec, cache_dir_of(cache_dir))
         if exact:
-            precision = bench_exact(task, records, _cache_dir(cache_dir), device, dtype, Batching(batch_size, batch_tokens))
+            precision = bench_exact(task, records, cache_dir_of(cache_dir), device, dtype, Batching(batch_size, batch_tokens))
             print(json.dumps(precision.to_json(), indent=2)) if as_json else print_precision_bench(precision)
             return
-        scorer = Scorer.load(task, _cache_dir(cache_dir), device, dtype)
+        scorer = Scorer.load(task, cache_dir_of(cache_dir), device, dtype)
         report = run_bench(scorer, records, min(limit, len(records)), Batching(batch_size, batch_tokens))
         if as_json:
             print(json.dumps(report.to_json(), indent=2))
@@ -225,6 +220,25 @@ def diff(
 
 
 @app.command()
+def report(
+    output: str = REPORT_OUTPUT_ARG, html_file: str = REPORT_HTML_OPT, compare_with: Optional[str] = COMPARE_OPT,
+    debug: bool = DEBUG_OPT,
+) -> None:
+    """Write one self-contained HTML page about an output: summary, evaluation, figures, confident
+    mistakes and closest calls (and with --compare, the diff with another run).
+
+    Example:
+
+        prefixcache report out.jsonl -o report.html --compare before.jsonl
+    """
+    from .htmlreport import write_report  # matplotlib: an optional extra
+
+    with errors(debug):
+        write_report(output, html_file, compare_with)
+        err.print(f"wrote {html_file}", markup=False)
+
+
+@app.command()
 def merge(parts: list[str] = PARTS_ARG, output: str = MERGED_OPT, overwrite: bool = OVERWRITE_OPT,
           debug: bool = DEBUG_OPT) -> None:
     """Join the outputs of `run --shard K/N` into one file in input order.
@@ -242,49 +256,7 @@ def merge(parts: list[str] = PARTS_ARG, output: str = MERGED_OPT, overwrite: boo
         err.print(f"merged {count} records from {len(parts)} parts into {output}", markup=False)
 
 
-cache_app = typer.Typer(help="Inspect or clear the prefix store and converted models.", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
-
-
-@cache_app.command("list")
-def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = JSON_LINES_OPT, debug: bool = DEBUG_OPT) -> None:
-    """List the stored prefixes (fingerprint, model, prefix tokens, size, last used) and converted models.
-
-    Example:
-
-        prefixcache cache list
-    """
-    from .store import PrefixStore, describe  # torch: only for this command
-
-    with errors(debug):
-        root = _cache_dir(cache_dir)
-        store = PrefixStore(root / "prefixes")
-        prefixes = [describe(e) for e in sorted(store.entries(), key=lambda e: -e.last_used)]
-        models = converted_models(root)
-        if as_json:
-            for row in prefixes:
-                print(json.dumps({"kind": "prefix", **row}))
-            for row in models:
-                print(json.dumps({"kind": "model", **row}))
-        else:
-            print_cache(store.root, prefixes, models)
-
-
-@cache_app.command("clear")
-def cache_clear(cache_dir: Optional[Path] = CACHE_DIR_OPT, models: bool = CLEAR_MODELS_OPT,
-                debug: bool = DEBUG_OPT) -> None:
-    """Delete every stored prefix (and with --models the converted models).
-
-    Example:
-
-        prefixcache cache clear --models
-    """
-    from .store import clear_cache  # torch: only for this command
-
-    with errors(debug):
-        removed, models_removed = clear_cache(_cache_dir(cache_dir), models)
-        err.print(f"removed {removed} stored prefixes" + (" and the converted models" if models_removed else ""),
-                  markup=False)
 
 
 def main() -> None:

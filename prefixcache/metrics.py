@@ -19,6 +19,7 @@ from .errors import OutputError
 from .records import is_error
 
 ABSTAIN = "(abstained)"
+CALIBRATION_BINS = 10
 
 
 @dataclass
@@ -28,13 +29,18 @@ class Evaluation:
     correct: int = 0
     abstained: int = 0
     failed: int = 0  # items written as error records
+    bins: list = field(default_factory=lambda: [[0, 0.0, 0] for _ in range(CALIBRATION_BINS)])  # [items, confidence, correct]
     confusion: Counter = field(default_factory=Counter)  # (gold, predicted) -> count
 
-    def add(self, gold: str, predicted: str | None, correct: bool | None = None) -> None:
+    def add(self, gold: str, predicted: str | None, correct: bool | None = None, prob: float | None = None) -> None:
         """One item: its gold value and prediction (`correct` when the record decided it, e.g. a
-        gold letter naming the option predicted)."""
+        gold letter naming the option predicted), and the prediction's probability (calibration)."""
+        right = (predicted == gold) if correct is None else bool(correct)
         self.n += 1
-        self.correct += (predicted == gold) if correct is None else bool(correct)
+        self.correct += right
+        if prob is not None:
+            b = self.bins[min(int(prob * CALIBRATION_BINS), CALIBRATION_BINS - 1)]
+            b[0], b[1], b[2] = b[0] + 1, b[1] + prob, b[2] + right
         self.abstained += predicted is None
         if self.labels is not None:
             self.confusion[(gold, ABSTAIN if predicted is None else predicted)] += 1
@@ -46,6 +52,13 @@ class Evaluation:
     @property
     def accuracy(self) -> float:
         return self.correct / self.n if self.n else 0.0
+
+    @property
+    def ece(self) -> float:
+        """Expected calibration error: mean |accuracy - confidence| over equal-width confidence
+        bins, weighted by their items (items with a prediction only)."""
+        items = sum(b[0] for b in self.bins)
+        return sum(abs(b[2] - b[1]) for b in self.bins if b[0]) / items if items else 0.0
 
     @property
     def coverage(self) -> float:
@@ -79,7 +92,7 @@ class Evaluation:
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "items": self.n, "correct": self.correct, "accuracy": self.accuracy,
-            "abstained": self.abstained, "failed": self.failed, "coverage": self.coverage,
+            "abstained": self.abstained, "failed": self.failed, "coverage": self.coverage, "ece": self.ece,
         }
         if self.labels is not None:
             columns, rows = self.matrix()
@@ -156,7 +169,7 @@ def add_record(evaluation: Evaluation, record: Any) -> None:
     if is_error(record):
         evaluation.add_failed()
     else:
-        evaluation.add(str(record["gold"]), record["label"] or None, record.get("correct"))
+        evaluation.add(str(record["gold"]), record["label"] or None, record.get("correct"), record.get("prob"))
 
 
 def _write(path: Path, text: str, append: bool = False) -> None:
