@@ -170,3 +170,23 @@ def test_exact_mode_labels_equal_float32_on_every_shipped_sample(tmp_path, confi
             lp = got["logprobs"]
             pairs = zip(lp, want["logprobs"]) if isinstance(lp, list) else ((lp[k], want["logprobs"][k]) for k in lp)
             assert max(abs(a - b) for a, b in pairs) < 1e-4
+
+
+@pytest.mark.skipif(__import__("shutil").which("chromium") is None, reason="Debian's chromium is not installed")
+def test_irony_report_renders_in_chromium(tmp_path):
+    import subprocess
+
+    from matplotlib.image import imread
+
+    out, page, shot = tmp_path / "irony.jsonl", tmp_path / "report.html", tmp_path / "shot.png"
+    result = CliRunner().invoke(app, ["run", str(ROOT / "configs" / "irony.yaml"), str(ROOT / "data" / "samples" / "irony.jsonl"),
+                                      "-o", str(out), "-q", "--keep", "text"])
+    assert result.exit_code == 0, result.output
+    assert CliRunner().invoke(app, ["report", str(out), "-o", str(page)]).exit_code == 0
+    run = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+                          "--window-size=1200,2200", f"--screenshot={shot}", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and ":CONSOLE(" not in run.stderr
+    assert float(imread(str(shot)).std()) > 0.05
