@@ -279,19 +279,14 @@ class PrecisionReport:
 
 def run_precision_bench(fp32: Scorer, fast: Scorer, checked: Any, items: Sequence[Item],
                         batching: Batching = Batching()) -> PrecisionReport:
-    def timed(scorer: Any) -> tuple[float, list]:
-        scorer.clear()
+    def timed(scorer: Any) -> ModeResult:
         list(classify(scorer, items[: batching.size], batching))  # warm-up
-        scorer.clear()
-        start = time.perf_counter()
-        labels = [r["label"] for r in classify(scorer, items, batching)]
-        return 1000 * (time.perf_counter() - start) / len(items), labels
+        scorer.clear()  # neither its scores nor (--exact) its measured bound carry over
+        labels = lambda: [r["label"] for r in classify(scorer, items, batching)]  # noqa: E731
+        return _timed(scorer.dtype, len(items), labels, scorer.engine.device)
 
-    ms32, want = timed(fp32)
-    ms_fast, fast_labels = timed(fast)
-    checked.rescored = checked.checked = 0
-    checked.bound = None
-    ms_exact, exact_labels = timed(checked)
+    runs = [timed(s) for s in (fp32, fast, checked)]
+    (ms32, want), (ms_fast, fast_labels), (ms_exact, exact_labels) = ((m.ms_per_item, m.labels) for m in runs)
     weights = sum(p.numel() * p.element_size() for p in fp32.engine.model.parameters()) / 2**20
     return PrecisionReport(
         dtype=fast.dtype, items=len(items), float32_ms=ms32, fast_ms=ms_fast, exact_ms=ms_exact,

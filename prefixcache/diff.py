@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .errors import InputError, OutputError, UsageError
-from .records import PER_LABEL, RECORD_FIELDS, Record, is_error, read_records, record_id
+from .records import Record, input_fields, is_error, read_records, record_id
 
 ERROR = "(error)"
 ABSTAINED = "(abstained)"
@@ -144,10 +144,6 @@ def _prob_of(record: Mapping[str, Any], label: str, index: Any) -> float | None:
     return None
 
 
-def _kept(record: Mapping[str, Any]) -> dict[str, Any]:
-    prefixes = tuple(p for _, p in PER_LABEL)
-    return {k: v for k, v in record.items() if k not in RECORD_FIELDS and not k.startswith(prefixes)}
-
 
 def compare(a: Sequence[Record], b: Sequence[Record]) -> Comparison:
     """Join two runs' records by id and say what changed."""
@@ -160,7 +156,7 @@ def compare(a: Sequence[Record], b: Sequence[Record]) -> Comparison:
         la, lb = _label(ra), _label(rb)
         pa, pb = _prob_of(ra, la, ra.get("index")), _prob_of(rb, la, ra.get("index"))
         change = Change(key, la, lb, pa, _prob_of(rb, lb, rb.get("index")),
-                        (pb - pa) if pa is not None and pb is not None else 0.0, _kept(rb) or _kept(ra))
+                        (pb - pa) if pa is not None and pb is not None else 0.0, input_fields(rb) or input_fields(ra))
         joined.append(change)
         if la != lb:
             flips[(la, lb)] += 1

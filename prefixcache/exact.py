@@ -57,9 +57,11 @@ class CheckedScorer(Scorer):
         return self._precision.get(key, self.dtype)
 
     def clear(self) -> None:
+        """Forget earlier items' scores and the measured bound: the next batch is measured anew."""
         super().clear()
         self.exact.clear()
         self._precision.clear()
+        self.bound, self.rescored, self.checked = None, 0, 0
 
     def score(self, preps: Sequence[Prepared], known: Mapping[tuple, list[float]] | None = None) -> Scores:
         scores = super().score(preps, known)

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 from .diff import Comparison, compare
 from .errors import InputError
-from .metrics import Evaluation, add_record
-from .records import PER_LABEL, RECORD_FIELDS, Record, is_error, read_records
+from .metrics import Evaluation, evaluate
+from .records import Record, input_fields, is_error, read_records
 
 REPORT_EXTRA = "pip install 'prefixcache[report]'"
 
@@ -98,15 +98,11 @@ def _distributions(plt: Any, scored: Sequence[Record]) -> str:
     return _svg(fig)
 
 
-def _kept(record: Record) -> dict[str, Any]:
-    prefixes = tuple(p for _, p in PER_LABEL)
-    return {k: v for k, v in record.items() if k not in RECORD_FIELDS and not k.startswith(prefixes)}
-
 
 def _table(title: str, rows: Sequence[Record], gold: bool) -> str:
     if not rows:
         return ""
-    kept = list(dict.fromkeys(k for r in rows for k in _kept(r)))[:4]
+    kept = list(dict.fromkeys(k for r in rows for k in input_fields(r)))[:4]
     head = ["id", "label", "prob", "margin"] + (["gold"] if gold else []) + kept
     cells = [[r.get("id"), r.get("label"), r.get("prob"), r.get("margin")] + ([r.get("gold")] if gold else [])
              + [r.get(k) for k in kept] for r in rows]
@@ -148,9 +144,7 @@ def build_report(output: str, compare_with: str | None = None, top: int = 15) ->
              f"<p class=muted>{html.escape(_summary_line(records, info))}</p>"]
     figures = [_distributions(plt, scored)] if scored else []
     if gold:
-        ev = Evaluation(labels)
-        for record in records:
-            add_record(ev, record)
+        ev = evaluate(labels, records)
         kpis = [("accuracy", f"{ev.accuracy:.3f}"), ("coverage", f"{ev.coverage:.3f}"), ("items", str(ev.n)),
                 ("ECE", f"{ev.ece:.3f}")] + ([("macro-F1", f"{ev.macro_f1:.3f}")] if labels else [])
         parts.append("<div class=kpi>" + "".join(f"<div>{k}<b>{v}</b></div>" for k, v in kpis) + "</div>")

@@ -134,7 +134,7 @@ def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Opti
     if not plan.part:  # a shard's items are known once batches can be formed: after the model loads
         start = start_output(plan.output, fingerprint, options.resume, options.update, options.items)
         _in_input_order(start, options, plan)
-        if _complete(start, options, plan):
+        if _complete(start, plan):
             continue_output(plan.output, start, fingerprint)  # a damaged last line still goes
             return _nothing_to_do(start, plan, options)
     if progress:
@@ -183,12 +183,10 @@ def _in_input_order(start: Start, options: RunOptions, plan: Plan) -> None:
                               f"{item.id!r}; the output was changed after it was written: --update rewrites it")
 
 
-def _complete(start: Start, options: RunOptions, plan: Plan) -> bool:
-    """A resumed output that already holds a record for every item (of the same input)."""
-    if start.mode != "resume" or plan.total is None or len(start.records) < plan.total:
-        return False
-    items = islice(read_input(options, plan), plan.total)
-    return all(id_text(item.id) in start.records for item in items)
+def _complete(start: Start, plan: Plan) -> bool:
+    """A resumed output that already holds a record for every item of the same input (its
+    records are the input's first items in order: `_in_input_order` checked that)."""
+    return start.mode == "resume" and plan.total is not None and len(start.records) >= plan.total
 
 
 def _nothing_to_do(start: Start, plan: Plan, options: RunOptions) -> RunResult:
@@ -211,7 +209,7 @@ def load_scorer(task: Task, options: RunOptions, device: str) -> Any:
     if options.cache_store:
         root = options.cache_dir / "prefixes"
         store = PrefixStore(root) if options.store_max_bytes is None else PrefixStore(root, options.store_max_bytes)
-    if options.exact and _fast_kind(options, device) == "float32":
+    if options.exact and not compat.bf16_matmul(pick_device(device)):
         log.warning("this %s has no bfloat16 matrix instructions, so --exact would gain nothing: scoring in float32",
                     pick_device(device))
     elif options.exact:
@@ -219,12 +217,6 @@ def load_scorer(task: Task, options: RunOptions, device: str) -> Any:
     scorer = Scorer.load(task, options.cache_dir, device, "float32" if options.exact else options.dtype, store)
     scorer.says_precision = options.exact
     return scorer
-
-
-def _fast_kind(options: RunOptions, device: str) -> str:
-    """The dtype the low-precision pass of --exact runs in: the one asked for, or float32 where
-    the hardware has no fast bfloat16 matmul."""
-    return options.dtype if compat.bf16_matmul(pick_device(device)) else "float32"
 
 
 def _bounds(task: Task, scorer: Any, options: RunOptions, plan: Plan) -> tuple[int, Optional[int]]:

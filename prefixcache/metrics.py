@@ -159,7 +159,12 @@ def evaluation_for(spec: Any, records: Any = ()) -> Evaluation | None:
     out); None when the spec has no gold field."""
     if not spec.gold:
         return None
-    evaluation = Evaluation(None if spec.choices else spec.label_names)
+    return evaluate(None if spec.choices else spec.label_names, records)
+
+
+def evaluate(labels: Sequence[str] | None, records: Any = ()) -> Evaluation:
+    """An Evaluation of written records (labels None: multiple choice)."""
+    evaluation = Evaluation(labels)
     for record in records:
         add_record(evaluation, record)
     return evaluation

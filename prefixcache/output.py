@@ -30,11 +30,7 @@ def check_output(path: str | None, resume: bool = False, overwrite: bool = False
         raise OutputError(f"{path}: is a symbolic link; name the file itself (prefixcache never writes through a link)")
     if target.is_dir():
         raise OutputError(f"{path}: is a directory")
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"{path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise OutputError(f"{path}: not writable")
+    _writable(target)
     if target.exists() and target.stat().st_size > 0 and not (resume or overwrite):
         raise OutputError(f"{path}: already exists; use --resume to continue it, --update to bring it up to date "
                           f"with the input, or --overwrite to replace it")
@@ -44,13 +40,18 @@ def check_report(path: Path | None) -> None:
     """A report file asked for must be writable before the run, not found unwritable after it."""
     if path is None:
         return
-    parent = Path(path).parent if str(Path(path).parent) else Path(".")
     if Path(path).is_dir():
         raise OutputError(f"{path}: is a directory, not a report file")
+    _writable(Path(path))
+
+
+def _writable(target: Path) -> None:
+    """The file's folder exists and may be written to, and so may the file if it exists."""
+    parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
-        raise OutputError(f"{path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
-        raise OutputError(f"{path}: not writable")
+        raise OutputError(f"{target}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise OutputError(f"{target}: not writable")
 
 
 def truncate_partial(path: str, done: Written) -> bool:

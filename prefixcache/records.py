@@ -96,6 +96,12 @@ RECORD_FIELDS = ("id", "label", "index", "scored", "prob", "margin", "probs", "l
                  "normalize", "precision", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
 
 
+def input_fields(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The input fields a record carries (those kept with --keep): all but its own fields."""
+    prefixes = tuple(p for _, p in PER_LABEL)
+    return {k: v for k, v in record.items() if k not in RECORD_FIELDS and not k.startswith(prefixes)}
+
+
 def keep_clash(spec: TaskSpec, name: str) -> str | None:
     """Why an input field cannot be copied into the records under its name, or None."""
     if name in RECORD_FIELDS:

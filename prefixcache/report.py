@@ -12,11 +12,16 @@ from rich.console import Console
 from rich.table import Table
 
 
+def stamp() -> str:
+    """The start of a line in a log read later: the time and the program."""
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S')} prefixcache: "
+
+
 def print_summary(console: Console, result: Any, stamped: bool = False) -> None:
     """One line on what a run did (a RunResult); `stamped` (for logs): a timestamp and
     "done:", the output and the count of each label written."""
     s, r = result.stats, result
-    head = f"{time.strftime('%Y-%m-%d %H:%M:%S')} prefixcache: " if stamped else ""
+    head = stamp() if stamped else ""
     if r.nothing_to_do:
         console.print(f"{head}nothing to do: {r.output} already holds all {r.resumed} records", markup=False,
                       soft_wrap=True)

@@ -20,6 +20,7 @@ from typer.core import TyperGroup
 from . import compat
 from .errors import EXIT_INTERNAL, EXIT_USAGE, Interrupted, PrefixcacheError
 from .job import Event
+from .report import stamp
 
 
 class Commands(TyperGroup):
@@ -211,7 +212,7 @@ def _eta(event: Event) -> str:
 
 def log_line(text: str) -> None:
     """A timestamped line, for logs a person reads later."""
-    err.print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} prefixcache: {text}", markup=False, soft_wrap=True)
+    err.print(stamp() + text, markup=False, soft_wrap=True)
 
 
 @contextmanager
