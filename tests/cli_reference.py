@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from prefixcache.cli import app
+from prefixcache.cli.app import app
 
 COMMANDS = [[], ["run"], ["render"], ["bench"], ["merge"], ["cache"], ["cache", "list"], ["cache", "clear"]]
 PATH = Path(__file__).resolve().parent.parent / "docs" / "cli.md"

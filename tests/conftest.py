@@ -127,7 +127,7 @@ def cache_dir(tmp_path_factory) -> Path:
     """A cache folder of the test session's own, so tests never see or fill the user's prefix
     store; its converted models are the real cache's (converting the embedded model is slow), and
     the CLI finds it through PREFIXCACHE_CACHE_DIR, as a user would set it."""
-    from prefixcache.load import default_cache_dir, models_dir
+    from prefixcache.model.load import default_cache_dir, models_dir
 
     real = Path(os.environ.get("PREFIXCACHE_CACHE_DIR") or default_cache_dir())
     models_dir(real).mkdir(parents=True, exist_ok=True)

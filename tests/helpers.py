@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from prefixcache.spec import TaskSpec, load_spec
+from prefixcache.task.spec import TaskSpec, load_spec
 
 # Labels chosen to break first-token scoring on the test tokenizer: `tech` is a token-prefix of
 # `technical`, `bill`/`billing` share their first tokens, `account access` is long.
@@ -44,6 +44,6 @@ def invoke(*args, **kwargs):
     """The CLI in-process, with any argument given as a path or a number."""
     from typer.testing import CliRunner
 
-    from prefixcache.cli import app
+    from prefixcache.cli.app import app
 
     return CliRunner().invoke(app, [str(a) for a in args], **kwargs)

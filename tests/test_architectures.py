@@ -9,11 +9,11 @@ import torch
 import transformers
 from helpers import TEXTS, make_spec
 
-from prefixcache.engine import Engine
+from prefixcache.model.engine import Engine
 from prefixcache.errors import ModelError
-from prefixcache.prompt import PromptBuilder
-from prefixcache.reference import score_naive
-from prefixcache.rows import Row
+from prefixcache.task.prompt import PromptBuilder
+from prefixcache.model.reference import score_naive
+from prefixcache.model.rows import Row
 
 TOL = 1e-4
 WINDOW = 16  # far shorter than the test prompts (~70-110 tokens), so the window always binds
@@ -105,7 +105,7 @@ def test_run_a_model_folder_without_sdpa_support(chat_tokenizer, tmp_path):
     from helpers import write_spec
     from typer.testing import CliRunner
 
-    from prefixcache.cli import app
+    from prefixcache.cli.app import app
 
     folder = tmp_path / "gemma2"
     _model(vocab=len(chat_tokenizer), **WINDOWED["gemma2"]).save_pretrained(folder)

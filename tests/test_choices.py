@@ -10,15 +10,15 @@ from conftest import tiny_model
 from helpers import make_spec, write_spec
 from typer.testing import CliRunner
 
-from prefixcache.cli import app
-from prefixcache.engine import Engine
-from prefixcache.io import read_items
-from prefixcache.load import ModelSource
-from prefixcache.reference import score_naive
-from prefixcache.run import classify
-from prefixcache.scorer import Scorer
-from prefixcache.scoring import calibrate, mean_distribution, softmax
-from prefixcache.task import Batching, Task
+from prefixcache.cli.app import app
+from prefixcache.model.engine import Engine
+from prefixcache.data.items import read_items
+from prefixcache.model.load import ModelSource
+from prefixcache.model.reference import score_naive
+from prefixcache.run.pipeline import classify
+from prefixcache.scoring.scorer import Scorer
+from prefixcache.task.decision import calibrate, mean_distribution, softmax
+from prefixcache.scoring.prepare import Batching, Task
 
 TOL = 1e-4
 QUESTIONS = [
@@ -182,7 +182,7 @@ def test_cli_gold_errors_before_the_model_loads(mc_spec, tmp_path, tiny_model_di
 
 def test_spec_rules_for_choices_and_calibration(tmp_path):
     from prefixcache.errors import SpecError
-    from prefixcache.spec import load_spec
+    from prefixcache.task.spec import load_spec
 
     with pytest.raises(SpecError, match="give 'labels' or 'choices', not both"):
         load_spec(write_spec(tmp_path, choices="choices"))
@@ -221,7 +221,7 @@ def test_lettered_layout_scores_equal_a_full_forward(chat_tokenizer, tmp_path, s
 
 def test_score_by_letter_needs_choices(tmp_path):
     from prefixcache.errors import SpecError
-    from prefixcache.spec import load_spec
+    from prefixcache.task.spec import load_spec
 
     with pytest.raises(SpecError, match="'score_by: letter' is for multiple choice"):
         load_spec(write_spec(tmp_path, score_by="letter"))

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from prefixcache import __version__
-from prefixcache.cli import app
-from prefixcache.reference import score_naive
+from prefixcache.cli.app import app
+from prefixcache.model.reference import score_naive
 
 runner = CliRunner()
 
@@ -219,7 +219,7 @@ def test_duplicate_items_are_scored_once(spec_path, tmp_path):
 
 
 def test_hub_id_offline_is_one_line_exit_3(tmp_path, items_path, monkeypatch):
-    from prefixcache.load import resolve_model
+    from prefixcache.model.load import resolve_model
 
     assert resolve_model("HuggingFaceTB/SmolLM2-360M-Instruct").kind == "hub"
     import huggingface_hub.constants
@@ -246,8 +246,8 @@ def test_bench_compares_decisions_under_the_specs_normalisation(tmp_path, tiny_m
 
 
 def test_bench_table_counts_items_whose_labels_differ(capsys):
-    from prefixcache.bench import BenchReport, ModeResult
-    from prefixcache.report import print_bench
+    from prefixcache.run.bench import BenchReport, ModeResult
+    from prefixcache.cli.show import print_bench
 
     modes = [ModeResult(f"mode {i}", 3, 10.0, 100.0, None, 0.5, 1.0) for i in range(4)]
     report = BenchReport(device="cpu", dtype="bfloat16", threads=2, peak_gflops=100.0, load_seconds=0.1,

@@ -8,7 +8,9 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from prefixcache import attention, compat
+from prefixcache.model import attention
+
+from prefixcache import compat
 
 
 @pytest.fixture(scope="module")

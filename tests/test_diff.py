@@ -7,7 +7,7 @@ import json
 import pytest
 
 from helpers import invoke
-from prefixcache.diff import compare, mcnemar_exact
+from prefixcache.reports.diff import compare, mcnemar_exact
 
 
 def _rec(rid, label, probs, gold=None, **kept):

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from prefixcache.cli import app
-from prefixcache.io import read_items
-from prefixcache.reference import score_naive
-from prefixcache.run import classify
-from prefixcache.scorer import Scorer
-from prefixcache.spec import load_spec
-from prefixcache.task import Batching, Task
+from prefixcache.cli.app import app
+from prefixcache.data.items import read_items
+from prefixcache.model.reference import score_naive
+from prefixcache.run.pipeline import classify
+from prefixcache.scoring.scorer import Scorer
+from prefixcache.task.spec import load_spec
+from prefixcache.scoring.prepare import Batching, Task
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "configs" / "support-tickets.yaml"
@@ -91,7 +91,7 @@ def test_real_model_gold_evaluation_cli(tmp_path):
 def test_a_damaged_converted_model_is_rebuilt_with_a_warning(cache_dir, tmp_path, caplog):
     import shutil
 
-    from prefixcache.load import converted_models, models_dir
+    from prefixcache.model.load import converted_models, models_dir
 
     _scorer(SPEC, cache_dir)  # the converted copy exists in the shared cache
     [kept] = [m for m in converted_models(cache_dir) if m["source"].endswith(".gguf")][:1]
@@ -134,7 +134,7 @@ def test_real_model_lettered_layout_equals_full_reencode(cache_dir, tmp_path, sc
 
 
 def test_model_option_takes_a_gguf_file(tmp_path):
-    from prefixcache.load import embedded_model_file
+    from prefixcache.model.load import embedded_model_file
 
     spec = tmp_path / "spec.yaml"
     spec.write_text("model: ./not/here.gguf\nlabels: [billing, technical, account]\ntemplate: 'Ticket: {text}'\n")

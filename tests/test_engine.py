@@ -6,10 +6,10 @@ import pytest
 import torch
 from helpers import TEXTS, make_spec
 
-from prefixcache.engine import Engine
-from prefixcache.prompt import PromptBuilder
-from prefixcache.reference import score_naive
-from prefixcache.rows import Row
+from prefixcache.model.engine import Engine
+from prefixcache.task.prompt import PromptBuilder
+from prefixcache.model.reference import score_naive
+from prefixcache.model.rows import Row
 
 TOL = 1e-4
 
@@ -168,14 +168,14 @@ def kernel():
     """Swap the registered shared-prefix kernel for a test's own; the real one comes back after."""
     from transformers import AttentionInterface
 
-    from prefixcache import attention
+    from prefixcache.model import attention
 
     yield lambda fn: AttentionInterface.register(attention.NAME, fn)
     AttentionInterface.register(attention.NAME, attention.shared_prefix_attention)
 
 
 def test_a_shared_path_that_disagrees_falls_back(chat_tokenizer, tmp_path, kernel):
-    from prefixcache import attention
+    from prefixcache.model import attention
 
     def off(*args, **kwargs):
         out, weights = attention.shared_prefix_attention(*args, **kwargs)
@@ -195,7 +195,7 @@ def test_a_shared_path_that_disagrees_falls_back(chat_tokenizer, tmp_path, kerne
 
 def _raising(exc: Exception):
     """A kernel that raises `exc` in scoring forwards (and is plain SDPA elsewhere)."""
-    from prefixcache import attention
+    from prefixcache.model import attention
 
     def kernel_fn(*args, **kwargs):
         if attention.STATE_KW in kwargs:
@@ -227,7 +227,7 @@ def test_a_bug_in_the_kernel_surfaces_instead_of_a_slow_path(chat_tokenizer, tmp
 
 
 def test_unsupported_attention_falls_back_once_with_a_reason(chat_tokenizer, tmp_path, kernel, caplog):
-    from prefixcache.attention import UnsupportedAttention
+    from prefixcache.model.attention import UnsupportedAttention
 
     kernel(_raising(UnsupportedAttention("needs something the kernel does not do")))
     model, builder, engine, prefix = _prefilled_llama(chat_tokenizer, tmp_path)
@@ -245,7 +245,7 @@ def test_a_kernel_bug_is_exit_1_through_the_cli(tmp_path, tiny_model_dir, kernel
     from helpers import write_spec
     from typer.testing import CliRunner
 
-    from prefixcache.cli import app
+    from prefixcache.cli.app import app
 
     kernel(_raising(AttributeError("a bug in the kernel")))
     items = tmp_path / "in.jsonl"

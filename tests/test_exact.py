@@ -8,7 +8,9 @@ import json
 import pytest
 from helpers import TEXTS, invoke, write_spec
 
-from prefixcache import compat, exact
+from prefixcache import compat
+
+from prefixcache.scoring import exact
 
 
 @pytest.fixture()

@@ -12,7 +12,7 @@ import pytest
 from helpers import invoke, write_spec
 
 from prefixcache.errors import InputError
-from prefixcache.io import read_items
+from prefixcache.data.items import read_items
 
 ROWS = [{"id": f"f{k}", "text": t, "n": str(k)} for k, t in enumerate(
     ["crash on start", "refund, please", 'said "hi"\nthen left', "é accented", "x" * 300])]

@@ -16,8 +16,8 @@ import pytest
 from helpers import invoke, write_spec
 
 from prefixcache.errors import InputError, SpecError
-from prefixcache.io import scan_items
-from prefixcache.spec import load_spec
+from prefixcache.data.items import scan_items
+from prefixcache.task.spec import load_spec
 
 
 @pytest.fixture()
@@ -80,7 +80,7 @@ def test_bad_device_and_world_size_in_the_environment(spec_path, tmp_path):
 
 
 def test_a_full_disk_names_the_output_and_keeps_what_was_written(spec_path, tmp_path, monkeypatch):
-    from prefixcache import job
+    from prefixcache.run import job
 
     src, out = _items(tmp_path, 6), tmp_path / "o.jsonl"
     real_open = job.open_writer
@@ -221,8 +221,8 @@ def test_ctrl_c_while_loading_stops_at_once_and_while_scoring_says_it_waits_for_
     import signal as signals_module
 
     from prefixcache.errors import Interrupted
-    from prefixcache.job import Event
-    from prefixcache.terminal import Reporter, signals
+    from prefixcache.run.job import Event
+    from prefixcache.cli.terminal import Reporter, signals
 
     reporter = Reporter(quiet=False, interval=30)
     with signals(reporter) as stopped:

@@ -12,10 +12,10 @@ import pytest
 from helpers import write_spec
 from typer.testing import CliRunner
 
-from prefixcache.cli import app
+from prefixcache.cli.app import app
 from prefixcache.errors import Interrupted
-from prefixcache.job import run_job
-from prefixcache.plan import RunOptions, command_line
+from prefixcache.run.job import run_job
+from prefixcache.run.plan import RunOptions, command_line
 
 runner = CliRunner()
 WORDS = "crash refund password invoice login error slow payment account screen update billing".split()

@@ -14,7 +14,7 @@ import pytest
 from helpers import invoke, write_spec
 
 from prefixcache.errors import Interrupted, SpecError
-from prefixcache.spec import load_spec
+from prefixcache.task.spec import load_spec
 
 
 @pytest.fixture()
@@ -122,9 +122,9 @@ def test_a_stored_prefix_rewritten_to_another_key_is_rebuilt(tmp_path, chat_toke
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from prefixcache.engine import Engine
-    from prefixcache.prompt import PromptBuilder
-    from prefixcache.store import PrefixStore
+    from prefixcache.model.engine import Engine
+    from prefixcache.task.prompt import PromptBuilder
+    from prefixcache.model.store import PrefixStore
 
     engine = Engine(tiny_model("llama", len(chat_tokenizer)))
     one = engine.prefill(PromptBuilder(make_spec(tmp_path, system="One task."), chat_tokenizer).prefix_ids)
@@ -142,9 +142,9 @@ def test_stale_temporary_files_are_cleaned(tmp_path, chat_tokenizer):
     from conftest import tiny_model
     from helpers import make_spec
 
-    from prefixcache.engine import Engine
-    from prefixcache.prompt import PromptBuilder
-    from prefixcache.store import PrefixStore
+    from prefixcache.model.engine import Engine
+    from prefixcache.task.prompt import PromptBuilder
+    from prefixcache.model.store import PrefixStore
 
     store_dir = tmp_path / "store"
     store_dir.mkdir()
@@ -171,8 +171,8 @@ def test_spec_yaml_traps(tmp_path, text, message):
 
 
 def test_a_second_signal_stops_at_once_with_its_own_code():
-    from prefixcache.job import Event
-    from prefixcache.terminal import Reporter, signals
+    from prefixcache.run.job import Event
+    from prefixcache.cli.terminal import Reporter, signals
 
     reporter = Reporter(quiet=True, interval=30)
     reporter(Event("scoring", 0, 10))
@@ -227,7 +227,7 @@ def test_world_size_without_a_launcher_fails_in_bounded_time(spec_path, tmp_path
     assert no_master.returncode == 2 and no_master.stderr.endswith(
         "error: WORLD_SIZE is 2 but no launcher started this process (MASTER_ADDR is not set); use accelerate "
         "launch or torchrun, or unset WORLD_SIZE to run one process\n")
-    code = "import prefixcache.shard as s; s.LAUNCH_TIMEOUT = 3\nfrom prefixcache.cli import main\nmain()"
+    code = "import prefixcache.shard as s; s.LAUNCH_TIMEOUT = 3\nfrom prefixcache.cli.app import main\nmain()"
     env = {**base, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29581"}
     started = time.monotonic()
     alone = subprocess.run([sys.executable, "-c", code, "run", str(spec_path), str(src), "-q"], env=env,
@@ -237,8 +237,8 @@ def test_world_size_without_a_launcher_fails_in_bounded_time(spec_path, tmp_path
 
 
 def test_a_stop_waits_for_the_batch_in_flight_only_so_long(monkeypatch):
-    from prefixcache import terminal
-    from prefixcache.job import Event
+    from prefixcache.cli import terminal
+    from prefixcache.run.job import Event
 
     monkeypatch.setattr(terminal, "STOP_GRACE", 0.2)
     reporter = terminal.Reporter(quiet=True, interval=30)

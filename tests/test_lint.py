@@ -7,8 +7,8 @@ from conftest import build_tokenizer
 from helpers import make_spec
 
 from prefixcache.errors import SpecError
-from prefixcache.lint import lint_labels
-from prefixcache.prompt import PromptBuilder
+from prefixcache.task.lint import lint_labels
+from prefixcache.task.prompt import PromptBuilder
 
 NO_END_CHAT = (
     "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}"

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from prefixcache.metrics import ABSTAIN, Evaluation, Gates
+from prefixcache.reports.evaluation import ABSTAIN, Evaluation, Gates
 
 
 def _filled() -> Evaluation:

@@ -7,7 +7,7 @@ from conftest import NO_SYSTEM_CHAT, build_tokenizer
 from helpers import LABELS, TEXTS, make_spec
 
 from prefixcache.errors import SpecError
-from prefixcache.prompt import PromptBuilder
+from prefixcache.task.prompt import PromptBuilder
 
 
 def test_prefix_is_token_clean_for_every_item(chat_tokenizer, tmp_path):

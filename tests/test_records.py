@@ -7,8 +7,8 @@ import json
 import pytest
 from helpers import make_spec
 
-from prefixcache.io import Item
-from prefixcache.records import (
+from prefixcache.data.items import Item
+from prefixcache.data.records import (
     columns,
     error_record,
     item_sha,
@@ -17,7 +17,7 @@ from prefixcache.records import (
     open_writer,
     read_records,
 )
-from prefixcache.scoring import judge
+from prefixcache.task.decision import judge
 
 LABELS = ["tech", "billing, refunds", 'say "hi"']
 

@@ -12,7 +12,7 @@ import pytest
 from helpers import TEXTS, write_spec
 from typer.testing import CliRunner
 
-from prefixcache.cli import app
+from prefixcache.cli.app import app
 
 runner = CliRunner()
 

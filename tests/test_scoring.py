@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from prefixcache.scoring import calibrate, decide, mean_distribution, normalise, softmax
+from prefixcache.task.decision import calibrate, decide, mean_distribution, normalise, softmax
 
 LOGPROBS = [-2.0, -6.0, -3.5]
 TOKENS = [1, 4, 2]

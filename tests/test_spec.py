@@ -6,7 +6,7 @@ import pytest
 from helpers import write_spec
 
 from prefixcache.errors import SpecError
-from prefixcache.spec import load_spec
+from prefixcache.task.spec import load_spec
 
 
 def _error(path) -> str:
@@ -99,7 +99,7 @@ def test_shipped_configs_accept_their_samples(config, sample, count):
     """What `run` checks before loading a model, on every config and sample the project ships."""
     from pathlib import Path
 
-    from prefixcache.io import scan_items
+    from prefixcache.data.items import scan_items
 
     root = Path(__file__).resolve().parent.parent
     spec = load_spec(root / "configs" / f"{config}.yaml")

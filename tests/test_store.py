@@ -12,10 +12,10 @@ from conftest import tiny_model
 from helpers import make_spec, write_spec
 from typer.testing import CliRunner
 
-from prefixcache.cli import app
-from prefixcache.engine import Engine
-from prefixcache.prompt import PromptBuilder
-from prefixcache.store import PrefixStore, prefix_key
+from prefixcache.cli.app import app
+from prefixcache.model.engine import Engine
+from prefixcache.task.prompt import PromptBuilder
+from prefixcache.model.store import PrefixStore, prefix_key
 
 
 @pytest.fixture()

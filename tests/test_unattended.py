@@ -14,7 +14,7 @@ import pytest
 from helpers import write_spec
 from typer.testing import CliRunner
 
-from prefixcache.cli import app
+from prefixcache.cli.app import app
 
 runner = CliRunner()
 WORDS = "crash refund password invoice login error slow payment account screen update billing".split()
@@ -165,7 +165,7 @@ def _cli(*args, **kwargs) -> subprocess.Popen:
 def test_spec_errors_do_not_import_torch(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("labels: [a]\nlables: [b]\n")
-    code = ("import sys; from prefixcache.cli import app\n"
+    code = ("import sys; from prefixcache.cli.app import app\n"
             "try:\n    app(['run', sys.argv[1], 'x.jsonl'])\nexcept SystemExit as e:\n"
             "    print(e.code, 'torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True)

@@ -1,0 +1,269 @@
+"""The command line: parses options, turns library errors into one line and an exit code.
+
+stdout carries data only (records, rendered prompts); progress, summaries and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from itertools import islice
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from .. import compat
+from ..run.dryrun import dry_run as check_run
+from .cache import cache_app, cache_dir_of
+from ..reports.diff import compare_outputs, write_diff_reports
+from ..errors import EXIT_GATE, EXIT_USAGE, OutputError
+from ..data.items import detect_format, read_items
+from ..run.job import run_job
+from .options import (  # noqa: I001
+    BATCH_SIZE_OPT, BATCH_TOKENS_OPT, BENCH_BATCH_SIZE_OPT, BENCH_BATCH_TOKENS_OPT, BENCH_LIMIT_OPT, CACHE_DIR_OPT,
+    DEBUG_OPT, DELIMITER_OPT, DEVICE_OPT, DRY_RUN_OPT, DTYPE_OPT, ENCODING_OPT, EXACT_OPT,
+    FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_OPT, JUNIT_OPT, KEEP_ALL_OPT, KEEP_OPT, LIMIT_OPT,
+    LOG_INTERVAL_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, MIN_RECALL_OPT,
+    MODEL_OPT, NO_STORE_OPT, ON_ERROR_OPT, OUTPUT_FORMAT_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT,
+    RESUME_OPT, REVISION_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT, UPDATE_OPT, Dtype, Format, LogLevel, OnError,
+    OutFormat, field_list, store_max_bytes, DIFF_A_ARG, DIFF_B_ARG, DIFF_MD_OPT, DIFF_JSON_OPT, FAIL_ON_CHANGE_OPT,
+    FAIL_ON_REGRESSION_OPT, TOP_OPT, VERSION_OPT, REPORT_OUTPUT_ARG, REPORT_HTML_OPT, COMPARE_OPT,
+)
+from ..data.output import check_output
+from ..run.plan import RunOptions, with_overrides
+from .show import print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
+from ..run.shards import merge_parts
+from ..task.spec import load_spec
+from ..scoring.prepare import Batching, Task
+from .terminal import Commands, err, errors, progress, reporting, setup_logging, signals
+
+app = typer.Typer(
+    cls=Commands,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+    help=(
+        "Classify batches of text with a local language model. The spec's static prompt prefix is "
+        "encoded once and every item pays only for its own tokens.\n\n"
+        "    prefixcache run configs/support-tickets.yaml data/samples/tickets.jsonl -o predictions.jsonl\n\n"
+        "    prefixcache render configs/support-tickets.yaml data/samples/tickets.jsonl --limit 1"
+    ),
+)
+
+
+@app.callback()
+def _root(version: bool = VERSION_OPT) -> None:
+    """Classify batches of text with a local language model, encoding the static prompt prefix once."""
+
+
+@app.command()
+def run(
+    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, output: Optional[str] = OUTPUT_OPT, fmt: Optional[Format] = FORMAT_OPT,
+    delimiter: Optional[str] = DELIMITER_OPT, encoding: Optional[str] = ENCODING_OPT,
+    out_fmt: Optional[OutFormat] = OUTPUT_FORMAT_OPT, keep: Optional[str] = KEEP_OPT, keep_all: bool = KEEP_ALL_OPT,
+    resume: bool = RESUME_OPT, update: bool = UPDATE_OPT, overwrite: bool = OVERWRITE_OPT, on_error: OnError = ON_ERROR_OPT,
+    batch_size: int = BATCH_SIZE_OPT, batch_tokens: int = BATCH_TOKENS_OPT, limit: Optional[int] = LIMIT_OPT,
+    model: Optional[str] = MODEL_OPT, revision: Optional[str] = REVISION_OPT,
+    gold: Optional[str] = GOLD_OPT, metrics: Optional[Path] = METRICS_OPT, summary_md: Optional[Path] = SUMMARY_MD_OPT,
+    junit: Optional[Path] = JUNIT_OPT, min_accuracy: Optional[float] = MIN_ACCURACY_OPT,
+    min_recall: Optional[float] = MIN_RECALL_OPT, device: str = DEVICE_OPT,
+    dtype: Dtype = DTYPE_OPT, exact: bool = EXACT_OPT, cache_dir: Optional[Path] = CACHE_DIR_OPT,
+    no_cache_store: bool = NO_STORE_OPT,
+    shard: Optional[str] = SHARD_OPT, quiet: bool = QUIET_OPT, log_level: LogLevel = LOG_LEVEL_OPT,
+    log_interval: float = LOG_INTERVAL_OPT, dry_run: bool = DRY_RUN_OPT, debug: bool = DEBUG_OPT,
+) -> None:
+    """Classify every item and stream one record per item, in input order.
+
+    An existing output is refused unless `--resume` (keep its records, score the rest: safe to
+    repeat after any crash, and on an input that grew), `--update` (the input may have changed: keep
+    the records of unchanged items, score new and changed ones) or `--overwrite`. Ctrl-C / SIGTERM
+    finish the current batch, flush, and exit 130 / 143. With a gold field (spec key `gold` or
+    `--gold`), the evaluation follows on stderr; `--min-accuracy` gates on it.
+
+    Example:
+
+        prefixcache run configs/support-tickets.yaml data/samples/tickets.jsonl -o predictions.jsonl
+
+        prefixcache run spec.yaml export.jsonl -o out.jsonl --update --on-error skip   # cron
+
+        cat items.csv | prefixcache run spec.yaml - --format csv > predictions.jsonl
+
+        prefixcache run configs/irony.yaml data/samples/irony.jsonl -o out.jsonl --min-accuracy 0.6 --junit report.xml
+    """
+    setup_logging(quiet, log_level)
+    with errors(debug):
+        options = RunOptions(
+            spec, items, output=output, input_format=fmt, delimiter=delimiter, encoding=encoding,
+            output_format=out_fmt, keep=field_list(keep), keep_all=keep_all, resume=resume, update=update,
+            overwrite=overwrite, on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit,
+            gold=gold, model=model, revision=revision, metrics=metrics, summary_md=summary_md, junit=junit,
+            min_accuracy=min_accuracy, min_recall=min_recall, device=device, dtype=dtype, exact=exact,
+            cache_dir=cache_dir_of(cache_dir), cache_store=not no_cache_store, store_max_bytes=store_max_bytes(), shard=shard,
+        )
+        if dry_run:
+            _dry_run(options, quiet, log_interval)
+        with progress(quiet, log_interval) as reporter, signals(reporter) as stopped:
+            result = run_job(options, progress=reporter, stop=lambda: stopped[0] if stopped else None)
+        with reporting():
+            if not quiet:
+                print_summary(err, result, stamped=not err.is_terminal)
+                if result.merged is not None:
+                    err.print(f"merged {result.merged} records from {result.processes} processes into {result.output}")
+                if result.evaluation:
+                    print_evaluation(err, result.evaluation)
+            for failure in result.gate_failures:
+                err.print(f"gate failed: {failure}", markup=False)
+        raise typer.Exit(result.exit_code)
+
+
+def _dry_run(options: RunOptions, quiet: bool, log_interval: float) -> None:
+    with progress(quiet, log_interval) as reporter:
+        planned = check_run(options, progress=reporter)
+    print_dry_run(err, planned)
+    raise typer.Exit(0)
+
+
+@app.command()
+def render(
+    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, fmt: Optional[Format] = FORMAT_OPT,
+    limit: Optional[int] = LIMIT_OPT, model: Optional[str] = MODEL_OPT, revision: Optional[str] = REVISION_OPT,
+    cache_dir: Optional[Path] = CACHE_DIR_OPT, debug: bool = DEBUG_OPT,
+) -> None:
+    """Print, per item, exactly the tokens the scorer uses (one JSON object a line).
+
+    `prompt_ids[:prefix_len]` is the cached prefix; a label's score is the summed log-prob of its
+    `candidates` ids after `prompt_ids`. Loads the tokenizer only.
+
+    Example:
+
+        prefixcache render configs/support-tickets.yaml data/samples/tickets.jsonl --limit 1
+    """
+    with errors(debug):
+        task_spec = with_overrides(load_spec(spec), model=model, revision=revision)
+        in_fmt = detect_format(items, fmt)
+        compat.quiet_libraries()
+        task = Task.from_spec(task_spec, cache_dir_of(cache_dir))
+        for item in islice(read_items(items, in_fmt, task_spec.id_field), limit):
+            sys.stdout.write(json.dumps(task.render(item), ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+
+
+@app.command()
+def bench(
+    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, fmt: Optional[Format] = FORMAT_OPT, limit: int = BENCH_LIMIT_OPT,
+    max_items: Optional[int] = MAX_ITEMS_OPT, batch_size: int = BENCH_BATCH_SIZE_OPT,
+    batch_tokens: int = BENCH_BATCH_TOKENS_OPT, model: Optional[str] = MODEL_OPT, device: str = DEVICE_OPT,
+    dtype: Dtype = DTYPE_OPT, cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = JSON_OPT,
+    exact: bool = EXACT_OPT, debug: bool = DEBUG_OPT,
+) -> None:
+    """Time the naive baselines, cached one-at-a-time scoring and the run pipeline on the same items.
+
+    One process, one model load; each mode is timed after a warm-up. Reports ms/item, items/s,
+    speed-up over the naive re-encode, the fraction of this machine's matmul peak reached on the
+    unavoidable work, peak memory, and whether every mode chose the same labels.
+
+    Example:
+
+        prefixcache bench configs/support-tickets.yaml data/samples/tickets.jsonl --limit 8
+
+        prefixcache bench configs/news-topics.yaml data/samples/headlines.jsonl --dtype bfloat16 --exact
+    """
+    from ..run.bench import bench_exact, run_bench  # torch: only for this command
+    from ..scoring.scorer import Scorer
+
+    setup_logging(as_json)
+    with errors(debug):
+        task_spec = with_overrides(load_spec(spec), model=model)
+        in_fmt = detect_format(items, fmt)
+        records = list(islice(read_items(items, in_fmt, task_spec.id_field), max_items))
+        if not records:
+            raise OutputError(f"{items}: no items to benchmark")
+        compat.quiet_libraries()
+        task = Task.from_spec(task_spec, cache_dir_of(cache_dir))
+        if exact:
+            precision = bench_exact(task, records, cache_dir_of(cache_dir), device, dtype, Batching(batch_size, batch_tokens))
+            print(json.dumps(precision.to_json(), indent=2)) if as_json else print_precision_bench(precision)
+            return
+        scorer = Scorer.load(task, cache_dir_of(cache_dir), device, dtype)
+        report = run_bench(scorer, records, min(limit, len(records)), Batching(batch_size, batch_tokens))
+        if as_json:
+            print(json.dumps(report.to_json(), indent=2))
+        else:
+            print_bench(report)
+
+
+@app.command()
+def diff(
+    a: str = DIFF_A_ARG, b: str = DIFF_B_ARG, md: Optional[Path] = DIFF_MD_OPT, as_json: Optional[Path] = DIFF_JSON_OPT,
+    fail_on_change: Optional[float] = FAIL_ON_CHANGE_OPT, fail_on_regression: bool = FAIL_ON_REGRESSION_OPT,
+    top: int = TOP_OPT, debug: bool = DEBUG_OPT,
+) -> None:
+    """Compare two runs joined by id: label changes, confidence shifts, and with gold values the
+    accuracy of each, fixed and broken items and an exact McNemar test.
+
+    Example:
+
+        prefixcache diff before.jsonl after.jsonl --md "$GITHUB_STEP_SUMMARY" --fail-on-regression
+    """
+    with errors(debug):
+        cmp = compare_outputs(a, b)
+        failures = cmp.gate_failures(fail_on_change, fail_on_regression)
+        write_diff_reports(cmp, a, b, md, as_json)
+        with reporting():
+            print_diff(Console(highlight=False), cmp, a, b, top)
+            for failure in failures:
+                err.print(f"gate failed: {failure}", markup=False)
+        raise typer.Exit(EXIT_GATE if failures else 0)
+
+
+@app.command()
+def report(
+    output: str = REPORT_OUTPUT_ARG, html_file: str = REPORT_HTML_OPT, compare_with: Optional[str] = COMPARE_OPT,
+    debug: bool = DEBUG_OPT,
+) -> None:
+    """Write one self-contained HTML page about an output: summary, evaluation, figures, confident
+    mistakes and closest calls (and with --compare, the diff with another run).
+
+    Example:
+
+        prefixcache report out.jsonl -o report.html --compare before.jsonl
+    """
+    from ..reports.html import write_report  # matplotlib: an optional extra
+
+    with errors(debug):
+        write_report(output, html_file, compare_with)
+        err.print(f"wrote {html_file}", markup=False)
+
+
+@app.command()
+def merge(parts: list[str] = PARTS_ARG, output: str = MERGED_OPT, overwrite: bool = OVERWRITE_OPT,
+          debug: bool = DEBUG_OPT) -> None:
+    """Join the outputs of `run --shard K/N` into one file in input order.
+
+    Checks that every shard 1..N is there exactly once, complete, from the same spec, model and
+    input, and that no item appears twice.
+
+    Example:
+
+        prefixcache merge out.1.jsonl out.2.jsonl out.3.jsonl -o out.jsonl
+    """
+    with errors(debug):
+        check_output(output, False, overwrite)
+        count = merge_parts(parts, output)
+        err.print(f"merged {count} records from {len(parts)} parts into {output}", markup=False)
+
+
+app.add_typer(cache_app, name="cache")
+
+
+def main() -> None:
+    try:
+        app(prog_name="prefixcache")
+    except SystemExit as exc:
+        code = exc.code
+        if code not in (None, 0) and not isinstance(code, int):
+            code = EXIT_USAGE
+        raise SystemExit(code)

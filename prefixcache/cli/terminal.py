@@ -1,0 +1,262 @@
+"""What the command line does around a command: error lines and exit codes, log lines and the
+progress bar on stderr, and Ctrl-C / SIGTERM. stdout is never written here."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+from typer.core import TyperGroup
+
+from .. import compat
+from ..errors import EXIT_INTERNAL, EXIT_USAGE, Interrupted, PrefixcacheError
+from ..run.job import Event
+from .show import stamp
+
+
+class Commands(TyperGroup):
+    """Usage errors (`--limit 0`, an unknown option) as one `error:` line and exit 2, like every
+    other error, instead of a framed box; a missing command still shows the help."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        usage_error, no_args = compat.cli_usage_errors()
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except no_args as exc:
+            print(exc.ctx.get_help() if exc.ctx else "", file=sys.stderr)
+            code = EXIT_USAGE
+        except usage_error as exc:
+            command = exc.ctx.command_path if exc.ctx else "prefixcache"
+            print(f"error: {exc.format_message()} (see {command} -h)", file=sys.stderr)
+            code = EXIT_USAGE
+        except typer.Abort:
+            code = 130
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Rich would exit with status 1; the command decides instead (see `reporting`, `errors`)."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
+err = _Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def errors(debug: bool) -> Iterator[None]:
+    """Library errors become `error: <message>` on stderr and their exit code; no traceback."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except Interrupted as exc:
+        err.print(str(exc), markup=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code)
+    except PrefixcacheError as exc:
+        if debug:
+            traceback.print_exc()
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
+        raise typer.Exit(130)
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly, as head expects
+        detach_closed_streams()
+        raise typer.Exit(0)
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        err.print(f"internal error: {type(exc).__name__}: {exc} (run with --debug for a traceback)", markup=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INTERNAL)
+
+
+def detach_closed_streams() -> None:
+    """Point stdout and stderr at /dev/null, so nothing at exit tries a pipe nobody reads."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+@contextmanager
+def reporting() -> Iterator[None]:
+    """What is shown after the work is done and written: a closed stderr (`2>&1 | head -1`) or
+    stdout must not turn a finished run into an error, or change its exit code."""
+    try:
+        yield
+    except (BrokenPipeError, ValueError, AttributeError):  # ValueError: I/O on a closed file
+        detach_closed_streams()
+
+
+class _ConsoleHandler(logging.Handler):
+    """Log lines through the stderr console, so they print above a live progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            err.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
+        except BrokenPipeError:
+            detach_closed_streams()
+        except Exception:
+            self.handleError(record)
+
+
+def setup_logging(quiet: bool, level: str = "info") -> None:
+    """Library log messages (a one-time model conversion, lint warnings) go to stderr, one line each."""
+    levels = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+    if level.lower() not in levels:
+        raise typer.BadParameter(f"--log-level must be one of {', '.join(levels)}")
+    logger = logging.getLogger("prefixcache")
+    for handler in [h for h in logger.handlers if getattr(h, "prefixcache_cli", False)]:
+        logger.removeHandler(handler)  # an earlier command in this process wrote to another stderr
+    handler = _ConsoleHandler()
+    stamp = "" if err.is_terminal else "%(asctime)s "  # logs read later need the time
+    handler.setFormatter(logging.Formatter(stamp + "prefixcache: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    handler.prefixcache_cli = True
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.ERROR if quiet else levels[level.lower()])
+
+
+class Reporter:
+    """Shows a run's events on stderr. On a terminal: a spinner while loading, then a progress bar
+    with rate and ETA. Elsewhere (cron, CI logs): timestamped lines: a start line, a progress line
+    every `interval` seconds, and the end line the CLI writes. Nothing with `quiet`."""
+
+    def __init__(self, quiet: bool, interval: float):
+        self.quiet, self.interval, self.tty = quiet, interval, err.is_terminal
+        self.bar = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
+            TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[eta]}"), console=err, transient=False,
+            disable=quiet or not self.tty,
+        )
+        self.task = None
+        self.started = self.last_line = 0.0
+        self.scoring = False  # records are being written: a stop waits for the batch
+
+    def __call__(self, event: Event) -> None:
+        try:
+            self._show(event)
+        except BrokenPipeError:  # nobody reads stderr any more: the run goes on, silently
+            detach_closed_streams()
+            self.quiet = True
+
+    def _show(self, event: Event) -> None:
+        if event.phase == "checked":
+            compat.quiet_libraries()
+        elif event.phase == "loading":
+            self._loading(event.detail)
+        elif event.phase == "scoring":
+            self._scoring(event)
+        elif event.phase == "batch":
+            self._batch(event)
+
+    def _loading(self, what: str) -> None:
+        text = {"tokenizer": "loading the tokenizer", "model": "loading the model, prefilling the prefix"}[what]
+        if self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task(text, total=None, rate="", eta="", count="")
+        self.bar.update(self.task, description=text)
+
+    def _scoring(self, event: Event) -> None:
+        self.scoring = True
+        self.started = self.last_line = time.monotonic()
+        if self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task("", total=None, rate="", eta="", count="")
+        self.bar.update(self.task, description="classifying", total=event.total, completed=0,
+                        count=_count(0, event.total))
+        if not self.tty and not self.quiet:
+            log_line(f"start: {event.detail}; {event.total if event.total is not None else 'all'} items to score")
+
+    def _batch(self, event: Event) -> None:
+        eta = _eta(event)
+        self.bar.update(self.task, completed=event.written, rate=f"{event.rate:.1f} items/s",
+                        eta=f"ETA {eta}" if eta else "", count=_count(event.written, event.total))
+        now = time.monotonic()
+        if not self.tty and not self.quiet and now - self.last_line >= self.interval:
+            self.last_line = now
+            total = f"/{event.total}" if event.total is not None else ""
+            log_line(f"{event.written}{total} items, {event.rate:.1f} items/s" + (f", ETA {eta}" if eta else ""))
+
+    def stopping(self) -> None:
+        if not self.quiet:
+            err.print("stopping after this batch (Ctrl-C again to abort)", markup=False)
+
+
+def _count(written: int, total: int | None) -> str:
+    return f"{written}/{total}" if total is not None else str(written)
+
+
+def _eta(event: Event) -> str:
+    if event.total is None or not event.rate:
+        return ""
+    seconds = max(event.total - event.written, 0) / event.rate
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def log_line(text: str) -> None:
+    """A timestamped line, for logs a person reads later."""
+    err.print(stamp() + text, markup=False, soft_wrap=True)
+
+
+@contextmanager
+def progress(quiet: bool, interval: float = 30.0) -> Iterator[Reporter]:
+    """The reporter `run_job` sends its events to, for the length of a run."""
+    reporter = Reporter(quiet, interval)
+    try:
+        yield reporter
+    finally:
+        reporter.bar.stop()
+
+
+STOP_GRACE = 10.0  # seconds a stop waits for the batch in flight before abandoning it
+
+
+@contextmanager
+def signals(reporter: Reporter | None = None) -> Iterator[list[int]]:
+    """SIGINT/SIGTERM during scoring: note it and say so; the run stops after the current batch,
+    or abandons it after STOP_GRACE seconds (its items are scored again by --resume). Before
+    scoring starts, and at a second signal, it stops at once."""
+    stopped: list[int] = []
+
+    def now(signum: int, why: str) -> Interrupted:
+        return Interrupted(signum, f"interrupted by {signal.Signals(signum).name}: {why}")
+
+    def handler(signum, frame):
+        if stopped:  # the second: stop now; the batch in flight is scored again by --resume
+            raise now(signum, "stopped at once; finished records are kept (--resume continues)")
+        if reporter and not reporter.scoring:  # still loading: nothing to finish, stop now
+            raise now(signum, "stopped before any record was written")
+        stopped.append(signum)
+        signal.setitimer(signal.ITIMER_REAL, STOP_GRACE)
+        if reporter:
+            reporter.stopping()
+
+    def too_long(signum, frame):
+        raise now(stopped[0], f"the batch in flight did not finish within {STOP_GRACE:.0f} s and was abandoned; "
+                              f"finished records are kept (--resume continues)")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, too_long)
+    try:
+        yield stopped
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,286 @@
+"""Lazy readers for items: JSONL, CSV, TSV, a JSON array, Parquet (with pyarrow), any of the
+text formats gzip-compressed (`.jsonl.gz`, ...), from files or stdin. No torch here.
+
+Readers yield `Item`s one at a time, so memory stays flat however large the input is. Every
+problem raises `InputError` naming the file and line (for Parquet: the row).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Callable, Iterator, Mapping
+
+from ..errors import InputError, first_line
+
+INPUT_FORMATS = ("jsonl", "csv", "tsv", "json", "parquet")
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv", ".json": "json",
+              ".parquet": "parquet"}
+PARQUET_EXTRA = "pip install 'prefixcache[parquet]'"
+
+
+@dataclass(frozen=True)
+class Item:
+    id: Any
+    record: Mapping[str, Any]
+    line: int  # 1-based line where the record starts
+
+
+def _extension_format(path: str) -> str | None:
+    """The format a file name says, looking through a .gz ending."""
+    name = Path(path).name.lower()
+    name = name[:-3] if name.endswith(".gz") else name
+    return EXTENSIONS.get(Path(name).suffix)
+
+
+def detect_format(path: str, fmt: str | None, what: str = "input") -> str:
+    if fmt:
+        if fmt not in INPUT_FORMATS:
+            raise InputError(f"unknown {what} format {fmt!r}; use one of {', '.join(INPUT_FORMATS)}")
+        found = _extension_format(path) if path != "-" else None
+        if found and found != fmt:
+            raise InputError(f"{path}: --format {fmt} contradicts the file's extension")
+        return fmt
+    if path == "-":
+        raise InputError(f"reading {what} from stdin needs an explicit format (--format jsonl, csv, ...)")
+    found = _extension_format(path)
+    if not found:
+        raise InputError(f"{path}: cannot tell the format from the extension; use .jsonl, .csv, .tsv, .json or "
+                         f".parquet (optionally .gz), or pass --format")
+    return found
+
+
+def is_stream(path: str) -> bool:
+    """stdin ("-"), a pipe, a FIFO or a device given as a path: input that can be read only once,
+    so it is not scanned before the run (nor hashed, nor re-read)."""
+    if path == "-":
+        return True
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False  # reported as "not found" when it is opened
+
+
+def _open_binary(path: str) -> IO[bytes]:
+    if path == "-":
+        return sys.stdin.buffer
+    try:
+        if path.lower().endswith(".gz"):
+            return gzip.open(path, "rb")
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise InputError(f"{path}: input file not found")
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not an input file")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}")
+
+
+def _jsonl_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    for lineno, raw in enumerate(stream, 1):
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{name}:{lineno}: not valid UTF-8 (byte {exc.start + 1} of the line)")
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{name}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})")
+        except RecursionError:
+            raise InputError(f"{name}:{lineno}: JSON nested too deeply")
+        if not isinstance(record, dict):
+            raise InputError(f"{name}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        _check_text(record, name, lineno)
+        yield lineno, record
+
+
+def _check_text(record: Mapping[str, Any], name: str, lineno: int) -> None:
+    """JSON may escape half of a UTF-16 surrogate pair (\\ud800), which is no text at all: no
+    tokenizer or UTF-8 writer can take it."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{name}:{lineno}: contains an unpaired surrogate escape (like \\ud800), which is not text")
+    except RecursionError:
+        raise InputError(f"{name}:{lineno}: JSON nested too deeply")
+
+
+def _csv_records(stream: IO[bytes], name: str, delimiter: str = ",", encoding: str | None = None
+                 ) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    text = io.TextIOWrapper(stream, encoding=encoding or "utf-8-sig", newline="")
+    try:
+        reader = csv.reader(text, delimiter=delimiter, strict=True)  # a quote never closed is an error
+    except TypeError as exc:
+        raise InputError(f"--delimiter {delimiter!r}: {exc}")
+    start = 1
+    try:
+        header = next(reader, None)
+        if header is None:
+            return
+        if len(set(header)) != len(header):
+            raise InputError(f"{name}:1: duplicate column names in the CSV header")
+        start = reader.line_num + 1
+        for row in reader:
+            if not row or all(not cell.strip() for cell in row):
+                start = reader.line_num + 1
+                continue
+            if len(row) != len(header):
+                raise InputError(f"{name}:{start}: expected {len(header)} columns, found {len(row)}")
+            yield start, dict(zip(header, row))
+            start = reader.line_num + 1
+    except UnicodeDecodeError:
+        raise InputError(f"{name}:{reader.line_num + 1}: not valid {encoding or 'UTF-8'} (see --encoding)")
+    except csv.Error as exc:
+        if "end of data" in str(exc):
+            raise InputError(f"{name}:{start}: a quoted field opened in this row is never closed")
+        raise InputError(f"{name}:{reader.line_num}: malformed CSV: {exc}")
+    finally:
+        text.detach()
+
+
+def _json_array_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """The objects of one top-level JSON array, decoded one at a time as the file is read."""
+    decoder = json.JSONDecoder()
+    text = io.TextIOWrapper(stream, encoding="utf-8-sig")
+    buffer, pos, line, eof = "", 0, 1, False
+
+    def more() -> bool:
+        nonlocal buffer, eof
+        chunk = text.read(1 << 16)
+        eof = not chunk
+        buffer += chunk
+        return bool(chunk)
+
+    def skip(chars: str) -> None:
+        nonlocal pos, line
+        while True:
+            while pos < len(buffer) and buffer[pos] in chars:
+                line += buffer[pos] == "\n"
+                pos += 1
+            if pos < len(buffer) or not more():
+                return
+
+    try:
+        skip(" \t\r\n")
+        if buffer[pos:pos + 1] != "[":
+            raise InputError(f"{name}:{line}: a .json input is one JSON array of objects ([{{...}}, ...])")
+        pos += 1
+        while True:
+            skip(" \t\r\n,")
+            if buffer[pos:pos + 1] == "]" or (eof and pos >= len(buffer)):
+                break
+            while True:
+                try:
+                    record, end = decoder.raw_decode(buffer, pos)
+                    break
+                except json.JSONDecodeError as exc:
+                    if not more():
+                        raise InputError(f"{name}:{line}: malformed JSON: {exc.msg}")
+            if not isinstance(record, dict):
+                raise InputError(f"{name}:{line}: expected a JSON object, got {type(record).__name__}")
+            _check_text(record, name, line)
+            yield line, record
+            line += buffer.count("\n", pos, end)
+            buffer, pos = buffer[end:], 0
+    except UnicodeDecodeError:
+        raise InputError(f"{name}:{line}: not valid UTF-8")
+    except RecursionError:
+        raise InputError(f"{name}:{line}: JSON nested too deeply")
+    finally:
+        text.detach()
+
+
+def _parquet_records(path: str, name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """Rows of a Parquet file, a batch at a time (row numbers stand for lines)."""
+    try:
+        import pyarrow.parquet as pq  # an optional extra
+    except ImportError:
+        raise InputError(f"{name}: reading Parquet needs pyarrow: {PARQUET_EXTRA}")
+    try:
+        rows = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for record in batch.to_pylist():
+                rows += 1
+                yield rows, record
+    except OSError as exc:
+        raise InputError(f"{name}: cannot read it as Parquet: {first_line(exc)[:160]}")
+
+
+def read_items(path: str, fmt: str | None = None, id_field: str = "id", delimiter: str | None = None,
+               encoding: str | None = None) -> Iterator[Item]:
+    """Yield items lazily from a file (any format of INPUT_FORMATS, text ones optionally .gz) or
+    stdin ('-'). `delimiter` and `encoding` apply to CSV and TSV. Items lacking `id_field` get
+    their 1-based position in the input as id."""
+    fmt = detect_format(path, fmt)
+    name = "<stdin>" if path == "-" else path
+    if fmt == "parquet":
+        if path == "-" or is_stream(path):
+            raise InputError("Parquet is read from a file, not a stream")
+        yield from _items(_parquet_records(path, name), name, id_field)
+        return
+    stream = _open_binary(path)
+    if fmt in ("csv", "tsv"):
+        records = _csv_records(stream, name, delimiter or ("\t" if fmt == "tsv" else ","), encoding)
+    else:
+        records = (_jsonl_records if fmt == "jsonl" else _json_array_records)(stream, name)
+    try:
+        yield from _items(records, name, id_field)
+    except (OSError, EOFError) as exc:  # a damaged .gz
+        raise InputError(f"{name}: cannot read it: {first_line(exc)[:160]}")
+    finally:
+        records.close()  # its own clean-up first, while the stream is open
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def _items(records: Iterator[tuple[int, Mapping[str, Any]]], name: str, id_field: str) -> Iterator[Item]:
+    for n, (lineno, record) in enumerate(records, 1):
+        item_id = record.get(id_field)
+        if item_id is None or item_id == "":
+            item_id = n
+        elif not isinstance(item_id, (str, int)) or isinstance(item_id, bool):
+            raise InputError(f"{name}:{lineno}: '{id_field}' must be a string or an integer")
+        yield Item(item_id, record, lineno)
+
+
+def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mapping[str, Any]], None],
+               id_required: bool = False, fields: dict[str, None] | None = None, delimiter: str | None = None,
+               encoding: str | None = None) -> int:
+    """Read the whole input once before the model loads: syntax, unique ids (compared as the text
+    they are written as, so 1 and "1" collide), and `check` (which raises ValueError with what is
+    wrong). With `id_required`, an input where no item has `id_field` is an error (a misspelt
+    field would otherwise number the items). `fields` collects every field name, in order of
+    first appearance. Returns the number of items."""
+    seen: dict[str, int] = {}
+    name = "<stdin>" if path == "-" else path
+    count, with_id, first_fields = 0, 0, None
+    for item in read_items(path, fmt, id_field, delimiter, encoding):
+        try:
+            check(item.record)
+        except ValueError as exc:
+            shown = f" (its fields: {', '.join(map(repr, item.record))})" if str(exc).startswith("lacks field") else ""
+            raise InputError(f"{name}:{item.line}: item {item.id!r} {exc}{shown}")
+        key = str(item.id)
+        if key in seen:
+            raise InputError(f"{name}:{item.line}: duplicate id {item.id!r} (first on line {seen[key]})")
+        seen[key] = item.line
+        count += 1
+        with_id += id_field in item.record
+        first_fields = first_fields or list(item.record)
+        if fields is not None:
+            fields.update(dict.fromkeys(item.record))
+    if id_required and count and not with_id:
+        raise InputError(f"{name}: no item has the id field {id_field!r} set by the spec's 'id_field'; "
+                         f"the items' fields are {', '.join(map(repr, first_fields))}")
+    return count

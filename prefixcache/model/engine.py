@@ -1,0 +1,322 @@
+"""Prefill the static prefix once; score batches of items and their candidates against it.
+
+One forward pass per batch scores every candidate of every item. Each item contributes its own
+tokens followed by a token trie of its candidates: candidate tokens attend to the cached prefix,
+the item's tokens and their own ancestors in the trie, never to a sibling. So a label costs only
+its tokens after the first (the first is scored from the item's last logits), and labels sharing
+leading tokens share them in the trie. The lm_head runs only at the scored positions.
+
+Two ways to run that forward, chosen once per engine:
+- "shared" (default): the batch's tokens packed into one sequence, no padding, and the
+  `prefixcache` attention kernel reading the shared prefix keys once for all rows (attention.py);
+- "standard": padded rows (padding between prefix and item, so every row ends in the last
+  column), a fresh `DynamicCache` starting from a broadcast view of the prefix, and an explicit 4D
+  mask. Any model whose attention does not go through transformers' AttentionInterface uses it.
+The shared prefix cache is never written to in either. Sliding-window layers (Mistral, Gemma 2/3,
+Qwen2 with windows) see only the keys inside their window, in both paths; the prefix cache keeps
+every position of every layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from . import attention
+
+from .. import compat
+from .attention import UnsupportedAttention
+from ..errors import ModelError, first_line
+from .rows import Row, trie
+
+log = logging.getLogger(__name__)
+
+# Architectures whose shared-prefix path the test suite checks against a full re-encode. Others
+# are checked once, on the first rows they score, against the standard path.
+CHECKED_ARCHITECTURES = frozenset({"llama", "qwen2", "gpt2"})
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """The prefilled static prefix. `kv[layer] = (keys, values)`, each [1, kv_heads, P, head_dim]."""
+
+    ids: tuple[int, ...]
+    kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    last_logits: torch.Tensor  # [V], float32: scores what follows the prefix
+    prefill_ms: float
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A batch laid out both packed ([T] tokens, no padding) and as right-aligned padded rows."""
+
+    ids: torch.Tensor  # [T] packed token ids: per row its own tokens, then its trie nodes
+    pos: torch.Tensor  # [T] position ids (continuing after the shared prefix)
+    keep: torch.Tensor  # [R] packed indices whose logits are scored
+    gather: torch.Tensor  # [B, W] packed index of each padded slot; T marks padding
+    slots: torch.Tensor  # [T] flat padded index (b * W + w) of each packed token
+    allowed: torch.Tensor  # [B, W, P + W] bool: may this slot attend to that prefix/own column
+    term_rows: torch.Tensor  # [C] which kept logit row scores each candidate token
+    term_toks: torch.Tensor  # [C] the candidate token scored there
+    sizes: list[list[int]]  # per row, per candidate: its token count
+
+
+def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
+    P = prefix_len
+    tries = [trie(r.candidates) for r in rows]
+    suffixes = [list(r.ids[r.prefix_len:]) for r in rows]
+    lengths = [len(s) + len(t) for s, t in zip(suffixes, tries)]
+    B, W, T = len(rows), max(lengths), sum(lengths)
+    ids, pos, keep, term_rows, term_toks, sizes = [], [], [], [], [], []
+    gather = torch.full((B, W), T, dtype=torch.long)
+    allowed = torch.zeros(B, W, P + W, dtype=torch.bool)
+    for b, (row, suffix, t) in enumerate(zip(rows, suffixes, tries)):
+        n, m, start = len(suffix), len(t), len(ids)
+        off = W - n - m  # left padding of this row
+        ids += suffix + t.tokens
+        pos += list(range(row.prefix_len, row.prefix_len + n)) + [row.prefix_len + n + d - 1 for d in t.depths]
+        gather[b, off:] = torch.arange(start, start + n + m)
+        allowed[b, :, :row.prefix_len] = True  # only the prefix ids this item shares
+        own = allowed[b, :, P:]  # [W, W] view
+        own[range(off), range(off)] = True  # padding slots see themselves: never all-masked
+        own[off: off + n, off: off + n] = torch.ones(n, n, dtype=torch.bool).tril()
+        for k in range(m):
+            col = off + n + k
+            own[col, off: off + n] = True  # the whole item
+            node = k
+            while node >= 0:  # itself and its ancestors
+                own[col, off + n + node] = True
+                node = t.parents[node]
+        first = len(keep)  # kept row of the item's last token; its trie nodes follow
+        keep += range(start + n - 1, start + n + m)
+        for cand in row.candidates:
+            term_rows += [first] + [first + 1 + t.index[cand[:k]] for k in range(1, len(cand))]
+            term_toks += cand
+        sizes.append([len(c) for c in row.candidates])
+    slots = torch.zeros(T, dtype=torch.long)
+    real = gather < T
+    slots[gather[real]] = torch.arange(B * W).view(B, W)[real]
+    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return Layout(as_long(ids), as_long(pos), as_long(keep), gather, slots, allowed,
+                  as_long(term_rows), as_long(term_toks), sizes)
+
+
+def binding_window(lay: Layout, window: int | None) -> int | None:
+    """`window` when it hides some earlier key from some token of the batch, else None."""
+    return window if window is not None and int(lay.pos.max()) >= window else None
+
+
+def within_window(lay: Layout, prefix_len: int, window: int) -> torch.Tensor:
+    """`lay.allowed` narrowed to what a sliding-window layer sees: a key at position j is visible
+    from position i only if j > i - window (transformers' convention). [B, W, P + W] bool."""
+    B, W = lay.gather.shape
+    slot_pos = torch.cat([lay.pos, lay.pos.new_zeros(1)])[lay.gather]  # [B, W]; padding slots at 0
+    key_pos = torch.cat([torch.arange(prefix_len).expand(B, prefix_len), slot_pos], dim=1)  # [B, P + W]
+    return lay.allowed & (key_pos[:, None, :] > slot_pos[:, :, None] - window)
+
+
+def choose_backend(model: Any, asked: str = "auto") -> str:
+    """"shared" when the model's attention goes through transformers' AttentionInterface (so the
+    shared-prefix kernel can take its place), else "standard"; `asked` overrides ("auto": choose)."""
+    if asked not in ("auto", "shared", "standard"):
+        raise ValueError(f"unknown backend {asked!r}")
+    if asked != "auto":
+        return asked
+    return "shared" if compat.can_set_attention(model) else "standard"
+
+
+class Engine:
+    """Scores candidates after prompts that start with one cached prefix.
+
+    Example:
+        engine = Engine(model)
+        prefix = engine.prefill(prefix_ids)
+        logprobs = engine.score(prefix, [Row(ids, len(prefix_ids), [(12, 7), (40, 7)])])
+        # logprobs[0][i] = sum of log p(candidate i's tokens | ids), float
+    """
+
+    def __init__(self, model: Any, backend: str = "auto"):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self._cache_kw = compat.cache_kwarg(model)
+        text = model.config.get_text_config()
+        self.max_positions = getattr(text, "max_position_embeddings", None)
+        # Sliding-window attention: which window, and whether only some layers use it.
+        self.window: int | None = getattr(text, "sliding_window", None)
+        kinds = set(getattr(text, "layer_types", None) or ())
+        self._mixed_layers = self.window is not None and {"full_attention", "sliding_attention"} <= kinds
+        if self.window is not None and kinds and "sliding_attention" not in kinds:
+            self.window = None  # a window in the config that no layer uses (Qwen2 without use_sliding_window)
+        self.backend = choose_backend(model, backend)
+        # True until the first batch of an architecture the tests do not cover agreed with the standard path.
+        self.unchecked = backend == "auto" and model.config.model_type not in CHECKED_ARCHITECTURES
+        self._scored = False  # no batch scored yet: a failure then means the model is not supported
+        self._warm_up()
+
+    def _fall_back(self, reason: UnsupportedAttention) -> None:
+        """The only way the backend changes after it was chosen: the shared kernel said it cannot
+        run this model's attention. Any other error in it is a bug and surfaces."""
+        log.warning("shared-prefix attention is not usable with this model (%s); using padded batches", reason)
+        self.backend = "standard"
+
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        """One small forward before any that counts. Measured here: the first forward of a
+        process with 2 CPU threads now and then sums in another order (the thread pool is still
+        starting), which moved a prefill's logits by ~1e-4 in one process out of ~8; after a
+        warm-up, 40 of 40 processes agreed bit for bit. Same input, same records."""
+        vocab = self.model.config.get_text_config().vocab_size
+        ids = torch.arange(64, device=self.device)[None] % vocab  # [1, 64]
+        self.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int]) -> Prefix:
+        start = time.perf_counter()
+        if not ids:
+            raise ValueError("the prefix is empty")
+        input_ids = torch.tensor([list(ids)], device=self.device)  # [1, P]
+        # A cache of full layers: a model's own cache would keep only the last `window` keys of
+        # its sliding-window layers, and the rows' masks need every prefix position.
+        kind, P = self.model.config.model_type, len(ids)
+        try:
+            out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=1,
+                             **{self._cache_kw: compat.cache_from(())})
+        except Exception as exc:
+            # e.g. models with recurrent layers (Mamba, convolutions, linear attention) need a cache
+            # of their own kind, which cannot be shared by rows the way keys and values are. For the
+            # architectures the tests cover, a failure here is a bug, not a limitation.
+            if kind in CHECKED_ARCHITECTURES:
+                raise
+            raise ModelError(f"{kind} models are not supported: prefilling the prompt prefix into a key/value "
+                             f"cache failed ({type(exc).__name__}: {first_line(exc)[:200]})") from exc
+        kv = compat.cache_layers(compat.returned_cache(out))
+        layers = self.model.config.get_text_config().num_hidden_layers
+        if len(kv) != layers or any(not isinstance(k, torch.Tensor) or k.shape[-2] != P or v.shape[-2] != P for k, v in kv):
+            raise ModelError(f"{kind} models are not supported: their cache does not hold keys and values for every "
+                             f"layer and position of the prompt prefix")
+        last = out.logits[0, -1].float()  # [V]
+        return Prefix(tuple(ids), kv, last, (time.perf_counter() - start) * 1000)
+
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(allowed.shape, dtype=self.dtype)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min).to(self.device)
+
+    def _forward_shared(self, prefix: Prefix, lay: Layout) -> torch.Tensor:
+        """Packed tokens through the model; returns logits at the kept positions, [R, V]."""
+        dev, P = self.device, len(prefix.ids)
+        built: dict[int | None, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+        def mask_for(window: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            window = binding_window(lay, window)
+            if window not in built:
+                allowed = lay.allowed if window is None else within_window(lay, P, window)
+                own = self._mask(allowed[:, :, P:])[:, None]  # [B, 1, W, W]
+                prefix_mask = None
+                if not bool(allowed[:, :, :P].all()):  # some token may not see the whole prefix
+                    per_token = allowed[:, :, :P].reshape(-1, P)[lay.slots]  # [T, P]
+                    prefix_mask = self._mask(per_token)[None, None]  # [1, 1, T, P]
+                built[window] = (own, prefix_mask)
+            return built[window]
+
+        gather = lay.gather.masked_fill(lay.gather == lay.ids.shape[0], 0).to(dev)  # padding -> token 0
+        state = attention.SharedPrefixState(prefix.kv, gather, lay.slots.to(dev), mask_for)
+        with compat.attention_implementation(self.model.config, attention.NAME), attention.scoring():
+            out = self.model(
+                input_ids=lay.ids[None].to(dev),  # [1, T]
+                position_ids=lay.pos[None].to(dev),  # [1, T]
+                use_cache=False,
+                logits_to_keep=lay.keep.to(dev),  # [R]
+                **{attention.STATE_KW: state},
+            )
+        return out.logits[0]  # [R, V]
+
+    def _forward_standard(self, prefix: Prefix, lay: Layout) -> torch.Tensor:
+        """Padded rows on a broadcast copy of the prefix cache; returns logits at kept positions."""
+        B, W = lay.gather.shape
+        ids = torch.cat([lay.ids, lay.ids.new_zeros(1)])[lay.gather]  # [B, W]
+        pos = torch.cat([lay.pos, lay.pos.new_zeros(1)])[lay.gather]  # [B, W]
+        # Rows are right-aligned, so every kept position lies in the last K columns.
+        K = int(W - (lay.slots[lay.keep] % W).min())
+        cache = {}
+        if prefix.ids:  # an empty prefix means a full re-encode (bench's naive mode)
+            kv = [(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in prefix.kv]
+            cache = {self._cache_kw: compat.cache_from(kv)}
+        out = self.model(
+            input_ids=ids.to(self.device),
+            position_ids=pos.to(self.device),
+            attention_mask=self._standard_mask(lay, len(prefix.ids)),
+            use_cache=bool(cache),
+            logits_to_keep=K,
+            **cache,
+        )
+        flat = out.logits.reshape(B * K, -1)  # [B * K, V]
+        b, w = lay.slots[lay.keep] // W, lay.slots[lay.keep] % W
+        return flat[(b * K + w - (W - K)).to(flat.device)]  # [R, V]
+
+    def _standard_mask(self, lay: Layout, P: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The explicit [B, 1, W, P + W] mask; for a model mixing full and sliding-window layers,
+        one per layer type (a 4D mask given alone would be used by both)."""
+        full = self._mask(lay.allowed)[:, None]
+        window = binding_window(lay, self.window)
+        if window is None:
+            return {"full_attention": full, "sliding_attention": full} if self._mixed_layers else full
+        windowed = self._mask(within_window(lay, P, window))[:, None]
+        return {"full_attention": full, "sliding_attention": windowed} if self._mixed_layers else windowed
+
+    def _standard_or_unsupported(self, prefix: Prefix, lay: Layout) -> torch.Tensor:
+        """The padded path; failing on the first batch of an architecture the tests do not cover
+        (one that takes no 4D mask or no cache object, such as ALiBi models), a ModelError."""
+        try:
+            return self._forward_standard(prefix, lay)
+        except (ValueError, RuntimeError, TypeError, IndexError) as exc:
+            kind = self.model.config.model_type
+            if self._scored or kind in CHECKED_ARCHITECTURES:
+                raise
+            raise ModelError(f"{kind} models are not supported: scoring after a cached prefix failed "
+                             f"({type(exc).__name__}: {first_line(exc)[:200]})") from exc
+
+    def _check_shared(self, shared: torch.Tensor, standard: torch.Tensor) -> None:
+        """First batch of an architecture the tests do not cover: both paths must agree."""
+        self.unchecked = False
+        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        diff = (torch.log_softmax(shared.float(), -1) - torch.log_softmax(standard.float(), -1)).abs().max()
+        if not bool(diff <= tol):
+            raise UnsupportedAttention(f"its scores differ from the standard path by {float(diff):.2g}")
+
+    @torch.inference_mode()
+    def score(self, prefix: Prefix, rows: Sequence[Row]) -> list[list[float]]:
+        """Summed log-probabilities, one list per row, one float per candidate (in order)."""
+        P = len(prefix.ids)
+        for r in rows:
+            if not 0 <= r.prefix_len <= P or r.prefix_len >= len(r.ids) or any(not c for c in r.candidates):
+                raise ValueError("each row needs a prefix_len <= the prefix, own ids, and non-empty candidates")
+        lay = layout(P, rows)
+        logits = None
+        if self.backend == "shared":
+            try:
+                logits = self._forward_shared(prefix, lay)
+                if self.unchecked:
+                    self._check_shared(logits, self._standard_or_unsupported(prefix, lay))
+            except attention.UnsupportedAttention as exc:
+                self._fall_back(exc)
+                logits = None
+        if logits is None:
+            logits = self._standard_or_unsupported(prefix, lay)
+        self._scored = True
+        # log p = logit - logsumexp(logits): a reduction over the vocabulary, no [R, V] written.
+        rows_, toks = lay.term_rows.to(logits.device), lay.term_toks.to(logits.device)
+        lse = torch.logsumexp(logits.float(), dim=-1)  # [R]
+        picked = (logits[rows_, toks].float() - lse[rows_]).tolist()  # [C]
+        results, at = [], 0
+        for sizes in lay.sizes:
+            row = []
+            for n in sizes:
+                row.append(float(sum(picked[at: at + n])))
+                at += n
+            results.append(row)
+        return results

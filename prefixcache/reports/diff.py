@@ -1,0 +1,208 @@
+"""What changed between two runs' outputs: joined by id, label flips, confidence shifts, and with
+gold values an exact McNemar test of whether the accuracy difference is more than noise. No torch.
+
+Example:
+    cmp = compare(read_records("before.jsonl").records, read_records("after.jsonl").records)
+    cmp.changed, cmp.accuracy_b - cmp.accuracy_a, cmp.p_value
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..errors import InputError, OutputError, UsageError
+from ..data.records import Record, input_fields, is_error, read_records, record_id
+
+ERROR = "(error)"
+ABSTAINED = "(abstained)"
+
+
+@dataclass
+class Change:
+    id: str
+    label_a: str
+    label_b: str
+    prob_a: float | None
+    prob_b: float | None
+    shift: float  # the probability of A's choice, in B minus in A
+    kept: dict[str, Any]  # the input fields the records carry (from B, else A)
+
+
+@dataclass
+class Comparison:
+    both: int
+    only_a: list[str]
+    only_b: list[str]
+    labels_a: list[str]  # the label set of each run (empty for multiple choice)
+    labels_b: list[str]
+    flips: Counter  # (label in A, label in B) -> items
+    changed: list[Change]
+    shifts: list[Change]  # every joined item, largest |shift| first
+    gold: bool = False  # both runs carry gold values (then the figures below are set)
+    accuracy_a: float = 0.0
+    accuracy_b: float = 0.0
+    fixed: list[str] = field(default_factory=list)  # wrong in A, right in B
+    broken: list[str] = field(default_factory=list)  # right in A, wrong in B
+    p_value: float = 1.0
+
+    @property
+    def change_rate(self) -> float:
+        return len(self.changed) / self.both if self.both else 0.0
+
+    @property
+    def same_labels(self) -> bool:
+        return self.labels_a == self.labels_b
+
+    def gate_failures(self, max_change: float | None = None, no_regression: bool = False) -> list[str]:
+        """One line per CI gate missed: more items changed than `max_change` (a share), or, with
+        `no_regression`, a lower accuracy in B."""
+        if no_regression and not self.gold:
+            raise UsageError("--fail-on-regression needs gold values in both outputs (run with --gold)")
+        out = []
+        if max_change is not None and self.change_rate > max_change:
+            out.append(f"{self.change_rate:.1%} of the items changed label, more than --fail-on-change {max_change}")
+        if no_regression and self.accuracy_b < self.accuracy_a:
+            out.append(f"accuracy dropped from {self.accuracy_a:.4f} to {self.accuracy_b:.4f}")
+        return out
+
+    def to_json(self, top: int = 20) -> dict[str, Any]:
+        data = {
+            "items_in_both": self.both, "only_in_a": self.only_a, "only_in_b": self.only_b,
+            "labels_a": self.labels_a, "labels_b": self.labels_b, "changed": len(self.changed),
+            "change_rate": self.change_rate,
+            "flips": [{"from": a, "to": b, "items": n} for (a, b), n in sorted(self.flips.items())],
+            "changed_items": [vars(c) for c in self.changed[:top]],
+            "largest_shifts": [vars(c) for c in self.shifts[:top]],
+        }
+        if self.gold:
+            data.update(accuracy_a=self.accuracy_a, accuracy_b=self.accuracy_b,
+                        accuracy_difference=self.accuracy_b - self.accuracy_a, fixed=self.fixed, broken=self.broken,
+                        mcnemar_p=self.p_value)
+        return data
+
+    def to_markdown(self, name_a: str, name_b: str, top: int = 10) -> str:
+        lines = [f"### prefixcache diff: `{name_a}` → `{name_b}`", "",
+                 f"{self.both} items in both · {len(self.changed)} changed ({self.change_rate:.1%})"
+                 + (f" · only in A: {len(self.only_a)}" if self.only_a else "")
+                 + (f" · only in B: {len(self.only_b)}" if self.only_b else ""), ""]
+        if not self.same_labels:
+            lines += [f"The runs used different label sets: A {self.labels_a}, B {self.labels_b}; "
+                      "probabilities are compared on the labels they share.", ""]
+        if self.gold:
+            lines += [f"accuracy **{self.accuracy_a:.3f} → {self.accuracy_b:.3f}** "
+                      f"({self.accuracy_b - self.accuracy_a:+.3f}) · fixed {len(self.fixed)} · broken {len(self.broken)} · "
+                      f"McNemar exact p = {self.p_value:.3g}", ""]
+        if self.flips:
+            lines += ["| from | to | items |", "|---|---|---|"]
+            lines += [f"| {a} | {b} | {n} |" for (a, b), n in self.flips.most_common(top)]
+            if len(self.flips) > top:
+                lines.append(f"| … | {len(self.flips) - top} more pairs | |")
+            lines += ["", "| id | A | B | p(A's label) A → B |", "|---|---|---|---|"]
+            lines += [f"| {c.id} | {c.label_a} | {c.label_b} | {_p(c.prob_a)} → {_p(None if c.prob_a is None else c.prob_a + c.shift)} |"
+                      for c in self.changed[:top]]
+        return "\n".join(lines) + "\n"
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def mcnemar_exact(broken: int, fixed: int) -> float:
+    """Two-sided exact McNemar test: the binomial probability, under "no difference" (each
+    discordant item as likely to go either way), of a split at least as uneven as this one."""
+    n = broken + fixed
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(broken, fixed) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def _label(record: Mapping[str, Any]) -> str:
+    if is_error(record):
+        return ERROR
+    return ABSTAINED if record.get("label") is None else str(record["label"])
+
+
+def _labels(records: Sequence[Record]) -> list[str]:
+    for record in records:
+        if isinstance(record.get("probs"), dict):
+            return list(record["probs"])
+    return []
+
+
+def _prob_of(record: Mapping[str, Any], label: str, index: Any) -> float | None:
+    probs = record.get("probs")
+    if isinstance(probs, dict):
+        return probs.get(label)
+    if isinstance(probs, list) and isinstance(index, int) and 0 <= index < len(probs):
+        return probs[index]
+    return None
+
+
+
+def compare(a: Sequence[Record], b: Sequence[Record]) -> Comparison:
+    """Join two runs' records by id and say what changed."""
+    by_a, by_b = {record_id(r): r for r in a}, {record_id(r): r for r in b}
+    common = [key for key in by_a if key in by_b]
+    flips: Counter = Counter()
+    changed, joined = [], []
+    for key in common:
+        ra, rb = by_a[key], by_b[key]
+        la, lb = _label(ra), _label(rb)
+        pa, pb = _prob_of(ra, la, ra.get("index")), _prob_of(rb, la, ra.get("index"))
+        change = Change(key, la, lb, pa, _prob_of(rb, lb, rb.get("index")),
+                        (pb - pa) if pa is not None and pb is not None else 0.0, input_fields(rb) or input_fields(ra))
+        joined.append(change)
+        if la != lb:
+            flips[(la, lb)] += 1
+            changed.append(change)
+    result = Comparison(len(common), [k for k in by_a if k not in by_b], [k for k in by_b if k not in by_a],
+                        _labels(a), _labels(b), flips, changed, sorted(joined, key=lambda c: -abs(c.shift)))
+    graded = [k for k in common if "gold" in by_a[k] or "gold" in by_b[k]]
+    if graded and all(_correct(by_a[k]) is not None and _correct(by_b[k]) is not None for k in graded):
+        _evaluate(result, [(k, _correct(by_a[k]), _correct(by_b[k])) for k in graded])
+    return result
+
+
+def _correct(record: Mapping[str, Any]) -> bool | None:
+    if is_error(record):
+        return False  # an item that could not be scored counts as wrong, as in the evaluation
+    return bool(record["correct"]) if "correct" in record else None
+
+
+def _evaluate(result: Comparison, graded: list[tuple[str, bool, bool]]) -> None:
+    result.gold = True
+    result.accuracy_a = sum(a for _, a, _ in graded) / len(graded)
+    result.accuracy_b = sum(b for _, _, b in graded) / len(graded)
+    result.fixed = [k for k, a, b in graded if not a and b]
+    result.broken = [k for k, a, b in graded if a and not b]
+    result.p_value = mcnemar_exact(len(result.broken), len(result.fixed))
+
+
+def compare_outputs(path_a: str, path_b: str) -> Comparison:
+    """Read two outputs of `run` (JSONL or CSV) and compare them; a file that is not one is refused."""
+    runs = []
+    for path in (path_a, path_b):
+        try:
+            runs.append(read_records(path).records)
+        except FileNotFoundError:
+            raise InputError(f"{path}: no such file")
+        except OutputError as exc:
+            raise InputError(str(exc))
+    return compare(*runs)
+
+
+def write_diff_reports(cmp: Comparison, name_a: str, name_b: str, md: Path | None, as_json: Path | None) -> None:
+    try:
+        if md:
+            with open(md, "a", encoding="utf-8") as f:
+                f.write(cmp.to_markdown(name_a, name_b))
+        if as_json:
+            Path(as_json).write_text(json.dumps(cmp.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"{exc.filename}: cannot write the report: {exc.strerror}")

@@ -1,0 +1,198 @@
+"""Gold-label evaluation, accumulated record by record (memory does not grow with the items).
+
+Accuracy counts an abstention (label null) and an item that could not be scored (an error
+record) as wrong; coverage is the share of items that got a label.
+Per-label precision, recall, F1 and the confusion matrix are kept for label tasks; for multiple
+choice, whose options differ per item, accuracy is the measure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+from xml.sax.saxutils import quoteattr
+
+from ..errors import OutputError
+from ..data.records import is_error
+
+ABSTAIN = "(abstained)"
+CALIBRATION_BINS = 10
+
+
+@dataclass
+class Evaluation:
+    labels: Sequence[str] | None  # None for multiple choice
+    n: int = 0
+    correct: int = 0
+    abstained: int = 0
+    failed: int = 0  # items written as error records
+    bins: list = field(default_factory=lambda: [[0, 0.0, 0] for _ in range(CALIBRATION_BINS)])  # [items, confidence, correct]
+    confusion: Counter = field(default_factory=Counter)  # (gold, predicted) -> count
+
+    def add(self, gold: str, predicted: str | None, correct: bool | None = None, prob: float | None = None) -> None:
+        """One item: its gold value and prediction (`correct` when the record decided it, e.g. a
+        gold letter naming the option predicted), and the prediction's probability (calibration)."""
+        right = (predicted == gold) if correct is None else bool(correct)
+        self.n += 1
+        self.correct += right
+        if prob is not None:
+            b = self.bins[min(int(prob * CALIBRATION_BINS), CALIBRATION_BINS - 1)]
+            b[0], b[1], b[2] = b[0] + 1, b[1] + prob, b[2] + right
+        self.abstained += predicted is None
+        if self.labels is not None:
+            self.confusion[(gold, ABSTAIN if predicted is None else predicted)] += 1
+
+    def add_failed(self) -> None:
+        self.n += 1
+        self.failed += 1
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+    @property
+    def ece(self) -> float:
+        """Expected calibration error: mean |accuracy - confidence| over equal-width confidence
+        bins, weighted by their items (items with a prediction only)."""
+        items = sum(b[0] for b in self.bins)
+        return sum(abs(b[2] - b[1]) for b in self.bins if b[0]) / items if items else 0.0
+
+    @property
+    def coverage(self) -> float:
+        return 1 - (self.abstained + self.failed) / self.n if self.n else 0.0
+
+    def per_label(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for label in self.labels or ():
+            tp = self.confusion[(label, label)]
+            predicted = sum(c for (g, p), c in self.confusion.items() if p == label)
+            support = sum(c for (g, p), c in self.confusion.items() if g == label)
+            precision = tp / predicted if predicted else 0.0
+            recall = tp / support if support else 0.0
+            f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+            out[label] = {"precision": precision, "recall": recall, "f1": f1, "support": support}
+        return out
+
+    @property
+    def macro_f1(self) -> float | None:
+        if self.labels is None:
+            return None
+        stats = self.per_label()
+        return sum(s["f1"] for s in stats.values()) / len(stats) if stats else 0.0
+
+    def matrix(self) -> tuple[list[str], list[list[int]]]:
+        """Rows: gold labels; columns: predicted labels (plus abstentions when there are any)."""
+        labels = list(self.labels or ())
+        columns = labels + ([ABSTAIN] if self.abstained else [])
+        return columns, [[self.confusion[(g, p)] for p in columns] for g in labels]
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "items": self.n, "correct": self.correct, "accuracy": self.accuracy,
+            "abstained": self.abstained, "failed": self.failed, "coverage": self.coverage, "ece": self.ece,
+        }
+        if self.labels is not None:
+            columns, rows = self.matrix()
+            data.update(macro_f1=self.macro_f1, per_label=self.per_label(),
+                        confusion={"labels": list(self.labels), "predicted": columns, "matrix": rows})
+        return data
+
+    def to_markdown(self, gates: "Gates", title: str = "prefixcache evaluation") -> str:
+        stated = gates.min_accuracy is not None or gates.min_recall is not None
+        gate = f" · gates: **{'FAILED' if self.gate_failures(gates) else 'passed'}**" if stated else ""
+        lines = [f"### {title}", "",
+                 f"accuracy **{self.accuracy:.3f}** ({self.correct}/{self.n}) · coverage {self.coverage:.3f}"
+                 + (f" · macro-F1 {self.macro_f1:.3f}" if self.labels is not None else "") + gate, ""]
+        if self.labels is not None:
+            lines += ["| label | precision | recall | F1 | support |", "|---|---|---|---|---|"]
+            lines += [f"| {k} | {v['precision']:.3f} | {v['recall']:.3f} | {v['f1']:.3f} | {v['support']} |"
+                      for k, v in self.per_label().items()]
+            columns, rows = self.matrix()
+            lines += ["", "| gold \\\\ predicted | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+            lines += [f"| {g} | " + " | ".join(map(str, row)) + " |" for g, row in zip(self.labels, rows)]
+        return "\n".join(lines) + "\n"
+
+    def gate_failures(self, gates: "Gates") -> list[str]:
+        """One line per gate this evaluation misses."""
+        out = []
+        if gates.min_accuracy is not None and self.accuracy < gates.min_accuracy:
+            out.append(f"accuracy {self.accuracy:.4f} is below --min-accuracy {gates.min_accuracy}")
+        if gates.min_recall is not None:
+            out += [f"recall of {label!r} {st['recall']:.4f} is below --min-recall {gates.min_recall}"
+                    for label, st in self.per_label().items() if st["recall"] < gates.min_recall]
+        return out
+
+    def to_junit(self, gates: "Gates", name: str = "prefixcache", seconds: float = 0.0) -> str:
+        """A JUnit XML report with stable test names (CI history follows them from run to run):
+        "accuracy" and one "recall[<label>]" per label. A case fails only against a stated gate
+        (--min-accuracy, --min-recall); its value is in the case's output and the properties."""
+        cases, failures = [], 0
+        checks = [("accuracy", self.accuracy, gates.min_accuracy, "--min-accuracy")]
+        checks += [(f"recall[{label}]", st["recall"], gates.min_recall, "--min-recall")
+                   for label, st in self.per_label().items()]
+        for case, value, bound, option in checks:
+            failed = bound is not None and value < bound
+            failures += failed
+            body = f'<failure message={quoteattr(f"{case} {value:.4f} is below {option} {bound}")}/>' if failed else ""
+            out = f"<system-out>{case} {value:.4f}</system-out>"
+            cases.append(f'<testcase classname={quoteattr(name)} name={quoteattr(case)} time="0">{body}{out}</testcase>')
+        props = "".join(f'<property name={quoteattr(k)} value={quoteattr(json.dumps(v))}/>'
+                        for k, v in self.to_json().items() if not isinstance(v, dict))
+        return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name={quoteattr(name)} tests="{len(cases)}" '
+                f'failures="{failures}" time="{seconds:.3f}"><properties>{props}</properties>{"".join(cases)}'
+                f"</testsuite>\n")
+
+
+@dataclass(frozen=True)
+class Gates:
+    """Thresholds a CI run must meet (None: not checked)."""
+
+    min_accuracy: float | None = None
+    min_recall: float | None = None  # for every label
+
+
+def evaluation_for(spec: Any, records: Any = ()) -> Evaluation | None:
+    """An Evaluation for a task spec, holding `records` already written (error records are left
+    out); None when the spec has no gold field."""
+    if not spec.gold:
+        return None
+    return evaluate(None if spec.choices else spec.label_names, records)
+
+
+def evaluate(labels: Sequence[str] | None, records: Any = ()) -> Evaluation:
+    """An Evaluation of written records (labels None: multiple choice)."""
+    evaluation = Evaluation(labels)
+    for record in records:
+        add_record(evaluation, record)
+    return evaluation
+
+
+def add_record(evaluation: Evaluation, record: Any) -> None:
+    if is_error(record):
+        evaluation.add_failed()
+    else:
+        evaluation.add(str(record["gold"]), record["label"] or None, record.get("correct"), record.get("prob"))
+
+
+def _write(path: Path, text: str, append: bool = False) -> None:
+    try:
+        with open(path, "a" if append else "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write report: {exc.strerror}")
+
+
+def write_reports(evaluation: Evaluation, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],
+                  gates: Gates, seconds: float = 0.0) -> None:
+    """The report files asked for: JSON metrics, a Markdown summary (appended), a JUnit XML report."""
+    if metrics:
+        figures = {**evaluation.to_json(), "min_accuracy": gates.min_accuracy, "min_recall": gates.min_recall,
+                   "gates_failed": evaluation.gate_failures(gates)}
+        _write(metrics, json.dumps(figures, indent=2) + "\n")
+    if summary_md:
+        _write(summary_md, evaluation.to_markdown(gates), append=True)  # as CI step summaries do
+    if junit:
+        _write(junit, evaluation.to_junit(gates, seconds=seconds))

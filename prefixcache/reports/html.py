@@ -1,0 +1,198 @@
+"""`prefixcache report`: one self-contained HTML page about a run's output (no network, no scripts,
+no fonts to fetch): summary, evaluation, figures drawn by matplotlib as inline SVG, the confident
+mistakes and the closest calls, and optionally the diff with another run. No torch.
+
+matplotlib is an optional extra (`pip install 'prefixcache[report]'`), imported only here.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from .diff import Comparison, compare
+from ..errors import InputError
+from .evaluation import Evaluation, evaluate
+from ..data.records import Record, input_fields, is_error, read_records
+
+REPORT_EXTRA = "pip install 'prefixcache[report]'"
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError(f"the HTML report draws its figures with matplotlib: {REPORT_EXTRA}")
+    return plt
+
+
+def _svg(fig: Any) -> str:
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})  # the same run, the same page
+    _pyplot().close(fig)
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]  # inline: no XML prolog
+
+
+def _confusion(plt: Any, ev: Evaluation) -> str:
+    columns, rows = ev.matrix()
+    fig, ax = plt.subplots(figsize=(1.2 + 0.7 * len(columns), 1.0 + 0.6 * len(rows)))
+    ax.imshow(rows, cmap="Blues")
+    ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
+    ax.set_yticks(range(len(rows)), list(ev.labels))
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("gold")
+    top = max((max(r) for r in rows if r), default=1) or 1
+    for i, row in enumerate(rows):
+        for j, n in enumerate(row):
+            ax.text(j, i, str(n), ha="center", va="center", color="white" if n > top / 2 else "black")
+    ax.set_title("confusion matrix")
+    return _svg(fig)
+
+
+def _per_label(plt: Any, ev: Evaluation) -> str:
+    stats = ev.per_label()
+    labels = list(stats)
+    fig, ax = plt.subplots(figsize=(2 + 0.9 * len(labels), 3))
+    width = 0.27
+    for k, metric in enumerate(("precision", "recall", "f1")):
+        ax.bar([i + (k - 1) * width for i in range(len(labels))], [stats[lab][metric] for lab in labels], width,
+               label=metric)
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="upper right", fontsize="small")
+    ax.set_title("per label")
+    return _svg(fig)
+
+
+def _reliability(plt: Any, ev: Evaluation) -> str:
+    fig, ax = plt.subplots(figsize=(3.6, 3.4))
+    n = len(ev.bins)
+    filled = [(k, b) for k, b in enumerate(ev.bins) if b[0]]
+    ax.bar([(k + 0.5) / n for k, _ in filled], [b[2] / b[0] for _, b in filled], width=1 / n, edgecolor="black",
+           alpha=0.7, label="accuracy")
+    ax.plot([0, 1], [0, 1], "--", color="grey", label="perfect calibration")
+    ax.set_xlabel("confidence (top probability)")
+    ax.set_ylabel("accuracy")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.legend(loc="upper left", fontsize="small")
+    ax.set_title(f"reliability · ECE {ev.ece:.3f}")
+    return _svg(fig)
+
+
+def _distributions(plt: Any, scored: Sequence[Record]) -> str:
+    fig, axes = plt.subplots(1, 2, figsize=(7, 2.8))
+    axes[0].hist([r["prob"] for r in scored if r.get("prob") is not None], bins=20, range=(0, 1), color="#4c72b0")
+    axes[0].set_title("top probability")
+    axes[1].hist([r["margin"] for r in scored], bins=20, range=(0, 1), color="#dd8452")
+    axes[1].set_title("margin (top - second)")
+    for ax in axes:
+        ax.set_ylabel("items")
+    return _svg(fig)
+
+
+
+def _table(title: str, rows: Sequence[Record], gold: bool) -> str:
+    if not rows:
+        return ""
+    kept = list(dict.fromkeys(k for r in rows for k in input_fields(r)))[:4]
+    head = ["id", "label", "prob", "margin"] + (["gold"] if gold else []) + kept
+    cells = [[r.get("id"), r.get("label"), r.get("prob"), r.get("margin")] + ([r.get("gold")] if gold else [])
+             + [r.get(k) for k in kept] for r in rows]
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in cells)
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    return f"<h2>{html.escape(title)}</h2><table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return "" if value is None else str(value)
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222;padding:0 1rem}
+h1{font-size:1.5rem;margin-bottom:.2rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
+.figures{display:flex;flex-wrap:wrap;gap:1.5rem;align-items:flex-start} .figures svg{max-width:100%;height:auto}
+table{border-collapse:collapse;font-size:.9rem;margin:.5rem 0} td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:left}
+th{background:#f4f4f4} .kpi{display:flex;gap:2rem;flex-wrap:wrap;margin:1rem 0}
+.kpi div{background:#f6f8fa;border-radius:6px;padding:.6rem 1rem} .kpi b{display:block;font-size:1.4rem}
+.muted{color:#666;font-size:.9rem}
+"""
+
+
+def build_report(output: str, compare_with: str | None = None, top: int = 15) -> str:
+    """The HTML page for one output of `run` (and its diff with another)."""
+    plt = _pyplot()
+    records = read_records(output).records
+    if not records:
+        raise InputError(f"{output}: holds no records")
+    scored = [r for r in records if not is_error(r)]
+    info = _fingerprint(output)
+    gold = any("gold" in r for r in scored)
+    labels = list(scored[0]["probs"]) if scored and isinstance(scored[0].get("probs"), dict) else None
+    parts = [f"<h1>prefixcache report: {html.escape(Path(output).name)}</h1>",
+             f"<p class=muted>{html.escape(_summary_line(records, info))}</p>"]
+    figures = [_distributions(plt, scored)] if scored else []
+    if gold:
+        ev = evaluate(labels, records)
+        kpis = [("accuracy", f"{ev.accuracy:.3f}"), ("coverage", f"{ev.coverage:.3f}"), ("items", str(ev.n)),
+                ("ECE", f"{ev.ece:.3f}")] + ([("macro-F1", f"{ev.macro_f1:.3f}")] if labels else [])
+        parts.append("<div class=kpi>" + "".join(f"<div>{k}<b>{v}</b></div>" for k, v in kpis) + "</div>")
+        figures = ([_confusion(plt, ev), _per_label(plt, ev)] if labels else []) + [_reliability(plt, ev)] + figures
+    parts.append("<h2>figures</h2><div class=figures>" + "".join(figures) + "</div>")
+    if gold:
+        wrong = sorted((r for r in scored if not r.get("correct")), key=lambda r: -(r.get("prob") or 0))
+        parts.append(_table("wrong with the highest confidence", wrong[:top], gold))
+    parts.append(_table("closest calls (smallest margin)", sorted(scored, key=lambda r: r["margin"])[:top], gold))
+    if compare_with:
+        parts.append(_compare_section(compare(records, read_records(compare_with).records), output, compare_with, top))
+    return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
+            f"<title>prefixcache report: {html.escape(Path(output).name)}</title><style>{CSS}</style></head><body>"
+            + "".join(parts) + "</body></html>\n")
+
+
+def _fingerprint(output: str) -> dict[str, Any]:
+    try:
+        return json.loads(Path(output + ".prefixcache.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _summary_line(records: Sequence[Record], info: dict[str, Any]) -> str:
+    scored = [r for r in records if not is_error(r)]
+    ms = sum(r.get("ms") or 0 for r in scored) / max(len(scored), 1)
+    parts = [f"{len(records)} items", f"{len(records) - len(scored)} failed" if len(scored) < len(records) else "",
+             f"model {info['model']}" if info.get("model") else "",
+             f"{info.get('device', '')} {info.get('dtype', '')}".strip(), f"{ms:.1f} ms/item",
+             f"normalize {scored[0]['normalize']}" if scored else ""]
+    return " · ".join(p for p in parts if p)
+
+
+def _compare_section(cmp: Comparison, a: str, b: str, top: int) -> str:
+    head = (f"<h2>compared with {html.escape(Path(b).name)}</h2><p>{cmp.both} items in both · {len(cmp.changed)} changed "
+            f"({cmp.change_rate:.1%})")
+    if cmp.gold:
+        head += (f" · accuracy {cmp.accuracy_a:.3f} → {cmp.accuracy_b:.3f} · fixed {len(cmp.fixed)} · broken "
+                 f"{len(cmp.broken)} · McNemar exact p = {cmp.p_value:.3g}")
+    rows = "".join(f"<tr><td>{html.escape(x)}</td><td>{html.escape(y)}</td><td>{n}</td></tr>"
+                   for (x, y), n in cmp.flips.most_common(top))
+    flips = f"<table><thead><tr><th>from</th><th>to</th><th>items</th></tr></thead><tbody>{rows}</tbody></table>"
+    return head + "</p>" + (flips if rows else "")
+
+
+def write_report(output: str, target: str, compare_with: str | None = None) -> None:
+    page = build_report(output, compare_with)
+    try:
+        Path(target).write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{target}: cannot write the report: {exc.strerror}")

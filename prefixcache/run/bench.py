@@ -1,0 +1,305 @@
+"""`prefixcache bench`: one model load, several ways of getting the same scores, timed.
+
+Modes, each timed after a warm-up on the same items:
+- naive: the whole prompt re-encoded for every item, all labels in that one pass (one full
+  forward per item);
+- naive per label: one full forward per (item, label), as lm-evaluation-harness does;
+- cached, one item at a time: the prefix prefilled once, batches of one;
+- run: the `run` pipeline as shipped (cached, batched).
+
+Efficiency is the fraction of this machine's measured matmul peak reached on the work no method
+can avoid: the item's own tokens and the label tokens after each label's first (the first is
+scored from the item's last logits), through every linear layer, plus the lm_head rows scored.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..model.engine import Engine, Prefix
+from ..errors import UsageError
+from ..scoring.exact import CheckedScorer
+from ..data.items import Item
+from ..model.reference import score_naive
+from ..model.rows import Row, trie
+from .pipeline import classify
+from ..scoring.scorer import Scorer
+from ..model.store import PrefixStore
+from ..scoring.prepare import Batching, Prepared
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    items: int
+    ms_per_item: float
+    items_per_second: float
+    peak_rss_mb: float | None
+    efficiency: float | None = None
+    speedup: float | None = None
+    labels: list[str | None] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class BenchReport:
+    device: str
+    dtype: str
+    threads: int
+    peak_gflops: float
+    load_seconds: float
+    prefill_ms: float
+    prefix_tokens: int
+    item_tokens: float  # per item, own tokens
+    candidate_tokens: float  # label tokens fed after the item (trie nodes), per item
+    unavoidable_gflop: float  # per item
+    same_labels: bool
+    items_compared: int  # the items every mode scored (the naive modes' --limit)
+    items_differing: int  # of those, how many got a label in some mode other than the naive one's
+    option_cost_ratio: float  # scoring every label vs scoring the item alone, same batches, timed
+    option_cost_floor: float  # the same ratio of unavoidable work (what no method can go below)
+    store_load_ms: float  # loading the prefilled prefix from the prefix store (verified)
+    store_prefill_ms: float  # computing it, timed in the same process
+    modes: list[ModeResult]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for m in data["modes"]:
+            m.pop("labels")
+        return data
+
+
+def measure_peak_gflops(device: torch.device, dtype: torch.dtype, seconds: float = 1.0) -> float:
+    """Best of three timings of a large square matmul on the model's device and dtype."""
+    n = 2048
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    best = 0.0
+    for _ in range(3):
+        _sync(device)
+        start, reps = time.perf_counter(), 0
+        while time.perf_counter() - start < seconds / 3:
+            a @ b
+            reps += 1
+        _sync(device)
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def linear_params(model: torch.nn.Module) -> tuple[int, int]:
+    """(weights of all matmul layers except the lm_head, lm_head weights)."""
+    head = model.get_output_embeddings()
+    body = 0
+    for module in model.modules():
+        if module is head:
+            continue
+        if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":
+            body += module.weight.numel()
+    return body, head.weight.numel()
+
+
+class _PeakRSS:
+    """Samples the process's resident memory while a mode runs (Linux; None elsewhere)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self._page
+
+    def __enter__(self) -> "_PeakRSS":
+        if not os.path.exists("/proc/self/statm"):
+            self.peak = -1
+            return self
+        self.peak = self._rss()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self._rss())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.peak >= 0:
+            self._thread.join()
+            self.peak = max(self.peak, self._rss())
+
+    @property
+    def mb(self) -> float | None:
+        return None if self.peak < 0 else self.peak / 2**20
+
+
+def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device) -> ModeResult:
+    _sync(device)
+    with _PeakRSS() as rss:
+        start = time.perf_counter()
+        labels = fn()
+        _sync(device)
+        elapsed = time.perf_counter() - start
+    return ModeResult(name, n, 1000 * elapsed / n, n / elapsed, rss.mb, labels=labels)
+
+
+def _option_cost_ratio(scorer: Scorer, items: Sequence[Item], batching: Batching) -> float:
+    """Time of scoring every candidate over time of scoring one one-token candidate (the item
+    alone: its own tokens and one row of logits), on the same batches of the same items."""
+    engine, prefix = scorer.engine, scorer.prefix
+    groups = list(scorer.task.batches(items, batching, scorer.context))
+
+    def timed(alone: bool) -> float:
+        start = time.perf_counter()
+        for group in groups:
+            rows = [Row(p.enc.ids, p.enc.prefix_len,
+                        [next(iter(p.candidates.values()))[-1:]] if alone else list(p.candidates.values()))
+                    for p in group]
+            engine.score(prefix, rows)
+        return time.perf_counter() - start
+
+    timed(False), timed(True)  # warm-up
+    return timed(False) / timed(True)
+
+
+def _store_timings(scorer: Scorer) -> tuple[float, float]:
+    """(prefill ms, prefix-store load ms) for this spec's prefix, best of three each, through a
+    throwaway store."""
+    engine, ids = scorer.engine, scorer.task.builder.prefix_ids
+    prefill = min(engine.prefill(ids).prefill_ms for _ in range(3))
+    with tempfile.TemporaryDirectory() as tmp:
+        store = PrefixStore(tmp)
+        store.save("bench", engine.prefill(ids), "bench")
+        load = min(store.load("bench", engine.device).prefill_ms for _ in range(3))
+    return prefill, load
+
+
+def _unavoidable_work(model: torch.nn.Module, prepared: Sequence[Prepared]) -> tuple[float, float, float, float]:
+    """Per item: own tokens, label tokens fed after the item (trie nodes), GFLOP of the linear
+    layers on them plus the lm_head rows scored, and the GFLOP of the item alone (its tokens and
+    one row of logits: one one-token candidate)."""
+    body, head = linear_params(model)
+    nodes = sum(len(trie(list(p.candidates.values()))) for p in prepared) / len(prepared)
+    own = sum(p.own_tokens for p in prepared) / len(prepared)
+    gflop = (2 * body * (own + nodes) + 2 * head * (1 + nodes)) / 1e9
+    return own, nodes, gflop, (2 * body * own + 2 * head) / 1e9
+
+
+def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching: Batching = Batching()) -> BenchReport:
+    engine, prefix, task = scorer.engine, scorer.prefix, scorer.task
+    model, device = engine.model, engine.device
+    prepared = [task.prepare(item, scorer.context) for item in items]
+    few = prepared[:naive_limit]
+    full = Engine(model, "standard")
+    empty = Prefix((), (), torch.empty(0), 0.0)
+
+    def pick(prep: Prepared, scores: list[float]) -> str | None:
+        """The decision `run` would make from these scores (normalisation, calibration, threshold)."""
+        best = scorer.decide(prep, scores).best
+        return None if best is None else list(prep.candidates)[best]
+
+    def cands(prep: Prepared) -> list[tuple[int, ...]]:
+        return list(prep.candidates.values())
+
+    def naive(rows=few) -> list[str]:
+        return [pick(p, full.score(empty, [Row(p.enc.ids, 0, cands(p))])[0]) for p in rows]
+
+    def naive_per_label(rows=few) -> list[str]:
+        return [pick(p, score_naive(model, p.enc.ids, cands(p))) for p in rows]
+
+    def cached_single(rows=prepared) -> list[str]:
+        return [pick(p, engine.score(prefix, [p.row])[0]) for p in rows]
+
+    def pipeline(its=items) -> list[str]:
+        scorer.clear()  # the warm-up's scores must not be reused
+        return [r["label"] for r in classify(scorer, its, batching)]
+
+    # Warm-ups: first calls pay for allocations and kernel set-up.
+    naive(few[:1]), naive_per_label(few[:1]), cached_single(prepared[:1]), pipeline(items[:batching.size])
+    pipeline_name = f"run pipeline (<= {batching.size} items, ~{batching.tokens} tokens a batch)"
+    modes = [
+        _timed("naive: full re-encode per item", len(few), naive, device),
+        _timed("naive: full forward per item and label", len(few), naive_per_label, device),
+        _timed("cached, one item at a time", len(prepared), cached_single, device),
+        _timed(pipeline_name, len(items), pipeline, device),
+    ]
+    # Option cost: the same pipeline scoring one one-token candidate instead of every label.
+    option_ratio = _option_cost_ratio(scorer, items, batching)
+    prefill_ms, load_ms = _store_timings(scorer)
+
+    own, nodes, gflop, alone = _unavoidable_work(model, prepared)
+    peak = measure_peak_gflops(device, engine.dtype)
+    base = modes[0].ms_per_item
+    for m in modes:
+        m.speedup = base / m.ms_per_item
+        m.efficiency = gflop / (m.ms_per_item / 1000) / peak
+    n = len(few)
+    differing = sum(any(m.labels[i] != modes[0].labels[i] for m in modes) for i in range(n))
+    return BenchReport(
+        device=str(device), dtype=str(engine.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
+        peak_gflops=peak, load_seconds=task.load_seconds + scorer.load_seconds, prefill_ms=prefix.prefill_ms,
+        prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
+        same_labels=differing == 0, items_compared=n, items_differing=differing,
+        option_cost_ratio=option_ratio, option_cost_floor=gflop / alone, modes=modes,
+        store_load_ms=load_ms, store_prefill_ms=prefill_ms,
+    )
+
+
+@dataclass
+class PrecisionReport:
+    """`bench --exact`: the run pipeline in float32, in the low precision, and with close calls
+    re-scored in float32, on the same items in one process."""
+
+    dtype: str
+    items: int
+    float32_ms: float
+    fast_ms: float
+    exact_ms: float
+    rescored: int  # items the exact mode scored again in float32
+    bound: float  # its final gap bound
+    labels_differ_fast: int  # items whose label differs from float32's
+    labels_differ_exact: int
+    extra_weights_mb: float  # the second copy of the weights
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_precision_bench(fp32: Scorer, fast: Scorer, checked: Any, items: Sequence[Item],
+                        batching: Batching = Batching()) -> PrecisionReport:
+    def timed(scorer: Any) -> ModeResult:
+        list(classify(scorer, items[: batching.size], batching))  # warm-up
+        scorer.clear()  # neither its scores nor (--exact) its measured bound carry over
+        labels = lambda: [r["label"] for r in classify(scorer, items, batching)]  # noqa: E731
+        return _timed(scorer.dtype, len(items), labels, scorer.engine.device)
+
+    runs = [timed(s) for s in (fp32, fast, checked)]
+    (ms32, want), (ms_fast, fast_labels), (ms_exact, exact_labels) = ((m.ms_per_item, m.labels) for m in runs)
+    weights = sum(p.numel() * p.element_size() for p in fp32.engine.model.parameters()) / 2**20
+    return PrecisionReport(
+        dtype=fast.dtype, items=len(items), float32_ms=ms32, fast_ms=ms_fast, exact_ms=ms_exact,
+        rescored=checked.rescored, bound=checked.bound or 0.0,
+        labels_differ_fast=sum(a != b for a, b in zip(fast_labels, want)),
+        labels_differ_exact=sum(a != b for a, b in zip(exact_labels, want)), extra_weights_mb=weights,
+    )
+
+
+def bench_exact(task: Any, items: Sequence[Item], cache_dir: Any, device: str, dtype: str,
+                batching: Batching = Batching()) -> PrecisionReport:
+    """Load the float32 and the low-precision models and time the three ways of scoring."""
+    if dtype not in ("bfloat16", "float16"):
+        raise UsageError("bench --exact compares float32 with a low precision: give --dtype bfloat16 (or float16)")
+    fp32, fast = Scorer.load(task, cache_dir, device, "float32"), Scorer.load(task, cache_dir, device, dtype)
+    return run_precision_bench(fp32, fast, CheckedScorer.pair(task, cache_dir, device, dtype), items, batching)

@@ -1,0 +1,68 @@
+"""`run --dry-run`: what a run would do, counted and timed, with nothing written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Optional
+
+from .job import Event, Progress, load_scorer
+from .plan import Plan, RunOptions, batching_of, make_plan, read_input
+from ..model.rows import trie
+from .pipeline import RunStats, classify
+from ..scoring.prepare import Prepared, Task
+
+
+@dataclass
+class DryRun:
+    """What a run would do, measured without writing anything."""
+
+    prefix_tokens: int
+    items: list[dict[str, Any]]  # per item: id, item_tokens (its own, after the cached prefix), label_tokens
+    failed: int  # items that could not be scored (with on_error="skip")
+    measured: int  # items scored to time the run
+    ms_per_item: float
+    load_seconds: float
+
+    @property
+    def item_tokens(self) -> int:
+        return sum(i["item_tokens"] for i in self.items)
+
+    @property
+    def label_tokens(self) -> int:
+        return sum(i["label_tokens"] for i in self.items)
+
+    @property
+    def estimate_seconds(self) -> float:
+        return self.ms_per_item * len(self.items) / 1000
+
+
+def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress] = None) -> DryRun:
+    """Check the spec and the input, count every item's tokens, and time the first `measure`
+    items through the model (nothing is written)."""
+    plan = make_plan(options)
+    if progress:
+        progress(Event("checked", total=plan.total))
+        progress(Event("loading", detail="tokenizer"))
+    task = Task.from_spec(plan.spec, options.cache_dir)
+    items, failed = [], 0
+    for batch in task.batches(islice(read_input(options, plan), *_bounds_without_model(options, plan)), batching_of(options)):
+        for entry in batch:
+            if not isinstance(entry, Prepared):
+                failed += 1
+                continue
+            items.append({"id": entry.item.id, "item_tokens": entry.own_tokens,
+                          "label_tokens": len(trie(list(entry.candidates.values())))})
+    if progress:
+        progress(Event("loading", detail="model"))
+    scorer = load_scorer(task, options, options.device)
+    stats = RunStats()
+    sample = islice(read_input(options, plan), min(measure, len(items)) if items else 0)
+    for _ in classify(scorer, sample, batching_of(options), stats):
+        pass
+    return DryRun(len(scorer.prefix.ids), items, failed, stats.items, stats.ms_per_item,
+                  task.load_seconds + scorer.load_seconds)
+
+
+def _bounds_without_model(options: RunOptions, plan: Plan) -> tuple[int, Optional[int]]:
+    return 0, plan.total if plan.total is not None else options.limit

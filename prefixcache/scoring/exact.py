@@ -1,0 +1,122 @@
+"""fp32 answers at bf16 speed: score every batch with a bfloat16 (or float16) model, then score
+again in float32 exactly the items whose decision the rounding could have changed.
+
+An item's decision rests on the lead of its most probable candidate over the others, in
+log-probability (after normalisation and calibration). Rounding shifts each candidate relative to
+the favourite by some amount; the decision can change only where that shift exceeds the lead. The
+bound is the largest shift measured, times SAFETY: the first batch is scored both ways, every item
+re-scored afterwards shows its own shift, and the bound widens when one exceeds it. Items whose
+low-precision lead is below the bound are scored again in float32. What is promised:
+re-scored items' records are float32 records; the others carry low-precision scores whose
+decision, by that measurement, matches float32's. It is a measured bound, not a proof.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .scorer import Scorer, Scores
+from ..task.decision import Decision
+from ..model.store import PrefixStore
+from .prepare import Prepared, Task
+
+log = logging.getLogger(__name__)
+
+SAFETY = 2.0  # the bound is this many times the largest rounding shift measured
+FLOOR = 0.02  # never below this gap (in log-probability)
+
+
+class CheckedScorer(Scorer):
+    """A low-precision scorer whose close calls are scored again by a float32 one.
+
+    Attributes (besides Scorer's): exact (the float32 Scorer), bound (the current gap bound),
+    rescored (items scored again in float32), checked (items scored in low precision).
+    """
+
+    exact: Scorer
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bound: float | None = None  # set by the first batch
+        self.rescored = self.checked = 0
+        self._precision: dict[tuple, str] = {}
+
+    @classmethod
+    def pair(cls, task: Task, cache_dir: Path, device: str, dtype: str, store: PrefixStore | None = None
+             ) -> "CheckedScorer":
+        """The low-precision scorer and its float32 twin (both models in memory; each prefix
+        prefilled, or loaded from the store, once)."""
+        fast = cls.load(task, cache_dir, device, dtype, store)
+        fast.exact = Scorer.load(task, cache_dir, device, "float32", store)
+        return fast
+
+    def precision(self, key: tuple) -> str | None:
+        return self._precision.get(key, self.dtype)
+
+    def clear(self) -> None:
+        """Forget earlier items' scores and the measured bound: the next batch is measured anew."""
+        super().clear()
+        self.exact.clear()
+        self._precision.clear()
+        self.bound, self.rescored, self.checked = None, 0, 0
+
+    def score(self, preps: Sequence[Prepared], known: Mapping[tuple, list[float]] | None = None) -> Scores:
+        scores = super().score(preps, known)
+        if known is not None or not preps:
+            return scores  # scores read back from records: what was written stands
+        fresh = {p.key: p for p in scores.computed}
+        self.checked += len(fresh)
+        if self.bound is None:
+            close = list(fresh.values())  # the first batch is measured both ways
+        else:
+            close = [p for p in fresh.values() if self._gap(p, self._scores.peek(p.key)) < self.bound]
+        if close:
+            self._rescore(close)
+        return Scores([self._scores.peek(p.key) for p in preps], scores.computed)
+
+    def _rescore(self, close: list[Prepared]) -> None:
+        exact = self.exact.score(close)
+        widest = 0.0
+        for prep, logprobs in zip(close, exact.logprobs):
+            low = self._decision_logs(prep, self._scores.peek(prep.key), self)
+            high = self._decision_logs(prep, logprobs, self.exact)
+            widest = max(widest, self._shift(low, high))
+            self._scores.put(prep.key, logprobs)
+            self._precision[prep.key] = "float32"
+        self.rescored += len(close)
+        needed = max(widest * SAFETY, FLOOR)
+        if self.bound is None or needed > self.bound:
+            if self.bound is not None:
+                log.warning("rounding moved a score by %.3g, more than measured before: the re-scoring bound "
+                            "widens from %.3g to %.3g", widest, self.bound, needed)
+            self.bound = needed
+
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision:
+        if self._precision.get(prep.key) == "float32":
+            return self.exact.decide(prep, logprobs)  # float32 prior and unconditional scores too
+        return super().decide(prep, logprobs)
+
+    def _gap(self, prep: Prepared, logprobs: Sequence[float]) -> float:
+        """Log-probability between the two most likely candidates (inf with one candidate); with a
+        threshold, also the distance of the top one from it (abstaining is a decision too)."""
+        logs = sorted(self._decision_logs(prep, logprobs, self), reverse=True)
+        gap = logs[0] - logs[1] if len(logs) > 1 else math.inf
+        if self.task.spec.threshold is not None:
+            gap = min(gap, abs(logs[0] - math.log(self.task.spec.threshold)))
+        return gap
+
+    def _shift(self, low: list[float], high: list[float]) -> float:
+        """How far rounding moved any candidate relative to the low-precision favourite: the
+        decision can change only if this exceeds the favourite's lead (with a threshold, also how
+        far the favourite itself moved)."""
+        top = max(range(len(low)), key=low.__getitem__)
+        shift = max(abs((high[i] - high[top]) - (low[i] - low[top])) for i in range(len(low)))
+        return max(shift, abs(high[top] - low[top])) if self.task.spec.threshold is not None else shift
+
+    @staticmethod
+    def _decision_logs(prep: Prepared, logprobs: Sequence[float], scorer: Scorer) -> list[float]:
+        probs = Scorer.decide(scorer, prep, logprobs).probs
+        return [math.log(max(p, 1e-300)) for p in probs]

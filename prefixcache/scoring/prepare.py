@@ -1,0 +1,176 @@
+"""A task: the spec with its model's tokenizer. Turns items into token ids and candidates, and
+groups them into batches. Loads no model and imports no torch.
+
+Example:
+    task = Task.from_spec(load_spec("spec.yaml"), cache_dir)
+    for batch in task.batches(read_items("items.jsonl"), Batching(size=64, tokens=768)):
+        ...  # list of Prepared (or Failed, with on_error="skip")
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from ..errors import ItemError
+from ..data.items import Item
+from ..model.load import ModelSource, load_tokenizer, spec_model
+from ..task.prompt import EncodedItem, PromptBuilder
+from ..model.rows import Candidate, Row, trie
+from ..task.spec import LETTERS, TaskSpec, choice_list, field_text
+
+# No tokenizer makes tokens this long on average: an item longer than this many characters per
+# position of the model's context cannot fit it, whatever its text.
+MAX_CHARS_PER_TOKEN = 64
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An item ready to score: its prompt ids and its candidates (labels, or its own options)."""
+
+    item: Item
+    enc: EncodedItem
+    candidates: dict[str, Candidate]  # text scored -> ids, in output order
+    names: tuple[str, ...] = ()  # what each candidate stands for (the options, when letters are scored)
+
+    @property
+    def texts(self) -> list[str]:
+        """The labels or options the candidates stand for, in candidate order."""
+        return list(self.names) if self.names else list(self.candidates)
+
+    @property
+    def key(self) -> tuple:
+        """What determines the scores (the prefix is the same for every item of a run)."""
+        return (self.enc.prefix_len, tuple(self.enc.ids[self.enc.prefix_len:]), tuple(self.candidates.values()))
+
+    @property
+    def own_tokens(self) -> int:
+        """The item's tokens after the cached prefix."""
+        return len(self.enc.ids) - self.enc.prefix_len
+
+    @property
+    def row(self) -> Row:
+        return Row(self.enc.ids, self.enc.prefix_len, list(self.candidates.values()))
+
+
+@dataclass(frozen=True)
+class Failed:
+    """An item that cannot be scored, and why."""
+
+    item: Item
+    message: str
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How items are grouped into forward passes, and what an item that cannot be scored does:
+    "fail" ends the batches after the ones before it, "skip" makes it a `Failed` entry."""
+
+    size: int = 64  # at most this many items
+    tokens: int = 768  # about this many tokens through the model
+    on_error: str = "fail"
+
+
+class Task:
+    """A spec, its model's tokenizer and prompt builder: everything but the model.
+
+    Attributes:
+        spec, source (which model), tokenizer, builder (prompts and candidates),
+        load_seconds: time spent loading the tokenizer.
+    """
+
+    def __init__(self, spec: TaskSpec, source: ModelSource, tokenizer: Any, load_seconds: float = 0.0):
+        self.spec, self.source, self.tokenizer = spec, source, tokenizer
+        self.builder = PromptBuilder(spec, tokenizer)
+        self.load_seconds = load_seconds
+
+    @classmethod
+    def from_spec(cls, spec: TaskSpec, cache_dir: Path) -> "Task":
+        """Resolve the spec's model and load its tokenizer (converted GGUF models are looked for
+        under `cache_dir`)."""
+        source = spec_model(spec)
+        start = time.perf_counter()
+        tokenizer = load_tokenizer(source, cache_dir)
+        return cls(spec, source, tokenizer, time.perf_counter() - start)
+
+    def prepare(self, item: Item, context: int | None = None) -> Prepared:
+        """Tokens and candidates of one item; `context` is the model's limit on positions, when
+        known. Raises ItemError for anything wrong with it."""
+        try:
+            self.spec.check_record(item.record)
+        except ValueError as exc:
+            raise ItemError(item.id, str(exc))
+        chars = sum(len(field_text(item.record[f])) for f in self.spec.item_fields())
+        if context and chars > MAX_CHARS_PER_TOKEN * context:  # refused before tokenising it costs gigabytes
+            raise ItemError(item.id, f"its fields hold {chars} characters, far more than the model's context of "
+                                     f"{context} tokens")
+        enc = self.builder.encode_item(item.record, item.id)
+        names: tuple[str, ...] = ()
+        if self.spec.choices:
+            options = choice_list(item.record, self.spec.choices)
+            if self.spec.score_by == "letter":  # MMLU style: the letters are scored, the options reported
+                candidates, names = self.builder.options(LETTERS[: len(options)], item.id), tuple(options)
+            else:
+                candidates = self.builder.options(options, item.id)
+        else:
+            candidates = self.builder.candidates
+        longest = max(len(c) for c in candidates.values())
+        if context and len(enc.ids) + longest - 1 > context:
+            raise ItemError(item.id, f"{len(enc.ids)} prompt tokens do not fit the model's context of {context}")
+        return Prepared(item, enc, candidates, names)
+
+    def content_free(self, text: str) -> EncodedItem:
+        """The prompt with every template field set to `text` (e.g. "" or "N/A")."""
+        return self.builder.encode_item({f: text for f in self.spec.template.fields})
+
+    def render(self, item: Item) -> dict[str, Any]:
+        """Exactly the tokens the scorer uses for this item."""
+        prep = self.prepare(item)
+        return {
+            "id": item.id,
+            "prompt": prep.enc.text,
+            "prompt_ids": list(prep.enc.ids),
+            "prefix_len": prep.enc.prefix_len,
+            "candidates": {k: list(v) for k, v in prep.candidates.items()},
+        }
+
+    def batches(self, items: Iterable[Item], batching: Batching, context: int | None = None
+                ) -> Iterator[list[Prepared | Failed]]:
+        """Consecutive items, at most `batching.size` of them and about `batching.tokens` tokens
+        through the model per batch (an item costs its own tokens plus its candidates' trie; a
+        prompt already in the batch costs nothing). The batches depend only on the items from
+        where batching starts, never on timing or on what was scored before, so a resumed run or
+        a shard starting at a batch boundary forms exactly the batches of an uninterrupted run."""
+        batch: list[Prepared | Failed] = []
+        keys: set[tuple] = set()
+        tokens = 0
+        for item in items:
+            try:
+                prep = self.prepare(item, context)
+            except ItemError as exc:
+                if batching.on_error == "skip":
+                    batch.append(Failed(item, str(exc)))
+                    continue
+                if batch:  # score what came before the bad item first
+                    yield batch
+                raise
+            own = prep.own_tokens + len(trie(list(prep.candidates.values())))
+            cost = 0 if prep.key in keys else own
+            if batch and (len(batch) >= batching.size or tokens + cost > batching.tokens):
+                yield batch
+                batch, keys, tokens, cost = [], set(), 0, own
+            batch.append(prep)
+            keys.add(prep.key)
+            tokens += cost
+        if batch:
+            yield batch
+
+    def batch_starts(self, items: Iterable[Item], batching: Batching, context: int | None = None) -> list[int]:
+        """Where each batch starts (item positions), found by tokenising only."""
+        starts, at = [], 0
+        for batch in self.batches(items, batching, context):
+            starts.append(at)
+            at += len(batch)
+        return starts

@@ -1,0 +1,188 @@
+"""A task's model at work: the engine, the prefilled prefix, and the scores and decisions of
+prepared items. The public scoring API that `run` and `bench` share.
+
+Example:
+    scorer = Scorer.load(task, cache_dir, device="cpu", dtype="float32")
+    for batch in task.batches(items, Batching(), scorer.context):
+        preps = [p for p in batch if isinstance(p, Prepared)]
+        for prep, logprobs in zip(preps, scorer.score(preps)):
+            decision = scorer.decide(prep, logprobs)   # probabilities, best candidate, margin
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .. import compat
+from ..model.engine import Engine, Prefix
+from ..errors import ModelError
+from ..model.load import load_model, model_identity, pick_device, pick_dtype
+from ..model.rows import Candidate, Row
+from ..task.decision import Decision, judge, mean_distribution
+from ..model.store import PrefixStore, prefix_key
+from .prepare import Prepared, Task
+
+
+class ScoreCache:
+    """The most recently used prompts' scores, so duplicate items are scored once."""
+
+    def __init__(self, size: int = 65536):
+        self.size, self._data = size, OrderedDict()
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._data
+
+    def get(self, key: tuple) -> list[float]:
+        self._data.move_to_end(key)
+        return self._data[key]
+
+    def peek(self, key: tuple) -> list[float]:
+        return self._data[key]
+
+    def put(self, key: tuple, scores: list[float]) -> None:
+        self._data[key] = scores
+        self._data.move_to_end(key)
+        while len(self._data) > self.size:
+            self._data.popitem(last=False)
+
+
+class Scorer:
+    """Scores prepared items of one task against its cached prefix.
+
+    Attributes:
+        task, engine, prefix (the prefilled prefix), prefix_source ("computed" or "loaded"),
+        prior (calibration: the label distribution on content-free inputs, or None),
+        load_seconds (loading the model), device, dtype (as text).
+    """
+
+    def __init__(self, task: Task, engine: Engine, prefix: Prefix, prefix_source: str = "computed",
+                 load_seconds: float = 0.0):
+        self.task, self.engine, self.prefix = task, engine, prefix
+        self.prefix_source, self.load_seconds = prefix_source, load_seconds
+        self.device = str(engine.device)
+        self.dtype = str(engine.dtype).removeprefix("torch.")
+        self.prior: list[float] | None = None
+        self.says_precision = False  # records name their precision (a run asked for --exact)
+        self._scores = ScoreCache()
+        self._unconditional = ScoreCache()
+        spec = task.spec
+        if spec.normalize == "pmi" and not spec.choices:
+            self.score_unconditional(list(task.builder.candidates.values()))
+        if spec.content_free:
+            self.prior = self._calibration_prior()
+
+    @classmethod
+    def load(cls, task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto",
+             store: PrefixStore | None = None) -> "Scorer":
+        """Load the task's model and get the prefilled prefix: from `store` when it has it, else by
+        prefilling (and then keeping it there)."""
+        start = time.perf_counter()
+        dev = pick_device(device)
+        model = load_model(task.source, task.tokenizer, cache_dir, dev, pick_dtype(dtype, dev))
+        engine = Engine(model)
+        seconds = time.perf_counter() - start
+        ids = task.builder.prefix_ids
+        if engine.max_positions and len(ids) >= engine.max_positions:
+            raise ModelError(
+                f"the static prompt prefix has {len(ids)} tokens, more than the "
+                f"model's context of {engine.max_positions}; shorten the system text or the examples"
+            )
+        prefix, source = _prefix(task, engine, store)
+        return cls(task, engine, prefix, source, seconds)
+
+    @classmethod
+    def start(cls, task: Task, engine: Engine) -> "Scorer":
+        """A scorer on a model already loaded (the prefix is prefilled, not stored)."""
+        return cls(task, engine, engine.prefill(task.builder.prefix_ids))
+
+    @property
+    def context(self) -> int | None:
+        """The model's limit on positions (None when it states none)."""
+        return self.engine.max_positions
+
+    # -- scores -------------------------------------------------------------------------------
+    def score(self, preps: Sequence[Prepared], known: Mapping[tuple, list[float]] | None = None) -> Scores:
+        """Summed log-probs of each item's candidates, in candidate order. Prompts not seen
+        recently go through the model in one forward pass; `known` (by `Prepared.key`) supplies
+        scores read back from an earlier run's records instead: what this pass would compute."""
+        todo = {p.key: p for p in preps if p.key not in self._scores}
+        if todo and known is not None:
+            for key in todo:
+                self._scores.put(key, known[key])
+        elif todo:
+            for key, scores in zip(todo, self.engine.score(self.prefix, [p.row for p in todo.values()])):
+                self._scores.put(key, scores)
+        computed = [] if known is not None else list(todo.values())
+        return Scores([self._scores.get(p.key) for p in preps], computed)  # get: recency, the same in every run
+
+    def precision(self, key: tuple) -> str | None:
+        """Which precision produced the scores of a prompt, when the run's records say so (runs
+        that may mix two: `says_precision`), else None."""
+        return self.dtype if self.says_precision else None
+
+    def clear(self) -> None:
+        """Forget the scores of earlier items (e.g. between timed runs of the same items)."""
+        self._scores = ScoreCache()
+
+    def score_unconditional(self, candidates: Sequence[Candidate]) -> None:
+        """Score the candidates not seen yet after the content-free prompt (every template field
+        empty), in a forward pass of their own, so the values never depend on a batch."""
+        todo = list(dict.fromkeys(c for c in candidates if c not in self._unconditional))
+        if todo:
+            cf = self.task.content_free("")
+            for cand, lp in zip(todo, self.engine.score(self.prefix, [Row(cf.ids, cf.prefix_len, todo)])[0]):
+                self._unconditional.put(cand, lp)
+
+    def unconditional(self, candidate: Candidate) -> float:
+        """A candidate's log-prob after the content-free prompt (scored by `score_unconditional`)."""
+        return self._unconditional.peek(candidate)
+
+    # -- decisions ----------------------------------------------------------------------------
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision:
+        """The distribution over the item's candidates under the spec's normalisation and
+        calibration, and the decision it makes."""
+        return self._judge(prep.candidates, logprobs, self.prior)
+
+    def _judge(self, candidates: Mapping[str, Candidate], logprobs: Sequence[float],
+               prior: Sequence[float] | None) -> Decision:
+        spec, ids = self.task.spec, list(candidates.values())
+        uncond: list[float] = []
+        if spec.normalize == "pmi":
+            self.score_unconditional(ids)
+            uncond = [self.unconditional(c) for c in ids]
+        return judge(logprobs, spec.normalize, [len(c) for c in ids], list(candidates), uncond, prior, spec.threshold)
+
+    def _calibration_prior(self) -> list[float]:
+        """Mean label distribution over the content-free inputs, scored like any item."""
+        labels = self.task.builder.candidates
+        encoded = [self.task.content_free(text) for text in self.task.spec.content_free]
+        rows = [Row(e.ids, e.prefix_len, list(labels.values())) for e in encoded]
+        return mean_distribution([self._judge(labels, lps, None).probs for lps in self.engine.score(self.prefix, rows)])
+
+
+@dataclass(frozen=True)
+class Scores:
+    """A batch's scores: per item, the summed log-prob of each candidate; and the items whose
+    prompts went through the model (the rest reused recent or known scores)."""
+
+    logprobs: list[list[float]]
+    computed: list[Prepared]
+
+
+def _prefix(task: Task, engine: Engine, store: PrefixStore | None) -> tuple[Prefix, str]:
+    """The prefilled prefix and where it came from ("loaded" from the store, or "computed")."""
+    ids = task.builder.prefix_ids
+    if store is None:
+        return engine.prefill(ids), "computed"
+    identity = model_identity(task.source)
+    if task.source.kind == "hub":  # the revision actually loaded, so a new upload misses
+        identity += "@" + str(compat.hub_revision(task.source.path))
+    key = prefix_key(identity, engine.dtype, engine.device.type, ids)
+    prefix = store.load(key, engine.device)
+    if prefix is not None and prefix.ids == tuple(ids):
+        return prefix, "loaded"
+    return store.save(key, engine.prefill(ids), task.source.ref), "computed"

@@ -1,0 +1,224 @@
+"""Rendering prompts, finding the token-clean static prefix, and tokenising the candidates.
+
+No torch here: the tokenizer is used through `__call__`, `apply_chat_template` and a few
+attributes, so any Hugging Face tokenizer works.
+
+The layout (documented in the README, "How the prompt is built"):
+- chat (the tokenizer has a chat template): a system turn with the system text and the label
+  list, each few-shot example as a user turn (the rendered template) and an assistant turn (its
+  label), then the item as a user turn and the generation prompt. A candidate is the label text
+  followed by the template's end-of-turn token, so `tech` and `technical` are told apart.
+- plain: system text, blank line, then each example as `<template>\\n<answer_prefix> <label>`
+  separated by blank lines, then the item and `<answer_prefix>`. A candidate is
+  ` <label>` followed by a line break.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..errors import ItemError, ModelError, SpecError
+from .spec import (
+    LETTERS,
+    OPTIONS_FIELD,
+    TaskSpec,
+    choice_list,
+    lettered_options,
+    option_of,
+)
+
+# Field values used to find where item text starts and which prefix tokens never merge with it.
+_PROBES = ("A", "a", "1", " ", "  x", "\n", "\t", ".", ",", ":", "'s", '"', "-", "<", "é", "中", "x y", "")
+_SENTINEL = "\u2063PREFIXCACHE\u2063"
+
+
+@dataclass(frozen=True)
+class EncodedItem:
+    text: str
+    ids: tuple[int, ...]
+    prefix_len: int  # how many leading ids are the cached prefix (at most len(ids) - 1)
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PromptBuilder:
+    """Turns item records into token ids that share one cached prefix, and labels into candidates.
+
+    Attributes:
+        mode: "chat" or "plain".
+        prefix_ids: the static prefix, the same leading ids for every item (token-clean).
+        candidates: label name -> ids scored after the prompt (label tokens + end-of-answer).
+    """
+
+    def __init__(self, spec: TaskSpec, tokenizer: Any):
+        self.spec, self.tok = spec, tokenizer
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if spec.format == "chat" and not has_template:
+            raise SpecError(f"{spec.path}: 'format: chat' but the model's tokenizer has no chat template")
+        self.mode = "chat" if (spec.format == "chat" or (spec.format == "auto" and has_template)) else "plain"
+        self._system_role = True
+        self._system = spec.system_text()
+        self.prefix_ids = self._find_prefix()
+        self.end_of_answer = self._end_of_answer()
+        self.candidates = self._candidates()
+
+    # -- rendering ---------------------------------------------------------------------------
+    def render(self, record: Mapping[str, Any], item_id: object = None) -> str:
+        body = self._body(record, item_id)
+        return self._render_chat(body) if self.mode == "chat" else self._render_plain(body)
+
+    def _body(self, record: Mapping[str, Any], item_id: object = None) -> str:
+        """The template filled in; with a lettered layout `{options}` shows the item's options as
+        "A. ...\nB. ..." lines."""
+        if self.spec.lettered and isinstance(record.get(self.spec.choices), (list, str)):
+            try:
+                record = {**record, OPTIONS_FIELD: lettered_options(choice_list(record, self.spec.choices))}
+            except ValueError:
+                pass  # not a list of options (a probe, a content-free prompt): shown as it is
+        return self.spec.template.render(record, item_id)
+
+    def answer_of(self, example: Mapping[str, Any]) -> str:
+        """What a few-shot example's answer turn says: its label, or for multiple choice its
+        option's text or letter (as `score_by` asks)."""
+        label = str(example["label"])
+        if not self.spec.choices:
+            return label
+        options = choice_list(example, self.spec.choices)
+        option = option_of(label, options)
+        return LETTERS[options.index(option)] if self.spec.score_by == "letter" else option
+
+    def _render_plain(self, body: str) -> str:
+        blocks = [self._system] if self._system.strip() else []
+        for ex in self.spec.examples:
+            blocks.append(f"{self._body(ex)}\n{self.spec.answer_prefix} {self.answer_of(ex)}")
+        blocks.append(f"{body}\n{self.spec.answer_prefix}")
+        return "\n\n".join(blocks)
+
+    def _messages(self, body: str) -> list[dict[str, str]]:
+        turns = []
+        for ex in self.spec.examples:
+            turns.append({"role": "user", "content": self._body(ex)})
+            turns.append({"role": "assistant", "content": self.answer_of(ex)})
+        turns.append({"role": "user", "content": body})
+        if self._system_role:
+            return [{"role": "system", "content": self._system}, *turns]
+        # Templates without a system role (e.g. Gemma): the system text opens the first user turn.
+        turns[0] = {"role": "user", "content": f"{self._system}\n\n{turns[0]['content']}"}
+        return turns
+
+    def _apply(self, messages: list[dict[str, str]], generation: bool) -> str:
+        try:
+            return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+        except Exception as exc:  # jinja raises its own types; the template is the model's
+            raise ModelError(f"the model's chat template failed: {exc}")
+
+    def _render_chat(self, body: str) -> str:
+        if self._system_role:
+            try:
+                return self.tok.apply_chat_template(
+                    self._messages(body), tokenize=False, add_generation_prompt=True
+                )
+            except Exception:
+                self._system_role = False
+        return self._apply(self._messages(body), generation=True)
+
+    def encode(self, text: str) -> list[int]:
+        # A chat template writes its own special tokens (BOS included) into the text.
+        return list(self.tok(text, add_special_tokens=self.mode == "plain")["input_ids"])
+
+    # -- prefix and candidates ---------------------------------------------------------------
+    def _probe_ids(self) -> list[list[int]]:
+        fields = self.spec.template.fields
+        return [self.encode(self.render({f: value for f in fields})) for value in _PROBES]
+
+    def _find_prefix(self) -> tuple[int, ...]:
+        """The longest run of leading ids shared by every probe item, leaving each at least one
+        id of its own. Real items are checked again one by one (`encode_item`)."""
+        probes = self._probe_ids()
+        first = probes[0]
+        n = min(len(p) for p in probes) - 1
+        for p in probes[1:]:
+            n = min(n, common_prefix_len(first, p))
+        return tuple(first[: max(n, 0)])
+
+    def _end_of_answer(self) -> str:
+        """The text a chat template puts right after an assistant answer, when it is a special
+        token (e.g. `<|im_end|>`); empty when there is none. Plain mode ends answers with "\\n"."""
+        if self.mode == "plain":
+            return "\n"
+        msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _SENTINEL}]
+        text = self._apply(msgs, generation=False)
+        at = text.find(_SENTINEL)
+        if at < 0:
+            return ""
+        tail = text[at + len(_SENTINEL):]
+        ids = self.encode(tail) if tail else []
+        if not ids:
+            return ""
+        special = set(getattr(self.tok, "all_special_ids", ()) or ())
+        added = getattr(self.tok, "added_tokens_decoder", {}) or {}
+        if ids[0] in special or getattr(added.get(ids[0]), "special", False):
+            return self.tok.convert_ids_to_tokens(ids[0])
+        return ""
+
+    def candidate_text(self, label: str) -> str:
+        return (f" {label}" if self.mode == "plain" else label) + self.end_of_answer
+
+    def _tail_anchor(self) -> str:
+        """The static text after the last item field: what every candidate directly follows."""
+        marker = "\ue000"
+        text = self.render({f: marker for f in self.spec.template.fields})
+        return text[text.rindex(marker) + 1:]
+
+    def candidate_ids(self, text: str) -> tuple[int, ...]:
+        """Ids of a label or option (with the end of answer) as they follow the prompt. Cut from
+        the tokenisation of prompt tail + candidate, which must split token-clean."""
+        ids = self._candidate_cache.get(text)
+        if ids is None:
+            joined = self.encode(self._anchor + self.candidate_text(text))
+            n = len(self._anchor_ids)
+            if joined[:n] != self._anchor_ids or len(joined) == n:
+                raise SpecError(
+                    f"{self.spec.path}: {text!r} does not split token-clean from the prompt "
+                    f"(the tokenizer merges it with the text before it)"
+                )
+            ids = tuple(joined[n:])
+            if len(self._candidate_cache) > 65536:
+                self._candidate_cache.clear()
+            self._candidate_cache[text] = ids
+        return ids
+
+    def options(self, texts: Sequence[str], item_id: object = None) -> dict[str, tuple[int, ...]]:
+        """Candidate ids for each text; texts that tokenise identically cannot be told apart."""
+        out: dict[str, tuple[int, ...]] = {}
+        seen: dict[tuple[int, ...], str] = {}
+        for text in texts:
+            ids = self.candidate_ids(text)
+            if ids in seen:
+                where = f"item {item_id!r}: options" if item_id is not None else f"{self.spec.path}: labels"
+                raise (ItemError(item_id, f"options {seen[ids]!r} and {text!r} tokenise to the same ids")
+                       if item_id is not None else SpecError(f"{where} {seen[ids]!r} and {text!r} tokenise to the same ids"))
+            seen[ids] = text
+            out[text] = ids
+        return out
+
+    def _candidates(self) -> dict[str, tuple[int, ...]]:
+        self._candidate_cache: dict[str, tuple[int, ...]] = {}
+        self._anchor = self._tail_anchor()
+        self._anchor_ids = self.encode(self._anchor)
+        return self.options(self.spec.label_names)
+
+    def encode_item(self, record: Mapping[str, Any], item_id: object = None) -> EncodedItem:
+        text = self.render(record, item_id)
+        ids = self.encode(text)
+        # An item whose first characters merge with the prefix's last tokens shares fewer ids;
+        # the engine then masks the cached positions it does not share.
+        shared = min(common_prefix_len(ids, self.prefix_ids), len(ids) - 1)
+        return EncodedItem(text, tuple(ids), shared)

@@ -1,0 +1,409 @@
+"""The task spec: YAML in, a frozen, validated `TaskSpec` out. No torch here.
+
+Validation happens before any model is loaded, so a typo costs the user a second, not a minute.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ..errors import InputError, SpecError
+from .decision import NORMALIZATIONS
+
+FORMATS = ("auto", "chat", "plain")
+DEFAULT_CONTENT_FREE = ("N/A", "", "[MASK]")
+
+KNOWN_KEYS = (
+    "model",
+    "revision",
+    "system",
+    "labels",
+    "examples",
+    "template",
+    "id_field",
+    "format",
+    "normalize",
+    "answer_prefix",
+    "choices",
+    "score_by",
+    "gold",
+    "calibrate",
+    "threshold",
+    "trust_remote_code",
+)
+
+
+@dataclass(frozen=True)
+class Label:
+    name: str
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class Template:
+    """A `{field}` template. Rendering is plain substitution: no attribute access, no code."""
+
+    text: str
+    parts: tuple[tuple[str, str | None], ...]  # (literal text, field name or None)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f for _, f in self.parts if f is not None))
+
+    def render(self, record: Mapping[str, Any], item_id: object = None) -> str:
+        out = []
+        for literal, field in self.parts:
+            out.append(literal)
+            if field is None:
+                continue
+            if field not in record:
+                raise InputError(f"item {item_id!r}: missing field {field!r} used by the template")
+            out.append(field_text(record[field]))
+        return "".join(out)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    path: str
+    model: str | None
+    system: str
+    labels: tuple[Label, ...]
+    examples: tuple[Mapping[str, Any], ...]
+    template: Template
+    id_field: str = "id"
+    id_field_given: bool = False  # the spec names id_field (then items must carry it)
+    format: str = "auto"
+    normalize: str = "sum"
+    answer_prefix: str = "Answer:"
+    trust_remote_code: bool = False
+    choices: str | None = None  # item field holding the item's own options (multiple choice)
+    gold: str | None = None  # item field holding the expected label or option text
+    content_free: tuple[str, ...] = ()  # calibration inputs; empty: no calibration
+    threshold: float | None = None  # abstain below this probability
+    revision: str | None = None  # a hub model's branch, tag or commit
+    score_by: str = "text"  # multiple choice: score each option's "text" (cloze) or its "letter" (A, B, ...)
+
+    @property
+    def lettered(self) -> bool:
+        """The template shows the item's options as lettered lines through `{options}`."""
+        return bool(self.choices) and OPTIONS_FIELD in self.template.fields
+
+    def item_fields(self) -> tuple[str, ...]:
+        """The template's fields an item must have (`{options}` is made from its choices)."""
+        return tuple(f for f in self.template.fields if not (self.lettered and f == OPTIONS_FIELD))
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return tuple(label.name for label in self.labels)
+
+    def check_record(self, record: Mapping[str, Any]) -> None:
+        """Raise ValueError (a message to follow the item's id) if `record` cannot be scored."""
+        for name in self.item_fields():
+            if name not in record:
+                raise ValueError(f"lacks field {name!r} used by the template")
+            if record[name] is None:
+                raise ValueError(f"has field {name!r} (used by the template) set to null")
+        options = choice_list(record, self.choices) if self.choices else None
+        if options is not None and (self.lettered or self.score_by == "letter") and len(options) > len(LETTERS):
+            raise ValueError(f"has {len(options)} options; lettered options go up to {len(LETTERS)}")
+        if self.gold:
+            gold = gold_value(record, self.gold)
+            allowed = options if options is not None else self.label_names
+            if gold not in allowed and not (options is not None and option_of(gold, options) is not None):
+                what = f"its '{self.choices}' (or their letters)" if options is not None else "the labels"
+                raise ValueError(f"has gold {gold!r} ({self.gold}), which is not one of {what}")
+
+    def system_text(self) -> str:
+        """The system text with the label list substituted for `{labels}`, or appended."""
+        if not self.labels:
+            return self.system.strip()
+        listing = "\n".join(
+            f"- {lab.name}: {lab.description}" if lab.description else f"- {lab.name}"
+            for lab in self.labels
+        )
+        if "{labels}" in self.system:
+            return self.system.replace("{labels}", listing)
+        head = self.system.rstrip()
+        block = f"Answer with exactly one of these labels:\n{listing}"
+        return f"{head}\n\n{block}" if head else block
+
+
+OPTIONS_FIELD = "options"  # with `choices`, the template field that shows them lettered
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def lettered_options(options: list[str]) -> str:
+    """'A. first\nB. second\n...', as multiple-choice exams show their options."""
+    return "\n".join(f"{LETTERS[i]}. {text}" for i, text in enumerate(options))
+
+
+def option_of(gold: str, options: list[str]) -> str | None:
+    """The option a gold value names: the option itself, or its letter; None for neither."""
+    if gold in options:
+        return gold
+    if len(gold) == 1 and gold in LETTERS[: len(options)]:
+        return options[LETTERS.index(gold)]
+    return None
+
+
+def field_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def choice_list(record: Mapping[str, Any], field: str) -> list[str]:
+    """An item's options: a non-empty list of distinct, non-empty strings. Raises ValueError."""
+    if field not in record:
+        raise ValueError(f"lacks the options field {field!r}")
+    value = record[field]
+    if isinstance(value, str):  # CSV cells: a JSON list
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"field {field!r} must be a list of options (in CSV: a JSON list)")
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"field {field!r} must be a non-empty list of options")
+    options = [field_text(v) if not isinstance(v, str) else v for v in value]
+    if any(not o.strip() for o in options):
+        raise ValueError(f"field {field!r} has an empty option")
+    if len(set(options)) != len(options):
+        dup = next(o for o in options if options.count(o) > 1)
+        raise ValueError(f"field {field!r} lists option {dup!r} twice")
+    return options
+
+
+def gold_value(record: Mapping[str, Any], field: str) -> str:
+    """The expected label or option text, as a string. Raises ValueError."""
+    if field not in record or record[field] is None or record[field] == "":
+        raise ValueError(f"lacks the gold field {field!r}")
+    return field_text(record[field])
+
+
+def _calibration(value: Any, path: Path, choices: str | None) -> tuple[str, ...]:
+    if value is None or value is False:
+        return ()
+    if choices is not None:
+        raise SpecError(f"{path}: 'calibrate' applies to label tasks; for 'choices' use normalize: pmi")
+    if value is True:
+        return DEFAULT_CONTENT_FREE
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise SpecError(f"{path}: 'calibrate' must be true, false or a list of content-free inputs like [\"N/A\", \"\"]")
+
+
+def _threshold(value: Any, path: Path) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise SpecError(f"{path}: 'threshold' must be a probability in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _score_by(data: Mapping, path: Path, choices: str | None) -> str:
+    value = _want_str(data, "score_by", path, "text")
+    if value not in ("text", "letter"):
+        raise SpecError(f"{path}: 'score_by' must be text (score each option) or letter (score A, B, ...), got {value!r}")
+    if value == "letter" and choices is None:
+        raise SpecError(f"{path}: 'score_by: letter' is for multiple choice ('choices')")
+    return value
+
+
+def parse_template(text: str, where: str) -> Template:
+    parts: list[tuple[str, str | None]] = []
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise SpecError(f"{where}: invalid template {text!r}: {exc} (write {{{{ and }}}} for literal braces)")
+    for literal, field, spec, conversion in parsed:
+        if field is None:
+            parts.append((literal, None))
+            continue
+        if field == "" or any(c in field for c in ".[]") or spec or conversion:
+            raise SpecError(
+                f"{where}: template field {{{field}{'!' + conversion if conversion else ''}"
+                f"{':' + spec if spec else ''}}} is not allowed; use plain {{name}} references"
+            )
+        parts.append((literal, field))
+    if not any(f for _, f in parts):
+        raise SpecError(f"{where}: template {text!r} references no item field, e.g. {{text}}")
+    return Template(text=text, parts=tuple(parts))
+
+
+class _RefusedYAML(Exception):
+    def __init__(self, mark: Any, message: str):
+        super().__init__(message)
+        self.line, self.message = (mark.line + 1 if mark else "?"), message
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """yaml.safe_load, minus what a spec never needs and an attacker can use: aliases (a few lines
+    of them expand to gigabytes) and keys given twice (the second silently wins)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _RefusedYAML(event.start_mark, f"YAML alias *{event.anchor} is not allowed in a spec; write the value out")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _RefusedYAML(key_node.start_mark, f"key {key!r} is given twice")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{path}: spec file not found")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start})")
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read spec: {exc.strerror}")
+    try:
+        return yaml.load(raw, Loader=_SpecLoader)
+    except _RefusedYAML as exc:
+        raise SpecError(f"{path}:{exc.line}: {exc.message}")
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise SpecError(f"{loc}: YAML syntax error: {exc.problem or exc.context}")
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: YAML error: {exc}")
+    except RecursionError:
+        raise SpecError(f"{path}: YAML nested too deeply")
+
+
+def _want_str(data: Mapping, key: str, path: Path, default: str | None = None) -> str | None:
+    value = data.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise SpecError(f"{path}: '{key}' must be a string, got {type(value).__name__}")
+    return value
+
+
+def _labels(value: Any, path: Path, choices: str | None) -> tuple[Label, ...]:
+    if choices is not None:
+        if value is not None:
+            raise SpecError(f"{path}: give 'labels' or 'choices', not both")
+        return ()
+    if value is None:
+        raise SpecError(f"{path}: 'labels' is required (a list of names, or a mapping of name to description)")
+    if isinstance(value, Mapping):
+        items = [(k, v) for k, v in value.items()]
+    elif isinstance(value, list):
+        items = [(k, None) for k in value]
+    else:
+        raise SpecError(f"{path}: 'labels' must be a list or a mapping, got {type(value).__name__}")
+    if not items:
+        raise SpecError(f"{path}: 'labels' is empty")
+    labels, seen = [], set()
+    for name, desc in items:
+        if isinstance(name, bool):
+            raise SpecError(f"{path}: label {name!r} is how YAML reads an unquoted yes/no/true/false/on/off; "
+                            f"quote the label, e.g. \"yes\"")
+        if isinstance(name, (int, float)):
+            name = str(name)
+        if not isinstance(name, str) or not name.strip():
+            raise SpecError(f"{path}: label {name!r} must be a non-empty string")
+        if name in seen:
+            raise SpecError(f"{path}: label {name!r} is listed twice")
+        if desc is not None and not isinstance(desc, str):
+            raise SpecError(f"{path}: description of label {name!r} must be a string")
+        seen.add(name)
+        labels.append(Label(name, desc.strip() if desc else None))
+    return tuple(labels)
+
+
+def _examples(
+    value: Any, path: Path, labels: tuple[Label, ...], template: Template, choices: str | None
+) -> tuple[dict, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise SpecError(f"{path}: 'examples' must be a list of records")
+    names = {lab.name for lab in labels}
+    out = []
+    for n, ex in enumerate(value, 1):
+        if not isinstance(ex, Mapping):
+            raise SpecError(f"{path}: example {n} must be a mapping with a 'label'")
+        label = ex.get("label")
+        if isinstance(label, (int, float)) and not isinstance(label, bool):
+            label = str(label)
+        if choices is not None:
+            try:
+                options = choice_list(ex, choices)
+            except ValueError as exc:
+                raise SpecError(f"{path}: example {n}: {exc}")
+            if option_of(str(label), options) is None:
+                raise SpecError(f"{path}: example {n} has label {label!r}, which is not one of its '{choices}' "
+                                f"(or their letters)")
+        elif label not in names:
+            raise SpecError(f"{path}: example {n} has label {label!r}, which is not one of the labels")
+        lettered = choices is not None and OPTIONS_FIELD in template.fields
+        missing = [f for f in template.fields if f not in ex and not (lettered and f == OPTIONS_FIELD)]
+        if missing:
+            raise SpecError(f"{path}: example {n} lacks field {missing[0]!r} used by the template")
+        out.append({**ex, "label": label})
+    return tuple(out)
+
+
+def load_spec(path: str | Path) -> TaskSpec:
+    """Read and validate a task spec. Raises `SpecError` naming the file and the key."""
+    path = Path(path)
+    data = _load_yaml(path)
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{path}: a spec is a YAML mapping of keys (model, system, labels, ...)")
+    for key in data:
+        if key not in KNOWN_KEYS:
+            hint = difflib.get_close_matches(str(key), KNOWN_KEYS, n=1)
+            extra = f"; did you mean '{hint[0]}'?" if hint else f"; known keys: {', '.join(KNOWN_KEYS)}"
+            raise SpecError(f"{path}: unknown key '{key}'{extra}")
+    template = parse_template(_want_str(data, "template", path, "{text}"), f"{path}: 'template'")
+    choices = _want_str(data, "choices", path)
+    labels = _labels(data.get("labels"), path, choices)
+    fmt = _want_str(data, "format", path, "auto")
+    if fmt not in FORMATS:
+        raise SpecError(f"{path}: 'format' must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    norm = _want_str(data, "normalize", path, "sum")
+    if norm not in NORMALIZATIONS:
+        raise SpecError(f"{path}: 'normalize' must be one of {', '.join(NORMALIZATIONS)}, got {norm!r}")
+    trust = data.get("trust_remote_code", False)
+    if not isinstance(trust, bool):
+        raise SpecError(f"{path}: 'trust_remote_code' must be true or false")
+    id_field = _want_str(data, "id_field", path, "id")
+    if not id_field:
+        raise SpecError(f"{path}: 'id_field' must not be empty")
+    return TaskSpec(
+        path=str(path),
+        model=_want_str(data, "model", path),
+        system=_want_str(data, "system", path, "") or "",
+        labels=labels,
+        examples=_examples(data.get("examples"), path, labels, template, choices),
+        template=template,
+        id_field=id_field,
+        id_field_given="id_field" in data,
+        format=fmt,
+        normalize=norm,
+        answer_prefix=_want_str(data, "answer_prefix", path, "Answer:"),
+        trust_remote_code=trust,
+        choices=choices,
+        gold=_want_str(data, "gold", path),
+        content_free=_calibration(data.get("calibrate"), path, choices),
+        threshold=_threshold(data.get("threshold"), path),
+        revision=_want_str(data, "revision", path),
+        score_by=_score_by(data, path, choices),
+    )
