@@ -80,10 +80,10 @@ def test_bad_device_and_world_size_in_the_environment(spec_path, tmp_path):
 
 
 def test_a_full_disk_names_the_output_and_keeps_what_was_written(spec_path, tmp_path, monkeypatch):
-    from prefixcache.run import job
+    from prefixcache.data import output
 
     src, out = _items(tmp_path, 6), tmp_path / "o.jsonl"
-    real_open = job.open_writer
+    real_open = output.open_writer
 
     class FillingDisk:
         """The output file, on a disk that is full after two records."""
@@ -108,7 +108,7 @@ def test_a_full_disk_names_the_output_and_keeps_what_was_written(spec_path, tmp_
         writer.stream = FillingDisk(writer.stream)
         return writer
 
-    monkeypatch.setattr(job, "open_writer", open_writer)
+    monkeypatch.setattr(output, "open_writer", open_writer)
     result = invoke("run", spec_path, src, "-o", out, "-b", 1, "-q")
     assert result.exit_code == 2
     assert result.stderr == f"error: {out}: cannot write the output: No space left on device\n"

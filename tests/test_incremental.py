@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from prefixcache.cli.app import app
 from prefixcache.errors import Interrupted
 from prefixcache.run.job import run_job
-from prefixcache.run.plan import RunOptions, command_line
+from prefixcache.run.options import RunOptions, command_line
 
 runner = CliRunner()
 WORDS = "crash refund password invoice login error slow payment account screen update billing".split()

@@ -8,7 +8,7 @@ import pytest
 
 from prefixcache.errors import InputError
 from prefixcache.data.items import read_items, scan_items
-from prefixcache.data.records import open_writer
+from prefixcache.data.output import open_writer
 
 
 def test_jsonl_ids_and_numbering(tmp_path):

@@ -14,9 +14,8 @@ from prefixcache.data.records import (
     item_sha,
     logprobs_in_order,
     make_record,
-    open_writer,
-    read_records,
 )
+from prefixcache.data.output import open_writer, read_records
 from prefixcache.task.decision import judge
 
 LABELS = ["tech", "billing, refunds", 'say "hi"']

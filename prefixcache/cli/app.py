@@ -9,34 +9,29 @@ import json
 import sys
 from itertools import islice
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 
 from .. import compat
-from ..run.dryrun import dry_run as check_run
-from .cache import cache_app, cache_dir_of
-from ..reports.diff import compare_outputs, write_diff_reports
-from ..errors import EXIT_GATE, EXIT_USAGE, OutputError
-from ..data.items import detect_format, read_items
-from ..run.job import run_job
-from .options import (  # noqa: I001
-    BATCH_SIZE_OPT, BATCH_TOKENS_OPT, BENCH_BATCH_SIZE_OPT, BENCH_BATCH_TOKENS_OPT, BENCH_LIMIT_OPT, CACHE_DIR_OPT,
-    DEBUG_OPT, DELIMITER_OPT, DEVICE_OPT, DRY_RUN_OPT, DTYPE_OPT, ENCODING_OPT, EXACT_OPT,
-    FORMAT_OPT, GOLD_OPT, ITEMS_ARG, JSON_OPT, JUNIT_OPT, KEEP_ALL_OPT, KEEP_OPT, LIMIT_OPT,
-    LOG_INTERVAL_OPT, LOG_LEVEL_OPT, MAX_ITEMS_OPT, MERGED_OPT, METRICS_OPT, MIN_ACCURACY_OPT, MIN_RECALL_OPT,
-    MODEL_OPT, NO_STORE_OPT, ON_ERROR_OPT, OUTPUT_FORMAT_OPT, OUTPUT_OPT, OVERWRITE_OPT, PARTS_ARG, QUIET_OPT,
-    RESUME_OPT, REVISION_OPT, SHARD_OPT, SPEC_ARG, SUMMARY_MD_OPT, UPDATE_OPT, Dtype, Format, LogLevel, OnError,
-    OutFormat, field_list, store_max_bytes, DIFF_A_ARG, DIFF_B_ARG, DIFF_MD_OPT, DIFF_JSON_OPT, FAIL_ON_CHANGE_OPT,
-    FAIL_ON_REGRESSION_OPT, TOP_OPT, VERSION_OPT, REPORT_OUTPUT_ARG, REPORT_HTML_OPT, COMPARE_OPT,
-)
 from ..data.output import check_output
-from ..run.plan import RunOptions, with_overrides
-from .show import print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
+from ..errors import EXIT_GATE, EXIT_USAGE, OutputError
+from ..reports.diff import compare_outputs, write_diff_reports
+from ..run.dryrun import dry_run as check_run
+from ..run.job import RunResult, run_job
+from ..run.options import RunOptions
+from ..run.plan import load_options_spec, read_options_items
 from ..run.shards import merge_parts
-from ..task.spec import load_spec
 from ..scoring.prepare import Batching, Task
+from .cache import cache_app
+from .options import (
+    BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DRY_RUN_OPT,
+    FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
+    MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
+    VERSION_OPT, LogLevel, run_options, store_max_bytes,
+)
+from .show import print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
 from .terminal import Commands, err, errors, progress, reporting, setup_logging, signals
 
 app = typer.Typer(
@@ -60,20 +55,10 @@ def _root(version: bool = VERSION_OPT) -> None:
 
 
 @app.command()
+@run_options("all")
 def run(
-    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, output: Optional[str] = OUTPUT_OPT, fmt: Optional[Format] = FORMAT_OPT,
-    delimiter: Optional[str] = DELIMITER_OPT, encoding: Optional[str] = ENCODING_OPT,
-    out_fmt: Optional[OutFormat] = OUTPUT_FORMAT_OPT, keep: Optional[str] = KEEP_OPT, keep_all: bool = KEEP_ALL_OPT,
-    resume: bool = RESUME_OPT, update: bool = UPDATE_OPT, overwrite: bool = OVERWRITE_OPT, on_error: OnError = ON_ERROR_OPT,
-    batch_size: int = BATCH_SIZE_OPT, batch_tokens: int = BATCH_TOKENS_OPT, limit: Optional[int] = LIMIT_OPT,
-    model: Optional[str] = MODEL_OPT, revision: Optional[str] = REVISION_OPT,
-    gold: Optional[str] = GOLD_OPT, metrics: Optional[Path] = METRICS_OPT, summary_md: Optional[Path] = SUMMARY_MD_OPT,
-    junit: Optional[Path] = JUNIT_OPT, min_accuracy: Optional[float] = MIN_ACCURACY_OPT,
-    min_recall: Optional[float] = MIN_RECALL_OPT, device: str = DEVICE_OPT,
-    dtype: Dtype = DTYPE_OPT, exact: bool = EXACT_OPT, cache_dir: Optional[Path] = CACHE_DIR_OPT,
-    no_cache_store: bool = NO_STORE_OPT,
-    shard: Optional[str] = SHARD_OPT, quiet: bool = QUIET_OPT, log_level: LogLevel = LOG_LEVEL_OPT,
-    log_interval: float = LOG_INTERVAL_OPT, dry_run: bool = DRY_RUN_OPT, debug: bool = DEBUG_OPT,
+    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, quiet: bool = QUIET_OPT, log_level: LogLevel = LOG_LEVEL_OPT,
+    log_interval: float = LOG_INTERVAL_OPT, dry_run: bool = DRY_RUN_OPT, debug: bool = DEBUG_OPT, **given: Any,
 ) -> None:
     """Classify every item and stream one record per item, in input order.
 
@@ -95,28 +80,26 @@ def run(
     """
     setup_logging(quiet, log_level)
     with errors(debug):
-        options = RunOptions(
-            spec, items, output=output, input_format=fmt, delimiter=delimiter, encoding=encoding,
-            output_format=out_fmt, keep=field_list(keep), keep_all=keep_all, resume=resume, update=update,
-            overwrite=overwrite, on_error=on_error, batch_size=batch_size, batch_tokens=batch_tokens, limit=limit,
-            gold=gold, model=model, revision=revision, metrics=metrics, summary_md=summary_md, junit=junit,
-            min_accuracy=min_accuracy, min_recall=min_recall, device=device, dtype=dtype, exact=exact,
-            cache_dir=cache_dir_of(cache_dir), cache_store=not no_cache_store, store_max_bytes=store_max_bytes(), shard=shard,
-        )
+        options = RunOptions(spec, items, store_max_bytes=store_max_bytes(), **given)
         if dry_run:
             _dry_run(options, quiet, log_interval)
         with progress(quiet, log_interval) as reporter, signals(reporter) as stopped:
             result = run_job(options, progress=reporter, stop=lambda: stopped[0] if stopped else None)
-        with reporting():
-            if not quiet:
-                print_summary(err, result, stamped=not err.is_terminal)
-                if result.merged is not None:
-                    err.print(f"merged {result.merged} records from {result.processes} processes into {result.output}")
-                if result.evaluation:
-                    print_evaluation(err, result.evaluation)
-            for failure in result.gate_failures:
-                err.print(f"gate failed: {failure}", markup=False)
+        _show_result(result, quiet)
         raise typer.Exit(result.exit_code)
+
+
+def _show_result(result: RunResult, quiet: bool) -> None:
+    """The summary, the evaluation and the gates' verdicts, on stderr."""
+    with reporting():
+        if not quiet:
+            print_summary(err, result, stamped=not err.is_terminal)
+            if result.merged is not None:
+                err.print(f"merged {result.merged} records from {result.processes} processes into {result.output}")
+            if result.evaluation:
+                print_evaluation(err, result.evaluation)
+        for failure in result.gate_failures:
+            err.print(f"gate failed: {failure}", markup=False)
 
 
 def _dry_run(options: RunOptions, quiet: bool, log_interval: float) -> None:
@@ -127,11 +110,8 @@ def _dry_run(options: RunOptions, quiet: bool, log_interval: float) -> None:
 
 
 @app.command()
-def render(
-    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, fmt: Optional[Format] = FORMAT_OPT,
-    limit: Optional[int] = LIMIT_OPT, model: Optional[str] = MODEL_OPT, revision: Optional[str] = REVISION_OPT,
-    cache_dir: Optional[Path] = CACHE_DIR_OPT, debug: bool = DEBUG_OPT,
-) -> None:
+@run_options(INPUT, MODEL, "limit")
+def render(spec: Path = SPEC_ARG, items: str = ITEMS_ARG, debug: bool = DEBUG_OPT, **given: Any) -> None:
     """Print, per item, exactly the tokens the scorer uses (one JSON object a line).
 
     `prompt_ids[:prefix_len]` is the cached prefix; a label's score is the summed log-prob of its
@@ -142,22 +122,20 @@ def render(
         prefixcache render configs/support-tickets.yaml data/samples/tickets.jsonl --limit 1
     """
     with errors(debug):
-        task_spec = with_overrides(load_spec(spec), model=model, revision=revision)
-        in_fmt = detect_format(items, fmt)
+        options = RunOptions(spec, items, **given)
+        task_spec = load_options_spec(options)
         compat.quiet_libraries()
-        task = Task.from_spec(task_spec, cache_dir_of(cache_dir))
-        for item in islice(read_items(items, in_fmt, task_spec.id_field), limit):
+        task = Task.from_spec(task_spec, options.cache_dir)
+        for item in islice(read_options_items(options, task_spec), options.limit):
             sys.stdout.write(json.dumps(task.render(item), ensure_ascii=False) + "\n")
         sys.stdout.flush()
 
 
 @app.command()
+@run_options(INPUT, MODEL, DEVICE, "batch_size", "batch_tokens", "exact")
 def bench(
-    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, fmt: Optional[Format] = FORMAT_OPT, limit: int = BENCH_LIMIT_OPT,
-    max_items: Optional[int] = MAX_ITEMS_OPT, batch_size: int = BENCH_BATCH_SIZE_OPT,
-    batch_tokens: int = BENCH_BATCH_TOKENS_OPT, model: Optional[str] = MODEL_OPT, device: str = DEVICE_OPT,
-    dtype: Dtype = DTYPE_OPT, cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = JSON_OPT,
-    exact: bool = EXACT_OPT, debug: bool = DEBUG_OPT,
+    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, limit: int = BENCH_LIMIT_OPT, max_items: Optional[int] = MAX_ITEMS_OPT,
+    as_json: bool = JSON_OPT, debug: bool = DEBUG_OPT, **given: Any,
 ) -> None:
     """Time the naive baselines, cached one-at-a-time scoring and the run pipeline on the same items.
 
@@ -176,19 +154,20 @@ def bench(
 
     setup_logging(as_json)
     with errors(debug):
-        task_spec = with_overrides(load_spec(spec), model=model)
-        in_fmt = detect_format(items, fmt)
-        records = list(islice(read_items(items, in_fmt, task_spec.id_field), max_items))
+        options = RunOptions(spec, items, **given)
+        task_spec = load_options_spec(options)
+        records = list(islice(read_options_items(options, task_spec), max_items))
         if not records:
             raise OutputError(f"{items}: no items to benchmark")
         compat.quiet_libraries()
-        task = Task.from_spec(task_spec, cache_dir_of(cache_dir))
-        if exact:
-            precision = bench_exact(task, records, cache_dir_of(cache_dir), device, dtype, Batching(batch_size, batch_tokens))
+        task = Task.from_spec(task_spec, options.cache_dir)
+        batching = Batching(options.batch_size, options.batch_tokens)
+        if options.exact:
+            precision = bench_exact(task, records, options.cache_dir, options.device, options.dtype, batching)
             print(json.dumps(precision.to_json(), indent=2)) if as_json else print_precision_bench(precision)
             return
-        scorer = Scorer.load(task, cache_dir_of(cache_dir), device, dtype)
-        report = run_bench(scorer, records, min(limit, len(records)), Batching(batch_size, batch_tokens))
+        scorer = Scorer.load(task, options.cache_dir, options.device, options.dtype)
+        report = run_bench(scorer, records, min(limit, len(records)), batching)
         if as_json:
             print(json.dumps(report.to_json(), indent=2))
         else:
@@ -239,8 +218,8 @@ def report(
 
 
 @app.command()
-def merge(parts: list[str] = PARTS_ARG, output: str = MERGED_OPT, overwrite: bool = OVERWRITE_OPT,
-          debug: bool = DEBUG_OPT) -> None:
+@run_options("overwrite")
+def merge(parts: list[str] = PARTS_ARG, output: str = MERGED_OPT, debug: bool = DEBUG_OPT, **given: Any) -> None:
     """Join the outputs of `run --shard K/N` into one file in input order.
 
     Checks that every shard 1..N is there exactly once, complete, from the same spec, model and
@@ -251,7 +230,7 @@ def merge(parts: list[str] = PARTS_ARG, output: str = MERGED_OPT, overwrite: boo
         prefixcache merge out.1.jsonl out.2.jsonl out.3.jsonl -o out.jsonl
     """
     with errors(debug):
-        check_output(output, False, overwrite)
+        check_output(output, False, given["overwrite"])
         count = merge_parts(parts, output)
         err.print(f"merged {count} records from {len(parts)} parts into {output}", markup=False)
 

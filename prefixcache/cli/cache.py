@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from ..model.load import converted_models, default_cache_dir
-from .options import CACHE_DIR_OPT, CLEAR_MODELS_OPT, DEBUG_OPT, JSON_LINES_OPT
+from ..model.load import converted_models
+from .options import CLEAR_MODELS_OPT, DEBUG_OPT, JSON_LINES_OPT, run_options
 from .show import print_cache
 from .terminal import err, errors
-
-
-def cache_dir_of(cache_dir: Optional[Path]) -> Path:
-    return cache_dir.expanduser() if cache_dir else default_cache_dir()
 
 
 cache_app = typer.Typer(help="Inspect or clear the prefix store and converted models.", no_args_is_help=True)
 
 
 @cache_app.command("list")
-def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = JSON_LINES_OPT, debug: bool = DEBUG_OPT) -> None:
+@run_options("cache_dir")
+def cache_list(as_json: bool = JSON_LINES_OPT, debug: bool = DEBUG_OPT, *, cache_dir: Path) -> None:
     """List the stored prefixes (fingerprint, model, prefix tokens, size, last used) and converted models.
 
     Example:
@@ -32,7 +28,7 @@ def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = JSON_L
     from ..model.store import PrefixStore, describe  # torch: only for this command
 
     with errors(debug):
-        root = cache_dir_of(cache_dir)
+        root = cache_dir
         store = PrefixStore(root / "prefixes")
         prefixes = [describe(e) for e in sorted(store.entries(), key=lambda e: -e.last_used)]
         models = converted_models(root)
@@ -46,8 +42,8 @@ def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT, as_json: bool = JSON_L
 
 
 @cache_app.command("clear")
-def cache_clear(cache_dir: Optional[Path] = CACHE_DIR_OPT, models: bool = CLEAR_MODELS_OPT,
-                debug: bool = DEBUG_OPT) -> None:
+@run_options("cache_dir")
+def cache_clear(models: bool = CLEAR_MODELS_OPT, debug: bool = DEBUG_OPT, *, cache_dir: Path) -> None:
     """Delete every stored prefix (and with --models the converted models).
 
     Example:
@@ -57,6 +53,6 @@ def cache_clear(cache_dir: Optional[Path] = CACHE_DIR_OPT, models: bool = CLEAR_
     from ..model.store import clear_cache  # torch: only for this command
 
     with errors(debug):
-        removed, models_removed = clear_cache(cache_dir_of(cache_dir), models)
+        removed, models_removed = clear_cache(cache_dir, models)
         err.print(f"removed {removed} stored prefixes" + (" and the converted models" if models_removed else ""),
                   markup=False)

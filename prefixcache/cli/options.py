@@ -1,22 +1,26 @@
 """The command line's options and arguments: flags, short forms, environment fallbacks, help.
-Shared by the commands in cli.py, so one option reads the same everywhere."""
+
+The options of a run are not declared here: `run_options` turns the run's option table
+(run/options.py) into command parameters, so `run`, `render`, `bench` and the `cache` commands
+read the same `--format`, `--delimiter`, `--encoding`, `-m`, `--revision` and `--cache-dir` and
+cannot drift. What is declared here belongs to one command's own interface."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import math
 import os
-from typing import Literal, Optional
+import typing
+from typing import Any, Callable, Literal, Optional
 
 import typer
 
 from .. import __version__
 from ..errors import EXIT_GATE, UsageError
+from ..run.options import Flag, RunOptions, flags
 
-# Values an option may take: shown in --help, checked before the command runs.
-Format = Literal["jsonl", "csv", "tsv", "json", "parquet"]
-OutFormat = Literal["jsonl", "csv"]
-OnError = Literal["fail", "skip"]
-Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 def _show_version(value: bool) -> None:
@@ -28,36 +32,7 @@ def _show_version(value: bool) -> None:
 VERSION_OPT = typer.Option(False, "--version", callback=_show_version, is_eager=True, metavar="", help="Show the version and exit.")
 SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Task spec (YAML).", show_default=False)
 ITEMS_ARG = typer.Argument(..., metavar="ITEMS", help="Items: a .jsonl, .csv, .tsv, .json (an array) or .parquet file, the text ones optionally .gz; or - for stdin (with --format).", show_default=False)
-FORMAT_OPT = typer.Option(None, "--format", "--input-format", "-f", help="Input format when it cannot be told from the extension.")
-LIMIT_OPT = typer.Option(None, "--limit", "-n", min=1, help="Process only the first N items.")
 DEBUG_OPT = typer.Option(False, "--debug", metavar="", help="Show a traceback for errors.")
-CACHE_DIR_OPT = typer.Option(None, "--cache-dir", envvar="PREFIXCACHE_CACHE_DIR", show_envvar=False,
-                             help="Where converted models and prefilled prefixes are kept (env PREFIXCACHE_CACHE_DIR; default ~/.cache/prefixcache).")
-DEVICE_OPT = typer.Option("auto", "--device", envvar="PREFIXCACHE_DEVICE", metavar="auto|cpu|cuda|cuda:N|mps", help="Where the model runs (auto: CUDA when present, else the CPU).")
-DELIMITER_OPT = typer.Option(None, "--delimiter", help="CSV/TSV field separator (default , for CSV, tab for TSV).")
-ENCODING_OPT = typer.Option(None, "--encoding", help="CSV/TSV text encoding, e.g. latin-1 (default UTF-8).")
-OUTPUT_FORMAT_OPT = typer.Option(None, "--output-format", "-F", help="Output format when the output's extension does not tell (stdout: jsonl unless csv).")
-KEEP_OPT = typer.Option(None, "--keep", "-k", metavar="FIELD,...", help="Copy these input fields into each record (after the id; CSV: one column each).")
-KEEP_ALL_OPT = typer.Option(False, "--keep-all", metavar="", help="Copy every input field into each record.")
-OUTPUT_OPT = typer.Option(None, "--output", "-o", help="Output .jsonl or .csv; stdout (JSONL) when omitted.")
-RESUME_OPT = typer.Option(False, "--resume", metavar="", help="Continue the output of an interrupted run, or of an input that has grown since: keep its records, score the rest.")
-UPDATE_OPT = typer.Option(False, "--update", metavar="", help="Bring the output up to date with the input, whatever changed: keep the records of items whose id and fields are unchanged, score new and changed items, drop items no longer there.")
-OVERWRITE_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace an existing output file.")
-ON_ERROR_OPT = typer.Option("fail", "--on-error", help="An item that cannot be scored: fail (stop after writing what is done) or skip (write an error record, go on).")
-BATCH_SIZE_OPT = typer.Option(64, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE", help="At most this many items per forward pass.")
-BATCH_TOKENS_OPT = typer.Option(768, "--batch-tokens", min=1, envvar="PREFIXCACHE_BATCH_TOKENS", help="About this many tokens per forward pass (items' own tokens + label tokens).")
-MODEL_OPT = typer.Option(None, "--model", "-m", envvar="PREFIXCACHE_MODEL", help="The model, instead of the spec's: a hub id, a local model folder or a .gguf file.")
-REVISION_OPT = typer.Option(None, "--revision", help="A hub model's branch, tag or commit (instead of the spec's 'revision').")
-GOLD_OPT = typer.Option(None, "--gold", help="Item field with the expected label or option (overrides the spec's 'gold').")
-METRICS_OPT = typer.Option(None, "--metrics", help="Write the evaluation as JSON to this file.")
-SUMMARY_MD_OPT = typer.Option(None, "--summary-md", help="Write the evaluation as Markdown (e.g. $GITHUB_STEP_SUMMARY).")
-JUNIT_OPT = typer.Option(None, "--junit", help="Write the evaluation as a JUnit XML report.")
-MIN_ACCURACY_OPT = typer.Option(None, "--min-accuracy", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when accuracy is below this.")
-MIN_RECALL_OPT = typer.Option(None, "--min-recall", min=0.0, max=1.0, help=f"Exit with code {EXIT_GATE} when any label's recall is below this.")
-DTYPE_OPT = typer.Option("auto", "--dtype", envvar="PREFIXCACHE_DTYPE", help="auto: float32 on the CPU, bfloat16 (or float16) on CUDA.")
-EXACT_OPT = typer.Option(False, "--exact", metavar="", help="With --dtype bfloat16: score in bfloat16, then score again in float32 the items whose decision rounding could change (float32 answers at about bfloat16 speed; both models in memory).")
-NO_STORE_OPT = typer.Option(False, "--no-cache-store", metavar="", help="Neither load nor keep the prefilled prefix on disk.")
-SHARD_OPT = typer.Option(None, "--shard", help="Run only shard K of N (K/N, 1-based), e.g. one CI matrix job; join the parts with `prefixcache merge`.")
 QUIET_OPT = typer.Option(False, "--quiet", "-q", metavar="", help="No progress bar, summary, warnings or evaluation tables.")
 DRY_RUN_OPT = typer.Option(False, "--dry-run", metavar="", help="Check the spec and the input, print each item's token counts (stdout) and the total with an estimated time (stderr); write nothing.")
 LOG_INTERVAL_OPT = typer.Option(30.0, "--log-interval", min=1.0, envvar="PREFIXCACHE_LOG_INTERVAL", help="When stderr is not a terminal (cron, CI): seconds between progress lines.")
@@ -66,8 +41,6 @@ LOG_LEVEL_OPT = typer.Option("info", "--log-level", envvar="PREFIXCACHE_LOG_LEVE
 
 BENCH_LIMIT_OPT = typer.Option(16, "--limit", "-n", min=1, help="Items for the naive modes (they are slow).")
 MAX_ITEMS_OPT = typer.Option(None, "--max-items", min=1, help="Items for the cached modes (default: all).")
-BENCH_BATCH_SIZE_OPT = typer.Option(64, "--batch-size", "-b", min=1, help="Run pipeline: at most this many items per forward pass.")
-BENCH_BATCH_TOKENS_OPT = typer.Option(768, "--batch-tokens", min=1, help="Run pipeline: about this many tokens per forward pass.")
 JSON_OPT = typer.Option(False, "--json", metavar="", help="Print the figures as JSON instead of a table.")
 PARTS_ARG = typer.Argument(..., metavar="PART...", help="The part files written with --shard K/N (any order).", show_default=False)
 MERGED_OPT = typer.Option(..., "--output", "-o", help="The joined .jsonl or .csv.")
@@ -85,8 +58,63 @@ COMPARE_OPT = typer.Option(None, "--compare", help="Another output to compare wi
 CLEAR_MODELS_OPT = typer.Option(False, "--models", metavar="", help="Also delete converted (dequantised GGUF) models.")
 
 
-def field_list(text: Optional[str]) -> tuple[str, ...]:
-    return tuple(name.strip() for name in (text or "").split(",") if name.strip())
+# -- the run's options, from its table ----------------------------------------------------------
+INPUT = "input"  # --format, --delimiter, --encoding: how the items are read
+MODEL = "model"  # -m, --revision, --cache-dir: which model, where converted models are kept
+DEVICE = "device"  # --device, --dtype
+
+
+def _cli_default(f: dataclasses.Field, flag: Flag) -> Any:
+    if flag.cli_type is bool:
+        return False
+    if flag.parse is not None or f.default is dataclasses.MISSING:
+        return None
+    return f.default
+
+
+def _parameter(f: dataclasses.Field, flag: Flag) -> inspect.Parameter:
+    option = typer.Option(
+        _cli_default(f, flag), *flag.names, help=flag.help, envvar=flag.envvar, metavar=flag.metavar,
+        min=flag.min, max=flag.max, show_envvar=flag.envvar is not None and "env " not in flag.help,
+    )
+    annotation = flag.cli_type if flag.cli_type is not None else typing.get_type_hints(RunOptions)[f.name]
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+
+
+def run_options(*chosen: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the run options of these groups (INPUT, MODEL, DEVICE) or names ("limit";
+    "all" for every one), declared from the run's table. The command takes them as `**given` (or
+    as keyword-only parameters of those names), already turned into `RunOptions` values:
+
+        @app.command()
+        @run_options(INPUT, MODEL, "limit")
+        def render(spec: Path = SPEC_ARG, items: str = ITEMS_ARG, **given):
+            options = RunOptions(spec, items, **given)
+    """
+    table = [(f, flag) for f, flag in flags() if "all" in chosen or flag.group in chosen or f.name in chosen]
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        names = {f.name for f, _ in table}  # a command may name the ones it takes instead of `**given`
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(command).parameters.values()
+               if p.kind is not inspect.Parameter.VAR_KEYWORD and p.name not in names]
+        arguments = [p for p in own if isinstance(p.default, typer.models.ArgumentInfo)]
+        added = [_parameter(f, flag) for f, flag in table]
+        rest = [p for p in own if p not in arguments]
+
+        @functools.wraps(command)
+        def with_options(**values: Any) -> Any:
+            given = {f.name: _value(flag, values.pop(f.name)) for f, flag in table}
+            return command(**values, **given)
+
+        with_options.__signature__ = inspect.Signature(arguments + added + rest)  # type: ignore[attr-defined]
+        with_options.__annotations__ = {**command.__annotations__, **{p.name: p.annotation for p in added}}
+        return with_options
+
+    return decorate
+
+
+def _value(flag: Flag, value: Any) -> Any:
+    return flag.parse(value) if flag.parse is not None else value
 
 
 def store_max_bytes() -> Optional[int]:

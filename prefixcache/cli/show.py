@@ -46,10 +46,10 @@ def print_summary(console: Console, result: Any, stamped: bool = False) -> None:
     )
 
 
-def _rescored(figures: tuple[int, int, float]) -> str:
-    again, checked, bound = figures
-    share = again / checked if checked else 0.0
-    return f" · {again} of {checked} items re-scored in float32 ({share:.0%}; gap bound {bound:.3g})"
+def _rescored(figures: Rescoring) -> str:
+    share = figures.rescored / figures.scored if figures.scored else 0.0
+    return (f" · {figures.rescored} of {figures.scored} items re-scored in float32 ({share:.0%}; "
+            f"gap bound {figures.bound:.3g})")
 
 
 def print_evaluation(console: Console, evaluation: Any) -> None:

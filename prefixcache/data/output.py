@@ -1,23 +1,188 @@
-"""The output file's life: checked before any work, tied by a fingerprint to the spec, model and
-input that wrote it, and resumed from what a previous run wrote. No torch here.
+"""The output file, from before the run to its last record: the one owner of it. No torch.
+
+- its format (JSONL or CSV, from the extension or asked), checked with the folder before any work;
+- `RecordWriter`: one `write` and a flush per record, so a crash leaves at most one partial line;
+- `read_records`: the complete records back in the JSONL layout, whatever the format;
+- the fingerprint next to it (`<output>.prefixcache.json`): what wrote it, so that continuing it
+  with another spec, model, input or option is refused, naming what changed;
+- how a run starts on it (`Start`): fresh, resume, grown or update, and the checks that the
+  records already there are the input's first items;
+- `OutputFile.writing`: appends to a fresh or resumed output; writes an updated one aside and
+  renames it over the old one only when complete.
+
+The record itself (its fields, CSV columns) is records.py's.
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import logging
 import os
+import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import IO, Any, Callable, Iterator, Mapping, Optional, Sequence
 
-from ..errors import OutputError
-from .items import is_stream
-from .records import Record, Written, file_format, read_records, record_id
+from ..errors import InputError, OutputError
+from .items import Item, is_stream
+from .records import Record, from_csv_row, id_text, item_sha, record_id, to_csv_row
+
+log = logging.getLogger("prefixcache")
 
 FINGERPRINT_SUFFIX = ".prefixcache.json"
+
+
+# -- format ---------------------------------------------------------------------------------------
+def output_format(path: str | None, asked: str | None = None) -> str:
+    """The output's format: `asked` (jsonl or csv), else the file's extension; stdout is JSONL
+    unless asked. An asked format the extension contradicts is an error."""
+    if path is None or path == "-":
+        return asked or "jsonl"
+    found = file_format(path)
+    if asked and asked != found:
+        raise OutputError(f"{path}: --output-format {asked} contradicts the file's extension")
+    return found
+
+
+OUTPUT_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+
+
+def file_format(path: str) -> str:
+    fmt = OUTPUT_EXTENSIONS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise OutputError(f"{path}: output must end in .jsonl or .csv")
+    return fmt
+
+
+class RecordWriter:
+    """Writes one record at a time as JSONL or CSV and flushes after each."""
+
+    def __init__(self, stream: IO[str], fmt: str, columns: Sequence[str] = (), header: bool = True,
+                 id_column: str = "id"):
+        self.stream, self.fmt, self.columns = stream, fmt, list(columns)
+        if fmt == "csv" and header:  # the id column under the input's name for it
+            self.stream.write(self._csv_line({c: id_column if c == "id" else c for c in self.columns}))
+            stream.flush()
+
+    def _csv_line(self, cells: Mapping[str, Any]) -> str:
+        # The csv module quotes a field holding "\n" but not one holding a lone "\r", which every
+        # reader takes for a line end: such a row is written with every field quoted.
+        carriage = any("\r" in str(v) for v in cells.values())
+        buffer = io.StringIO()
+        csv.DictWriter(buffer, fieldnames=self.columns, extrasaction="ignore", lineterminator="\n",
+                       quoting=csv.QUOTE_ALL if carriage else csv.QUOTE_MINIMAL).writerow(cells)
+        return buffer.getvalue()
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        line = self._csv_line(to_csv_row(record)) if self.fmt == "csv" else json.dumps(record, ensure_ascii=False) + "\n"
+        try:
+            self.stream.write(line)  # one write per record, quoted newlines included
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:  # a full disk, a quota: what was written before stays, --resume continues
+            raise OutputError(f"{getattr(self.stream, 'name', 'output')}: cannot write the output: {exc.strerror or exc}")
+
+    def close(self) -> None:
+        if self.stream is not sys.stdout:
+            self.stream.close()
+
+
+def open_writer(path: str | None, columns: Sequence[str] = (), append: bool = False, fmt: str | None = None,
+                id_column: str = "id") -> RecordWriter:
+    """`path` None or '-' writes to stdout (JSONL unless `fmt` says csv); otherwise `fmt` or the
+    extension picks JSONL or CSV. With `append`, records go after what is there (a CSV header only
+    if the file is empty)."""
+    if path is None or path == "-":
+        if sys.stdout is None or sys.stdout.closed:
+            raise OutputError("stdout is closed; give an output file with -o")
+        return RecordWriter(sys.stdout, fmt or "jsonl", columns, id_column=id_column)
+    fmt = fmt or file_format(path)
+    fresh = not append or not os.path.exists(path) or os.path.getsize(path) == 0
+    try:
+        stream = open(path, "a" if append else "w", encoding="utf-8", newline="")
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write output: {exc.strerror}")
+    return RecordWriter(stream, fmt, columns, header=fresh, id_column=id_column)
+
+
+@dataclass
+class Written:
+    """What an output file holds: its complete records in file order, and where they end."""
+
+    records: list[Record]
+    end: int  # byte offset just past the last complete record
+    size: int  # the file's size (larger than `end` when a partial record trails)
+
+
+def read_records(path: str) -> Written:
+    """The complete records of an output file, in the JSONL layout; a partial trailing record is
+    left out."""
+    data = Path(path).read_bytes()
+    parse = _read_jsonl if file_format(path) == "jsonl" else _read_csv
+    records, end = parse(data, path)
+    return Written(records, end, len(data))
+
+
+def _is_record(value: Any) -> bool:
+    return isinstance(value, dict) and "id" in value and ("label" in value or "error" in value)
+
+
+def _read_jsonl(data: bytes, path: str) -> tuple[list[Record], int]:
+    records, offset = [], 0
+    for line in data.split(b"\n"):
+        if offset + len(line) == len(data):
+            break  # no line end: the partial record a crash can leave (or nothing)
+        line += b"\n"
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            record = None
+        if not _is_record(record):
+            if offset + len(line) == len(data):
+                break  # a damaged last line: dropped like a partial one
+            raise OutputError(f"{path}: line {len(records) + 1} is not a record; is this a prefixcache output?")
+        records.append(record)
+        offset += len(line)
+    return records, offset
+
+
+def _read_csv(data: bytes, path: str) -> tuple[list[Record], int]:
+    text = data.decode("utf-8", errors="replace")
+    lines = text.split("\n")  # records end in \n; \r or U+2028 inside a quoted id is not an end
+    lines = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    if not lines or not lines[0].endswith("\n"):
+        return [], 0
+    header = next(csv.reader([lines[0]]))
+    if not header or not {"label", "error"} <= set(header):
+        raise OutputError(f"{path}: its header has no label and error columns; is this a prefixcache output?")
+    header[0] = "id"  # written under the input's name for the id
+    records, offset, pending, pending_len = [], len(lines[0].encode()), [], 0
+    for line in lines[1:]:
+        pending.append(line)
+        pending_len += len(line.encode())
+        if not line.endswith("\n"):
+            break
+        try:
+            rows = list(csv.reader(pending))
+        except csv.Error:
+            continue
+        if len(rows) == 1 and len(rows[0]) == len(header):
+            try:
+                records.append(from_csv_row(dict(zip(header, rows[0]))))
+            except (ValueError, json.JSONDecodeError):
+                raise OutputError(f"{path}: record {len(records) + 1} is not a record; is this a prefixcache output?")
+            offset += pending_len
+            pending, pending_len = [], 0
+    return records, offset
+
+
+# -- checks, fingerprint and resume --------------------------------------------------------
 
 
 def check_output(path: str | None, resume: bool = False, overwrite: bool = False) -> None:
@@ -97,12 +262,6 @@ def default_mode() -> int:
     return 0o666 & ~mask
 
 
-# Fingerprint keys a resume may not change, and how to ask for the old value again.
-_OPTION_OF = {"gold": "--gold", "device": "--device", "dtype": "--dtype", "batch_size": "--batch-size",
-              "batch_tokens": "--batch-tokens", "shard": "--shard"}
-_THING_OF = {"spec": "another version of the spec file", "model": "another model"}
-
-
 def read_fingerprint(output: str) -> dict[str, Any]:
     path = fingerprint_path(output)
     try:
@@ -115,16 +274,21 @@ def read_fingerprint(output: str) -> dict[str, Any]:
                           f"or --overwrite to start it again")
 
 
-def check_fingerprint(output: str, previous: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> None:
+Named = Callable[[str, Any], Optional[str]]  # a fingerprint key and value -> the option that gives it, or None
+_THING_OF = {"spec": "another version of the spec file", "model": "another model"}
+
+
+def check_fingerprint(output: str, previous: Mapping[str, Any], fingerprint: Mapping[str, Any],
+                      named: Named = lambda key, value: None) -> None:
     """Refuse to continue an output written with another spec, model or options (the input is
-    compared by `input_change`), saying what to add back."""
+    compared by `input_change`), saying what to add back: `named` gives the command-line words of
+    an option's old value ("--keep id,text", "no --exact")."""
     changed = [k for k in fingerprint if k not in ("input", "input_bytes") and k in previous
                and previous[k] != fingerprint[k]]  # keys an older version did not record are not compared
     if not changed:
         return
-    options = [f"{_OPTION_OF[k]} {previous[k]}" for k in changed if k in _OPTION_OF and previous.get(k) is not None]
-    options += [f"no {_OPTION_OF[k]}" for k in changed if k in _OPTION_OF and previous.get(k) is None]
-    things = [_THING_OF.get(k, f"another {k}") for k in changed if k not in _OPTION_OF]
+    options = [words for words in (named(k, previous[k]) for k in changed) if words]
+    things = [_THING_OF.get(k, f"another {k}") for k in changed if not named(k, previous[k])]
     if options:
         raise OutputError(f"{output}: cannot continue it: it was written with {' and '.join(options)}; "
                           f"add {'them' if len(options) > 1 else 'it'} back to continue it, or choose another output file")
@@ -160,6 +324,7 @@ def file_digest(path: str, limit: int | None = None) -> str:
     return h.hexdigest()
 
 
+# -- how a run starts on the output ---------------------------------------------------------------
 @dataclass
 class Start:
     """How a run starts on its output. mode: "fresh" (nothing kept), "resume" (the same input:
@@ -169,17 +334,27 @@ class Start:
     mode: str
     records: dict[str, Record]  # the existing output's complete records, by id text
 
+    @property
+    def appends(self) -> bool:
+        """Records go after those already there (resume, grown)."""
+        return self.mode in ("resume", "grown")
+
+    @property
+    def done(self) -> Mapping[str, Record]:
+        """Records this run need not write again (none when updating: it writes them all)."""
+        return {} if self.mode == "update" else self.records
+
 
 def start_output(output: str | None, fingerprint: Mapping[str, Any], resume: bool, update: bool,
-                 items: str) -> Start:
+                 items: str, named: Named = lambda key, value: None) -> Start:
     """Decide how to continue an existing output (with `resume` or `update`), refusing one written
     with another spec, model or options. Nothing is written here."""
     if output is None or output == "-" or not (resume or update) or not Path(output).exists():
         return Start("fresh", {})
     previous = read_fingerprint(output)
-    check_fingerprint(output, previous, fingerprint)
+    check_fingerprint(output, previous, fingerprint, named)
     # A stream cannot be compared before it is read: --update rewrites by id; --resume checks each
-    # item already written as it streams.
+    # item already written as it streams (`checked_stream`).
     change = ("changed" if update else "same") if is_stream(items) else input_change(items, previous, fingerprint)
     if change == "changed" and not update:
         raise OutputError(f"{output}: cannot resume it: {items} changed since it was written (not only grew); "
@@ -195,9 +370,87 @@ def start_output(output: str | None, fingerprint: Mapping[str, Any], resume: boo
     return Start("update" if change == "changed" else "resume" if change == "same" else "grown", records)
 
 
-def continue_output(output: str, start: Start, fingerprint: Mapping[str, Any]) -> None:
+def in_input_order(output: str, start: Start, items: Iterator[Item], source: str) -> None:
+    """An output being continued holds the first items of its input, in order (records are only
+    ever appended); anything else was changed after it was written, and appending would mix."""
+    for n, (item, key) in enumerate(zip(items, start.records), 1):
+        if id_text(item.id) != key:
+            raise OutputError(f"{output}: record {n} is item {key!r}, but item {n} of {source} is "
+                              f"{item.id!r}; the output was changed after it was written: --update rewrites it")
+
+
+def checked_stream(items: Iterator[Item], name: str, written: Mapping[str, Record]) -> Iterator[Item]:
+    """What the scan before the run checks for a file, for input that can be read only once:
+    unique ids; and, when continuing an output, that an item already written is the same item."""
+    seen: dict[str, int] = {}
+    label = "<stdin>" if name == "-" else name
+    for item in items:
+        key = id_text(item.id)
+        if key in seen:
+            raise InputError(f"{label}:{item.line}: duplicate id {item.id!r} (first on line {seen[key]})")
+        seen[key] = item.line
+        old = written.get(key)
+        if old is not None and old.get("item_sha") not in (None, item_sha(item.record)):
+            raise InputError(f"{label}:{item.line}: item {item.id!r} differs from the one already written to the "
+                             f"output; this is not the input the output was started with")
+        yield item
+
+
+def continue_output(output: str, fingerprint: Mapping[str, Any]) -> None:
     """Before appending to a resumed output: drop a partial last record, record the input now read."""
     done = read_records(output)
     if truncate_partial(output, done):
-        logging.getLogger("prefixcache").warning("%s: dropped a partial last record left by an interrupted run", output)
+        log.warning("%s: dropped a partial last record left by an interrupted run", output)
     write_fingerprint(output, fingerprint)
+
+
+# -- writing ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OutputFile:
+    """Where a run writes its records: a file (None or "-": stdout), in `fmt`, with these CSV
+    `columns` and the id column under the input's name for it."""
+
+    path: Optional[str]
+    fmt: str = "jsonl"
+    columns: Sequence[str] = ()
+    id_column: str = "id"
+
+    @property
+    def is_file(self) -> bool:
+        return self.path not in (None, "-")
+
+    @contextmanager
+    def writing(self, start: Start, fingerprint: Mapping[str, Any]) -> Iterator[RecordWriter]:
+        """A writer for this run's records. Fresh: the fingerprint, then the records. Resumed: a
+        partial last record dropped, the fingerprint renewed, records appended. Updated: written
+        aside and renamed over the output only when complete (the output stays as it was if the
+        run fails)."""
+        path = self.path
+        if start.mode == "update":
+            path = _aside(self.path)
+        elif start.mode != "fresh":
+            continue_output(self.path, fingerprint)
+            log.info("%s: %d records already written; resuming", self.path, len(start.records))
+        writer = open_writer(path, self.columns, append=start.appends, fmt=self.fmt, id_column=self.id_column)
+        if start.mode == "fresh" and self.is_file:
+            write_fingerprint(path, fingerprint)
+        try:
+            yield writer
+        except BaseException:
+            writer.close()
+            if start.mode == "update":
+                Path(path).unlink(missing_ok=True)  # the output stays as it was
+            raise
+        writer.close()
+        if start.mode == "update":
+            os.replace(path, self.path)
+            write_fingerprint(self.path, fingerprint)
+
+
+def _aside(output: str) -> str:
+    """A new, unpredictable file next to `output`, to be renamed over it."""
+    target = Path(output)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
+    os.close(fd)
+    os.chmod(tmp, default_mode())  # the replaced output keeps the mode a new output would have
+    return tmp

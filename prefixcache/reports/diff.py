@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import InputError, OutputError, UsageError
-from ..data.records import Record, input_fields, is_error, read_records, record_id
+from ..data.records import Record, input_fields, is_error, record_id
+from ..data.output import read_records
 
 ERROR = "(error)"
 ABSTAINED = "(abstained)"

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 from .diff import Comparison, compare
 from ..errors import InputError
 from .evaluation import Evaluation, evaluate
-from ..data.records import Record, input_fields, is_error, read_records
+from ..data.output import read_records
+from ..data.records import Record, input_fields, is_error
 
 REPORT_EXTRA = "pip install 'prefixcache[report]'"
 

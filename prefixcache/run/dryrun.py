@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Optional
 
-from .job import Event, Progress, load_scorer
-from .plan import Plan, RunOptions, batching_of, make_plan, read_input
 from ..model.rows import trie
-from .pipeline import RunStats, classify
 from ..scoring.prepare import Prepared, Task
+from .job import Event, Progress, load_scorer
+from .options import RunOptions
+from .pipeline import RunStats, classify
+from .plan import make_plan
 
 
 @dataclass
@@ -46,7 +47,8 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
         progress(Event("loading", detail="tokenizer"))
     task = Task.from_spec(plan.spec, options.cache_dir)
     items, failed = [], 0
-    for batch in task.batches(islice(read_input(options, plan), *_bounds_without_model(options, plan)), batching_of(options)):
+    last = plan.total if plan.total is not None else options.limit
+    for batch in task.batches(islice(plan.read_input(), last), plan.batching):
         for entry in batch:
             if not isinstance(entry, Prepared):
                 failed += 1
@@ -55,14 +57,11 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
                           "label_tokens": len(trie(list(entry.candidates.values())))})
     if progress:
         progress(Event("loading", detail="model"))
-    scorer = load_scorer(task, options, options.device)
+    scorer = load_scorer(task, plan)
     stats = RunStats()
-    sample = islice(read_input(options, plan), min(measure, len(items)) if items else 0)
-    for _ in classify(scorer, sample, batching_of(options), stats):
+    sample = islice(plan.read_input(), min(measure, len(items)) if items else 0)
+    for _ in classify(scorer, sample, plan.batching, stats):
         pass
     return DryRun(len(scorer.prefix.ids), items, failed, stats.items, stats.ms_per_item,
                   task.load_seconds + scorer.load_seconds)
 
-
-def _bounds_without_model(options: RunOptions, plan: Plan) -> tuple[int, Optional[int]]:
-    return 0, plan.total if plan.total is not None else options.limit

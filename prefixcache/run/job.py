@@ -1,76 +1,51 @@
-"""One run of `prefixcache run`, end to end: `RunOptions` in, `RunResult` out.
+"""One run of `prefixcache run`, end to end: a `Job` takes `RunOptions` and gives a `RunResult`.
 
-The phases, in order: check everything that needs no model (options, spec, the whole input,
-the output file); load the tokenizer and lint the labels; load the model and get the prefilled
-prefix (prefix store); find this shard's items; start or resume the output (fingerprint); stream
-the records; join the parts of a multi-process launch; evaluate against gold values and write the
-report files. It never prints: progress and stop requests go through the callables it is given,
-log lines through `logging`, and every failure is a typed error.
+The phases are the Job's methods, in order: `plan` (everything that needs no model, `plan.py`),
+`start` (how the output is begun or continued), `load` (the tokenizer, label lint, the model and
+its prefilled prefix), `bounds` (this shard's items), `write` (the record stream into the output),
+`join` (the parts of a multi-process launch) and `report` (evaluation files). It never prints:
+progress and stop requests go through the callables it is given, log lines through `logging`, and
+every failure is a typed error.
 
 Example:
-    result = run_job(RunOptions(Path("spec.yaml"), "items.jsonl", output="out.jsonl"))
+    result = Job(RunOptions(Path("spec.yaml"), "items.jsonl", output="out.jsonl")).run()
     result.stats.items, result.evaluation, result.exit_code
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import tempfile
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from itertools import islice
-from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Optional
 
 from .. import compat
-from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted, OutputError
-from ..data.items import Item, is_stream
-from ..task.lint import lint_labels
+from ..data.items import Item
+from ..data.output import Start, checked_stream, continue_output, in_input_order, read_records, start_output
+from ..data.records import Record, id_text, ids_digest, is_error, item_sha
+from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted
 from ..model.load import pick_device
 from ..reports.evaluation import Evaluation, Gates, add_record, evaluation_for, write_reports
-from ..data.output import (
-    Start,
-    continue_output,
-    default_mode,
-    start_output,
-    write_fingerprint,
-)
-from .plan import (
-    Plan,
-    RunOptions,
-    batching_of,
-    command_line,
-    gates_of,
-    make_plan,
-    read_input,
-    run_fingerprint,
-)
-from ..data.records import (
-    Record,
-    columns,
-    id_text,
-    ids_digest,
-    is_error,
-    item_sha,
-    open_writer,
-    read_records,
-)
-from .pipeline import RunStats, classify
-from .shards import merge_launched, shard_range
 from ..scoring.prepare import Task
+from ..scoring.scorer import ItemScorer, Rescoring
+from ..task.lint import lint_labels
+from .options import RunOptions, command_line
+from .pipeline import RunStats, classify
+from .plan import Plan, make_plan, refusal_words
+from .shards import merge_launched, shard_range
 
 log = logging.getLogger("prefixcache")
 
 
 @dataclass(frozen=True)
 class Event:
-    """What `run_job` reports as it goes. phase: "checked" (spec, input and output are valid; no
+    """What a job reports as it goes. phase: "checked" (spec, input and output are valid; no
     model loaded yet), "loading" (`detail`: "tokenizer", or "model": loading it and its prefilled
-    prefix), "scoring" (records
-    are about to stream; `detail` says with what), "batch" (a batch was written)."""
+    prefix), "scoring" (records are about to stream; `detail` says with what), "batch" (a batch
+    was written)."""
 
     phase: str
     written: int = 0  # records written by this run so far
@@ -89,17 +64,17 @@ class RunResult:
     EXIT_ITEM when items were written as error records."""
 
     output: Optional[str]
-    stats: RunStats
-    resumed: int  # records an earlier run had written
-    first_record: Optional[float]  # seconds from the start to the first record written
-    load_seconds: float  # tokenizer and model
-    prefill_ms: float  # prefilling the prefix, or loading it from the store
-    prefix_source: str  # "computed" or "loaded"
-    prefix_tokens: int
-    device: str
-    dtype: str
+    stats: RunStats = field(default_factory=RunStats)
+    resumed: int = 0  # records an earlier run had written
+    first_record: Optional[float] = None  # seconds from the start to the first record written
+    load_seconds: float = 0.0  # tokenizer and model
+    prefill_ms: float = 0.0  # prefilling the prefix, or loading it from the store
+    prefix_source: str = ""  # "computed" or "loaded"
+    prefix_tokens: int = 0
+    device: str = ""
+    dtype: str = ""
     model: str = ""  # the model used, as given
-    rescored: Optional[tuple[int, int, float]] = None  # --exact: (re-scored in float32, scored, gap bound)
+    rescored: Optional[Rescoring] = None  # --exact: what was scored again in float32
     shard: Optional[tuple[int, int]] = None  # (k, n), 0-based k
     kept: int = 0  # --update: records kept from the output for items that did not change
     dropped: int = 0  # --update: records of items no longer in the input
@@ -124,245 +99,224 @@ class RunResult:
 
 
 def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Optional[Stop] = None) -> RunResult:
-    started = time.perf_counter()
-    plan = make_plan(options)
-    if progress:
-        progress(Event("checked", total=plan.total))
-    device = str(plan.launched.device) if plan.launched and options.device == "auto" else options.device
-    fingerprint = run_fingerprint(options, plan, pick_device(device))
-    start = None
-    if not plan.part:  # a shard's items are known once batches can be formed: after the model loads
-        start = start_output(plan.output, fingerprint, options.resume, options.update, options.items)
-        _in_input_order(start, options, plan)
-        if _complete(start, plan):
-            continue_output(plan.output, start, fingerprint)  # a damaged last line still goes
-            return _nothing_to_do(start, plan, options)
-    if progress:
-        progress(Event("loading", detail="tokenizer"))
-    task = Task.from_spec(plan.spec, options.cache_dir)
-    for warning in lint_labels(task.builder) if plan.spec.labels else ():
-        log.warning("%s", warning)
-    if progress:
-        progress(Event("loading", detail="model"))
-    scorer = load_scorer(task, options, device)
-    bounds = _bounds(task, scorer, options, plan)
-    if plan.part:
-        fingerprint.update(shard=f"{plan.part[0] + 1}/{plan.part[1]}", items=bounds[1] - bounds[0],
-                           ids=ids_digest(id_text(item.id) for item in islice(
-                               read_input(options, plan), *bounds)))
-        start = start_output(plan.output, fingerprint, options.resume, options.update, options.items)
-    result = RunResult(
-        output=plan.output, stats=RunStats(), resumed=0 if start.mode == "update" else len(start.records),
-        first_record=None, load_seconds=task.load_seconds + scorer.load_seconds,
-        prefill_ms=scorer.prefix.prefill_ms, prefix_source=scorer.prefix_source,
-        prefix_tokens=len(scorer.prefix.ids), device=scorer.device, dtype=scorer.dtype, shard=plan.part,
-        model=task.source.ref,
-        evaluation=evaluation_for(plan.spec, () if start.mode == "update" else start.records.values()),
-        gates=gates_of(options),
-    )
-    _write(scorer, options, plan, bounds, start, fingerprint, result, progress, stop, started)
-    if hasattr(scorer, "rescored"):
-        result.rescored = (scorer.rescored, scorer.checked, scorer.bound or 0.0)
-    if plan.launched:
-        _join_launch(result, plan, options)
-    if result.evaluation:
-        write_reports(result.evaluation, options.metrics, options.summary_md, options.junit, result.gates,
-                      result.stats.seconds)
-    return result
+    """`Job(options, progress, stop).run()`."""
+    return Job(options, progress, stop).run()
 
 
-def _in_input_order(start: Start, options: RunOptions, plan: Plan) -> None:
-    """An output being continued holds the first items of its input, in order (records are only
-    ever appended); anything else was changed after it was written, and appending would mix."""
-    if start.mode not in ("resume", "grown") or is_stream(options.items) or not start.records:
-        return
-    items = islice(read_input(options, plan), len(start.records))
-    for n, (item, key) in enumerate(zip(items, start.records), 1):
-        if id_text(item.id) != key:
-            raise OutputError(f"{plan.output}: record {n} is item {key!r}, but item {n} of {options.items} is "
-                              f"{item.id!r}; the output was changed after it was written: --update rewrites it")
+class Job:
+    """One run from plan to result. The attributes are what the phases settle, in order: `plan`,
+    `fingerprint`, `begun` (how the output starts), `task`, `scorer`, `first`/`last` (the items
+    this process scores), `result`."""
 
+    def __init__(self, options: RunOptions, progress: Optional[Progress] = None, stop: Optional[Stop] = None):
+        self.options = options
+        self.progress: Progress = progress or (lambda event: None)
+        self.stop: Stop = stop or (lambda: None)
+        self.started = time.perf_counter()
+        self.plan: Plan
+        self.fingerprint: dict = {}
+        self.begun: Start
+        self.task: Task
+        self.scorer: ItemScorer
+        self.first, self.last = 0, None
 
-def _complete(start: Start, plan: Plan) -> bool:
-    """A resumed output that already holds a record for every item of the same input (its
-    records are the input's first items in order: `_in_input_order` checked that)."""
-    return start.mode == "resume" and plan.total is not None and len(start.records) >= plan.total
+    def run(self) -> RunResult:
+        self.plan = make_plan(self.options)
+        self.progress(Event("checked", total=self.plan.total))
+        self.fingerprint = self.plan.fingerprint()
+        if not self.plan.part:  # a shard's items are known once batches can be formed: after the model loads
+            self.begun = self.start()
+            if self.complete():
+                return self.nothing_to_do()
+        self.load()
+        self.bounds()
+        if self.plan.part:
+            self.begun = self.start()
+        self.result = self.new_result()
+        self.write()
+        self.result.rescored = self.scorer.rescoring()
+        if self.plan.launched:
+            self.join()
+        self.report()
+        return self.result
 
+    # -- the output -------------------------------------------------------------------------
+    def start(self) -> Start:
+        """How the output starts (fresh, resumed, grown, updated), its records checked to be the
+        input's first items in order."""
+        plan = self.plan
+        begun = start_output(plan.output.path, self.fingerprint, self.options.resume, self.options.update,
+                             self.options.items, refusal_words)
+        if begun.appends and not plan.stream and not plan.part and begun.records:  # a shard's start is its own
+            in_input_order(plan.output.path, begun, islice(plan.read_input(), len(begun.records)), self.options.items)
+        return begun
 
-def _nothing_to_do(start: Start, plan: Plan, options: RunOptions) -> RunResult:
-    result = RunResult(
-        output=plan.output, stats=RunStats(), resumed=len(start.records), first_record=None, load_seconds=0.0,
-        prefill_ms=0.0, prefix_source="", prefix_tokens=0, device="", dtype="", nothing_to_do=True,
-        evaluation=evaluation_for(plan.spec, start.records.values()), gates=gates_of(options),
-    )
-    if result.evaluation:
-        write_reports(result.evaluation, options.metrics, options.summary_md, options.junit, result.gates)
-    return result
+    def complete(self) -> bool:
+        """A resumed output that already holds a record for every item of the same input."""
+        return self.begun.mode == "resume" and self.plan.total is not None and len(self.begun.records) >= self.plan.total
 
+    def nothing_to_do(self) -> RunResult:
+        continue_output(self.plan.output.path, self.fingerprint)  # a damaged last line still goes
+        self.result = RunResult(self.plan.output.path, resumed=len(self.begun.records), nothing_to_do=True,
+                                evaluation=evaluation_for(self.plan.spec, self.begun.records.values()),
+                                gates=self.plan.gates)
+        self.report()
+        return self.result
 
-def load_scorer(task: Task, options: RunOptions, device: str) -> Any:
-    from ..scoring.exact import CheckedScorer
-    from ..scoring.scorer import Scorer  # the torch side: imported once a model is needed
-    from ..model.store import PrefixStore
+    # -- the model --------------------------------------------------------------------------
+    def load(self) -> None:
+        """The tokenizer (and label lint), then the model and its prefilled prefix."""
+        self.progress(Event("loading", detail="tokenizer"))
+        self.task = Task.from_spec(self.plan.spec, self.options.cache_dir)
+        for warning in lint_labels(self.task.builder) if self.plan.spec.labels else ():
+            log.warning("%s", warning)
+        self.progress(Event("loading", detail="model"))
+        self.scorer = load_scorer(self.task, self.plan)
 
-    store = None
-    if options.cache_store:
-        root = options.cache_dir / "prefixes"
-        store = PrefixStore(root) if options.store_max_bytes is None else PrefixStore(root, options.store_max_bytes)
-    if options.exact and not compat.bf16_matmul(pick_device(device)):
-        log.warning("this %s has no bfloat16 matrix instructions, so --exact would gain nothing: scoring in float32",
-                    pick_device(device))
-    elif options.exact:
-        return CheckedScorer.pair(task, options.cache_dir, device, options.dtype, store)
-    scorer = Scorer.load(task, options.cache_dir, device, "float32" if options.exact else options.dtype, store)
-    scorer.says_precision = options.exact
-    return scorer
+    def bounds(self) -> None:
+        """The items this process scores: all (up to --limit), or its shard's whole batches, so
+        every shard forms the batches one process would. A shard's fingerprint names them."""
+        plan = self.plan
+        if not plan.part:
+            self.first, self.last = 0, plan.total if plan.total is not None else self.options.limit
+            return
+        items = islice(plan.read_input(), plan.total)
+        starts = self.task.batch_starts(items, plan.batching, self.scorer.context) + [plan.total]
+        first, last = shard_range(len(starts) - 1, *plan.part)
+        self.first, self.last = starts[first], starts[last]
+        ids = (id_text(item.id) for item in islice(plan.read_input(), self.first, self.last))
+        self.fingerprint.update(shard=f"{plan.part[0] + 1}/{plan.part[1]}", items=self.last - self.first,
+                                ids=ids_digest(ids))
 
+    def new_result(self) -> RunResult:
+        scorer, updating = self.scorer, self.begun.mode == "update"
+        return RunResult(
+            output=self.plan.output.path, resumed=0 if updating else len(self.begun.records),
+            load_seconds=self.task.load_seconds + scorer.load_seconds, prefill_ms=scorer.prefix.prefill_ms,
+            prefix_source=scorer.prefix_source, prefix_tokens=len(scorer.prefix.ids), device=scorer.device,
+            dtype=scorer.dtype, shard=self.plan.part, model=self.task.source.ref, gates=self.plan.gates,
+            evaluation=evaluation_for(self.plan.spec, () if updating else self.begun.records.values()),
+        )
 
-def _bounds(task: Task, scorer: Any, options: RunOptions, plan: Plan) -> tuple[int, Optional[int]]:
-    """The items this process scores: all (up to --limit), or its shard's whole batches, so
-    every shard forms the batches one process would."""
-    if not plan.part:
-        return 0, plan.total if plan.total is not None else options.limit
-    items = islice(read_input(options, plan), plan.total)
-    starts = task.batch_starts(items, batching_of(options), scorer.context) + [plan.total]
-    first, last = shard_range(len(starts) - 1, *plan.part)
-    return starts[first], starts[last]
+    # -- the records ------------------------------------------------------------------------
+    def write(self) -> None:
+        """Score the items and write their records (see `OutputFile.writing`)."""
+        result = self.result
+        with self.plan.output.writing(self.begun, self.fingerprint) as writer:
+            for record in self.records():
+                writer.write(record)
+                result.labels[_label_of(record)] += 1
+                result.first_record = result.first_record or time.perf_counter() - self.started
+                if result.evaluation:
+                    add_record(result.evaluation, record)
 
+    def records(self) -> Iterator[Record]:
+        """The records to write, in input order: for a fresh or resumed output those not written
+        yet; for an update, every item's (an unchanged item's kept record, a new or changed one's
+        fresh record)."""
+        done = self.begun.done
+        left = None if self.last is None else max(self.last - self.first - len(done), 0)
+        self.progress(Event("scoring", 0, left, detail=self._describe(done)))
+        items = islice(self.plan.read_input(), self.first, self.last)
+        if self.plan.stream:  # read once, never scanned: check it as it streams
+            items = checked_stream(items, self.options.items, done)
+        if self.begun.mode != "update":
+            yield from self._classify(items, done, left)
+            return
+        yield from self._updated(items, left)
 
-def _write(scorer: Any, options: RunOptions, plan: Plan, bounds: tuple[int, Optional[int]], start: Start,
-           fingerprint: dict[str, Any], result: RunResult, progress: Optional[Progress], stop: Optional[Stop],
-           started: float) -> None:
-    """Score the items and write their records. A fresh or resumed output is appended to; an
-    updated one is written aside and replaces the old one only when complete."""
-    path = plan.output
-    if start.mode == "update":
-        path = _aside(plan.output)
-    elif start.mode != "fresh":
-        continue_output(plan.output, start, fingerprint)
-        log.info("%s: %d records already written; resuming", plan.output, len(start.records))
-    writer = open_writer(path, columns(plan.spec, plan.keep or (), precision=options.exact),
-                         append=start.mode in ("resume", "grown"),
-                         fmt=plan.output_format, id_column=plan.spec.id_field if plan.spec.id_field_given else "id")
-    if start.mode == "fresh" and path not in (None, "-"):
-        write_fingerprint(path, fingerprint)
-    try:
-        for record in _records(scorer, options, plan, bounds, start, result, progress, stop):
-            writer.write(record)
-            result.labels[_label_of(record)] += 1
-            result.first_record = result.first_record or time.perf_counter() - started
-            if result.evaluation:
-                add_record(result.evaluation, record)
-    except BaseException:
-        writer.close()
-        if start.mode == "update":
-            Path(path).unlink(missing_ok=True)  # the output stays as it was
-        raise
-    writer.close()
-    if start.mode == "update":
-        os.replace(path, plan.output)
-        write_fingerprint(plan.output, fingerprint)
+    def _classify(self, items: Iterator[Item], done: dict, left: Optional[int]) -> Iterator[Record]:
+        stats = self.result.stats
+
+        def after_batch(n: int) -> None:
+            log.debug("batch: %d records, %d written, %.1f items/s", n, stats.items, stats.items_per_second)
+            self.progress(Event("batch", stats.items, left, stats.items_per_second))
+            signum = self.stop()
+            if signum:
+                raise self._interrupted(signum)
+
+        return classify(self.scorer, items, self.plan.batching, stats, done, after_batch, self.plan.keep)
+
+    def _updated(self, items: Iterator[Item], left: Optional[int]) -> Iterator[Record]:
+        """--update: unchanged items keep their records, the rest are scored; all in input order."""
+        order: deque = deque()  # per item in input order: its kept record, or None when it is scored
+        old, gone = self.begun.records, set(self.begun.records)
+
+        def changed() -> Iterator[Item]:
+            for item in items:
+                gone.discard(id_text(item.id))
+                record = old.get(id_text(item.id))
+                kept = record is not None and record.get("item_sha") == item_sha(item.record)
+                order.append(record if kept else None)
+                self.result.kept += kept
+                if not kept:
+                    yield item
+
+        for record in self._classify(changed(), {}, left):
+            while order[0] is not None:
+                yield order.popleft()
+            order.popleft()
+            yield record
+        yield from order
+        self.result.dropped = len(gone)
+
+    def _describe(self, done: dict) -> str:
+        o, scorer = self.options, self.scorer
+        return (f"spec {o.spec}, input {o.items}, output {self.plan.output.path or 'stdout'}, model "
+                f"{self.task.source.ref}, {scorer.device} {scorer.dtype}, prefix {len(scorer.prefix.ids)} tokens "
+                f"{scorer.prefix_source}{', ' + str(len(done)) + ' records already written' if done else ''}")
+
+    def _interrupted(self, signum: int) -> Interrupted:
+        name, output, written = signal.Signals(signum).name, self.options.output, self.result.stats.items
+        if output in (None, "-"):
+            return Interrupted(signum, f"interrupted by {name}: {written} records written")
+        if self.begun.mode == "update":
+            return Interrupted(signum, f"interrupted by {name}: {output} is unchanged; update it with: "
+                                       f"{command_line(self.options)}")
+        return Interrupted(signum, f"interrupted by {name}: {written} records written to {output}; "
+                                   f"resume with: {command_line(self.options)}")
+
+    # -- after the records ------------------------------------------------------------------
+    def join(self) -> None:
+        """After every process of a launch wrote its part: rank 0 joins them into the output and
+        evaluates the whole; the other ranks report nothing."""
+        result, output = self.result, self.options.output
+        result.processes = self.plan.launched.num_processes
+        result.merged = merge_launched(self.plan.launched, output)
+        result.output = output
+        if result.merged is None:
+            result.evaluation = None
+        elif result.evaluation is not None:
+            result.evaluation = evaluation_for(self.plan.spec, read_records(output).records)
+
+    def report(self) -> None:
+        """The evaluation files asked for (--metrics, --summary-md, --junit)."""
+        if self.result.evaluation:
+            o = self.options
+            write_reports(self.result.evaluation, o.metrics, o.summary_md, o.junit, self.result.gates,
+                          self.result.stats.seconds)
 
 
 def _label_of(record: Record) -> str:
     return "(error)" if is_error(record) else "(abstained)" if record["label"] is None else str(record["label"])
 
 
-def _aside(output: str) -> str:
-    """A new, unpredictable file next to `output`, to be renamed over it."""
-    target = Path(output)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
-    os.close(fd)
-    os.chmod(tmp, default_mode())  # the replaced output keeps the mode a new output would have
-    return tmp
+def load_scorer(task: Task, plan: Plan) -> ItemScorer:
+    """The plan's scorer: with --exact a low-precision one whose close calls a float32 twin scores
+    again (or float32 alone on hardware without bfloat16 matrix instructions)."""
+    from ..model.store import PrefixStore  # the torch side: imported once a model is needed
+    from ..scoring.exact import CheckedScorer
+    from ..scoring.scorer import Scorer
 
-
-def _records(scorer: Any, options: RunOptions, plan: Plan, bounds: tuple[int, Optional[int]], start: Start,
-             result: RunResult, progress: Optional[Progress], stop: Optional[Stop]) -> Iterator[Record]:
-    """The records to write, in input order: for a fresh or resumed output those not written yet;
-    for an update, every item's (an unchanged item's kept record, a new or changed item's fresh one)."""
-    first, last = bounds
-    stats, updating = result.stats, start.mode == "update"
-    done = {} if updating else start.records
-    left = None if last is None else max(last - first - len(done), 0)
-
-    def after_batch(n: int) -> None:
-        log.debug("batch: %d records, %d written, %.1f items/s", n, stats.items, stats.items_per_second)
-        if progress:
-            progress(Event("batch", stats.items, left, stats.items_per_second))
-        signum = stop() if stop else None
-        if signum:
-            raise _interrupted(signum, stats.items, options, updating)
-
-    if progress:
-        progress(Event("scoring", 0, left, detail=(
-            f"spec {options.spec}, input {options.items}, output {plan.output or 'stdout'}, model "
-            f"{scorer.task.source.ref}, {scorer.device} {scorer.dtype}, prefix {len(scorer.prefix.ids)} tokens "
-            f"{scorer.prefix_source}{', ' + str(len(done)) + ' records already written' if done else ''}")))
-    items = islice(read_input(options, plan), first, last)
-    if is_stream(options.items):  # read once, never scanned: check it as it streams
-        items = _checked_stream(items, options.items, {} if updating else start.records)
-    if not updating:
-        yield from classify(scorer, items, batching_of(options), stats, done, after_batch, plan.keep)
-        return
-    order: deque = deque()  # per item in input order: its kept record, or None when it is scored
-    gone = set(start.records)
-
-    def changed() -> Iterator[Item]:
-        for item in items:
-            gone.discard(id_text(item.id))
-            old = start.records.get(id_text(item.id))
-            kept = old is not None and old.get("item_sha") == item_sha(item.record)
-            order.append(old if kept else None)
-            result.kept += kept
-            if not kept:
-                yield item
-
-    for record in classify(scorer, changed(), batching_of(options), stats, None, after_batch, plan.keep):
-        while order[0] is not None:
-            yield order.popleft()
-        order.popleft()
-        yield record
-    yield from order
-    result.dropped = len(gone)
-
-
-def _checked_stream(items: Iterator[Item], name: str, written: Mapping[str, Record]) -> Iterator[Item]:
-    """What the scan before the run checks for a file, for input that can be read only once:
-    unique ids; and, when continuing an output, that an item already written is the same item."""
-    seen: dict[str, int] = {}
-    label = "<stdin>" if name == "-" else name
-    for item in items:
-        key = id_text(item.id)
-        if key in seen:
-            raise InputError(f"{label}:{item.line}: duplicate id {item.id!r} (first on line {seen[key]})")
-        seen[key] = item.line
-        old = written.get(key)
-        if old is not None and old.get("item_sha") not in (None, item_sha(item.record)):
-            raise InputError(f"{label}:{item.line}: item {item.id!r} differs from the one already written to the "
-                             f"output; this is not the input the output was started with")
-        yield item
-
-
-def _interrupted(signum: int, written: int, options: RunOptions, updating: bool) -> Interrupted:
-    name, output = signal.Signals(signum).name, options.output
-    if output in (None, "-"):
-        return Interrupted(signum, f"interrupted by {name}: {written} records written")
-    if updating:
-        return Interrupted(signum, f"interrupted by {name}: {output} is unchanged; update it with: {command_line(options)}")
-    return Interrupted(signum, f"interrupted by {name}: {written} records written to {output}; "
-                               f"resume with: {command_line(options)}")
-
-
-def _join_launch(result: RunResult, plan: Plan, options: RunOptions) -> None:
-    """After every process of a launch wrote its part: rank 0 joins them into the output and
-    evaluates the whole; the other ranks report nothing."""
-    result.processes = plan.launched.num_processes
-    result.merged = merge_launched(plan.launched, options.output)
-    result.output = options.output
-    if result.merged is None:
-        result.evaluation = None
-    elif result.evaluation is not None:
-        result.evaluation = evaluation_for(plan.spec, read_records(options.output).records)
-
-
+    o, device = plan.options, plan.device
+    store = None
+    if o.cache_store:
+        root = o.cache_dir / "prefixes"
+        store = PrefixStore(root) if o.store_max_bytes is None else PrefixStore(root, o.store_max_bytes)
+    exact = plan.says_precision
+    if exact and not compat.bf16_matmul(pick_device(device)):
+        log.warning("this %s has no bfloat16 matrix instructions, so --exact would gain nothing: scoring in float32",
+                    pick_device(device))
+    elif exact:
+        return CheckedScorer.pair(task, o.cache_dir, device, o.dtype, store)
+    return Scorer.load(task, o.cache_dir, device, "float32" if exact else o.dtype, store, says_precision=exact)

@@ -18,7 +18,7 @@ from ..data.records import Keep, Record, error_record, id_text, logprobs_in_orde
 from ..scoring.prepare import Batching, Failed, Prepared
 
 if TYPE_CHECKING:  # the scorer brings torch; this module only calls it
-    from ..scoring.scorer import Scorer
+    from ..scoring.scorer import ItemScorer
 
 
 @dataclass
@@ -39,7 +39,7 @@ class RunStats:
 
 
 def classify(
-    scorer: Scorer,
+    scorer: ItemScorer,
     items: Iterable[Item],
     batching: Batching = Batching(),
     stats: RunStats | None = None,
@@ -83,7 +83,7 @@ def classify(
             on_batch(len(pending))
 
 
-def _record(scorer: Scorer, entry: Prepared | Failed, by_key: Mapping[tuple, list[float]], ms: float,
+def _record(scorer: ItemScorer, entry: Prepared | Failed, by_key: Mapping[tuple, list[float]], ms: float,
             stats: RunStats, keep: Keep) -> Record:
     if isinstance(entry, Failed):
         stats.errors += 1

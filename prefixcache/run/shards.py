@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import InputError, OutputError, UsageError, first_line
-from ..data.output import FINGERPRINT_SUFFIX, fingerprint_path, write_aside, write_fingerprint
-from ..data.records import ids_digest, read_records, record_id
+from ..data.output import FINGERPRINT_SUFFIX, fingerprint_path, read_records, write_aside, write_fingerprint
+from ..data.records import ids_digest, record_id
 
 LAUNCH_TIMEOUT = 120  # seconds for every process of a launch to join
 

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .scorer import Scorer, Scores
+from .scorer import Rescoring, Scorer, Scores
 from ..task.decision import Decision
 from ..model.store import PrefixStore
 from .prepare import Prepared, Task
@@ -49,12 +49,15 @@ class CheckedScorer(Scorer):
              ) -> "CheckedScorer":
         """The low-precision scorer and its float32 twin (both models in memory; each prefix
         prefilled, or loaded from the store, once)."""
-        fast = cls.load(task, cache_dir, device, dtype, store)
+        fast = cls.load(task, cache_dir, device, dtype, store, says_precision=True)
         fast.exact = Scorer.load(task, cache_dir, device, "float32", store)
         return fast
 
     def precision(self, key: tuple) -> str | None:
         return self._precision.get(key, self.dtype)
+
+    def rescoring(self) -> Rescoring:
+        return Rescoring(self.rescored, self.checked, self.bound or 0.0)
 
     def clear(self) -> None:
         """Forget earlier items' scores and the measured bound: the next batch is measured anew."""

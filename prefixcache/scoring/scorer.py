@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from .. import compat
 from ..model.engine import Engine, Prefix
@@ -50,6 +50,30 @@ class ScoreCache:
             self._data.popitem(last=False)
 
 
+class ItemScorer(Protocol):
+    """What the run pipeline asks of a scorer (`Scorer`, and `CheckedScorer` for --exact)."""
+
+    task: Task
+    prefix: Prefix
+    prefix_source: str  # "computed" or "loaded" (from the prefix store)
+    load_seconds: float
+    device: str
+    dtype: str
+
+    @property
+    def context(self) -> int | None: ...
+
+    def score(self, preps: Sequence[Prepared], known: Mapping[tuple, list[float]] | None = None) -> Scores: ...
+
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision: ...
+
+    def precision(self, key: tuple) -> str | None: ...
+
+    def score_unconditional(self, candidates: Sequence[Candidate]) -> None: ...
+
+    def rescoring(self) -> Rescoring | None: ...
+
+
 class Scorer:
     """Scores prepared items of one task against its cached prefix.
 
@@ -60,13 +84,13 @@ class Scorer:
     """
 
     def __init__(self, task: Task, engine: Engine, prefix: Prefix, prefix_source: str = "computed",
-                 load_seconds: float = 0.0):
+                 load_seconds: float = 0.0, says_precision: bool = False):
         self.task, self.engine, self.prefix = task, engine, prefix
         self.prefix_source, self.load_seconds = prefix_source, load_seconds
         self.device = str(engine.device)
         self.dtype = str(engine.dtype).removeprefix("torch.")
         self.prior: list[float] | None = None
-        self.says_precision = False  # records name their precision (a run asked for --exact)
+        self.says_precision = says_precision  # records name their precision (a run asked for --exact)
         self._scores = ScoreCache()
         self._unconditional = ScoreCache()
         spec = task.spec
@@ -77,9 +101,10 @@ class Scorer:
 
     @classmethod
     def load(cls, task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto",
-             store: PrefixStore | None = None) -> "Scorer":
+             store: PrefixStore | None = None, says_precision: bool = False) -> "Scorer":
         """Load the task's model and get the prefilled prefix: from `store` when it has it, else by
-        prefilling (and then keeping it there)."""
+        prefilling (and then keeping it there). `says_precision`: records name the precision that
+        scored them."""
         start = time.perf_counter()
         dev = pick_device(device)
         model = load_model(task.source, task.tokenizer, cache_dir, dev, pick_dtype(dtype, dev))
@@ -92,7 +117,7 @@ class Scorer:
                 f"model's context of {engine.max_positions}; shorten the system text or the examples"
             )
         prefix, source = _prefix(task, engine, store)
-        return cls(task, engine, prefix, source, seconds)
+        return cls(task, engine, prefix, source, seconds, says_precision)
 
     @classmethod
     def start(cls, task: Task, engine: Engine) -> "Scorer":
@@ -128,6 +153,10 @@ class Scorer:
         """Forget the scores of earlier items (e.g. between timed runs of the same items)."""
         self._scores = ScoreCache()
 
+    def rescoring(self) -> Rescoring | None:
+        """What a scorer that scores close calls again in float32 did (None: this one does not)."""
+        return None
+
     def score_unconditional(self, candidates: Sequence[Candidate]) -> None:
         """Score the candidates not seen yet after the content-free prompt (every template field
         empty), in a forward pass of their own, so the values never depend on a batch."""
@@ -162,6 +191,15 @@ class Scorer:
         encoded = [self.task.content_free(text) for text in self.task.spec.content_free]
         rows = [Row(e.ids, e.prefix_len, list(labels.values())) for e in encoded]
         return mean_distribution([self._judge(labels, lps, None).probs for lps in self.engine.score(self.prefix, rows)])
+
+
+@dataclass(frozen=True)
+class Rescoring:
+    """`--exact`: items scored again in float32, of the items scored, and the final gap bound."""
+
+    rescored: int
+    scored: int
+    bound: float
 
 
 @dataclass(frozen=True)

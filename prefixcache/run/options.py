@@ -1,0 +1,181 @@
+"""Everything a run takes, in one table: `RunOptions`.
+
+Each field of `RunOptions` is one option of `prefixcache run`, and its `Flag` says how it is
+written on the command line. That one table drives the command line's declaration (cli/options.py
+builds the `run`, `render` and `bench` parameters from it), the command line that resumes a run
+(`command_line`), and the option a fingerprint refusal names (`option_words`). Adding a run option
+is adding a field here and reading it where it is used. No torch, no typer here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional
+
+from ..errors import EXIT_GATE
+from ..model.load import default_cache_dir
+
+# Values an option may take: shown in --help, checked before the command runs.
+Format = Literal["jsonl", "csv", "tsv", "json", "parquet"]
+OutFormat = Literal["jsonl", "csv"]
+OnError = Literal["fail", "skip"]
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+def field_list(text: Optional[str]) -> tuple[str, ...]:
+    """`a, b,c` -> ("a", "b", "c")."""
+    return tuple(name.strip() for name in (text or "").split(",") if name.strip())
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one run option is written on the command line.
+
+    names: the option's names, long first ("--batch-size", "-b"); `group`: "input" (how the items
+    are read), "model" (which model, where converted models live), "device" (where and in which
+    precision it runs) or "" (the run itself): other commands that read items or load a model take
+    those groups too. `cli_type` is what the command line
+    parses when it differs from the field's type, `parse` turns it into the field's value, and
+    `words` turns a value back into command-line words (for the resume command)."""
+
+    names: tuple[str, ...]
+    help: str
+    group: str = ""
+    envvar: Optional[str] = None
+    metavar: Optional[str] = None
+    min: Optional[float] = None
+    max: Optional[float] = None
+    cli_type: Any = None
+    parse: Optional[Callable[[Any], Any]] = None
+    words: Optional[Callable[[Any], list[str]]] = None
+    spelled: Optional[str] = None  # how a command line this program prints names it (default: the first name)
+
+    @property
+    def name(self) -> str:
+        return self.spelled or self.names[0]
+
+
+def _opt(default: Any, *names: str, help: str, factory: Optional[Callable[[], Any]] = None, **flag: Any) -> Any:
+    meta = {"flag": Flag(names, help, **flag)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _switch(name: str) -> Callable[[Any], list[str]]:
+    return lambda value: [name] if value else []
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything a run takes: the `run` command's arguments and options."""
+
+    spec: Path
+    items: str  # a file, or "-" for stdin
+    output: Optional[str] = _opt(None, "--output", "-o", spelled="-o", help="Output .jsonl or .csv; stdout (JSONL) when omitted.")
+    input_format: Optional[str] = _opt(
+        None, "--format", "--input-format", "-f", group="input", cli_type=Optional[Format],
+        help="Input format when it cannot be told from the extension.")
+    delimiter: Optional[str] = _opt(None, "--delimiter", group="input",
+                                    help="CSV/TSV field separator (default , for CSV, tab for TSV).")
+    encoding: Optional[str] = _opt(None, "--encoding", group="input",
+                                   help="CSV/TSV text encoding, e.g. latin-1 (default UTF-8).")
+    output_format: Optional[str] = _opt(
+        None, "--output-format", "-F", cli_type=Optional[OutFormat],
+        help="Output format when the output's extension does not tell (stdout: jsonl unless csv).")
+    keep: tuple[str, ...] = _opt(
+        (), "--keep", "-k", metavar="FIELD,...", cli_type=Optional[str], parse=field_list,
+        words=lambda names: ["--keep", ",".join(names)] if names else [],
+        help="Copy these input fields into each record (after the id; CSV: one column each).")
+    keep_all: bool = _opt(False, "--keep-all", metavar="", words=_switch("--keep-all"),
+                          help="Copy every input field into each record.")
+    resume: bool = _opt(False, "--resume", metavar="", help=(
+        "Continue the output of an interrupted run, or of an input that has grown since: keep its records, "
+        "score the rest."))
+    update: bool = _opt(False, "--update", metavar="", help=(
+        "Bring the output up to date with the input, whatever changed: keep the records of items whose id and "
+        "fields are unchanged, score new and changed items, drop items no longer there."))
+    overwrite: bool = _opt(False, "--overwrite", metavar="", help="Replace an existing output file.")
+    on_error: str = _opt("fail", "--on-error", cli_type=OnError, help=(
+        "An item that cannot be scored: fail (stop after writing what is done) or skip (write an error record, "
+        "go on)."))
+    batch_size: int = _opt(64, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE",
+                           help="At most this many items per forward pass.")
+    batch_tokens: int = _opt(768, "--batch-tokens", min=1, envvar="PREFIXCACHE_BATCH_TOKENS",
+                             help="About this many tokens per forward pass (items' own tokens + label tokens).")
+    limit: Optional[int] = _opt(None, "--limit", "-n", min=1, help="Process only the first N items.")
+    model: Optional[str] = _opt(
+        None, "--model", "-m", group="model", envvar="PREFIXCACHE_MODEL",
+        help="The model, instead of the spec's: a hub id, a local model folder or a .gguf file.")
+    revision: Optional[str] = _opt(None, "--revision", group="model",
+                                   help="A hub model's branch, tag or commit (instead of the spec's 'revision').")
+    gold: Optional[str] = _opt(None, "--gold",
+                               help="Item field with the expected label or option (overrides the spec's 'gold').")
+    metrics: Optional[Path] = _opt(None, "--metrics", help="Write the evaluation as JSON to this file.")
+    summary_md: Optional[Path] = _opt(None, "--summary-md",
+                                      help="Write the evaluation as Markdown (e.g. $GITHUB_STEP_SUMMARY).")
+    junit: Optional[Path] = _opt(None, "--junit", help="Write the evaluation as a JUnit XML report.")
+    min_accuracy: Optional[float] = _opt(None, "--min-accuracy", min=0.0, max=1.0,
+                                         help=f"Exit with code {EXIT_GATE} when accuracy is below this.")
+    min_recall: Optional[float] = _opt(None, "--min-recall", min=0.0, max=1.0,
+                                       help=f"Exit with code {EXIT_GATE} when any label's recall is below this.")
+    device: str = _opt("auto", "--device", group="device", envvar="PREFIXCACHE_DEVICE", metavar="auto|cpu|cuda|cuda:N|mps",
+                       help="Where the model runs (auto: CUDA when present, else the CPU).")
+    dtype: str = _opt("auto", "--dtype", group="device", envvar="PREFIXCACHE_DTYPE", cli_type=Dtype,
+                      help="auto: float32 on the CPU, bfloat16 (or float16) on CUDA.")
+    exact: bool = _opt(False, "--exact", metavar="", words=_switch("--exact"), help=(
+        "With --dtype bfloat16: score in bfloat16, then score again in float32 the items whose decision rounding "
+        "could change (float32 answers at about bfloat16 speed; both models in memory)."))
+    cache_dir: Path = _opt(
+        None, "--cache-dir", group="model", factory=default_cache_dir, envvar="PREFIXCACHE_CACHE_DIR",
+        cli_type=Optional[Path], parse=lambda path: path.expanduser() if path else default_cache_dir(),
+        help="Where converted models and prefilled prefixes are kept (env PREFIXCACHE_CACHE_DIR; default "
+             "~/.cache/prefixcache).")
+    cache_store: bool = _opt(True, "--no-cache-store", metavar="", cli_type=bool, parse=lambda no: not no,
+                             words=lambda store: [] if store else ["--no-cache-store"],
+                             help="Neither load nor keep the prefilled prefix on disk.")
+    store_max_bytes: Optional[int] = None  # the prefix store's bound (None: its default); env PREFIXCACHE_STORE_MAX_MB
+    shard: Optional[str] = _opt(None, "--shard", help=(
+        "Run only shard K of N (K/N, 1-based), e.g. one CI matrix job; join the parts with `prefixcache merge`."))
+
+
+def flags(group: Optional[str] = None) -> list[tuple[dataclasses.Field, Flag]]:
+    """The run options written on the command line (those of one `group` when given), in table order."""
+    found = [(f, f.metadata["flag"]) for f in dataclasses.fields(RunOptions) if "flag" in f.metadata]
+    return [(f, flag) for f, flag in found if group is None or flag.group == group]
+
+
+def _words(name: str, value: Any) -> list[str]:
+    flag = dict((f.name, fl) for f, fl in flags())[name]
+    if flag.words:
+        return flag.words(value)
+    if value is True:
+        return [flag.name]
+    return [] if value in (None, False) else [flag.name, str(value)]
+
+
+def option_words(name: str, value: Any) -> Optional[str]:
+    """How the command line says that a run option has `value` ("--keep id,text", "--batch-size 8",
+    "no --exact"); None when `name` is no option of the table."""
+    if name not in {f.name for f, _ in flags()}:
+        return None
+    words = _words(name, value)
+    return shlex.join(words) if words else f"no {dict((f.name, fl) for f, fl in flags())[name].name}"
+
+
+def command_line(options: RunOptions) -> str:
+    """The `prefixcache run` command that continues this run: its arguments and every option that
+    is not at its default (whether it came from the command line or the environment)."""
+    default = RunOptions(options.spec, options.items)
+    words = ["prefixcache", "run", str(options.spec), options.items]
+    for f, _ in flags():
+        if f.name in ("resume", "update", "overwrite"):
+            continue
+        value = getattr(options, f.name)
+        if value != getattr(default, f.name):
+            words += _words(f.name, value)
+    words.append("--update" if options.update else "--resume")
+    return shlex.join(words)
