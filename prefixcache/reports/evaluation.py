@@ -12,11 +12,12 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 from xml.sax.saxutils import quoteattr
 
 from ..errors import OutputError
-from ..data.records import is_error
+from ..data.records import Record, is_error
+from ..task.spec import TaskSpec
 
 ABSTAIN = "(abstained)"
 CALIBRATION_BINS = 10
@@ -154,7 +155,7 @@ class Gates:
     min_recall: float | None = None  # for every label
 
 
-def evaluation_for(spec: Any, records: Any = ()) -> Evaluation | None:
+def evaluation_for(spec: TaskSpec, records: Iterable[Record] = ()) -> Evaluation | None:
     """An Evaluation for a task spec, holding `records` already written (error records are left
     out); None when the spec has no gold field."""
     if not spec.gold:
@@ -162,7 +163,7 @@ def evaluation_for(spec: Any, records: Any = ()) -> Evaluation | None:
     return evaluate(None if spec.choices else spec.label_names, records)
 
 
-def evaluate(labels: Sequence[str] | None, records: Any = ()) -> Evaluation:
+def evaluate(labels: Sequence[str] | None, records: Iterable[Record] = ()) -> Evaluation:
     """An Evaluation of written records (labels None: multiple choice)."""
     evaluation = Evaluation(labels)
     for record in records:
@@ -170,7 +171,7 @@ def evaluate(labels: Sequence[str] | None, records: Any = ()) -> Evaluation:
     return evaluation
 
 
-def add_record(evaluation: Evaluation, record: Any) -> None:
+def add_record(evaluation: Evaluation, record: Record) -> None:
     if is_error(record):
         evaluation.add_failed()
     else:

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -32,7 +33,7 @@ from ..model.rows import Row, trie
 from .pipeline import classify
 from ..scoring.scorer import Scorer
 from ..model.store import PrefixStore
-from ..scoring.prepare import Batching, Prepared
+from ..scoring.prepare import Batching, Prepared, Task
 
 
 @dataclass
@@ -197,10 +198,11 @@ def _unavoidable_work(model: torch.nn.Module, prepared: Sequence[Prepared]) -> t
     return own, nodes, gflop, (2 * body * own + 2 * head) / 1e9
 
 
-def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching: Batching = Batching()) -> BenchReport:
-    engine, prefix, task = scorer.engine, scorer.prefix, scorer.task
+def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepared], naive_limit: int,
+                 batching: Batching) -> list[ModeResult]:
+    """The four ways of getting the same scores, each timed after a warm-up on the same items."""
+    engine, prefix = scorer.engine, scorer.prefix
     model, device = engine.model, engine.device
-    prepared = [task.prepare(item, scorer.context) for item in items]
     few = prepared[:naive_limit]
     full = Engine(model, "standard")
     empty = Prefix((), (), torch.empty(0), 0.0)
@@ -229,26 +231,33 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
     # Warm-ups: first calls pay for allocations and kernel set-up.
     naive(few[:1]), naive_per_label(few[:1]), cached_single(prepared[:1]), pipeline(items[:batching.size])
     pipeline_name = f"run pipeline (<= {batching.size} items, ~{batching.tokens} tokens a batch)"
-    modes = [
+    return [
         _timed("naive: full re-encode per item", len(few), naive, device),
         _timed("naive: full forward per item and label", len(few), naive_per_label, device),
         _timed("cached, one item at a time", len(prepared), cached_single, device),
         _timed(pipeline_name, len(items), pipeline, device),
     ]
+
+
+def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching: Batching = Batching()) -> BenchReport:
+    """Time every mode on `items` (the naive ones on the first `naive_limit`) and measure the
+    unavoidable work, the cost of scoring every label, and the prefix store."""
+    engine, prefix, task = scorer.engine, scorer.prefix, scorer.task
+    prepared = [task.prepare(item, scorer.context) for item in items]
+    modes = _timed_modes(scorer, items, prepared, naive_limit, batching)
     # Option cost: the same pipeline scoring one one-token candidate instead of every label.
     option_ratio = _option_cost_ratio(scorer, items, batching)
     prefill_ms, load_ms = _store_timings(scorer)
 
-    own, nodes, gflop, alone = _unavoidable_work(model, prepared)
-    peak = measure_peak_gflops(device, engine.dtype)
-    base = modes[0].ms_per_item
+    own, nodes, gflop, alone = _unavoidable_work(engine.model, prepared)
+    peak = measure_peak_gflops(engine.device, engine.dtype)
     for m in modes:
-        m.speedup = base / m.ms_per_item
+        m.speedup = modes[0].ms_per_item / m.ms_per_item
         m.efficiency = gflop / (m.ms_per_item / 1000) / peak
-    n = len(few)
+    n = min(naive_limit, len(prepared))
     differing = sum(any(m.labels[i] != modes[0].labels[i] for m in modes) for i in range(n))
     return BenchReport(
-        device=str(device), dtype=str(engine.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
+        device=str(engine.device), dtype=str(engine.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
         peak_gflops=peak, load_seconds=task.load_seconds + scorer.load_seconds, prefill_ms=prefix.prefill_ms,
         prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
         same_labels=differing == 0, items_compared=n, items_differing=differing,
@@ -277,9 +286,9 @@ class PrecisionReport:
         return asdict(self)
 
 
-def run_precision_bench(fp32: Scorer, fast: Scorer, checked: Any, items: Sequence[Item],
+def run_precision_bench(fp32: Scorer, fast: Scorer, checked: CheckedScorer, items: Sequence[Item],
                         batching: Batching = Batching()) -> PrecisionReport:
-    def timed(scorer: Any) -> ModeResult:
+    def timed(scorer: Scorer) -> ModeResult:
         list(classify(scorer, items[: batching.size], batching))  # warm-up
         scorer.clear()  # neither its scores nor (--exact) its measured bound carry over
         labels = lambda: [r["label"] for r in classify(scorer, items, batching)]  # noqa: E731
@@ -296,7 +305,7 @@ def run_precision_bench(fp32: Scorer, fast: Scorer, checked: Any, items: Sequenc
     )
 
 
-def bench_exact(task: Any, items: Sequence[Item], cache_dir: Any, device: str, dtype: str,
+def bench_exact(task: Task, items: Sequence[Item], cache_dir: Path, device: str, dtype: str,
                 batching: Batching = Batching()) -> PrecisionReport:
     """Load the float32 and the low-precision models and time the three ways of scoring."""
     if dtype not in ("bfloat16", "float16"):

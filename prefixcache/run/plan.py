@@ -15,9 +15,9 @@ from ..data.items import Item, detect_format, is_stream, read_items, scan_items
 from ..data.output import OutputFile, check_output, check_report, file_digest, output_format
 from ..data.records import Keep, columns, keep_clash
 from ..errors import OutputError, SpecError, UsageError
-from ..model.load import model_identity, pick_device, pick_dtype, spec_model
+from ..model.load import model_identity, pick_device, pick_dtype
 from ..reports.evaluation import Gates
-from ..scoring.prepare import Batching
+from ..scoring.prepare import Batching, spec_model
 from ..task.spec import TaskSpec, load_spec
 from .options import RunOptions, option_words
 from .shards import launch_state, parse_shard, part_path

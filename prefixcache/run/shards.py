@@ -13,11 +13,14 @@ import os
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import InputError, OutputError, UsageError, first_line
 from ..data.output import FINGERPRINT_SUFFIX, fingerprint_path, read_records, write_aside, write_fingerprint
 from ..data.records import ids_digest, record_id
+
+if TYPE_CHECKING:
+    from accelerate import PartialState
 
 LAUNCH_TIMEOUT = 120  # seconds for every process of a launch to join
 
@@ -66,6 +69,18 @@ def merge_parts(parts: Sequence[str], output: str) -> int:
     if len(formats) > 1:
         raise InputError(f"the parts and the output must all be .jsonl or all .csv (got {', '.join(sorted(formats))})")
     infos = {part: _part_info(part) for part in parts}
+    by_shard = _by_shard(infos)
+    seen: dict[str, str] = {}
+    chunks = [_part_records(part, k, len(by_shard), infos[part], seen) for k, part in enumerate(by_shard)]
+    _write_atomically(output, b"".join(chunks))
+    first = next(iter(infos.values()))
+    merged = {key: value for key, value in first.items() if key not in ("shard", "items", "ids")}
+    write_fingerprint(output, {**merged, "items": len(seen)})
+    return len(seen)
+
+
+def _by_shard(infos: dict[str, dict[str, Any]]) -> list[str]:
+    """The parts in shard order, checked to be every shard of one job exactly once."""
     first_part, first = next(iter(infos.items()))
     n = parse_shard(first["shard"])[1]
     by_shard: dict[int, str] = {}
@@ -83,32 +98,30 @@ def merge_parts(parts: Sequence[str], output: str) -> int:
     if missing:
         raise InputError(f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing "
                          f"(expected {n} parts written with --shard K/{n})")
-    seen: dict[str, str] = {}
-    chunks = []
-    for k in range(n):
-        part = by_shard[k]
-        done = read_records(part)
-        expected = infos[part].get("items")
-        if expected is not None and len(done.records) != expected:
-            raise InputError(f"{part}: has {len(done.records)} of its {expected} records; "
-                             f"finish it with --resume before merging")
-        expected_ids = infos[part].get("ids")
-        if expected_ids is not None and ids_digest(map(record_id, done.records)) != expected_ids:
-            raise InputError(f"{part}: its records are not the items of shard {k + 1}/{n} in input order; "
-                             f"it was changed after it was written: run the shard again with --overwrite")
-        for record in done.records:
-            rid = record_id(record)
-            if rid in seen:
-                raise InputError(f"item {rid!r} is in both {seen[rid]} and {part}")
-            seen[rid] = part
-        data = Path(part).read_bytes()[: done.end]
-        if k > 0 and Path(part).suffix.lower() == ".csv":
-            data = data.split(b"\n", 1)[1] if b"\n" in data else b""  # one header is enough
-        chunks.append(data)
-    _write_atomically(output, b"".join(chunks))
-    merged = {key: value for key, value in first.items() if key not in ("shard", "items", "ids")}
-    write_fingerprint(output, {**merged, "items": len(seen)})
-    return len(seen)
+    return [by_shard[k] for k in range(n)]
+
+
+def _part_records(part: str, k: int, n: int, info: dict[str, Any], seen: dict[str, str]) -> bytes:
+    """The bytes of part `k`'s complete records (a CSV part after the first without its header),
+    checked against what its fingerprint says it holds; `seen` collects the ids, by part."""
+    done = read_records(part)
+    expected = info.get("items")
+    if expected is not None and len(done.records) != expected:
+        raise InputError(f"{part}: has {len(done.records)} of its {expected} records; "
+                         f"finish it with --resume before merging")
+    expected_ids = info.get("ids")
+    if expected_ids is not None and ids_digest(map(record_id, done.records)) != expected_ids:
+        raise InputError(f"{part}: its records are not the items of shard {k + 1}/{n} in input order; "
+                         f"it was changed after it was written: run the shard again with --overwrite")
+    for record in done.records:
+        rid = record_id(record)
+        if rid in seen:
+            raise InputError(f"item {rid!r} is in both {seen[rid]} and {part}")
+        seen[rid] = part
+    data = Path(part).read_bytes()[: done.end]
+    if k > 0 and Path(part).suffix.lower() == ".csv":
+        data = data.split(b"\n", 1)[1] if b"\n" in data else b""  # one header is enough
+    return data
 
 
 def _write_atomically(output: str, data: bytes) -> None:
@@ -118,7 +131,7 @@ def _write_atomically(output: str, data: bytes) -> None:
         raise OutputError(f"{output}: cannot write the merged output: {exc.strerror}")
 
 
-def merge_launched(state: Any, output: str) -> int | None:
+def merge_launched(state: PartialState, output: str) -> int | None:
     """After every process has written its part: rank 0 checks and joins them into `output` and
     removes them, returning the record count; other ranks return None. A missing or incomplete
     part is an error and the parts stay, so --resume can finish them."""
@@ -133,7 +146,7 @@ def merge_launched(state: Any, output: str) -> int | None:
     return count
 
 
-def launch_state(cpu: bool = False) -> Any:
+def launch_state(cpu: bool = False) -> PartialState | None:
     """accelerate's view of a multi-process launch (`accelerate launch`, torchrun), or None when
     this is a single process. `cpu` (or no GPU) makes it a gloo process group on CPUs."""
     world = os.environ.get("WORLD_SIZE", "1")

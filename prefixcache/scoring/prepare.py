@@ -12,18 +12,26 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from ..errors import ItemError
 from ..data.items import Item
-from ..model.load import ModelSource, load_tokenizer, spec_model
+from ..model.load import ModelSource, load_tokenizer, resolve_model
 from ..task.prompt import EncodedItem, PromptBuilder
 from ..model.rows import Candidate, Row, trie
 from ..task.spec import LETTERS, TaskSpec, choice_list, field_text
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 # No tokenizer makes tokens this long on average: an item longer than this many characters per
 # position of the model's context cannot fit it, whatever its text.
 MAX_CHARS_PER_TOKEN = 64
+
+
+def spec_model(spec: TaskSpec) -> ModelSource:
+    """The model a task spec names (relative paths: the current folder, then the spec's folder)."""
+    return resolve_model(spec.model, Path(spec.path).parent, spec.trust_remote_code, spec.revision)
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ class Task:
         load_seconds: time spent loading the tokenizer.
     """
 
-    def __init__(self, spec: TaskSpec, source: ModelSource, tokenizer: Any, load_seconds: float = 0.0):
+    def __init__(self, spec: TaskSpec, source: ModelSource, tokenizer: PreTrainedTokenizerBase, load_seconds: float = 0.0):
         self.spec, self.source, self.tokenizer = spec, source, tokenizer
         self.builder = PromptBuilder(spec, tokenizer)
         self.load_seconds = load_seconds

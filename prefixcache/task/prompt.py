@@ -16,7 +16,7 @@ The layout (documented in the README, "How the prompt is built"):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import ItemError, ModelError, SpecError
 from .spec import (
@@ -29,6 +29,9 @@ from .spec import (
 )
 
 # Field values used to find where item text starts and which prefix tokens never merge with it.
+if TYPE_CHECKING:  # any Hugging Face tokenizer
+    from transformers import PreTrainedTokenizerBase
+
 _PROBES = ("A", "a", "1", " ", "  x", "\n", "\t", ".", ",", ":", "'s", '"', "-", "<", "é", "中", "x y", "")
 _SENTINEL = "\u2063PREFIXCACHE\u2063"
 
@@ -57,7 +60,7 @@ class PromptBuilder:
         candidates: label name -> ids scored after the prompt (label tokens + end-of-answer).
     """
 
-    def __init__(self, spec: TaskSpec, tokenizer: Any):
+    def __init__(self, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase):
         self.spec, self.tok = spec, tokenizer
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if spec.format == "chat" and not has_template:
