@@ -210,7 +210,7 @@ def report(
 
         prefixcache report out.jsonl -o report.html --compare before.jsonl
     """
-    from ..reports.html import write_report  # matplotlib: an optional extra
+    from ..reports.htmlpage import write_report  # matplotlib: an optional extra
 
     with errors(debug):
         write_report(output, html_file, compare_with)

@@ -1,7 +1,7 @@
 """What the command line shows after a command: the run's summary line, evaluation tables, the
 dry run's totals, the bench tables, the diff and the cache listing. Rich, on the console it is
 given (stderr for everything but the tables a command exists to print). Not the HTML report:
-that is reports/html.py."""
+that is reports/htmlpage.py."""
 
 from __future__ import annotations
 

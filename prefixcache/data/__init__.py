@@ -1,0 +1,11 @@
+"""The data files in and out. No torch.
+
+- items.py: the input: lazy readers for JSONL, CSV, TSV, a JSON array, Parquet and stdin, yielding
+  `Item`s, with errors that name the file and line;
+- records.py: the record: one per item, its fields and its CSV cells (the only place that knows
+  the record's layout);
+- output.py: the output file: format, writer, reader, the checks before a run, the fingerprint,
+  resume and update, writing aside and renaming (the only place that writes an output).
+
+May import: task, errors. Imported by scoring, reports, run and cli.
+"""

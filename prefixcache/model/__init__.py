@@ -1,0 +1,13 @@
+"""The model, the engine and the attention kernel: torch lives here.
+
+- load.py: finds and loads models and tokenizers (hub ids, folders, GGUF files, the embedded
+  default), converting GGUF weights once into the cache;
+- engine.py: prefills the static prefix once and scores batches of rows and their candidates
+  against it in one forward pass;
+- attention.py: the cascade attention kernel that reads the shared prefix once per layer;
+- store.py: prefilled prefixes kept on disk across runs, verified;
+- rows.py: what the engine scores (rows, candidates, their token trie);
+- reference.py: the slow, obviously correct scorer the engine is tested against.
+
+Knows nothing of specs, items or records. May import: compat, errors.
+"""

@@ -31,7 +31,7 @@ from . import attention
 from .. import compat
 from .attention import UnsupportedAttention
 from ..errors import ModelError, first_line
-from .rows import Row, trie
+from .rows import Row, Trie, trie
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +69,29 @@ class Layout:
 
 
 def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
-    P = prefix_len
+    """Lay a batch out for one forward pass over the shared prefix (P = `prefix_len` tokens).
+
+    Each row contributes a segment: its own n tokens (the item after the prefix), then the m nodes
+    of its candidates' trie (every proper prefix of a candidate, shared by the candidates that
+    start with it; a candidate's last token is scored, never fed). Packed, the batch is the
+    segments one after another, T tokens, no padding: that is what the linear layers see. Padded,
+    each segment sits at the right end of a row of W slots (W: the longest segment), which is how
+    attention reads it: `gather` maps slots to packed tokens, `slots` maps back.
+
+    Example: P = 3, one row whose item tokens are [a, b] and whose candidates are (x, y) and (x, z).
+    The trie has one node, x; the segment is a b x at positions 3 4 5. In the own part of the mask
+    a sees a, b sees a b, x sees a b x (an item is causal; a node sees the item and its ancestors,
+    never a sibling). Logits are kept at b (they score every candidate's first token, x) and at x
+    (they score y and z), so `term_rows`/`term_toks` are (b, x), (x, y) for the first candidate
+    and (b, x), (x, z) for the second; a candidate's log-prob is the sum over its terms.
+    """
     tries = [trie(r.candidates) for r in rows]
     suffixes = [list(r.ids[r.prefix_len:]) for r in rows]
     lengths = [len(s) + len(t) for s, t in zip(suffixes, tries)]
     B, W, T = len(rows), max(lengths), sum(lengths)
     ids, pos, keep, term_rows, term_toks, sizes = [], [], [], [], [], []
-    gather = torch.full((B, W), T, dtype=torch.long)
-    allowed = torch.zeros(B, W, P + W, dtype=torch.bool)
+    gather = torch.full((B, W), T, dtype=torch.long)  # [B, W]; T marks padding
+    allowed = torch.zeros(B, W, prefix_len + W, dtype=torch.bool)  # [B, W, P + W]
     for b, (row, suffix, t) in enumerate(zip(rows, suffixes, tries)):
         n, m, start = len(suffix), len(t), len(ids)
         off = W - n - m  # left padding of this row
@@ -84,28 +99,34 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
         pos += list(range(row.prefix_len, row.prefix_len + n)) + [row.prefix_len + n + d - 1 for d in t.depths]
         gather[b, off:] = torch.arange(start, start + n + m)
         allowed[b, :, :row.prefix_len] = True  # only the prefix ids this item shares
-        own = allowed[b, :, P:]  # [W, W] view
-        own[range(off), range(off)] = True  # padding slots see themselves: never all-masked
-        own[off: off + n, off: off + n] = torch.ones(n, n, dtype=torch.bool).tril()
-        for k in range(m):
-            col = off + n + k
-            own[col, off: off + n] = True  # the whole item
-            node = k
-            while node >= 0:  # itself and its ancestors
-                own[col, off + n + node] = True
-                node = t.parents[node]
+        _own_mask(allowed[b, :, prefix_len:], off, n, t)
         first = len(keep)  # kept row of the item's last token; its trie nodes follow
         keep += range(start + n - 1, start + n + m)
         for cand in row.candidates:
             term_rows += [first] + [first + 1 + t.index[cand[:k]] for k in range(1, len(cand))]
             term_toks += cand
         sizes.append([len(c) for c in row.candidates])
-    slots = torch.zeros(T, dtype=torch.long)
+    slots = torch.zeros(T, dtype=torch.long)  # [T]
     real = gather < T
     slots[gather[real]] = torch.arange(B * W).view(B, W)[real]
     as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     return Layout(as_long(ids), as_long(pos), as_long(keep), gather, slots, allowed,
                   as_long(term_rows), as_long(term_toks), sizes)
+
+
+def _own_mask(own: torch.Tensor, off: int, n: int, t: Trie) -> None:
+    """Fill one row's [W, W] mask over its own slots: padding slots see themselves (never an
+    all-masked row), the item's n tokens are causal, each trie node sees the whole item, itself
+    and its ancestors."""
+    own[range(off), range(off)] = True
+    own[off: off + n, off: off + n] = torch.ones(n, n, dtype=torch.bool).tril()
+    for k in range(len(t)):
+        col = off + n + k
+        own[col, off: off + n] = True
+        node = k
+        while node >= 0:
+            own[col, off + n + node] = True
+            node = t.parents[node]
 
 
 def binding_window(lay: Layout, window: int | None) -> int | None:

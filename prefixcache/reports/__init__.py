@@ -1,0 +1,9 @@
+"""What is said about outputs once written. No torch.
+
+- evaluation.py: gold-label evaluation accumulated record by record, the gates, and the report
+  files (--metrics JSON, --summary-md Markdown, --junit XML);
+- diff.py: two runs joined by id: flips, shifts, fixed and broken items, McNemar;
+- htmlpage.py: `prefixcache report`, one self-contained HTML page (matplotlib, an optional extra).
+
+May import: data, task, errors. Imported by run and cli. The terminal's tables are cli/show.py.
+"""

@@ -1,0 +1,12 @@
+"""One run, from plan to result.
+
+- options.py: `RunOptions`, the table of everything a run takes (and how each is written on the
+  command line);
+- plan.py: every check that needs no model, and the `Plan` that carries what it settled;
+- job.py: `Job`, whose methods are a run's phases, and `RunResult`;
+- pipeline.py: `classify`: items -> batches -> scores -> records, in input order;
+- shards.py: splitting one job into shards and joining their outputs (`merge`, launches);
+- dryrun.py, bench.py: `run --dry-run` and `prefixcache bench`.
+
+May import: reports, scoring, model, data, task, compat, errors. Never prints; imported by cli.
+"""

@@ -1,0 +1,11 @@
+"""The model at work on a task: items prepared, batched and scored against the cached prefix.
+
+- prepare.py: `Task` (a spec with its model's tokenizer): items into prompt ids and candidates
+  (`Prepared`), and into batches that never depend on timing;
+- scorer.py: `Scorer`: the engine and the prefilled prefix of one task; scores batches, reuses
+  duplicates' scores, and decides (normalisation, calibration, PMI) through task/decision.py;
+- exact.py: `CheckedScorer` (--exact): a low-precision scorer whose close calls are scored again
+  in float32.
+
+May import: model, data (items), task, compat, errors. Imported by run and cli.
+"""

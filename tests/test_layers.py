@@ -1,0 +1,92 @@
+"""The layout's rules, read from the code: imports flow one way between the layers, and the task,
+data and reports layers never import torch (so a bad spec or input fails before torch loads)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "prefixcache"
+# What each layer may import (besides itself); the ground (compat, errors) is open to all.
+ALLOWED = {
+    "cli": {"run", "reports", "scoring", "model", "data", "task"},
+    "run": {"reports", "scoring", "model", "data", "task"},
+    "reports": {"data", "task"},
+    "scoring": {"model", "data", "task"},
+    "model": set(),
+    "data": {"task"},
+    "task": set(),
+}
+GROUND = {"compat", "errors", "__init__"}
+NO_TORCH = ("task", "data", "reports")
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(the first part under prefixcache, or an outside top-level module, imported at module level?)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    layer = path.relative_to(PACKAGE).parts
+    found = []
+    for node in ast.walk(tree):
+        top = node in tree.body or any(node in getattr(n, "body", []) for n in tree.body if isinstance(n, ast.If)
+                                       and "TYPE_CHECKING" not in ast.unparse(n.test))
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = list(layer[:-1])[: len(layer) - node.level]
+            parts = base + (node.module.split(".") if node.module else [])
+            if not node.module:
+                parts += [alias.name for alias in node.names]
+            name = parts[0] if parts else "__init__"
+            known = (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").exists()
+            found.append((name if known else "__init__", top))
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.append(("outside:" + node.module.split(".")[0], top))
+        elif isinstance(node, ast.Import):
+            found += [("outside:" + alias.name.split(".")[0], top) for alias in node.names]
+    return found
+
+
+def _modules() -> list[Path]:
+    return [p for p in PACKAGE.rglob("*.py") if len(p.relative_to(PACKAGE).parts) == 2]
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_flow_down_the_layers(path):
+    layer = path.relative_to(PACKAGE).parts[0]
+    for target, _ in _imports(path):
+        if target.startswith("outside:") or target in GROUND or target == layer:
+            continue
+        assert target in ALLOWED[layer], f"{path.relative_to(PACKAGE)} imports {target}: {layer} may import only {sorted(ALLOWED[layer])}"
+
+
+@pytest.mark.parametrize("path", [p for p in _modules() if p.relative_to(PACKAGE).parts[0] in NO_TORCH],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_lower_layers_do_not_import_torch(path):
+    assert ("outside:torch", True) not in _imports(path), f"{path.relative_to(PACKAGE)} imports torch at module level"
+
+
+def test_every_layer_says_what_it_owns_and_may_import():
+    for layer in ALLOWED:
+        doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text(encoding="utf-8")))
+        assert doc and "import" in doc, f"prefixcache/{layer}/__init__.py has no docstring saying what it may import"
+
+
+def test_no_module_is_named_after_the_standard_library():
+    import sys
+
+    names = {p.stem for p in PACKAGE.rglob("*.py")} | {p.name for p in PACKAGE.iterdir() if p.is_dir()}
+    assert not names & set(sys.stdlib_module_names)
+
+
+def test_a_wrong_way_import_is_caught(tmp_path, monkeypatch):
+    """The rule above can fail: a task module importing the engine is refused."""
+    layer = tmp_path / "prefixcache" / "task"
+    layer.mkdir(parents=True)
+    (tmp_path / "prefixcache" / "model").mkdir()
+    bad = layer / "bad.py"
+    bad.write_text("from ..model.engine import Engine\nimport torch\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "prefixcache")
+    with pytest.raises(AssertionError, match="task may import only"):
+        test_imports_flow_down_the_layers(bad)
+    with pytest.raises(AssertionError, match="imports torch"):
+        test_the_lower_layers_do_not_import_torch(bad)
