@@ -124,15 +124,13 @@ def library_logs_reach_caplog(monkeypatch):
 
 @pytest.fixture(scope="session", autouse=True)
 def cache_dir(tmp_path_factory) -> Path:
-    """A cache folder of the test session's own, so tests never see or fill the user's prefix
-    store; its converted models are the real cache's (converting the embedded model is slow), and
-    the CLI finds it through PREFIXCACHE_CACHE_DIR, as a user would set it."""
-    from prefixcache.model.load import default_cache_dir, models_dir
-
-    real = Path(os.environ.get("PREFIXCACHE_CACHE_DIR") or default_cache_dir())
-    models_dir(real).mkdir(parents=True, exist_ok=True)
-    root = tmp_path_factory.mktemp("prefixcache-cache")
-    models_dir(root).symlink_to(models_dir(real).resolve(), target_is_directory=True)
+    """A cache folder of the tests' own, so tests never read, write or fill the user's cache: a new
+    one per session (the embedded model is converted into it once, by the first test that needs
+    it), or PREFIXCACHE_TEST_CACHE, a folder kept for the tests across sessions to skip that
+    conversion. The CLI finds it through PREFIXCACHE_CACHE_DIR, as a user would set it."""
+    kept = os.environ.get("PREFIXCACHE_TEST_CACHE")
+    root = Path(kept) if kept else tmp_path_factory.mktemp("prefixcache-cache")
+    root.mkdir(parents=True, exist_ok=True)
     previous = os.environ.get("PREFIXCACHE_CACHE_DIR")
     os.environ["PREFIXCACHE_CACHE_DIR"] = str(root)
     yield root

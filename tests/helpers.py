@@ -1,8 +1,12 @@
-"""Small helpers shared by the tests."""
+"""What the tests share: specs, items, running a command as a user does, reading records back,
+free ports. One place, so tests never copy helpers from file to file."""
 
 from __future__ import annotations
 
+import json
+import socket
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -40,10 +44,48 @@ def make_spec(tmp_path: Path, **data) -> TaskSpec:
     return load_spec(write_spec(tmp_path, **data))
 
 
-def invoke(*args, **kwargs):
-    """The CLI in-process, with any argument given as a path or a number."""
+def invoke(*args: Any, **kwargs: Any):
+    """A `prefixcache` command in-process, named as a user sees it (`prefixcache run ...`), with any
+    argument given as a path or a number. `kwargs`: CliRunner.invoke's (input, env, ...)."""
     from typer.testing import CliRunner
 
-    from prefixcache.cli.app import app
+    from prefixcache.cli import app
 
-    return CliRunner().invoke(app, [str(a) for a in args], **kwargs)
+    return CliRunner().invoke(app, [str(a) for a in args], prog_name="prefixcache", **kwargs)
+
+
+def records(path: Path, timing: bool = False) -> list[dict]:
+    """A JSONL output's records, in file order; without `ms` (which differs between runs) unless
+    `timing`."""
+    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    return rows if timing else [{k: v for k, v in row.items() if k != "ms"} for row in rows]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for a launch's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hand_record(rid, label, probs, gold=None, **kept):
+    """A label task's record as `run` writes it, built by hand."""
+    record = {"id": rid, **kept, "label": label, "prob": probs.get(label), "margin": 0.1, "probs": probs,
+              "logprobs": {k: -1.0 for k in probs}, "normalize": "sum", "prefix_tokens": 10, "item_tokens": 3,
+              "item_sha": "0" * 16, "ms": 1.0}
+    if gold is not None:
+        record.update(gold=gold, correct=label == gold)
+    return record
+
+
+def write_records(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+# Two hand-built runs of eight items with gold "a": A gets 2 right; B fixes 5 of the 6 wrong ones and breaks one right one.
+A = [hand_record(f"i{k}", "a" if k in (0, 1) else "b", {"a": 0.6 if k < 2 else 0.3, "b": 0.4 if k < 2 else 0.7}, "a",
+          title=f"t{k}") for k in range(8)]
+B_LABELS = ["b", "a", "a", "a", "a", "a", "a", "b"]  # i0 broken; i2..i6 fixed; i7 still wrong
+B = [hand_record(f"i{k}", lab, {"a": 0.8 if lab == "a" else 0.2, "b": 0.2 if lab == "a" else 0.8}, "a", title=f"t{k}")
+     for k, lab in enumerate(B_LABELS)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from helpers import TEXTS, make_spec
+from helpers import TEXTS, invoke, make_spec
 
 from prefixcache.model.engine import Engine
 from prefixcache.errors import ModelError
@@ -103,9 +103,7 @@ def test_run_a_model_folder_without_sdpa_support(chat_tokenizer, tmp_path):
     import json
 
     from helpers import write_spec
-    from typer.testing import CliRunner
 
-    from prefixcache.cli.app import app
 
     folder = tmp_path / "gemma2"
     _model(vocab=len(chat_tokenizer), **WINDOWED["gemma2"]).save_pretrained(folder)
@@ -113,7 +111,7 @@ def test_run_a_model_folder_without_sdpa_support(chat_tokenizer, tmp_path):
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"id": n, "text": t}) + "\n" for n, t in enumerate(TEXTS)))
     out = tmp_path / "out.jsonl"
-    result = CliRunner().invoke(app, ["run", str(write_spec(tmp_path, model=str(folder))), str(items), "-o", str(out)])
+    result = invoke("run", str(write_spec(tmp_path, model=str(folder))), str(items), "-o", str(out))
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == list(range(len(TEXTS)))
 

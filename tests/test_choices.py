@@ -7,10 +7,8 @@ import json
 
 import pytest
 from conftest import tiny_model
-from helpers import make_spec, write_spec
-from typer.testing import CliRunner
+from helpers import invoke, make_spec, write_spec
 
-from prefixcache.cli.app import app
 from prefixcache.model.engine import Engine
 from prefixcache.data.items import read_items
 from prefixcache.model.load import ModelSource
@@ -122,7 +120,6 @@ def test_threshold_abstains_and_reports_margin(chat_tokenizer, tmp_path):
     assert below["label"] == plain["label"]
 
 
-runner = CliRunner()
 
 
 @pytest.fixture()
@@ -136,7 +133,7 @@ def test_cli_multiple_choice_with_gold_reports_and_gate(mc_spec, tmp_path):
     out, metrics, md, junit = (tmp_path / n for n in ("o.jsonl", "m.json", "s.md", "j.xml"))
     args = ["run", str(mc_spec), str(items), "-o", str(out), "--overwrite", "--metrics", str(metrics), "--summary-md", str(md),
             "--junit", str(junit)]
-    result = runner.invoke(app, args)
+    result = invoke(*args)
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in out.read_text().splitlines()]
     correct = sum(r["correct"] for r in records)
@@ -152,31 +149,31 @@ def test_cli_multiple_choice_with_gold_reports_and_gate(mc_spec, tmp_path):
     expected = sum(r["label"] == q["answer"] for r, q in zip(records, rows)) / 4
     assert expected < 1
     gate_args = ["run", str(mc_spec), str(_items(tmp_path, rows, "wrong.jsonl")), "-o", str(out), "--overwrite"]
-    gated = runner.invoke(app, gate_args + ["--min-accuracy", "1.0"])
+    gated = invoke(*gate_args, "--min-accuracy", "1.0")
     assert gated.exit_code == 5
     assert gated.stderr.splitlines()[-1] == f"gate failed: accuracy {expected:.4f} is below --min-accuracy 1.0"
-    at_the_bound = runner.invoke(app, gate_args + ["--min-accuracy", str(expected)])
+    at_the_bound = invoke(*gate_args, "--min-accuracy", expected)
     assert at_the_bound.exit_code == 0, at_the_bound.output
 
 
 def test_cli_render_shows_options_as_candidates(mc_spec, tmp_path):
-    result = runner.invoke(app, ["render", str(mc_spec), str(_items(tmp_path)), "--limit", 1])
+    result = invoke("render", str(mc_spec), str(_items(tmp_path)), "--limit", 1)
     assert result.exit_code == 0
     assert list(json.loads(result.stdout)["candidates"]) == ["two", "four", "six", "three"]
 
 
 def test_cli_gold_errors_before_the_model_loads(mc_spec, tmp_path, tiny_model_dir):
     bad = _items(tmp_path, [{"id": 1, "text": "q", "choices": ["a", "b"], "answer": "c"}])
-    result = runner.invoke(app, ["run", str(mc_spec), str(bad)])
+    result = invoke("run", str(mc_spec), str(bad))
     assert result.exit_code == 2
     assert result.stderr == f"error: {bad}:1: item 1 has gold 'c' (answer), which is not one of its 'choices' (or their letters)\n"
     dup = _items(tmp_path, [{"id": 1, "text": "q", "choices": ["a", "a"], "answer": "a"}], "dup.jsonl")
-    result = runner.invoke(app, ["run", str(mc_spec), str(dup)])
+    result = invoke("run", str(mc_spec), str(dup))
     assert result.exit_code == 2 and "lists option 'a' twice" in result.stderr
     labels = write_spec(tmp_path, name="l.yaml", model=str(tiny_model_dir))
-    result = runner.invoke(app, ["run", str(labels), str(bad), "--min-accuracy", "0.5"])
+    result = invoke("run", str(labels), str(bad), "--min-accuracy", "0.5")
     assert result.exit_code == 2 and "need a gold field" in result.stderr
-    result = runner.invoke(app, ["run", str(labels), str(bad), "--gold", "answer"])
+    result = invoke("run", str(labels), str(bad), "--gold", "answer")
     assert result.exit_code == 2 and "has gold 'c' (answer), which is not one of the labels" in result.stderr
 
 

@@ -6,15 +6,12 @@ import csv
 import json
 
 import pytest
-from helpers import TEXTS, write_spec
+from helpers import TEXTS, invoke, write_spec
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from typer.testing import CliRunner
 
 from prefixcache import __version__
-from prefixcache.cli.app import app
 from prefixcache.model.reference import score_naive
 
-runner = CliRunner()
 
 
 @pytest.fixture()
@@ -28,9 +25,6 @@ def items_path(tmp_path):
     path.write_text("".join(json.dumps({"id": f"i{n}", "text": t}) + "\n" for n, t in enumerate(TEXTS)))
     return path
 
-
-def invoke(*args, input=None):
-    return runner.invoke(app, [str(a) for a in args], input=input)
 
 
 def test_version():

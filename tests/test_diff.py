@@ -6,30 +6,8 @@ import json
 
 import pytest
 
-from helpers import invoke
+from helpers import A, B, hand_record as _rec, invoke, write_records as _write
 from prefixcache.reports.diff import compare, mcnemar_exact
-
-
-def _rec(rid, label, probs, gold=None, **kept):
-    record = {"id": rid, **kept, "label": label, "prob": probs.get(label), "margin": 0.1, "probs": probs,
-              "logprobs": {k: -1.0 for k in probs}, "normalize": "sum", "prefix_tokens": 10, "item_tokens": 3,
-              "item_sha": "0" * 16, "ms": 1.0}
-    if gold is not None:
-        record.update(gold=gold, correct=label == gold)
-    return record
-
-
-def _write(path, records):
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
-# Eight items with gold "a": A gets 2 right; B fixes 5 of the 6 wrong ones and breaks one right one.
-A = [_rec(f"i{k}", "a" if k in (0, 1) else "b", {"a": 0.6 if k < 2 else 0.3, "b": 0.4 if k < 2 else 0.7}, "a",
-          title=f"t{k}") for k in range(8)]
-B_LABELS = ["b", "a", "a", "a", "a", "a", "a", "b"]  # i0 broken; i2..i6 fixed; i7 still wrong
-B = [_rec(f"i{k}", lab, {"a": 0.8 if lab == "a" else 0.2, "b": 0.2 if lab == "a" else 0.8}, "a", title=f"t{k}")
-     for k, lab in enumerate(B_LABELS)]
 
 
 def test_the_comparison_of_a_known_pair():

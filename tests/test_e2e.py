@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke
 
-from prefixcache.cli.app import app
 from prefixcache.data.items import read_items
 from prefixcache.model.reference import score_naive
 from prefixcache.run.pipeline import classify
@@ -55,7 +54,7 @@ def test_real_model_cached_scores_equal_full_reencode(scorer):
 
 def test_real_model_cli_run_on_samples(tmp_path):
     out = tmp_path / "pred.jsonl"
-    result = CliRunner().invoke(app, ["run", str(SPEC), str(TICKETS), "-o", str(out), "--device", "cpu"])
+    result = invoke("run", str(SPEC), str(TICKETS), "-o", str(out), "--device", "cpu")
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in out.read_text().splitlines()]
     ids = [item.id for item in read_items(str(TICKETS))]
@@ -78,10 +77,10 @@ def test_real_model_multiple_choice_equals_full_reencode(cache_dir):
 
 def test_real_model_gold_evaluation_cli(tmp_path):
     metrics = tmp_path / "m.json"
-    result = CliRunner().invoke(app, [
+    result = invoke(
         "run", str(ROOT / "configs" / "irony.yaml"), str(ROOT / "data" / "samples" / "irony.jsonl"),
         "-o", str(tmp_path / "o.jsonl"), "--limit", "20", "--metrics", str(metrics), "--min-accuracy", "0",
-    ])
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(metrics.read_text())
     assert data["items"] == 20 and set(data["per_label"]) == {"ironic", "not ironic"}
@@ -111,8 +110,8 @@ def test_an_unwritable_cache_still_runs_the_embedded_model(tmp_path):
     blocked = tmp_path / "cache-is-a-file"
     blocked.write_text("not a folder")
     out = tmp_path / "o.jsonl"
-    result = CliRunner().invoke(app, ["run", str(SPEC), str(TICKETS), "-o", str(out), "--limit", "3",
-                                      "--cache-dir", str(blocked)])
+    result = invoke("run", str(SPEC), str(TICKETS), "-o", str(out), "--limit", "3",
+                                      "--cache-dir", str(blocked))
     assert result.exit_code == 0, result.output
     assert "cannot keep the converted weights" in result.stderr and "prefix store: cannot write" in result.stderr
     assert len(out.read_text().splitlines()) == 3
@@ -139,8 +138,8 @@ def test_model_option_takes_a_gguf_file(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text("model: ./not/here.gguf\nlabels: [billing, technical, account]\ntemplate: 'Ticket: {text}'\n")
     out = tmp_path / "o.jsonl"
-    result = CliRunner().invoke(app, ["run", str(spec), str(TICKETS), "-o", str(out), "-n", "2",
-                                      "-m", str(embedded_model_file())])
+    result = invoke("run", str(spec), str(TICKETS), "-o", str(out), "-n", "2",
+                                      "-m", str(embedded_model_file()))
     assert result.exit_code == 0, result.output
     assert len(out.read_text().splitlines()) == 2 and "SmolLM2-135M-Instruct.Q4_1.gguf" in result.stderr
 
@@ -160,8 +159,8 @@ def test_exact_mode_labels_equal_float32_on_every_shipped_sample(tmp_path, confi
     runs = {}
     for name, args in (("fp32", ["--dtype", "float32"]), ("exact", ["--dtype", "bfloat16", "--exact"])):
         out = tmp_path / f"{name}.jsonl"
-        result = CliRunner().invoke(app, ["run", str(ROOT / "configs" / f"{config}.yaml"),
-                                          str(ROOT / "data" / "samples" / sample), "-o", str(out), "-q", *args])
+        result = invoke("run", str(ROOT / "configs" / f"{config}.yaml"),
+                                          str(ROOT / "data" / "samples" / sample), "-o", str(out), "-q", *args)
         assert result.exit_code in (0, 5), result.output
         runs[name] = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["label"] for r in runs["exact"]] == [r["label"] for r in runs["fp32"]]
@@ -179,10 +178,10 @@ def test_irony_report_renders_in_chromium(tmp_path):
     from matplotlib.image import imread
 
     out, page, shot = tmp_path / "irony.jsonl", tmp_path / "report.html", tmp_path / "shot.png"
-    result = CliRunner().invoke(app, ["run", str(ROOT / "configs" / "irony.yaml"), str(ROOT / "data" / "samples" / "irony.jsonl"),
-                                      "-o", str(out), "-q", "--keep", "text"])
+    result = invoke("run", str(ROOT / "configs" / "irony.yaml"), str(ROOT / "data" / "samples" / "irony.jsonl"),
+                                      "-o", str(out), "-q", "--keep", "text")
     assert result.exit_code == 0, result.output
-    assert CliRunner().invoke(app, ["report", str(out), "-o", str(page)]).exit_code == 0
+    assert invoke("report", str(out), "-o", str(page)).exit_code == 0
     run = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
                           f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import TEXTS, make_spec
+from helpers import TEXTS, invoke, make_spec
 
 from prefixcache.model.engine import Engine
 from prefixcache.task.prompt import PromptBuilder
@@ -243,16 +243,14 @@ def test_a_kernel_bug_is_exit_1_through_the_cli(tmp_path, tiny_model_dir, kernel
     import json
 
     from helpers import write_spec
-    from typer.testing import CliRunner
 
-    from prefixcache.cli.app import app
 
     kernel(_raising(AttributeError("a bug in the kernel")))
     items = tmp_path / "in.jsonl"
     items.write_text(json.dumps({"id": 1, "text": "crash"}) + "\n")
     spec = write_spec(tmp_path, model=str(tiny_model_dir))
-    result = CliRunner().invoke(app, ["run", str(spec), str(items), "--no-cache-store"])
+    result = invoke("run", str(spec), str(items), "--no-cache-store")
     assert result.exit_code == 1
     assert result.stderr.splitlines()[-1] == "internal error: AttributeError: a bug in the kernel (run with --debug for a traceback)"
-    debug = CliRunner().invoke(app, ["run", str(spec), str(items), "--no-cache-store", "--debug"])
+    debug = invoke("run", str(spec), str(items), "--no-cache-store", "--debug")
     assert debug.exit_code == 1 and "Traceback" in debug.stderr and "in kernel_fn" in debug.stderr

@@ -9,7 +9,7 @@ import json
 import sys
 
 import pytest
-from helpers import invoke, write_spec
+from helpers import invoke, records, write_spec
 
 from prefixcache.errors import InputError
 from prefixcache.data.items import read_items
@@ -57,7 +57,7 @@ def test_every_format_gives_the_same_records(tmp_path, tiny_model_dir):
         out = tmp_path / f"out-{fmt}.jsonl"
         result = invoke("run", spec, path, "-o", out, "-q", "--keep", "n")
         assert result.exit_code == 0, (fmt, result.output)
-        outputs[fmt] = [{k: v for k, v in json.loads(line).items() if k != "ms"} for line in out.read_text().splitlines()]
+        outputs[fmt] = records(out)
     first = outputs.pop("jsonl")
     for fmt, records in outputs.items():
         assert records == first, fmt

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import invoke, write_spec
+from helpers import invoke, records as _no_ms, write_spec
 
 from prefixcache.errors import InputError, SpecError
 from prefixcache.data.items import scan_items
@@ -258,9 +258,6 @@ def _damage(data: bytes, rng: random.Random) -> bytes:
         lines[k], lines[j] = lines[j], lines[k]
     return b"\n".join(lines) + b"\n"
 
-
-def _no_ms(path: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "ms"} for line in path.read_text().splitlines()]
 
 
 def test_resume_on_a_damaged_output_finishes_correctly_or_refuses(spec_path, tmp_path):

@@ -9,15 +9,12 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers import write_spec
-from typer.testing import CliRunner
+from helpers import invoke, write_spec
 
-from prefixcache.cli.app import app
 from prefixcache.errors import Interrupted
 from prefixcache.run.job import run_job
 from prefixcache.run.options import RunOptions, command_line
 
-runner = CliRunner()
 WORDS = "crash refund password invoice login error slow payment account screen update billing".split()
 
 
@@ -33,9 +30,6 @@ def _write(path: Path, rows) -> Path:
 def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
-
-def invoke(*args, **kwargs):
-    return runner.invoke(app, [str(a) for a in args], **kwargs)
 
 
 @pytest.fixture()

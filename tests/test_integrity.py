@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import invoke, write_spec
+from helpers import free_port, invoke, write_spec
 
 from prefixcache.errors import Interrupted, SpecError
 from prefixcache.task.spec import load_spec
@@ -188,7 +188,7 @@ def test_usage_errors_and_report_paths_are_one_line_before_the_run(spec_path, tm
     zero = invoke("run", spec_path, src, "--limit", 0)
     assert zero.exit_code == 2
     assert zero.stderr == ("error: Invalid value for '--limit' / '-n': Input should be greater than or equal to 1 "
-                           "(see root run -h)\n")
+                           "(see prefixcache run -h)\n")
     gold = write_spec(tmp_path, name="gold.yaml", model=load_spec(spec_path).model, labels=["tech", "billing"], gold="answer")
     src.write_text('{"id": 1, "text": "x", "answer": "tech"}\n')
     missing = invoke("run", gold, src, "-o", tmp_path / "o.jsonl", "--metrics", tmp_path / "no" / "m.json")
@@ -227,8 +227,8 @@ def test_world_size_without_a_launcher_fails_in_bounded_time(spec_path, tmp_path
     assert no_master.returncode == 2 and no_master.stderr.endswith(
         "error: WORLD_SIZE is 2 but no launcher started this process (MASTER_ADDR is not set); use accelerate "
         "launch or torchrun, or unset WORLD_SIZE to run one process\n")
-    code = "import prefixcache.shard as s; s.LAUNCH_TIMEOUT = 3\nfrom prefixcache.cli.app import main\nmain()"
-    env = {**base, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29581"}
+    code = "import prefixcache.run.shards as s; s.LAUNCH_TIMEOUT = 3\nfrom prefixcache.cli import main\nmain()"
+    env = {**base, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     started = time.monotonic()
     alone = subprocess.run([sys.executable, "-c", code, "run", str(spec_path), str(src), "-q"], env=env,
                            capture_output=True, text=True, timeout=120)

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import invoke
-from test_diff import A, B, _write
+from helpers import A, B, invoke, write_records as _write
 
 
 def test_report_is_self_contained_with_every_section(tmp_path):

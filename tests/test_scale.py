@@ -9,16 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import TEXTS, write_spec
-from typer.testing import CliRunner
-
-from prefixcache.cli.app import app
-
-runner = CliRunner()
+from helpers import TEXTS, free_port, invoke, records as _records, write_spec
 
 
-def _records(path: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "ms"} for line in path.read_text().splitlines()]
+
 
 
 @pytest.fixture()
@@ -28,13 +22,13 @@ def job(tmp_path, tiny_model_dir):
     texts = [f"{t} (case {n})" for n, t in enumerate(TEXTS * 3)]
     items.write_text("".join(json.dumps({"id": n, "text": t}) + "\n" for n, t in enumerate(texts)))
     single = tmp_path / "single.jsonl"
-    result = runner.invoke(app, ["run", str(spec), str(items), "-o", str(single), "-b", 4, "-q"])
+    result = invoke("run", str(spec), str(items), "-o", str(single), "-b", 4, "-q")
     assert result.exit_code == 0, result.output
     return spec, items, single
 
 
 def _shard(spec, items, out, k, n):
-    return runner.invoke(app, ["run", str(spec), str(items), "-o", str(out), "-b", 4, "-q", "--shard", f"{k}/{n}"])
+    return invoke("run", str(spec), str(items), "-o", str(out), "-b", 4, "-q", "--shard", f"{k}/{n}")
 
 
 def test_shards_merge_to_the_single_process_output(job, tmp_path):
@@ -45,7 +39,7 @@ def test_shards_merge_to_the_single_process_output(job, tmp_path):
     sizes = [len(_records(p)) for p in parts]
     assert sum(sizes) == len(_records(single)) and all(sizes)
     out = tmp_path / "merged.jsonl"
-    result = runner.invoke(app, ["merge", str(parts[2]), str(parts[0]), str(parts[1]), "-o", str(out)])
+    result = invoke("merge", str(parts[2]), str(parts[0]), str(parts[1]), "-o", str(out))
     assert result.exit_code == 0, result.output
     assert result.stderr == f"merged {sum(sizes)} records from 3 parts into {out}\n"
     assert _records(out) == _records(single)
@@ -57,25 +51,25 @@ def test_merge_reports_missing_incomplete_or_duplicate_shards(job, tmp_path):
     for k, part in enumerate(parts, 1):
         assert _shard(spec, items, part, k, 3).exit_code == 0
     out = str(tmp_path / "merged.jsonl")
-    missing = runner.invoke(app, ["merge", str(parts[0]), str(parts[2]), "-o", out])
+    missing = invoke("merge", str(parts[0]), str(parts[2]), "-o", out)
     assert missing.exit_code == 2
     assert missing.stderr == "error: shard 2/3 missing (expected 3 parts written with --shard K/3)\n"
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes(parts[0].read_bytes())
     Path(str(copy) + ".prefixcache.json").write_bytes(Path(str(parts[0]) + ".prefixcache.json").read_bytes())
-    twice = runner.invoke(app, ["merge", str(parts[0]), str(copy), str(parts[1]), "-o", out])
+    twice = invoke("merge", str(parts[0]), str(copy), str(parts[1]), "-o", out)
     assert twice.exit_code == 2 and "are both shard 1/3" in twice.stderr
     lines = parts[1].read_text().splitlines(keepends=True)
     parts[1].write_text("".join(lines[:-1]))
-    short = runner.invoke(app, ["merge", *map(str, parts), "-o", out])
+    short = invoke("merge", *map(str, parts), "-o", out)
     assert short.exit_code == 2
     assert f"{parts[1]}: has {len(lines) - 1} of its {len(lines)} records; finish it with --resume" in short.stderr
     assert not Path(out).exists()
     assert _shard(spec, items, parts[1], 2, 3).exit_code == 2  # exists: refused
-    resumed = runner.invoke(app, ["run", str(spec), str(items), "-o", str(parts[1]), "-b", 4, "-q", "--shard", "2/3", "--resume"])
+    resumed = invoke("run", str(spec), str(items), "-o", str(parts[1]), "-b", 4, "-q", "--shard", "2/3", "--resume")
     assert resumed.exit_code == 0
-    assert runner.invoke(app, ["merge", *map(str, parts), "-o", out]).exit_code == 0
-    assert runner.invoke(app, ["run", str(spec), str(items), "--shard", "4/3"]).stderr.startswith("error: --shard must look like K/N")
+    assert invoke("merge", *map(str, parts), "-o", out).exit_code == 0
+    assert invoke("run", str(spec), str(items), "--shard", "4/3").stderr.startswith("error: --shard must look like K/N")
 
 
 @pytest.mark.slow
@@ -85,7 +79,7 @@ def test_two_cpu_processes_with_accelerate_launch(job, tmp_path):
     accelerate = Path(sys.executable).parent / "accelerate"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "29533",
+        [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", str(free_port()),
          "-m", "prefixcache", "run", str(spec), str(items), "-o", str(out), "-b", "4"],
         capture_output=True, text=True, timeout=600, env=env,
     )

@@ -9,10 +9,8 @@ import threading
 import pytest
 import torch
 from conftest import tiny_model
-from helpers import make_spec, write_spec
-from typer.testing import CliRunner
+from helpers import invoke, make_spec, records, write_spec
 
-from prefixcache.cli.app import app
 from prefixcache.model.engine import Engine
 from prefixcache.task.prompt import PromptBuilder
 from prefixcache.model.store import PrefixStore, prefix_key
@@ -109,7 +107,6 @@ def test_least_recently_used_are_evicted(prefilled, tmp_path):
     assert sorted(e.key for e in store.entries()) == ["a", "c"]
 
 
-runner = CliRunner()
 
 
 def test_cli_second_run_loads_the_prefix_and_writes_the_same_records(tmp_path, tiny_model_dir):
@@ -120,14 +117,14 @@ def test_cli_second_run_loads_the_prefix_and_writes_the_same_records(tmp_path, t
     outs = []
     for n, extra in enumerate(([], [], ["--no-cache-store"])):
         out = tmp_path / f"o{n}.jsonl"
-        result = runner.invoke(app, ["run", str(spec), str(items), "-o", str(out), "--cache-dir", str(store_dir), *extra])
+        result = invoke("run", str(spec), str(items), "-o", str(out), "--cache-dir", str(store_dir), *extra)
         assert result.exit_code == 0, result.output
         assert ("loaded in" if n == 1 else "computed in") in result.stderr
-        outs.append([{k: v for k, v in json.loads(line).items() if k != "ms"} for line in out.read_text().splitlines()])
+        outs.append(records(out))
     assert outs[0] == outs[1] == outs[2]
-    listed = runner.invoke(app, ["cache", "list", "--cache-dir", str(store_dir), "--json"])
+    listed = invoke("cache", "list", "--cache-dir", str(store_dir), "--json")
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert [r["kind"] for r in rows] == ["prefix"] and rows[0]["prefix_tokens"] > 0
-    cleared = runner.invoke(app, ["cache", "clear", "--cache-dir", str(store_dir)])
+    cleared = invoke("cache", "clear", "--cache-dir", str(store_dir))
     assert cleared.exit_code == 0 and "removed 1 stored prefixes" in cleared.stderr
-    assert runner.invoke(app, ["cache", "list", "--cache-dir", str(store_dir), "--json"]).stdout == ""
+    assert invoke("cache", "list", "--cache-dir", str(store_dir), "--json").stdout == ""

@@ -11,12 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import write_spec
-from typer.testing import CliRunner
+from helpers import invoke, records as _records, write_spec
 
-from prefixcache.cli.app import app
 
-runner = CliRunner()
 WORDS = "crash refund password invoice login error slow payment account screen update billing".split()
 
 
@@ -28,18 +25,6 @@ def _write_items(path: Path, texts) -> Path:
     path.write_text("".join(json.dumps({"id": f"i{n}", "text": t}) + "\n" for n, t in enumerate(texts)))
     return path
 
-
-def _records(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        record.pop("ms", None)  # timing differs between runs
-        out.append(record)
-    return out
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture()
