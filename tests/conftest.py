@@ -138,3 +138,4 @@ def cache_dir(tmp_path_factory) -> Path:
         os.environ.pop("PREFIXCACHE_CACHE_DIR", None)
     else:
         os.environ["PREFIXCACHE_CACHE_DIR"] = previous
+

@@ -17,6 +17,14 @@ def test_cli_reference_is_current():
         "docs/cli.md is stale: regenerate it with `python tests/cli_reference.py`"
 
 
+def test_cli_reference_covers_every_command():
+    text = cli_reference.PATH.read_text(encoding="utf-8")
+    names = [" ".join(["prefixcache", *c]) for c in cli_reference.commands()]
+    assert {"prefixcache diff", "prefixcache report", "prefixcache cache clear"} <= set(names)
+    for name in names:
+        assert f"## `{name}`" in text, f"docs/cli.md has no section for {name}"
+
+
 def test_readme_has_the_two_set_up_commands_and_ci_runs_the_test_one():
     blocks = re.findall(r"```\n(python3 -m venv .*?)\n```", (ROOT / "README.md").read_text(encoding="utf-8"))
     assert len(blocks) == 2

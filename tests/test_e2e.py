@@ -79,12 +79,20 @@ def test_real_model_gold_evaluation_cli(tmp_path):
     metrics = tmp_path / "m.json"
     result = invoke(
         "run", str(ROOT / "configs" / "irony.yaml"), str(ROOT / "data" / "samples" / "irony.jsonl"),
-        "-o", str(tmp_path / "o.jsonl"), "--limit", "20", "--metrics", str(metrics), "--min-accuracy", "0",
+        "-o", str(tmp_path / "o.jsonl"), "--limit", "20", "--metrics", str(metrics),
     )
     assert result.exit_code == 0, result.output
     data = json.loads(metrics.read_text())
     assert data["items"] == 20 and set(data["per_label"]) == {"ironic", "not ironic"}
     assert sum(map(sum, data["confusion"]["matrix"])) == 20
+    written = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert data["accuracy"] == pytest.approx(sum(r["correct"] for r in written) / 20)
+    # The gate on the same output (nothing is scored again): met at the accuracy reached, missed above it.
+    again = ["run", ROOT / "configs" / "irony.yaml", ROOT / "data" / "samples" / "irony.jsonl", "-o", tmp_path / "o.jsonl",
+             "--limit", 20, "--resume", "-q", "--min-accuracy"]
+    assert invoke(*again, data["accuracy"]).exit_code == 0
+    missed = invoke(*again, min(data["accuracy"] + 0.05, 1.0))
+    assert missed.exit_code == 5 and "gate failed: accuracy" in missed.stderr
 
 
 def test_a_damaged_converted_model_is_rebuilt_with_a_warning(cache_dir, tmp_path, caplog):

@@ -59,8 +59,8 @@ def test_every_format_gives_the_same_records(tmp_path, tiny_model_dir):
         assert result.exit_code == 0, (fmt, result.output)
         outputs[fmt] = records(out)
     first = outputs.pop("jsonl")
-    for fmt, records in outputs.items():
-        assert records == first, fmt
+    for fmt, written in outputs.items():
+        assert written == first, fmt
 
 
 def test_delimiter_and_encoding(tmp_path):
@@ -70,6 +70,25 @@ def test_delimiter_and_encoding(tmp_path):
         list(read_items(str(path)))
     [item] = read_items(str(path), delimiter=";", encoding="latin-1")
     assert item.record == {"id": "1", "text": "café crème"}
+
+
+def test_every_command_that_reads_items_takes_the_input_options(tmp_path, tiny_model_dir):
+    """run, render and bench read a `;`-separated latin-1 CSV the same way (one declaration)."""
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["a", "b"])
+    path = tmp_path / "in.csv"
+    path.write_bytes("id;text\n1;caf\xe9 cr\xe8me\n2;th\xe9\n".encode("latin-1"))
+    read = ("--delimiter", ";", "--encoding", "latin-1")
+    rendered = invoke("render", spec, path, *read)
+    assert rendered.exit_code == 0, rendered.output
+    assert [json.loads(line)["id"] for line in rendered.stdout.splitlines()] == ["1", "2"]
+    assert "café crème" in json.loads(rendered.stdout.splitlines()[0])["prompt"]
+    ran = invoke("run", spec, path, *read, "-q")
+    assert ran.exit_code == 0 and [json.loads(line)["id"] for line in ran.stdout.splitlines()] == ["1", "2"]
+    timed = invoke("bench", spec, path, *read, "--limit", 1, "--json")
+    assert timed.exit_code == 0, timed.output
+    assert json.loads(timed.stdout)["modes"][-1]["items"] == 2
+    unread = invoke("render", spec, path)  # without them: read as UTF-8, refused with the option to give
+    assert unread.exit_code == 2 and unread.stderr == f"error: {path}:1: not valid UTF-8 (see --encoding)\n"
 
 
 def test_a_broken_json_array_names_its_line(tmp_path):

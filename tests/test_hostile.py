@@ -127,11 +127,14 @@ def test_an_unwritable_cache_folder_is_a_warning(spec_path, tmp_path):
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 3
 
 
-def test_cache_commands_report_errors_in_one_line(tmp_path):
+def test_cache_commands_on_a_file_instead_of_a_folder_list_and_remove_nothing(tmp_path):
     blocked = tmp_path / "blocked"
     blocked.write_text("x")
-    assert invoke("cache", "list", "--cache-dir", blocked).exit_code == 0
-    assert invoke("cache", "clear", "--cache-dir", blocked).exit_code == 0
+    listed = invoke("cache", "list", "--cache-dir", blocked, "--json")
+    assert (listed.exit_code, listed.stdout, listed.stderr) == (0, "", "")
+    cleared = invoke("cache", "clear", "--cache-dir", blocked)
+    assert (cleared.exit_code, cleared.stderr) == (0, "removed 0 stored prefixes\n")
+    assert blocked.read_text() == "x"  # nothing touched
 
 
 def test_help_short_flag_and_choices():
@@ -152,12 +155,16 @@ def test_readers_never_fail_with_anything_but_an_input_error(tmp_path, fmt):
     """A seeded fuzz of the readers: whatever the bytes, a clean scan or one InputError."""
     rng = random.Random(1234)
     path = tmp_path / f"fuzz.{fmt}"
+    outcomes = {"clean": 0, "refused": 0}
     for _ in range(400):
         path.write_bytes(_fuzz_lines(rng))
         try:
             scan_items(str(path), fmt, "id", lambda record: None)
-        except InputError:
-            pass
+            outcomes["clean"] += 1
+        except InputError as exc:
+            assert str(exc).startswith(str(path)), exc  # the error names the file
+            outcomes["refused"] += 1
+    assert outcomes["clean"] and outcomes["refused"], outcomes  # the fuzz reaches both ends
 
 
 def test_spec_loader_never_fails_with_anything_but_a_spec_error(tmp_path):
@@ -166,12 +173,17 @@ def test_spec_loader_never_fails_with_anything_but_a_spec_error(tmp_path):
               "- ", "  ", "template: '{text}'", "examples:", "\n  - text: x\n    label: a", "\t", "\x00", "{{", "%",
               "normalize: mean", "choices: c", "threshold: 2", "calibrate: [1]", "id_field: ''", "model: ./nowhere"]
     path = tmp_path / "fuzz.yaml"
+    outcomes = {"clean": 0, "refused": 0}
     for _ in range(400):
-        path.write_text("".join(rng.choice(pieces) for _ in range(rng.randint(1, 25))))
+        body = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 25)))
+        path.write_text(body if rng.random() < 0.8 else "labels: [a, b]\n" + body.replace("labels:", "x:"))
         try:
             load_spec(path)
-        except SpecError:
-            pass
+            outcomes["clean"] += 1
+        except SpecError as exc:
+            assert str(exc).startswith(str(path)), exc
+            outcomes["refused"] += 1
+    assert outcomes["clean"] and outcomes["refused"], outcomes
 
 
 # -- streams and logs, as a shell and cron see them ------------------------------------------------

@@ -39,6 +39,21 @@ def test_kept_columns_in_csv_need_no_join(spec_path, reviews, tmp_path):
     assert again.exit_code == 0 and "nothing to do" in again.stderr
 
 
+@pytest.mark.parametrize("first, then, named", [
+    (("--keep", "title,rating"), ("--keep", "title"), "--keep title,rating"),
+    (("--keep", "title"), (), "--keep title"),
+    ((), ("--keep", "title"), "no --keep"),
+    (("--keep-all",), (), "--keep title,body,rating"),  # a file's fields, as --keep-all found them
+])
+def test_a_resume_refused_for_kept_fields_names_the_option(spec_path, reviews, tmp_path, first, then, named):
+    out = tmp_path / "out.jsonl"
+    assert invoke("run", spec_path, reviews, "-o", out, "-n", 1, *first, "-q").exit_code == 0
+    refused = invoke("run", spec_path, reviews, "-o", out, *then, "--resume", "-q")
+    assert refused.exit_code == 2
+    assert refused.stderr == (f"error: {out}: cannot continue it: it was written with {named}; add it back to "
+                              f"continue it, or choose another output file\n")
+
+
 def test_keep_all_in_jsonl_keeps_values_as_they_were(tmp_path, tiny_model_dir):
     spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["a", "b"])
     src = tmp_path / "in.jsonl"

@@ -90,3 +90,14 @@ def test_a_wrong_way_import_is_caught(tmp_path, monkeypatch):
         test_imports_flow_down_the_layers(bad)
     with pytest.raises(AssertionError, match="imports torch"):
         test_the_lower_layers_do_not_import_torch(bad)
+
+
+def test_the_command_line_imports_no_torch_until_a_model_is_needed():
+    """Everything up to the model load (the CLI, the run's plan, the readers) loads without torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, prefixcache.cli, prefixcache.run.job, prefixcache.run.plan, prefixcache.reports.diff; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]

@@ -20,7 +20,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from .. import compat
 from ..data.items import Item
@@ -30,12 +30,14 @@ from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted
 from ..model.load import pick_device
 from ..reports.evaluation import Evaluation, Gates, add_record, evaluation_for, write_reports
 from ..scoring.prepare import Task
-from ..scoring.scorer import ItemScorer, Rescoring
 from ..task.lint import lint_labels
 from .options import RunOptions, command_line
 from .pipeline import RunStats, classify
 from .plan import Plan, make_plan, refusal_words
 from .shards import merge_launched, shard_range
+
+if TYPE_CHECKING:  # the scorer brings torch: imported once a model is needed (load_scorer)
+    from ..scoring.scorer import ItemScorer, Rescoring
 
 log = logging.getLogger("prefixcache")
 
