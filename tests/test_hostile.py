@@ -315,3 +315,35 @@ def test_merge_of_damaged_parts_is_complete_or_refused(spec_path, tmp_path):
         else:
             assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: ") and not merged.exists()
         parts[victim].write_bytes(good[victim])
+
+
+@pytest.mark.slow
+def test_records_reach_stdout_while_the_progress_bar_is_on_a_terminal(spec_path, tmp_path):
+    """`run SPEC ITEMS > out.jsonl` at a terminal: stderr is a terminal (the bar is drawn there),
+    stdout a file; every record reaches the file and none is drawn on the screen."""
+    import pty
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": k, "text": f"ticket {k}"}) + "\n" for k in range(7)))
+    out = tmp_path / "out.jsonl"
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "100"}
+    env.pop("NO_COLOR", None)
+    with out.open("w") as stdout:
+        proc = subprocess.Popen([sys.executable, "-m", "prefixcache", "run", str(spec_path), str(src), "-b", "2"],
+                                stdout=stdout, stderr=follower, stdin=subprocess.DEVNULL, env=env)
+    os.close(follower)
+    screen = b""
+    while True:  # read the screen as it is drawn (a full terminal buffer would block the run)
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the run exited and closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(leader)
+    proc.wait(timeout=300)
+    assert proc.returncode == 0, screen.decode(errors="replace")[-2000:]
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == list(range(7))
+    assert b"classifying" in screen and b'"label"' not in screen  # the bar on the screen, the records in the file

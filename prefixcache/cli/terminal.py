@@ -144,6 +144,8 @@ class Reporter:
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
             TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[eta]}"), console=err, transient=False,
             disable=quiet or not self.tty,
+            redirect_stdout=False,  # stdout carries the records: the live display must never take it
+            redirect_stderr=False,
         )
         self.task = None
         self.started = self.last_line = 0.0
