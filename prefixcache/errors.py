@@ -62,6 +62,7 @@ class Interrupted(PrefixcacheError):
 
     def __init__(self, signum: int, message: str = ""):
         super().__init__(message)
+        self.signum = signum
         self.exit_code = 128 + signum
 
 

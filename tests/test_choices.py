@@ -4,6 +4,7 @@ the CLI, on a tiny model, against naive full forwards."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import tiny_model
@@ -120,8 +121,6 @@ def test_threshold_abstains_and_reports_margin(chat_tokenizer, tmp_path):
     assert below["label"] == plain["label"]
 
 
-
-
 @pytest.fixture()
 def mc_spec(tmp_path, tiny_model_dir):
     return write_spec(tmp_path, labels=None, model=str(tiny_model_dir), choices="choices", gold="answer",
@@ -154,6 +153,19 @@ def test_cli_multiple_choice_with_gold_reports_and_gate(mc_spec, tmp_path):
     assert gated.stderr.splitlines()[-1] == f"gate failed: accuracy {expected:.4f} is below --min-accuracy 1.0"
     at_the_bound = invoke(*gate_args, "--min-accuracy", expected)
     assert at_the_bound.exit_code == 0, at_the_bound.output
+
+
+def test_the_log_counts_multiple_choice_answers_by_letter(mc_spec, tmp_path):
+    """In a log (stderr not a terminal) the done line counts answers by option letter, not by
+    each item's option texts."""
+    out = tmp_path / "o.jsonl"
+    result = invoke("run", mc_spec, _items(tmp_path), "-o", out)
+    assert result.exit_code == 0, result.output
+    letters = sorted("ABCDEFGH"[json.loads(line)["index"]] for line in out.read_text().splitlines())
+    done = next(line for line in result.stderr.splitlines() if " done: " in line)
+    counts = re.search(r"done: 4 records to \S+ \(([^)]*)\)", done).group(1)
+    assert sorted(c.split()[0] for c in counts.split(", ")) == sorted(set(letters))
+    assert "the tears of a very sad cloud" not in done and "humidity and pressure" not in done
 
 
 def test_cli_render_shows_options_as_candidates(mc_spec, tmp_path):

@@ -40,6 +40,11 @@ def test_version():
     assert result.exit_code == 0 and result.stdout == f"prefixcache {__version__}\n"
 
 
+def test_exact_help_states_the_measured_speed_not_a_promise():
+    text = " ".join(w for w in invoke("run", "--help", env={"COLUMNS": "200"}).stdout.split() if w != "│")
+    assert "at about bfloat16 speed" not in text and "measured at 0.63-0.91x float32's" in text
+
+
 def test_every_command_has_examples_that_parse():
     """Each command's help shows examples, and every example's options are the command's own
     (parsed as the command would, nothing run): an option renamed or dropped breaks this."""
@@ -274,3 +279,16 @@ def test_bench_table_counts_items_whose_labels_differ(capsys):
                          modes=modes)
     print_bench(report)
     assert "same labels in every mode: NO (1 of 3 items differ)" in capsys.readouterr().out
+
+
+def test_a_log_shows_long_labels_whole_in_the_evaluation_tables(tmp_path, tiny_model_dir):
+    labels = ["search_flights_intent", "search_hotels_intent", "search_trains_intent"]
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=labels, gold="answer")
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": n, "text": f"trip {n}", "answer": labels[n % 3]}) + "\n" for n in range(6)))
+    result = invoke("run", spec, src, "-o", tmp_path / "o.jsonl", env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    table_lines = [line for line in result.stderr.splitlines() if line.startswith(("│", "┃"))]
+    for label in labels:  # in the per-label table and in the confusion matrix's rows and header
+        assert sum(label in line for line in table_lines) >= 3, (label, result.stderr)
+    assert "…" not in result.stderr

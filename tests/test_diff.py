@@ -64,3 +64,15 @@ def test_refusals_and_different_label_sets(tmp_path):
     other = invoke("diff", a, nogold)
     assert other.exit_code == 0 and "different label sets" in other.stdout
     assert other.stdout.splitlines()[0].startswith("1 items in both · 0 changed")
+
+
+def test_top_cuts_every_listing_and_says_so(tmp_path):
+    a, b = _write(tmp_path / "a.jsonl", A), _write(tmp_path / "b.jsonl", B)
+    md, js = tmp_path / "d.md", tmp_path / "d.json"
+    result = invoke("diff", a, b, "--md", md, "--json", js, "--top", 2)
+    assert result.exit_code == 0, result.output
+    data = json.loads(js.read_text())
+    assert [c["id"] for c in data["changed_items"]] == ["i0", "i2"] and data["changed_items_listed"] == "2 of 6"
+    assert len(data["largest_shifts"]) == 2
+    text = md.read_text()
+    assert "| i2 |" in text and "| i3 |" not in text and "4 more changed items (--top 2 listed)" in text

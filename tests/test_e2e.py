@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,12 @@ def test_a_damaged_converted_model_is_rebuilt_with_a_warning(cache_dir, tmp_path
     shutil.copytree(kept["path"], copy)
     weights = next(copy.glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:1000])  # a torn file, as a full disk leaves it
-    scorer = _scorer(SPEC, tmp_path)
+    old = os.umask(0)  # converted again under the loosest umask: still the user's alone
+    try:
+        scorer = _scorer(SPEC, tmp_path)
+    finally:
+        os.umask(old)
+    assert all(oct(p.stat().st_mode & 0o777) == oct(0o700 if p.is_dir() else 0o600) for p in copy.rglob("*"))
     assert "are unusable" in caplog.text and "converting again" in caplog.text
     item = next(iter(read_items(str(TICKETS))))
     assert scorer.decide(scorer.task.prepare(item), scorer.score([scorer.task.prepare(item)]).logprobs[0]).best is not None
@@ -152,7 +158,7 @@ def test_model_option_takes_a_gguf_file(tmp_path):
     assert len(out.read_text().splitlines()) == 2 and "SmolLM2-135M-Instruct.Q4_1.gguf" in result.stderr
 
 
-SAMPLES = [("support-tickets", "tickets.jsonl"), ("support-tickets", "tickets.csv"),
+SAMPLES = [("support-tickets", "tickets.jsonl"),  # tickets.csv holds the same items (formats: test_formats.py)
            ("support-tickets-64-shot", "tickets.jsonl"), ("sentiment", "reviews.jsonl"),
            ("news-topics", "headlines.jsonl"), ("irony", "irony.jsonl"), ("general-knowledge", "general_knowledge.jsonl"),
            ("reading-comprehension", "passages.jsonl"), ("science-exam", "science_exam.jsonl")]

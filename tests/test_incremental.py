@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -107,6 +108,23 @@ def test_the_resume_hint_is_the_command_with_resume(spec_path, tmp_path):
     assert len(_records(out)) == 6
 
 
+def test_a_batch_abandoned_after_a_stop_still_prints_the_resume_command(spec_path, tmp_path):
+    """The signal handler gives up on a slow batch by raising from inside it; the command to go on
+    is printed all the same."""
+    src, out = _write(tmp_path / "items.jsonl", _rows(range(6))), tmp_path / "out.jsonl"
+    options = RunOptions(spec_path, str(src), output=str(out), batch_size=2)
+    abandoned = "interrupted by SIGINT: the batch in flight did not finish within 10 s and was abandoned"
+
+    def slow_batch(event):
+        if event.phase == "batch" and event.written == 4:
+            raise Interrupted(signal.SIGINT, abandoned)
+
+    with pytest.raises(Interrupted) as stopped:
+        run_job(options, progress=slow_batch)
+    assert str(stopped.value) == f"{abandoned}; resume with: prefixcache run {spec_path} {src} -o {out} --batch-size 2 --resume"
+    assert stopped.value.exit_code == 130 and len(_records(out)) == 4
+
+
 def test_a_refused_resume_names_the_options_to_add_back(spec_path, tmp_path):
     src, out = _write(tmp_path / "items.jsonl", _rows(range(4))), tmp_path / "out.jsonl"
     assert invoke("run", spec_path, src, "-o", out, "--gold", "cat", "-b", 16, "-q", "--limit", 2).exit_code == 0
@@ -115,6 +133,19 @@ def test_a_refused_resume_names_the_options_to_add_back(spec_path, tmp_path):
     assert refused.stderr == (f"error: {out}: cannot continue it: it was written with --gold cat and "
                               "--batch-size 16; add them back to continue it, or choose another output file\n")
     assert "--overwrite" not in refused.stderr
+
+
+def test_gold_added_to_a_written_output_says_exactly_what_to_do(spec_path, tmp_path):
+    src, out = _write(tmp_path / "items.jsonl", _rows(range(4))), tmp_path / "out.jsonl"
+    assert invoke("run", spec_path, src, "-o", out, "-q").exit_code == 0
+    refused = invoke("run", spec_path, src, "-o", out, "--gold", "cat", "--resume")
+    assert refused.exit_code == 2
+    other = tmp_path / "out.cat.jsonl"
+    assert refused.stderr == (f"error: {out}: was written without a gold field, so its records hold no 'cat' values to "
+                              f"evaluate; write the evaluated run to another output (-o {other} --gold cat); or drop "
+                              f"--gold cat to continue this one\n")
+    followed = invoke("run", spec_path, src, "-o", other, "--gold", "cat", "-q")  # doing as told works
+    assert followed.exit_code == 0 and all("correct" in r for r in _records(other))
 
 
 def test_resume_and_overwrite_together_is_a_usage_error(spec_path, tmp_path):
@@ -169,6 +200,20 @@ def test_summary_md_appends_to_an_existing_summary(tmp_path, tiny_model_dir):
         assert invoke("run", spec, src, "-o", tmp_path / out, "--summary-md", summary, "-q").exit_code == 0
     text = summary.read_text()
     assert text.startswith("## Earlier step\n") and text.count("### prefixcache evaluation") == 2
+
+
+def test_summary_md_names_the_run_and_each_gate_missed(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["tech", "billing"], gold="answer")
+    # The same text twice with each gold label: one prediction, so accuracy 0.5 and one label's recall 0.
+    src = _write(tmp_path / "in.jsonl", [{"id": n, "text": "same ticket", "answer": ["tech", "billing"][n]} for n in (0, 1)])
+    summary, out = tmp_path / "summary.md", tmp_path / "o.jsonl"
+    gated = invoke("run", spec, src, "-o", out, "--summary-md", summary, "--min-accuracy", 0.6, "--min-recall", 0.9, "-q")
+    assert gated.exit_code == 5
+    text = summary.read_text()
+    assert f"spec `{spec}` · model `{tiny_model_dir}` · input `{src}` · output `{out}`" in text
+    assert "gates: **FAILED**" in text
+    assert "- gate failed: accuracy 0.5000 is below --min-accuracy 0.6" in text
+    assert re.search(r"- gate failed: recall of '(tech|billing)' 0.0000 is below --min-recall 0.9", text)
 
 
 def test_update_drops_items_no_longer_in_the_input_and_an_interrupted_update_changes_nothing(spec_path, tmp_path):

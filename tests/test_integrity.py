@@ -116,6 +116,18 @@ def test_outputs_follow_the_umask_and_the_store_is_private(spec_path, tmp_path):
     assert all(p.stat().st_mode & 0o077 == 0 for p in store.iterdir())
 
 
+def test_a_cache_folder_created_under_umask_000_is_the_users_alone(spec_path, tmp_path):
+    cache = tmp_path / "new" / "cache"  # neither exists: prefixcache creates both
+    old = os.umask(0)
+    try:
+        assert invoke("run", spec_path, _jsonl(tmp_path / "in.jsonl", ["a"]), "-q", "--cache-dir", cache).exit_code == 0
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "new", cache, cache / "prefixes"):
+        assert oct(folder.stat().st_mode & 0o777) == oct(0o700), folder
+    assert all(oct(p.stat().st_mode & 0o777) == oct(0o600) for p in (cache / "prefixes").iterdir() if p.is_file())
+
+
 def test_a_stored_prefix_rewritten_to_another_key_is_rebuilt(tmp_path, chat_tokenizer, caplog):
     from conftest import tiny_model
     from helpers import make_spec
@@ -213,6 +225,18 @@ def test_a_stream_is_checked_as_it_is_read(spec_path, tmp_path):
     assert grown.exit_code == 0 and [r["id"] for r in _lines(out)] == [f"s{k}" for k in range(5)]
     updated = invoke("run", spec_path, "-", "--format", "jsonl", "-o", out, "--update", input=text(other))
     assert updated.exit_code == 0 and "4 unchanged items kept, 0 dropped, 1 items in" in updated.stderr
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_stream_that_fails_before_its_first_record_leaves_nothing_to_block_the_next_run(spec_path, tmp_path, fmt):
+    out = tmp_path / f"out.{fmt}"
+    bad = '{"id": "s0", "text": "ok"}\n{"id": "s0", "text": "again"}\n'  # fails in the first batch
+    failed = invoke("run", spec_path, "-", "--format", "jsonl", "-o", out, "-q", input=bad)
+    assert failed.exit_code == 2 and "duplicate id 's0'" in failed.stderr
+    assert not out.exists() and not Path(f"{out}.prefixcache.json").exists()
+    fixed = invoke("run", spec_path, "-", "--format", "jsonl", "-o", out, "-q", input=bad.replace('"s0", "text": "again"', '"s1", "text": "x"'))
+    assert fixed.exit_code == 0, fixed.output
+    assert len(out.read_text().splitlines()) == 2 + (fmt == "csv")
 
 
 @pytest.mark.slow

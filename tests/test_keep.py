@@ -105,3 +105,10 @@ def test_dry_run_counts_tokens_estimates_and_writes_nothing(spec_path, reviews, 
     assert summary.startswith(f"dry run: 3 items to score · prefix {rendered[0]['prefix_len']} tokens, encoded once · "
                               f"{total} item tokens")
     assert estimate.startswith("measured on 3 items: ") and estimate.endswith("nothing was written")
+
+
+def test_dry_run_on_stdin_reads_it_once_and_measures(spec_path, reviews, tmp_path):
+    result = invoke("run", spec_path, "-", "--format", "csv", "--dry-run", input=reviews.read_text())
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == ["r1", "r2", "r3"]
+    assert result.stderr.splitlines()[1].startswith("measured on 3 items: ")

@@ -89,3 +89,10 @@ def test_template_without_system_role(tmp_path):
     assert text.startswith("<turn>user\nYou are a support ticket router.")
     assert text.endswith("Ticket: hello<end>\n<turn>assistant\n")
     assert b.end_of_answer == "<end>"
+
+
+def test_an_empty_static_prefix_is_a_spec_error(plain_tokenizer, tmp_path):
+    """Multiple choice, no system text, no examples, a tokenizer without BOS: nothing to cache."""
+    spec = make_spec(tmp_path, system=None, labels=None, choices="options", template="{question}")
+    with pytest.raises(SpecError, match="the static prompt prefix is empty .* add a 'system' text"):
+        PromptBuilder(spec, plain_tokenizer)

@@ -14,6 +14,20 @@ import pytest
 from helpers import A, B, invoke, write_records as _write
 
 
+def test_compare_reads_before_to_this_run_as_diff_does(tmp_path):
+    """`report NEW --compare OLD` says what `diff OLD NEW` says: OLD's accuracy first, the fixed
+    and broken items by id."""
+    out, before = _write(tmp_path / "after.jsonl", B), _write(tmp_path / "before.jsonl", A)
+    page = tmp_path / "report.html"
+    assert invoke("report", out, "-o", page, "--compare", before).exit_code == 0
+    text = page.read_text()
+    assert "before → this run" in text
+    assert "accuracy 0.250 → 0.750 · fixed 5 · broken 1" in text  # A: 2 of 8 right; B: 6 of 8
+    assert "<b>fixed</b> (5): i2, i3, i4, i5, i6" in text and "<b>broken</b> (1): i0" in text
+    diffed = invoke("diff", before, out)
+    assert "accuracy 0.250 → 0.750" in diffed.stdout and "fixed 5 · broken 1" in diffed.stdout
+
+
 def test_report_is_self_contained_with_every_section(tmp_path):
     out, before = _write(tmp_path / "after.jsonl", B), _write(tmp_path / "before.jsonl", A)
     page = tmp_path / "report.html"

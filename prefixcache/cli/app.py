@@ -190,7 +190,7 @@ def diff(
     with errors(debug):
         cmp = compare_outputs(a, b)
         failures = cmp.gate_failures(fail_on_change, fail_on_regression)
-        write_diff_reports(cmp, a, b, md, as_json)
+        write_diff_reports(cmp, a, b, md, as_json, top)
         with reporting():
             print_diff(Console(highlight=False), cmp, a, b, top)
             for failure in failures:

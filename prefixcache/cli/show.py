@@ -72,12 +72,26 @@ def print_evaluation(console: Console, evaluation: Evaluation) -> None:
     table = Table("label", "precision", "recall", "F1", "support")
     for label, st in evaluation.per_label().items():
         table.add_row(label, f"{st['precision']:.3f}", f"{st['recall']:.3f}", f"{st['f1']:.3f}", str(st["support"]))
-    console.print(table)
+    print_table(console, table)
     columns, rows = evaluation.matrix()
     confusion = Table("gold \\ predicted", *columns)
     for label, row in zip(evaluation.labels, rows):
         confusion.add_row(label, *map(str, row))
-    console.print(confusion)
+    print_table(console, confusion)
+
+
+def print_table(console: Console, table: Table) -> None:
+    """A table at a terminal's width; in a log (cron, CI) at its natural width, so no label is cut."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update_width(100_000)).maximum
+    width = console.width
+    console.width = max(width, natural)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
 
 
 def print_bench(report: BenchReport) -> None:

@@ -65,6 +65,7 @@ class RecordWriter:
     def __init__(self, stream: IO[str], fmt: str, columns: Sequence[str] = (), header: bool = True,
                  id_column: str = "id"):
         self.stream, self.fmt, self.columns = stream, fmt, list(columns)
+        self.written = 0  # records written by this writer
         if fmt == "csv" and header:  # the id column under the input's name for it
             self.stream.write(self._csv_line({c: id_column if c == "id" else c for c in self.columns}))
             stream.flush()
@@ -83,6 +84,7 @@ class RecordWriter:
         try:
             self.stream.write(line)  # one write per record, quoted newlines included
             self.stream.flush()
+            self.written += 1
         except BrokenPipeError:
             raise
         except OSError as exc:  # a full disk, a quota: what was written before stays, --resume continues
@@ -287,6 +289,8 @@ def check_fingerprint(output: str, previous: Mapping[str, Any], fingerprint: Map
                and previous[k] != fingerprint[k]]  # keys an older version did not record are not compared
     if not changed:
         return
+    if changed == ["gold"]:
+        _gold_changed(output, previous["gold"], fingerprint["gold"])
     options = [words for words in (named(k, previous[k]) for k in changed) if words]
     things = [_THING_OF.get(k, f"another {k}") for k in changed if not named(k, previous[k])]
     if options:
@@ -294,6 +298,20 @@ def check_fingerprint(output: str, previous: Mapping[str, Any], fingerprint: Map
                           f"add {'them' if len(options) > 1 else 'it'} back to continue it, or choose another output file")
     raise OutputError(f"{output}: cannot continue it: it was written with {' and '.join(things)}; "
                       f"restore {'them' if len(things) > 1 else 'it'} to continue it, or choose another output file")
+
+
+def _gold_changed(output: str, before: Optional[str], now: Optional[str]) -> None:
+    """A gold field given (or changed) for an output already written: its records carry the gold
+    values they were written with, so evaluating against another field means new records."""
+    target = Path(output)
+    other = target.with_name(f"{target.stem}.{now or 'nogold'}{target.suffix}")
+    was = f"with gold field {before!r}" if before else "without a gold field"
+    if now:
+        raise OutputError(f"{output}: was written {was}, so its records hold no {now!r} values to evaluate; "
+                          f"write the evaluated run to another output (-o {other} --gold {now}); "
+                          f"or drop --gold {now} to continue this one")
+    raise OutputError(f"{output}: was written {was}; give --gold {before} to continue it, or write to another "
+                      f"output (-o {other})")
 
 
 def input_change(path: str, previous: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> str:
@@ -421,10 +439,10 @@ class OutputFile:
 
     @contextmanager
     def writing(self, start: Start, fingerprint: Mapping[str, Any]) -> Iterator[RecordWriter]:
-        """A writer for this run's records. Fresh: the fingerprint, then the records. Resumed: a
-        partial last record dropped, the fingerprint renewed, records appended. Updated: written
-        aside and renamed over the output only when complete (the output stays as it was if the
-        run fails)."""
+        """A writer for this run's records. Fresh: the fingerprint, then the records (a run that
+        fails before its first record leaves no output behind). Resumed: a partial last record
+        dropped, the fingerprint renewed, records appended. Updated: written aside and renamed over
+        the output only when complete (the output stays as it was if the run fails)."""
         path = self.path
         if start.mode == "update":
             path = _aside(self.path)
@@ -440,6 +458,9 @@ class OutputFile:
             writer.close()
             if start.mode == "update":
                 Path(path).unlink(missing_ok=True)  # the output stays as it was
+            elif start.mode == "fresh" and self.is_file and not writer.written:
+                Path(path).unlink(missing_ok=True)  # nothing was written: nothing to refuse the next run with
+                fingerprint_path(path).unlink(missing_ok=True)
             raise
         writer.close()
         if start.mode == "update":

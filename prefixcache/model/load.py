@@ -109,6 +109,27 @@ def _converted_dir(source: ModelSource, cache_dir: Path) -> Path:
     return models_dir(cache_dir) / hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
+def private_folder(path: Path, tighten: bool = True) -> None:
+    """Create `path` and each missing folder above it readable and writable by the user alone,
+    whatever the umask; with `tighten`, also an existing `path` of the user's that others could
+    read or write (a folder prefixcache owns, never one the user named for it)."""
+    path = Path(path)
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:  # another process made it first
+            pass
+        os.chmod(folder, 0o700)  # mkdir's mode is cut by the umask only to fewer rights; say it outright
+    target = missing[0] if missing else path
+    st = target.stat()
+    if tighten and st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(target, 0o700)
+
+
 def models_dir(cache_dir: Path) -> Path:
     """Converted (dequantised GGUF) models, one folder each, under the cache directory."""
     return Path(cache_dir) / "models"
@@ -217,7 +238,8 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: PreTrainedTokeni
 
 def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: Path, target: Path) -> None:
     """Write the converted model aside and rename it into place, so no reader sees half of it."""
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_folder(target.parent.parent, tighten=False)  # the cache folder, when prefixcache creates it
+    private_folder(target.parent)
     for stale in target.parent.glob(".tmp-*"):  # conversions killed mid-write, an hour or more ago
         if time.time() - stale.stat().st_mtime > 3600:
             shutil.rmtree(stale, ignore_errors=True)
@@ -226,6 +248,8 @@ def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         (tmp / "prefixcache.json").write_text(json.dumps({"source": str(source), "created": time.time()}))
+        for written in tmp.rglob("*"):  # the user's alone, whatever the umask
+            os.chmod(written, 0o700 if written.is_dir() else 0o600)
         try:
             tmp.rename(target)
         except OSError:

@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 
 from .engine import Prefix
 from ..errors import OutputError
-from .load import models_dir
+from .load import models_dir, private_folder
 
 log = logging.getLogger(__name__)
 FORMAT = "prefixcache-prefix-1"
@@ -64,15 +64,6 @@ def _signature(secret: bytes, meta: dict[str, str]) -> str:
     """HMAC-SHA256 over the header (tensor digest included), in a fixed order."""
     text = json.dumps({k: v for k, v in meta.items() if k != "hmac"}, sort_keys=True)
     return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
-
-
-def private_folder(path: Path) -> None:
-    """Create `path` (and missing parents) readable and writable by the user alone, whatever the
-    umask; tighten an existing folder of the user's that others could write to."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = path.stat()
-    if st.st_uid == os.getuid() and st.st_mode & 0o077:
-        os.chmod(path, 0o700)
 
 
 def _digest(tensors: dict[str, torch.Tensor]) -> str:

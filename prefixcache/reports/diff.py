@@ -71,7 +71,9 @@ class Comparison:
             out.append(f"accuracy dropped from {self.accuracy_a:.4f} to {self.accuracy_b:.4f}")
         return out
 
-    def to_json(self, top: int = 20) -> dict[str, Any]:
+    def to_json(self, top: int = 10) -> dict[str, Any]:
+        """The figures; the changed items and the largest shifts are the first `top` of each, and
+        `changed_items_listed` / `largest_shifts_listed` say how many are listed of how many."""
         data = {
             "items_in_both": self.both, "only_in_a": self.only_a, "only_in_b": self.only_b,
             "labels_a": self.labels_a, "labels_b": self.labels_b, "changed": len(self.changed),
@@ -79,6 +81,8 @@ class Comparison:
             "flips": [{"from": a, "to": b, "items": n} for (a, b), n in sorted(self.flips.items())],
             "changed_items": [vars(c) for c in self.changed[:top]],
             "largest_shifts": [vars(c) for c in self.shifts[:top]],
+            "changed_items_listed": f"{min(top, len(self.changed))} of {len(self.changed)}",
+            "largest_shifts_listed": f"{min(top, len(self.shifts))} of {len(self.shifts)}",
         }
         if self.gold:
             data.update(accuracy_a=self.accuracy_a, accuracy_b=self.accuracy_b,
@@ -106,6 +110,8 @@ class Comparison:
             lines += ["", "| id | A | B | p(A's label) A → B |", "|---|---|---|---|"]
             lines += [f"| {c.id} | {c.label_a} | {c.label_b} | {_p(c.prob_a)} → {_p(None if c.prob_a is None else c.prob_a + c.shift)} |"
                       for c in self.changed[:top]]
+            if len(self.changed) > top:
+                lines.append(f"| … | {len(self.changed) - top} more changed items (--top {top} listed) | | |")
         return "\n".join(lines) + "\n"
 
 
@@ -198,12 +204,14 @@ def compare_outputs(path_a: str, path_b: str) -> Comparison:
     return compare(*runs)
 
 
-def write_diff_reports(cmp: Comparison, name_a: str, name_b: str, md: Path | None, as_json: Path | None) -> None:
+def write_diff_reports(cmp: Comparison, name_a: str, name_b: str, md: Path | None, as_json: Path | None,
+                       top: int = 10) -> None:
+    """--md (appended) and --json, each listing `top` changed items (and shifts)."""
     try:
         if md:
             with open(md, "a", encoding="utf-8") as f:
-                f.write(cmp.to_markdown(name_a, name_b))
+                f.write(cmp.to_markdown(name_a, name_b, top))
         if as_json:
-            Path(as_json).write_text(json.dumps(cmp.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            Path(as_json).write_text(json.dumps(cmp.to_json(top), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     except OSError as exc:
         raise OutputError(f"{exc.filename}: cannot write the report: {exc.strerror}")

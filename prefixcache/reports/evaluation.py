@@ -101,12 +101,16 @@ class Evaluation:
                         confusion={"labels": list(self.labels), "predicted": columns, "matrix": rows})
         return data
 
-    def to_markdown(self, gates: "Gates", title: str = "prefixcache evaluation") -> str:
+    def to_markdown(self, gates: "Gates", title: str = "prefixcache evaluation", about: str = "") -> str:
+        """A CI step summary: the figures, each gate missed (with its threshold and the value), and
+        `about` (which spec, model and input) under the title."""
         stated = gates.min_accuracy is not None or gates.min_recall is not None
-        gate = f" · gates: **{'FAILED' if self.gate_failures(gates) else 'passed'}**" if stated else ""
-        lines = [f"### {title}", "",
-                 f"accuracy **{self.accuracy:.3f}** ({self.correct}/{self.n}) · coverage {self.coverage:.3f}"
-                 + (f" · macro-F1 {self.macro_f1:.3f}" if self.labels is not None else "") + gate, ""]
+        failures = self.gate_failures(gates)
+        gate = f" · gates: **{'FAILED' if failures else 'passed'}**" if stated else ""
+        lines = [f"### {title}", ""] + ([about, ""] if about else [])
+        lines += [f"accuracy **{self.accuracy:.3f}** ({self.correct}/{self.n}) · coverage {self.coverage:.3f}"
+                  + (f" · macro-F1 {self.macro_f1:.3f}" if self.labels is not None else "") + gate, ""]
+        lines += [f"- gate failed: {failure}" for failure in failures] + ([""] if failures else [])
         if self.labels is not None:
             lines += ["| label | precision | recall | F1 | support |", "|---|---|---|---|---|"]
             lines += [f"| {k} | {v['precision']:.3f} | {v['recall']:.3f} | {v['f1']:.3f} | {v['support']} |"
@@ -187,13 +191,14 @@ def _write(path: Path, text: str, append: bool = False) -> None:
 
 
 def write_reports(evaluation: Evaluation, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],
-                  gates: Gates, seconds: float = 0.0) -> None:
-    """The report files asked for: JSON metrics, a Markdown summary (appended), a JUnit XML report."""
+                  gates: Gates, seconds: float = 0.0, about: str = "") -> None:
+    """The report files asked for: JSON metrics, a Markdown summary (appended; `about` says which
+    spec, model and input), a JUnit XML report."""
     if metrics:
         figures = {**evaluation.to_json(), "min_accuracy": gates.min_accuracy, "min_recall": gates.min_recall,
                    "gates_failed": evaluation.gate_failures(gates)}
         _write(metrics, json.dumps(figures, indent=2) + "\n")
     if summary_md:
-        _write(summary_md, evaluation.to_markdown(gates), append=True)  # as CI step summaries do
+        _write(summary_md, evaluation.to_markdown(gates, about=about), append=True)  # as CI step summaries do
     if junit:
         _write(junit, evaluation.to_junit(gates, seconds=seconds))

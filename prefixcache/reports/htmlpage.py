@@ -156,7 +156,8 @@ def build_report(output: str, compare_with: str | None = None, top: int = 15) ->
         parts.append(_table("wrong with the highest confidence", wrong[:top], gold))
     parts.append(_table("closest calls (smallest margin)", sorted(scored, key=lambda r: r["margin"])[:top], gold))
     if compare_with:
-        parts.append(_compare_section(compare(records, read_records(compare_with).records), output, compare_with, top))
+        before = read_records(compare_with).records
+        parts.append(_compare_section(compare(before, records), compare_with, top))
     return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
             f"<title>prefixcache report: {html.escape(Path(output).name)}</title><style>{CSS}</style></head><body>"
             + "".join(parts) + "</body></html>\n")
@@ -179,16 +180,21 @@ def _summary_line(records: Sequence[Record], info: dict[str, Any]) -> str:
     return " · ".join(p for p in parts if p)
 
 
-def _compare_section(cmp: Comparison, a: str, b: str, top: int) -> str:
-    head = (f"<h2>compared with {html.escape(Path(b).name)}</h2><p>{cmp.both} items in both · {len(cmp.changed)} changed "
-            f"({cmp.change_rate:.1%})")
+def _compare_section(cmp: Comparison, before: str, top: int) -> str:
+    """`--compare BEFORE`: what changed from that run (A) to this one (B), as `diff BEFORE THIS` says."""
+    head = (f"<h2>compared with {html.escape(Path(before).name)}: before → this run</h2><p>{cmp.both} items in both · "
+            f"{len(cmp.changed)} changed ({cmp.change_rate:.1%})")
     if cmp.gold:
         head += (f" · accuracy {cmp.accuracy_a:.3f} → {cmp.accuracy_b:.3f} · fixed {len(cmp.fixed)} · broken "
                  f"{len(cmp.broken)} · McNemar exact p = {cmp.p_value:.3g}")
     rows = "".join(f"<tr><td>{html.escape(x)}</td><td>{html.escape(y)}</td><td>{n}</td></tr>"
                    for (x, y), n in cmp.flips.most_common(top))
-    flips = f"<table><thead><tr><th>from</th><th>to</th><th>items</th></tr></thead><tbody>{rows}</tbody></table>"
-    return head + "</p>" + (flips if rows else "")
+    flips = (f"<table><thead><tr><th>before</th><th>this run</th><th>items</th></tr></thead><tbody>{rows}</tbody>"
+             f"</table>")
+    ids = "".join(f"<p><b>{what}</b> ({len(which)}): {html.escape(', '.join(which[:top * 4]))}"
+                  f"{f' … and {len(which) - top * 4} more' if len(which) > top * 4 else ''}</p>"
+                  for what, which in (("fixed", cmp.fixed), ("broken", cmp.broken)) if cmp.gold and which)
+    return head + "</p>" + (flips if rows else "") + ids
 
 
 def write_report(output: str, target: str, compare_with: str | None = None) -> None:

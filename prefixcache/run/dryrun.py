@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
+from ..data.items import Item
 from ..model.rows import trie
 from ..scoring.prepare import Prepared, Task
 from .job import Event, Progress, load_scorer
@@ -46,9 +47,12 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
         progress(Event("checked", total=plan.total))
         progress(Event("loading", detail="tokenizer"))
     task = Task.from_spec(plan.spec, options.cache_dir)
-    items, failed = [], 0
+    items, failed, first = [], 0, []
     last = plan.total if plan.total is not None else options.limit
-    for batch in task.batches(islice(plan.read_input(), last), plan.batching):
+    read = islice(plan.read_input(), last)
+    if plan.stream:  # read once: keep the first items for the timing
+        read = _keeping(read, first, measure)
+    for batch in task.batches(read, plan.batching):
         for entry in batch:
             if not isinstance(entry, Prepared):
                 failed += 1
@@ -59,9 +63,17 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
         progress(Event("loading", detail="model"))
     scorer = load_scorer(task, plan)
     stats = RunStats()
-    sample = islice(plan.read_input(), min(measure, len(items)) if items else 0)
+    count = min(measure, len(items)) if items else 0
+    sample = first[:count] if plan.stream else islice(plan.read_input(), count)
     for _ in classify(scorer, sample, plan.batching, stats):
         pass
     return DryRun(len(scorer.prefix.ids), items, failed, stats.items, stats.ms_per_item,
                   task.load_seconds + scorer.load_seconds)
 
+
+def _keeping(items: Iterator[Item], kept: list[Item], n: int) -> Iterator[Item]:
+    """`items`, keeping the first `n` of them in `kept` as they pass."""
+    for item in items:
+        if len(kept) < n:
+            kept.append(item)
+        yield item

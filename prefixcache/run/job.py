@@ -29,8 +29,9 @@ from ..data.records import Record, id_text, ids_digest, is_error, item_sha
 from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted
 from ..model.load import pick_device
 from ..reports.evaluation import Evaluation, Gates, add_record, evaluation_for, write_reports
-from ..scoring.prepare import Task
+from ..scoring.prepare import Task, spec_model
 from ..task.lint import lint_labels
+from ..task.spec import LETTERS
 from .options import RunOptions, command_line
 from .pipeline import RunStats, classify
 from .plan import Plan, make_plan, refusal_words
@@ -204,13 +205,16 @@ class Job:
     def write(self) -> None:
         """Score the items and write their records (see `OutputFile.writing`)."""
         result = self.result
-        with self.plan.output.writing(self.begun, self.fingerprint) as writer:
-            for record in self.records():
-                writer.write(record)
-                result.labels[_label_of(record)] += 1
-                result.first_record = result.first_record or time.perf_counter() - self.started
-                if result.evaluation:
-                    add_record(result.evaluation, record)
+        try:
+            with self.plan.output.writing(self.begun, self.fingerprint) as writer:
+                for record in self.records():
+                    writer.write(record)
+                    result.labels[_label_of(record)] += 1
+                    result.first_record = result.first_record or time.perf_counter() - self.started
+                    if result.evaluation:
+                        add_record(result.evaluation, record)
+        except Interrupted as exc:
+            raise self._with_hint(exc) from None
 
     def records(self) -> Iterator[Record]:
         """The records to write, in input order: for a fresh or resumed output those not written
@@ -268,6 +272,15 @@ class Job:
                 f"{self.task.source.ref}, {scorer.device} {scorer.dtype}, prefix {len(scorer.prefix.ids)} tokens "
                 f"{scorer.prefix_source}{', ' + str(len(done)) + ' records already written' if done else ''}")
 
+    def _with_hint(self, exc: Interrupted) -> Interrupted:
+        """A stop from outside the batch loop (a batch abandoned, a second Ctrl-C) says how to go on too."""
+        output = self.options.output
+        if output in (None, "-") or "with: prefixcache run" in str(exc):
+            return exc
+        if self.begun.mode == "update":
+            return Interrupted(exc.signum, f"{exc}; {output} is unchanged; update it with: {command_line(self.options)}")
+        return Interrupted(exc.signum, f"{exc}; resume with: {command_line(self.options)}")
+
     def _interrupted(self, signum: int) -> Interrupted:
         name, output, written = signal.Signals(signum).name, self.options.output, self.result.stats.items
         if output in (None, "-"):
@@ -295,12 +308,20 @@ class Job:
         """The evaluation files asked for (--metrics, --summary-md, --junit)."""
         if self.result.evaluation:
             o = self.options
+            model = self.result.model or spec_model(self.plan.spec).ref
+            about = f"spec `{o.spec}` · model `{model}` · input `{o.items}` · output `{o.output or 'stdout'}`"
             write_reports(self.result.evaluation, o.metrics, o.summary_md, o.junit, self.result.gates,
-                          self.result.stats.seconds)
+                          self.result.stats.seconds, about)
 
 
 def _label_of(record: Record) -> str:
-    return "(error)" if is_error(record) else "(abstained)" if record["label"] is None else str(record["label"])
+    """What a record is counted as in the summary: its label; for multiple choice, the option's
+    letter (the options differ per item)."""
+    if is_error(record):
+        return "(error)"
+    if record["label"] is None:
+        return "(abstained)"
+    return LETTERS[record["index"]] if record.get("index") is not None else str(record["label"])
 
 
 def load_scorer(task: Task, plan: Plan) -> ItemScorer:

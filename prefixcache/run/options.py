@@ -128,7 +128,9 @@ class RunOptions:
                       help="auto: float32 on the CPU, bfloat16 (or float16) on CUDA.")
     exact: bool = _opt(False, "--exact", metavar="", words=_switch("--exact"), help=(
         "With --dtype bfloat16: score in bfloat16, then score again in float32 the items whose decision rounding "
-        "could change (float32 answers at about bfloat16 speed; both models in memory)."))
+        "could change: float32's labels, both models in memory. Its speed depends on how many items are close "
+        "calls: measured at 0.63-0.91x float32's on the embedded model (docs/models.md); `bench --exact` measures "
+        "yours."))
     cache_dir: Path = _opt(
         None, "--cache-dir", group="model", factory=default_cache_dir, envvar="PREFIXCACHE_CACHE_DIR",
         cli_type=Optional[Path], parse=lambda path: path.expanduser() if path else default_cache_dir(),

@@ -69,6 +69,9 @@ class PromptBuilder:
         self._system_role = True
         self._system = spec.system_text()
         self.prefix_ids = self._find_prefix()
+        if not self.prefix_ids:
+            raise SpecError(f"{spec.path}: the static prompt prefix is empty (no system text, no examples, and the "
+                            f"tokenizer adds no BOS token), so there is nothing to cache; add a 'system' text")
         self.end_of_answer = self._end_of_answer()
         self.candidates = self._candidates()
 
