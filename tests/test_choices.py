@@ -150,7 +150,8 @@ def test_cli_multiple_choice_with_gold_reports_and_gate(mc_spec, tmp_path):
     gate_args = ["run", str(mc_spec), str(_items(tmp_path, rows, "wrong.jsonl")), "-o", str(out), "--overwrite"]
     gated = invoke(*gate_args, "--min-accuracy", "1.0")
     assert gated.exit_code == 5
-    assert gated.stderr.splitlines()[-1] == f"gate failed: accuracy {expected:.4f} is below --min-accuracy 1.0"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d prefixcache: " + re.escape(
+        f"gate failed: accuracy {expected:.4f} is below --min-accuracy 1.0"), gated.stderr.splitlines()[-1])
     at_the_bound = invoke(*gate_args, "--min-accuracy", expected)
     assert at_the_bound.exit_code == 0, at_the_bound.output
 

@@ -88,7 +88,7 @@ def test_every_command_that_reads_items_takes_the_input_options(tmp_path, tiny_m
     assert timed.exit_code == 0, timed.output
     assert json.loads(timed.stdout)["modes"][-1]["items"] == 2
     unread = invoke("render", spec, path)  # without them: read as UTF-8, refused with the option to give
-    assert unread.exit_code == 2 and unread.stderr == f"error: {path}:1: not valid UTF-8 (see --encoding)\n"
+    assert unread.exit_code == 2 and unread.stderr == f"error: {path}:2: not valid UTF-8 (byte 6 of the line; see --encoding)\n"
 
 
 def test_a_broken_json_array_names_its_line(tmp_path):
@@ -107,3 +107,21 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # as if not installed
     with pytest.raises(InputError, match=r"reading Parquet needs pyarrow: pip install 'prefixcache\[parquet\]'"):
         list(read_items(str(path)))
+
+
+def test_a_bad_byte_is_reported_on_its_own_line(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"id,text\n1,a\n2,b\n3,c\n4,caf\xe9\n")
+    with pytest.raises(InputError) as refused:
+        list(read_items(str(path)))
+    assert str(refused.value) == f"{path}:5: not valid UTF-8 (byte 6 of the line; see --encoding)"
+
+
+def test_a_semicolon_csv_read_with_commas_suggests_the_delimiter(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["a", "b"])
+    path = tmp_path / "in.csv"
+    path.write_text("id;text\n1;hello\n")
+    result = invoke("run", spec, path)
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: {path}:2: item 1 lacks field 'text' used by the template (its fields: 'id;text'); "
+                             f"the header looks ';'-separated: give --delimiter ';'\n")

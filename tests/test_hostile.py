@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import random
+import signal
 import re
 import subprocess
 import sys
@@ -227,6 +228,32 @@ def test_a_cron_log_a_person_can_follow(spec_path, tmp_path):
     assert any("batch: 2 records" in line for line in lines)  # --log-level debug: one line a batch
     assert re.match(stamp + r"done: 40 records to out.jsonl \((tech|billing) \d+(, (tech|billing) \d+)?\); 40 items in",
                     lines[-1])
+
+
+@pytest.mark.slow
+def test_a_cron_update_log_says_what_it_checks_counts_what_it_scored_and_stamps_every_line(spec_path, tmp_path):
+    src = _items(tmp_path, 12)
+    assert _sh(f"{_prefixcache()} run {spec_path} {src} -o out.jsonl -q", tmp_path).returncode == 0
+    lines = src.read_text().splitlines()
+    lines[3] = lines[3].replace("ticket", "changed ticket")
+    src.write_text("\n".join(lines) + "\n")
+    run = _sh(f"{_prefixcache()} run {spec_path} {src} -o out.jsonl --update < /dev/null > cron.log 2>&1", tmp_path)
+    assert run.returncode == 0
+    log = (tmp_path / "cron.log").read_text().splitlines()
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d prefixcache: "
+    assert all(re.match(stamp, line) for line in log), log
+    assert "12 items to check (unchanged items keep their records)" in log[0]
+    done = re.search(r"done: 12 records to out.jsonl \(([^)]*)\)", log[-1])
+    assert done and sum(int(c.split()[-1]) for c in done.group(1).split(", ")) == 1  # one item was scored
+
+
+def test_a_stop_by_sigterm_is_not_called_ctrl_c(capsys):
+    from prefixcache.cli.terminal import Reporter
+
+    reporter = Reporter(quiet=False, interval=30)
+    reporter.stopping(signal.SIGTERM)
+    said = capsys.readouterr().err
+    assert "stopping after this batch (send SIGTERM again to abort)" in said and "Ctrl-C" not in said
 
 
 def test_ctrl_c_while_loading_stops_at_once_and_while_scoring_says_it_waits_for_the_batch(capsys):

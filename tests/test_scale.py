@@ -88,3 +88,8 @@ def test_two_cpu_processes_with_accelerate_launch(job, tmp_path):
     assert f"merged {len(_records(single))} records from 2 processes into {out}" in proc.stderr
     assert _records(out) == _records(single)
     assert sorted(p.name for p in tmp_path.glob("launched*")) == ["launched.jsonl", "launched.jsonl.prefixcache.json"]
+
+
+def test_merge_of_a_missing_part_says_not_found(tmp_path):
+    result = invoke("merge", tmp_path / "missing.jsonl", "-o", tmp_path / "out.jsonl")
+    assert result.exit_code == 2 and result.stderr == f"error: {tmp_path / 'missing.jsonl'}: not found\n"

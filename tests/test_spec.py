@@ -111,3 +111,26 @@ def test_every_shipped_config_is_covered():
 
     root = Path(__file__).resolve().parent.parent
     assert {p.stem for p in (root / "configs").glob("*.yaml")} == {c for c, _, _ in SHIPPED}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("labels: [a, b]\ntemplate: {body}\n", "'template' must be a string; YAML reads an unquoted {body} as a mapping: "
+                                          "quote it: template: \"{body}\""),
+    ("labels: [a, b]\nexamples:\n  - text: x\n    label: c\n", "example 1 has label 'c', which is not one of the labels "
+                                                              "('a', 'b')"),
+])
+def test_spec_messages_say_the_fix(tmp_path, text, message):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as refused:
+        load_spec(path)
+    assert str(refused.value) == f"{path}: {message}"
+
+
+@pytest.mark.parametrize("name", ["items.jsonl", "items.csv", "export.v2.tsv", "items.jsonl.gz"])
+def test_an_items_file_given_as_the_spec_says_the_order(tmp_path, name):
+    path = tmp_path / name
+    path.write_text('{"id": 1, "text": "a"}\n')
+    with pytest.raises(SpecError) as refused:
+        load_spec(path)
+    assert str(refused.value) == f"{path}: is an items file, not a spec; the spec comes first: prefixcache run SPEC ITEMS"

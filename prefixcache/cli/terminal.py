@@ -184,7 +184,10 @@ class Reporter:
         self.bar.update(self.task, description="classifying", total=event.total, completed=0,
                         count=_count(0, event.total))
         if not self.tty and not self.quiet:
-            log_line(f"start: {event.detail}; {event.total if event.total is not None else 'all'} items to score")
+            count = event.total if event.total is not None else "all"
+            todo = f"{count} items to check (unchanged items keep their records)" if event.updating \
+                else f"{count} items to score"
+            log_line(f"start: {event.detail}; {todo}")
 
     def _batch(self, event: Event) -> None:
         eta = _eta(event)
@@ -196,9 +199,15 @@ class Reporter:
             total = f"/{event.total}" if event.total is not None else ""
             log_line(f"{event.written}{total} items, {event.rate:.1f} items/s" + (f", ETA {eta}" if eta else ""))
 
-    def stopping(self) -> None:
-        if not self.quiet:
-            err.print("stopping after this batch (Ctrl-C again to abort)", markup=False)
+    def stopping(self, signum: int = signal.SIGINT) -> None:
+        if self.quiet:
+            return
+        again = "Ctrl-C again" if signum == signal.SIGINT else f"send {signal.Signals(signum).name} again"
+        text = f"stopping after this batch ({again} to abort)"
+        if self.tty:
+            err.print(text, markup=False)
+        else:
+            log_line(text)
 
 
 def _count(written: int, total: int | None) -> str:
@@ -248,7 +257,7 @@ def signals(reporter: Reporter | None = None) -> Iterator[list[int]]:
         stopped.append(signum)
         signal.setitimer(signal.ITIMER_REAL, STOP_GRACE)
         if reporter:
-            reporter.stopping()
+            reporter.stopping(signum)
 
     def too_long(signum, frame):
         raise now(stopped[0], f"the batch in flight did not finish within {STOP_GRACE:.0f} s and was abandoned; "

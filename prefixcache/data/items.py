@@ -7,6 +7,7 @@ problem raises `InputError` naming the file and line (for Parquet: the row).
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import io
@@ -118,7 +119,7 @@ def _check_text(record: Mapping[str, Any], name: str, lineno: int) -> None:
 
 def _csv_records(stream: IO[bytes], name: str, delimiter: str = ",", encoding: str | None = None
                  ) -> Iterator[tuple[int, Mapping[str, Any]]]:
-    text = io.TextIOWrapper(stream, encoding=encoding or "utf-8-sig", newline="")
+    text = _text_lines(stream, name, encoding)
     try:
         reader = csv.reader(text, delimiter=delimiter, strict=True)  # a quote never closed is an error
     except TypeError as exc:
@@ -146,7 +147,27 @@ def _csv_records(stream: IO[bytes], name: str, delimiter: str = ",", encoding: s
             raise InputError(f"{name}:{start}: a quoted field opened in this row is never closed")
         raise InputError(f"{name}:{reader.line_num}: malformed CSV: {exc}")
     finally:
-        text.detach()
+        if isinstance(text, io.TextIOWrapper):
+            text.detach()
+
+
+def _text_lines(stream: IO[bytes], name: str, encoding: str | None) -> Iterator[str] | io.TextIOWrapper:
+    """The text of a CSV/TSV stream, decoded one physical line at a time so a bad byte is reported
+    on its own line (a byte-oriented encoding: UTF-8, Latin-1, cp1252...); UTF-16/32 are decoded as
+    a whole stream."""
+    codec = codecs.lookup(encoding or "utf-8-sig")
+    if codec.name.startswith(("utf-16", "utf-32")):
+        return io.TextIOWrapper(stream, encoding=codec.name, newline="")
+    return _decoded(stream, name, codec.name, encoding)
+
+
+def _decoded(stream: IO[bytes], name: str, codec: str, asked: str | None) -> Iterator[str]:
+    for lineno, raw in enumerate(stream, 1):
+        try:
+            yield raw.decode(codec)
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{name}:{lineno}: not valid {asked or 'UTF-8'} (byte {exc.start + 1} of the line; "
+                             f"see --encoding)")
 
 
 def _json_array_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
@@ -254,6 +275,18 @@ def _items(records: Iterator[tuple[int, Mapping[str, Any]]], name: str, id_field
         yield Item(item_id, record, lineno)
 
 
+def _fields_hint(record: Mapping[str, Any], fmt: str | None) -> str:
+    """The item's fields, and for a CSV read as one column whose name holds another separator, the
+    --delimiter that would split it."""
+    hint = f" (its fields: {', '.join(map(repr, record))})"
+    if fmt in ("csv", "tsv") and len(record) == 1:
+        column = next(iter(record))
+        for sep in (";", "\t", "|", ","):
+            if sep in column:
+                return hint + f"; the header looks {sep!r}-separated: give --delimiter {sep!r}"
+    return hint
+
+
 def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mapping[str, Any]], None],
                id_required: bool = False, fields: dict[str, None] | None = None, delimiter: str | None = None,
                encoding: str | None = None) -> int:
@@ -269,7 +302,7 @@ def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mappi
         try:
             check(item.record)
         except ValueError as exc:
-            shown = f" (its fields: {', '.join(map(repr, item.record))})" if str(exc).startswith("lacks field") else ""
+            shown = _fields_hint(item.record, fmt) if str(exc).startswith("lacks field") else ""
             raise InputError(f"{name}:{item.line}: item {item.id!r} {exc}{shown}")
         key = str(item.id)
         if key in seen:

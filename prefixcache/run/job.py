@@ -55,6 +55,7 @@ class Event:
     total: Optional[int] = None  # records this run will write (None when reading stdin)
     rate: float = 0.0  # items per second of scoring
     detail: str = ""
+    updating: bool = False  # --update: `total` items are checked, only new and changed ones scored
 
 
 Progress = Callable[[Event], None]
@@ -209,7 +210,8 @@ class Job:
             with self.plan.output.writing(self.begun, self.fingerprint) as writer:
                 for record in self.records():
                     writer.write(record)
-                    result.labels[_label_of(record)] += 1
+                    if record is not self.begun.records.get(id_text(record["id"])):  # scored by this run
+                        result.labels[_label_of(record)] += 1
                     result.first_record = result.first_record or time.perf_counter() - self.started
                     if result.evaluation:
                         add_record(result.evaluation, record)
@@ -222,7 +224,7 @@ class Job:
         fresh record)."""
         done = self.begun.done
         left = None if self.last is None else max(self.last - self.first - len(done), 0)
-        self.progress(Event("scoring", 0, left, detail=self._describe(done)))
+        self.progress(Event("scoring", 0, left, detail=self._describe(done), updating=self.begun.mode == "update"))
         items = islice(self.plan.read_input(), self.first, self.last)
         if self.plan.stream:  # read once, never scanned: check it as it streams
             items = checked_stream(items, self.options.items, done)

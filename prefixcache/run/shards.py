@@ -47,6 +47,8 @@ def part_path(output: str, k: int, n: int) -> str:
 
 
 def _part_info(part: str) -> dict[str, Any]:
+    if not Path(part).exists():
+        raise InputError(f"{part}: not found")
     try:
         info = json.loads(fingerprint_path(part).read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -18,6 +18,7 @@ from ..errors import InputError, SpecError
 from .decision import NORMALIZATIONS
 
 FORMATS = ("auto", "chat", "plain")
+ITEM_EXTENSIONS = (".jsonl", ".ndjson", ".csv", ".tsv", ".parquet")  # never a spec (a .json may be one)
 DEFAULT_CONTENT_FREE = ("N/A", "", "[MASK]")
 
 KNOWN_KEYS = (
@@ -290,6 +291,10 @@ def _load_yaml(path: Path) -> Any:
 
 def _want_str(data: Mapping, key: str, path: Path, default: str | None = None) -> str | None:
     value = data.get(key, default)
+    if isinstance(value, Mapping) and len(value) == 1 and next(iter(value.values())) is None:
+        field = next(iter(value))  # `key: {field}` unquoted: YAML reads a mapping
+        raise SpecError(f"{path}: '{key}' must be a string; YAML reads an unquoted {{{field}}} as a mapping: "
+                        f"quote it: {key}: \"{{{field}}}\"")
     if value is not None and not isinstance(value, str):
         raise SpecError(f"{path}: '{key}' must be a string, got {type(value).__name__}")
     return value
@@ -352,7 +357,8 @@ def _examples(
                 raise SpecError(f"{path}: example {n} has label {label!r}, which is not one of its '{choices}' "
                                 f"(or their letters)")
         elif label not in names:
-            raise SpecError(f"{path}: example {n} has label {label!r}, which is not one of the labels")
+            raise SpecError(f"{path}: example {n} has label {label!r}, which is not one of the labels "
+                            f"({', '.join(repr(lab.name) for lab in labels)})")
         lettered = choices is not None and OPTIONS_FIELD in template.fields
         missing = [f for f in template.fields if f not in ex and not (lettered and f == OPTIONS_FIELD)]
         if missing:
@@ -364,6 +370,9 @@ def _examples(
 def load_spec(path: str | Path) -> TaskSpec:
     """Read and validate a task spec. Raises `SpecError` naming the file and the key."""
     path = Path(path)
+    suffix = Path(path.stem).suffix.lower() if path.suffix.lower() == ".gz" else path.suffix.lower()
+    if suffix in ITEM_EXTENSIONS:
+        raise SpecError(f"{path}: is an items file, not a spec; the spec comes first: prefixcache run SPEC ITEMS")
     data = _load_yaml(path)
     if not isinstance(data, Mapping):
         raise SpecError(f"{path}: a spec is a YAML mapping of keys (model, system, labels, ...)")
