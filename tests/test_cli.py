@@ -292,3 +292,16 @@ def test_a_log_shows_long_labels_whole_in_the_evaluation_tables(tmp_path, tiny_m
     for label in labels:  # in the per-label table and in the confusion matrix's rows and header
         assert sum(label in line for line in table_lines) >= 3, (label, result.stderr)
     assert "…" not in result.stderr
+
+
+def test_render_text_shows_the_prompt_with_the_split_marked(spec_path, items_path):
+    as_json = json.loads(invoke("render", spec_path, items_path, "--limit", 1).stdout)
+    result = invoke("render", spec_path, items_path, "--limit", 1, "--text")
+    assert result.exit_code == 0, result.output
+    head, rest = result.stdout.split("\n", 1)
+    assert head == f"=== item {as_json['id']} ==="
+    prefix, rest = rest.split(f"\n----- cached prefix above ({as_json['prefix_len']} tokens), the item's own "
+                              f"{len(as_json['prompt_ids']) - as_json['prefix_len']} tokens below -----\n")
+    own, candidates = rest.split("\n----- candidates, scored after the item -----\n")
+    assert prefix + own == as_json["prompt"]
+    assert [line.split(":")[0].strip() for line in candidates.strip().splitlines()] == [repr(c) for c in as_json["candidates"]]

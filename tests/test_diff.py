@@ -76,3 +76,16 @@ def test_top_cuts_every_listing_and_says_so(tmp_path):
     assert len(data["largest_shifts"]) == 2
     text = md.read_text()
     assert "| i2 |" in text and "| i3 |" not in text and "4 more changed items (--top 2 listed)" in text
+
+
+def test_quiet_prints_only_the_gates_verdict(tmp_path):
+    a, b = _write(tmp_path / "a.jsonl", A), _write(tmp_path / "b.jsonl", B)
+    quiet = invoke("diff", a, b, "-q", "--fail-on-change", 0.5)
+    assert quiet.exit_code == 5 and quiet.stdout == ""
+    assert quiet.stderr == "gate failed: 75.0% of the items changed label, more than --fail-on-change 0.5\n"
+
+
+def test_help_reads_as_a_shell_user_expects():
+    usage = invoke("run", "--help", env={"COLUMNS": "100"}).stdout
+    assert "Usage: prefixcache run [OPTIONS] SPEC ITEMS" in usage and "{SPEC}" not in usage
+    assert "<bool>" not in usage

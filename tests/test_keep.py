@@ -112,3 +112,16 @@ def test_dry_run_on_stdin_reads_it_once_and_measures(spec_path, reviews, tmp_pat
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == ["r1", "r2", "r3"]
     assert result.stderr.splitlines()[1].startswith("measured on 3 items: ")
+
+
+def test_output_format_names_the_format_of_an_output_whose_extension_does_not(spec_path, reviews, tmp_path):
+    out = tmp_path / "predictions.txt"
+    written = invoke("run", spec_path, reviews, "-o", out, "-F", "csv", "-n", 2, "-q")
+    assert written.exit_code == 0, written.output
+    assert next(csv.reader(out.open()))[:2] == ["review_id", "label"]
+    resumed = invoke("run", spec_path, reviews, "-o", out, "-F", "csv", "--resume", "-q")
+    assert resumed.exit_code == 0, resumed.output
+    assert [r["review_id"] for r in csv.DictReader(out.open())] == ["r1", "r2", "r3"]
+    unnamed = invoke("run", spec_path, reviews, "-o", tmp_path / "other.txt")
+    assert unnamed.exit_code == 2
+    assert unnamed.stderr == f"error: {tmp_path / 'other.txt'}: output must end in .jsonl or .csv, or give --output-format jsonl|csv\n"

@@ -26,13 +26,13 @@ from ..run.shards import merge_parts
 from ..scoring.prepare import Batching, Task
 from .cache import cache_app
 from .options import (
-    BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DRY_RUN_OPT,
-    FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
+    BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
+    FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
     VERSION_OPT, LogLevel, run_options, store_max_bytes,
 )
-from .show import stamp, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
-from .terminal import Commands, err, errors, progress, reporting, setup_logging, signals
+from .show import rendered_text, stamp, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
+from .terminal import Command, Commands, err, errors, progress, reporting, setup_logging, signals
 
 app = typer.Typer(
     cls=Commands,
@@ -54,7 +54,7 @@ def _root(version: bool = VERSION_OPT) -> None:
     """Classify batches of text with a local language model, encoding the static prompt prefix once."""
 
 
-@app.command()
+@app.command(cls=Command)
 @run_options("all")
 def run(
     spec: Path = SPEC_ARG, items: str = ITEMS_ARG, quiet: bool = QUIET_OPT, log_level: LogLevel = LOG_LEVEL_OPT,
@@ -111,10 +111,12 @@ def _dry_run(options: RunOptions, quiet: bool, log_interval: float) -> None:
     raise typer.Exit(0)
 
 
-@app.command()
+@app.command(cls=Command)
 @run_options(INPUT, MODEL, "limit")
-def render(spec: Path = SPEC_ARG, items: str = ITEMS_ARG, debug: bool = DEBUG_OPT, **given: Any) -> None:
-    """Print, per item, exactly the tokens the scorer uses (one JSON object a line).
+def render(spec: Path = SPEC_ARG, items: str = ITEMS_ARG, text: bool = RENDER_TEXT_OPT, debug: bool = DEBUG_OPT,
+           **given: Any) -> None:
+    """Print, per item, exactly the tokens the scorer uses (one JSON object a line), or with
+    `--text` the prompt as text, the cached prefix and the item's own part marked apart.
 
     `prompt_ids[:prefix_len]` is the cached prefix; a label's score is the summed log-prob of its
     `candidates` ids after `prompt_ids`. Loads the tokenizer only.
@@ -122,6 +124,8 @@ def render(spec: Path = SPEC_ARG, items: str = ITEMS_ARG, debug: bool = DEBUG_OP
     Example:
 
         prefixcache render configs/support-tickets.yaml data/samples/tickets.jsonl --limit 1
+
+        prefixcache render configs/support-tickets.yaml data/samples/tickets.jsonl --limit 1 --text
     """
     with errors(debug):
         options = RunOptions(spec, items, **given)
@@ -129,11 +133,13 @@ def render(spec: Path = SPEC_ARG, items: str = ITEMS_ARG, debug: bool = DEBUG_OP
         compat.quiet_libraries()
         task = Task.from_spec(task_spec, options.cache_dir)
         for item in islice(read_options_items(options, task_spec), options.limit):
-            sys.stdout.write(json.dumps(task.render(item), ensure_ascii=False) + "\n")
+            rendered = task.render(item)
+            sys.stdout.write(rendered_text(rendered, task.tokenizer.decode) if text
+                             else json.dumps(rendered, ensure_ascii=False) + "\n")
         sys.stdout.flush()
 
 
-@app.command()
+@app.command(cls=Command)
 @run_options(INPUT, MODEL, DEVICE, "batch_size", "batch_tokens", "exact")
 def bench(
     spec: Path = SPEC_ARG, items: str = ITEMS_ARG, limit: int = BENCH_LIMIT_OPT, max_items: Optional[int] = MAX_ITEMS_OPT,
@@ -176,11 +182,11 @@ def bench(
             print_bench(report)
 
 
-@app.command()
+@app.command(cls=Command)
 def diff(
     a: str = DIFF_A_ARG, b: str = DIFF_B_ARG, md: Optional[Path] = DIFF_MD_OPT, as_json: Optional[Path] = DIFF_JSON_OPT,
     fail_on_change: Optional[float] = FAIL_ON_CHANGE_OPT, fail_on_regression: bool = FAIL_ON_REGRESSION_OPT,
-    top: int = TOP_OPT, debug: bool = DEBUG_OPT,
+    top: int = TOP_OPT, quiet: bool = DIFF_QUIET_OPT, debug: bool = DEBUG_OPT,
 ) -> None:
     """Compare two runs joined by id: label changes, confidence shifts, and with gold values the
     accuracy of each, fixed and broken items and an exact McNemar test.
@@ -188,19 +194,22 @@ def diff(
     Example:
 
         prefixcache diff before.jsonl after.jsonl --md "$GITHUB_STEP_SUMMARY" --fail-on-regression
+
+        prefixcache diff before.jsonl after.jsonl -q --fail-on-change 0.05   # a CI gate, only its verdict
     """
     with errors(debug):
         cmp = compare_outputs(a, b)
         failures = cmp.gate_failures(fail_on_change, fail_on_regression)
         write_diff_reports(cmp, a, b, md, as_json, top)
         with reporting():
-            print_diff(Console(highlight=False), cmp, a, b, top)
+            if not quiet:
+                print_diff(Console(highlight=False), cmp, a, b, top)
             for failure in failures:
                 err.print(f"gate failed: {failure}", markup=False)
         raise typer.Exit(EXIT_GATE if failures else 0)
 
 
-@app.command()
+@app.command(cls=Command)
 def report(
     output: str = REPORT_OUTPUT_ARG, html_file: str = REPORT_HTML_OPT, compare_with: Optional[str] = COMPARE_OPT,
     debug: bool = DEBUG_OPT,
@@ -219,7 +228,7 @@ def report(
         err.print(f"wrote {html_file}", markup=False)
 
 
-@app.command()
+@app.command(cls=Command)
 @run_options("overwrite")
 def merge(parts: list[str] = PARTS_ARG, output: str = MERGED_OPT, debug: bool = DEBUG_OPT, **given: Any) -> None:
     """Join the outputs of `run --shard K/N` into one file in input order.

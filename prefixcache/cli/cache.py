@@ -10,13 +10,13 @@ import typer
 from ..model.load import converted_models
 from .options import CLEAR_MODELS_OPT, DEBUG_OPT, JSON_LINES_OPT, run_options
 from .show import print_cache
-from .terminal import err, errors
+from .terminal import Command, Commands, err, errors
 
 
-cache_app = typer.Typer(help="Inspect or clear the prefix store and converted models.", no_args_is_help=True)
+cache_app = typer.Typer(cls=Commands, help="Inspect or clear the prefix store and converted models.", no_args_is_help=True)
 
 
-@cache_app.command("list")
+@cache_app.command("list", cls=Command)
 @run_options("cache_dir")
 def cache_list(as_json: bool = JSON_LINES_OPT, debug: bool = DEBUG_OPT, *, cache_dir: Path) -> None:
     """List the stored prefixes (fingerprint, model, prefix tokens, size, last used) and converted models.
@@ -41,7 +41,7 @@ def cache_list(as_json: bool = JSON_LINES_OPT, debug: bool = DEBUG_OPT, *, cache
             print_cache(store.root, prefixes, models)
 
 
-@cache_app.command("clear")
+@cache_app.command("clear", cls=Command)
 @run_options("cache_dir")
 def cache_clear(models: bool = CLEAR_MODELS_OPT, debug: bool = DEBUG_OPT, *, cache_dir: Path) -> None:
     """Delete every stored prefix (and with --models the converted models).

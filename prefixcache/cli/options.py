@@ -51,10 +51,12 @@ DIFF_MD_OPT = typer.Option(None, "--md", help="Append a Markdown version (a pull
 DIFF_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON to this file.")
 FAIL_ON_CHANGE_OPT = typer.Option(None, "--fail-on-change", min=0.0, max=1.0, help=f"Exit {EXIT_GATE} when more than this share of the items changed label.")
 FAIL_ON_REGRESSION_OPT = typer.Option(False, "--fail-on-regression", metavar="", help=f"Exit {EXIT_GATE} when accuracy dropped (needs gold values in both).")
+DIFF_QUIET_OPT = typer.Option(False, "--quiet", "-q", metavar="", help="No listing on stdout: the report files and the gates' verdicts only.")
 TOP_OPT = typer.Option(10, "--top", min=1, help="How many changed items and shifts to list (on the terminal, in --md and in --json).")
 REPORT_OUTPUT_ARG = typer.Argument(..., metavar="OUT", help="An output of run (JSONL or CSV).", show_default=False)
 REPORT_HTML_OPT = typer.Option("report.html", "--output", "-o", help="The HTML file to write.")
 COMPARE_OPT = typer.Option(None, "--compare", help="Another output to compare with (see prefixcache diff).")
+RENDER_TEXT_OPT = typer.Option(False, "--text", "-t", metavar="", help="The prompt as readable text, the cached prefix and the item's part marked apart, and the candidates.")
 CLEAR_MODELS_OPT = typer.Option(False, "--models", metavar="", help="Also delete converted (dequantised GGUF) models.")
 
 

@@ -9,7 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -195,3 +195,15 @@ def print_diff(console: Console, cmp: Comparison, name_a: str, name_b: str, top:
             table.add_row(c.id, c.label_a, c.label_b, "-" if c.prob_a is None else f"{c.prob_a:.3f} → {after:.3f}",
                           f"{c.shift:+.3f}", *(str(c.kept.get(k, "")) for k in kept))
         console.print(table)
+
+
+def rendered_text(rendered: dict, decode: Callable[[list[int]], str]) -> str:
+    """`render --text`: one item's prompt as a person reads it: the cached prefix, a marked line
+    where the item's own tokens start, the item's part, and each candidate's text and tokens."""
+    ids, cut = rendered["prompt_ids"], rendered["prefix_len"]
+    prefix, own = decode(ids[:cut]), decode(ids[cut:])
+    candidates = "\n".join(f"  {name!r}: {decode(c)!r} ({len(c)} token{'s' if len(c) != 1 else ''})"
+                           for name, c in rendered["candidates"].items())
+    return (f"=== item {rendered['id']} ===\n{prefix}"
+            f"\n----- cached prefix above ({cut} tokens), the item's own {len(ids) - cut} tokens below -----\n"
+            f"{own}\n----- candidates, scored after the item -----\n{candidates}\n\n")

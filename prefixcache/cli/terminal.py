@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from .. import compat
 from ..errors import EXIT_INTERNAL, EXIT_USAGE, Interrupted, PrefixcacheError
@@ -23,7 +23,27 @@ from ..run.job import Event
 from .show import stamp
 
 
-class Commands(TyperGroup):
+class _Plain:
+    """Help as a shell user reads it: `SPEC ITEMS` in the usage line (not `{SPEC}`), and no type
+    shown for a flag."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = super().collect_usage_pieces(ctx)  # type: ignore[misc]
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in pieces]
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:  # a flag takes no value: show none (help, completion)
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class Command(_Plain, TyperCommand):
+    """Every prefixcache command (`@app.command(cls=Command)`)."""
+
+
+class Commands(_Plain, TyperGroup):
     """Usage errors (`--limit 0`, an unknown option) as one `error:` line and exit 2, like every
     other error, instead of a framed box; a missing command still shows the help."""
 

@@ -43,7 +43,7 @@ def output_format(path: str | None, asked: str | None = None) -> str:
     unless asked. An asked format the extension contradicts is an error."""
     if path is None or path == "-":
         return asked or "jsonl"
-    found = file_format(path)
+    found = file_format(path, asked)
     if asked and asked != found:
         raise OutputError(f"{path}: --output-format {asked} contradicts the file's extension")
     return found
@@ -52,10 +52,12 @@ def output_format(path: str | None, asked: str | None = None) -> str:
 OUTPUT_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 
 
-def file_format(path: str) -> str:
-    fmt = OUTPUT_EXTENSIONS.get(Path(path).suffix.lower())
+def file_format(path: str, asked: str | None = None) -> str:
+    """The format an output file's extension says; for another extension, the one asked for
+    (--output-format)."""
+    fmt = OUTPUT_EXTENSIONS.get(Path(path).suffix.lower(), asked)
     if fmt is None:
-        raise OutputError(f"{path}: output must end in .jsonl or .csv")
+        raise OutputError(f"{path}: output must end in .jsonl or .csv, or give --output-format jsonl|csv")
     return fmt
 
 
@@ -122,11 +124,11 @@ class Written:
     size: int  # the file's size (larger than `end` when a partial record trails)
 
 
-def read_records(path: str) -> Written:
+def read_records(path: str, fmt: str | None = None) -> Written:
     """The complete records of an output file, in the JSONL layout; a partial trailing record is
     left out."""
     data = Path(path).read_bytes()
-    parse = _read_jsonl if file_format(path) == "jsonl" else _read_csv
+    parse = _read_jsonl if file_format(path, fmt) == "jsonl" else _read_csv
     records, end = parse(data, path)
     return Written(records, end, len(data))
 
@@ -187,11 +189,11 @@ def _read_csv(data: bytes, path: str) -> tuple[list[Record], int]:
 # -- checks, fingerprint and resume --------------------------------------------------------
 
 
-def check_output(path: str | None, resume: bool = False, overwrite: bool = False) -> None:
+def check_output(path: str | None, resume: bool = False, overwrite: bool = False, fmt: str | None = None) -> None:
     """Refuse, before any work, an output that cannot be written or would be overwritten."""
     if path is None or path == "-":
         return
-    file_format(path)
+    file_format(path, fmt)
     target = Path(path)
     if target.is_symlink():
         raise OutputError(f"{path}: is a symbolic link; name the file itself (prefixcache never writes through a link)")
@@ -364,7 +366,7 @@ class Start:
 
 
 def start_output(output: str | None, fingerprint: Mapping[str, Any], resume: bool, update: bool,
-                 items: str, named: Named = lambda key, value: None) -> Start:
+                 items: str, named: Named = lambda key, value: None, fmt: str | None = None) -> Start:
     """Decide how to continue an existing output (with `resume` or `update`), refusing one written
     with another spec, model or options. Nothing is written here."""
     if output is None or output == "-" or not (resume or update) or not Path(output).exists():
@@ -379,7 +381,7 @@ def start_output(output: str | None, fingerprint: Mapping[str, Any], resume: boo
                           f"--update keeps the records of unchanged items and scores new and changed ones")
     if change == "changed" and fingerprint.get("shard"):
         raise OutputError(f"{output}: a shard can only be continued on the same input; {items} changed")
-    done = read_records(output)
+    done = read_records(output, fmt)
     records = {record_id(r): r for r in done.records}
     if len(records) < len(done.records):
         twice = next(r for i, r in enumerate(done.records) if record_id(r) in map(record_id, done.records[:i]))
@@ -414,9 +416,9 @@ def checked_stream(items: Iterator[Item], name: str, written: Mapping[str, Recor
         yield item
 
 
-def continue_output(output: str, fingerprint: Mapping[str, Any]) -> None:
+def continue_output(output: str, fingerprint: Mapping[str, Any], fmt: str | None = None) -> None:
     """Before appending to a resumed output: drop a partial last record, record the input now read."""
-    done = read_records(output)
+    done = read_records(output, fmt)
     if truncate_partial(output, done):
         log.warning("%s: dropped a partial last record left by an interrupted run", output)
     write_fingerprint(output, fingerprint)
@@ -447,7 +449,7 @@ class OutputFile:
         if start.mode == "update":
             path = _aside(self.path)
         elif start.mode != "fresh":
-            continue_output(self.path, fingerprint)
+            continue_output(self.path, fingerprint, self.fmt)
             log.info("%s: %d records already written; resuming", self.path, len(start.records))
         writer = open_writer(path, self.columns, append=start.appends, fmt=self.fmt, id_column=self.id_column)
         if start.mode == "fresh" and self.is_file:

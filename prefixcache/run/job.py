@@ -150,7 +150,7 @@ class Job:
         input's first items in order."""
         plan = self.plan
         begun = start_output(plan.output.path, self.fingerprint, self.options.resume, self.options.update,
-                             self.options.items, refusal_words)
+                             self.options.items, refusal_words, plan.output.fmt)
         if begun.appends and not plan.stream and not plan.part and begun.records:  # a shard's start is its own
             in_input_order(plan.output.path, begun, islice(plan.read_input(), len(begun.records)), self.options.items)
         return begun
@@ -160,7 +160,7 @@ class Job:
         return self.begun.mode == "resume" and self.plan.total is not None and len(self.begun.records) >= self.plan.total
 
     def nothing_to_do(self) -> RunResult:
-        continue_output(self.plan.output.path, self.fingerprint)  # a damaged last line still goes
+        continue_output(self.plan.output.path, self.fingerprint, self.plan.output.fmt)  # a damaged last line goes
         self.result = RunResult(self.plan.output.path, resumed=len(self.begun.records), nothing_to_do=True,
                                 evaluation=evaluation_for(self.plan.spec, self.begun.records.values()),
                                 gates=self.plan.gates)

@@ -120,12 +120,12 @@ def make_plan(options: RunOptions) -> Plan:
         total = min(total, options.limit) if options.limit else total
     out_fmt = output_format(options.output, options.output_format)
     keep = _keep(options, spec, fields, out_fmt, stream)
-    check_output(options.output, options.resume or options.update, options.overwrite)
+    check_output(options.output, options.resume or options.update, options.overwrite, out_fmt)
     for report in (options.metrics, options.summary_md, options.junit):
         check_report(report)
     path = part_path(options.output, *part) if launched else options.output
     if launched:
-        check_output(path, options.resume or options.update, options.overwrite)
+        check_output(path, options.resume or options.update, options.overwrite, out_fmt)
     output = OutputFile(path, out_fmt, columns(spec, keep or (), precision=options.exact),
                         spec.id_field if spec.id_field_given else "id")
     device = str(launched.device) if launched and options.device == "auto" else options.device
