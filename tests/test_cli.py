@@ -221,6 +221,9 @@ def test_bench_json_reports_every_mode(spec_path, items_path):
 def test_bench_table(spec_path, items_path):
     result = invoke("bench", spec_path, items_path, "--limit", 2, "--max-items", 4)
     assert result.exit_code == 0, result.output
+    steps = [line.split("prefixcache: ", 1)[1] for line in result.stderr.splitlines()]  # a log: stamped lines
+    assert steps[0] == "bench: loading the model" and "bench: timing naive: full re-encode per item on 2 items" in steps
+    assert steps[-1] == "bench: measuring this machine's matmul peak"
     assert "run pipeline" in result.stdout and "matmul peak" in result.stdout
     assert "same labels in every mode: yes" in result.stdout
 

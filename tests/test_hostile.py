@@ -374,3 +374,15 @@ def test_records_reach_stdout_while_the_progress_bar_is_on_a_terminal(spec_path,
     assert proc.returncode == 0, screen.decode(errors="replace")[-2000:]
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == list(range(7))
     assert b"classifying" in screen and b'"label"' not in screen  # the bar on the screen, the records in the file
+
+
+def test_progress_on_a_resume_counts_what_was_written_before(capsys):
+    from prefixcache.cli.terminal import Reporter
+    from prefixcache.run.job import Event
+
+    reporter = Reporter(quiet=False, interval=0)
+    reporter(Event("scoring", 0, 301, detail="spec s", already=35))
+    reporter(Event("batch", 64, 301, rate=3.2, already=35))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith("start: spec s; 301 items to score")
+    assert lines[1].endswith("prefixcache: 99/336 items, 3.2 items/s, ETA 74 s")

@@ -230,3 +230,12 @@ def test_update_drops_items_no_longer_in_the_input_and_an_interrupted_update_cha
     result = run_job(options)
     assert (result.kept, result.dropped, result.stats.items) == (3, 3, 2)
     assert [r["id"] for r in _records(out)] == ["t0", "t1", "t2", "t7", "t8"]
+
+
+def test_predictions_piled_on_one_label_are_warned_about(spec_path, tmp_path):
+    same = _write(tmp_path / "same.jsonl", [{"id": n, "text": "the same ticket"} for n in range(24)])  # one label
+    warned = invoke("run", spec_path, same, "-o", tmp_path / "o.jsonl")
+    assert warned.exit_code == 0
+    assert "100% of the items (24 of 24) got the label" in warned.stderr and "'calibrate: true'" in warned.stderr
+    few = _write(tmp_path / "few.jsonl", [{"id": n, "text": "the same ticket"} for n in range(5)])
+    assert "got the label" not in invoke("run", spec_path, few, "-o", tmp_path / "f.jsonl").stderr  # too few to tell

@@ -54,6 +54,26 @@ def test_without_gold_only_what_needs_none(tmp_path):
     assert text.count("<svg") == 1 and "closest calls" in text and "accuracy" not in text
 
 
+def test_an_existing_page_is_kept_unless_overwrite(tmp_path):
+    out, page = _write(tmp_path / "o.jsonl", B), tmp_path / "r.html"
+    page.write_text("someone's page")
+    refused = invoke("report", out, "-o", page)
+    assert refused.exit_code == 2 and page.read_text() == "someone's page"
+    assert refused.stderr == f"error: {page}: already exists; give --overwrite to replace it, or another -o\n"
+    assert invoke("report", out, "-o", page, "--overwrite").exit_code == 0 and "<svg" in page.read_text()
+
+
+def test_failed_items_are_listed_and_the_subtitle_names_the_model(tmp_path):
+    out = _write(tmp_path / "o.jsonl", B + [{"id": "bad1", "item_sha": "0" * 16, "error": "too long for the context"}])
+    (tmp_path / "o.jsonl.prefixcache.json").write_text(json.dumps(
+        {"model": "gguf:SmolLM2-135M-Instruct.Q4_1.gguf:d875a21f227247b7", "device": "cpu", "dtype": "float32"}))
+    page = tmp_path / "r.html"
+    assert invoke("report", out, "-o", page).exit_code == 0
+    text = page.read_text()
+    assert "items that could not be scored (1)" in text and "<td>bad1</td><td>too long for the context</td>" in text
+    assert "model SmolLM2-135M-Instruct.Q4_1.gguf ·" in text and "d875a21f227247b7" not in text
+
+
 def test_ece_is_in_the_metrics(tmp_path, tiny_model_dir):
     from helpers import write_spec
 

@@ -32,7 +32,7 @@ from .options import (
     VERSION_OPT, LogLevel, run_options, store_max_bytes,
 )
 from .show import rendered_text, stamp, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
-from .terminal import Command, Commands, err, errors, progress, reporting, setup_logging, signals
+from .terminal import Command, Commands, bench_step, err, errors, progress, reporting, setup_logging, signals
 
 app = typer.Typer(
     cls=Commands,
@@ -170,12 +170,14 @@ def bench(
         compat.quiet_libraries()
         task = Task.from_spec(task_spec, options.cache_dir)
         batching = Batching(options.batch_size, options.batch_tokens)
+        step = bench_step()
         if options.exact:
-            precision = bench_exact(task, records, options.cache_dir, options.device, options.dtype, batching)
+            precision = bench_exact(task, records, options.cache_dir, options.device, options.dtype, batching, step)
             print(json.dumps(precision.to_json(), indent=2)) if as_json else print_precision_bench(precision)
             return
+        step("loading the model")
         scorer = Scorer.load(task, options.cache_dir, options.device, options.dtype)
-        report = run_bench(scorer, records, min(limit, len(records)), batching)
+        report = run_bench(scorer, records, min(limit, len(records)), batching, step)
         if as_json:
             print(json.dumps(report.to_json(), indent=2))
         else:
@@ -210,9 +212,10 @@ def diff(
 
 
 @app.command(cls=Command)
+@run_options("overwrite")
 def report(
     output: str = REPORT_OUTPUT_ARG, html_file: str = REPORT_HTML_OPT, compare_with: Optional[str] = COMPARE_OPT,
-    debug: bool = DEBUG_OPT,
+    debug: bool = DEBUG_OPT, **given: Any,
 ) -> None:
     """Write one self-contained HTML page about an output: summary, evaluation, figures, confident
     mistakes and closest calls (and with --compare, the diff with another run).
@@ -224,7 +227,7 @@ def report(
     from ..reports.htmlpage import write_report  # matplotlib: an optional extra
 
     with errors(debug):
-        write_report(output, html_file, compare_with)
+        write_report(output, html_file, compare_with, given["overwrite"])
         err.print(f"wrote {html_file}", markup=False)
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 import traceback
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import typer
 from rich.console import Console
@@ -201,8 +201,9 @@ class Reporter:
         if self.task is None:
             self.bar.start()
             self.task = self.bar.add_task("", total=None, rate="", eta="", count="")
-        self.bar.update(self.task, description="classifying", total=event.total, completed=0,
-                        count=_count(0, event.total))
+        total = None if event.total is None else event.already + event.total
+        self.bar.update(self.task, description="classifying", total=total, completed=event.already,
+                        count=_count(event.already, total), rate="first batch…")
         if not self.tty and not self.quiet:
             count = event.total if event.total is not None else "all"
             todo = f"{count} items to check (unchanged items keep their records)" if event.updating \
@@ -211,13 +212,15 @@ class Reporter:
 
     def _batch(self, event: Event) -> None:
         eta = _eta(event)
-        self.bar.update(self.task, completed=event.written, rate=f"{event.rate:.1f} items/s",
-                        eta=f"ETA {eta}" if eta else "", count=_count(event.written, event.total))
+        total = None if event.total is None else event.already + event.total
+        done = event.already + event.written  # a resume counts what was written before
+        self.bar.update(self.task, completed=done, rate=f"{event.rate:.1f} items/s",
+                        eta=f"ETA {eta}" if eta else "", count=_count(done, total))
         now = time.monotonic()
         if not self.tty and not self.quiet and now - self.last_line >= self.interval:
             self.last_line = now
-            total = f"/{event.total}" if event.total is not None else ""
-            log_line(f"{event.written}{total} items, {event.rate:.1f} items/s" + (f", ETA {eta}" if eta else ""))
+            total = f"/{event.already + event.total}" if event.total is not None else ""
+            log_line(f"{done}{total} items, {event.rate:.1f} items/s" + (f", ETA {eta}" if eta else ""))
 
     def stopping(self, signum: int = signal.SIGINT) -> None:
         if self.quiet:
@@ -239,6 +242,21 @@ def _eta(event: Event) -> str:
         return ""
     seconds = max(event.total - event.written, 0) / event.rate
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def bench_step() -> Callable[[str], None]:
+    """`bench` says on stderr what it measures as it starts each part (it can take minutes)."""
+
+    def step(text: str) -> None:
+        try:
+            if err.is_terminal:
+                err.print(f"bench: {text}…", markup=False, style="dim")
+            else:
+                log_line(f"bench: {text}")
+        except BrokenPipeError:
+            detach_closed_streams()
+
+    return step
 
 
 def log_line(text: str) -> None:

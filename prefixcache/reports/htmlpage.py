@@ -67,7 +67,10 @@ def _per_label(plt: Any, ev: Evaluation) -> str:
                label=metric)
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
     ax.set_ylim(0, 1)
-    ax.legend(loc="upper right", fontsize="small")
+    for i, lab in enumerate(labels):  # a label no item has: say so, rather than draw nothing
+        if not stats[lab]["support"]:
+            ax.text(i, 0.5, "no items", ha="center", va="center", rotation=90, color="#666", fontsize="small")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")  # beside the bars, never on them
     ax.set_title("per label")
     return _svg(fig)
 
@@ -89,6 +92,8 @@ def _reliability(plt: Any, ev: Evaluation) -> str:
 
 
 def _distributions(plt: Any, scored: Sequence[Record]) -> str:
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(1, 2, figsize=(7, 2.8))
     axes[0].hist([r["prob"] for r in scored if r.get("prob") is not None], bins=20, range=(0, 1), color="#4c72b0")
     axes[0].set_title("top probability")
@@ -96,6 +101,7 @@ def _distributions(plt: Any, scored: Sequence[Record]) -> str:
     axes[1].set_title("margin (top - second)")
     for ax in axes:
         ax.set_ylabel("items")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of items: whole numbers
     return _svg(fig)
 
 
@@ -155,6 +161,7 @@ def build_report(output: str, compare_with: str | None = None, top: int = 15) ->
         wrong = sorted((r for r in scored if not r.get("correct")), key=lambda r: -(r.get("prob") or 0))
         parts.append(_table("wrong with the highest confidence", wrong[:top], gold))
     parts.append(_table("closest calls (smallest margin)", sorted(scored, key=lambda r: r["margin"])[:top], gold))
+    parts.append(_failed_table(records, top))
     if compare_with:
         before = read_records(compare_with).records
         parts.append(_compare_section(compare(before, records), compare_with, top))
@@ -174,10 +181,30 @@ def _summary_line(records: Sequence[Record], info: dict[str, Any]) -> str:
     scored = [r for r in records if not is_error(r)]
     ms = sum(r.get("ms") or 0 for r in scored) / max(len(scored), 1)
     parts = [f"{len(records)} items", f"{len(records) - len(scored)} failed" if len(scored) < len(records) else "",
-             f"model {info['model']}" if info.get("model") else "",
+             f"model {_model_name(info['model'])}" if info.get("model") else "",
              f"{info.get('device', '')} {info.get('dtype', '')}".strip(), f"{ms:.1f} ms/item",
              f"normalize {scored[0]['normalize']}" if scored else ""]
     return " · ".join(p for p in parts if p)
+
+
+def _model_name(identity: str) -> str:
+    """The model as a reader names it, from the fingerprint's identity ("gguf:<file>:<digest>",
+    "hub:<id>@<revision>", "dir:<path>:<digest>"): the file, hub id or folder."""
+    kind, _, rest = identity.partition(":")
+    if kind != "hub" and ":" in rest:
+        rest = rest.rsplit(":", 1)[0]
+    return rest or identity
+
+
+def _failed_table(records: Sequence[Record], top: int) -> str:
+    failed = [r for r in records if is_error(r)]
+    if not failed:
+        return ""
+    rows = "".join(f"<tr><td>{html.escape(str(r['id']))}</td><td>{html.escape(str(r['error']))}</td></tr>"
+                   for r in failed[:top * 4])
+    more = f"<p class=muted>and {len(failed) - top * 4} more</p>" if len(failed) > top * 4 else ""
+    return (f"<h2>items that could not be scored ({len(failed)})</h2><table><thead><tr><th>id</th><th>why</th></tr>"
+            f"</thead><tbody>{rows}</tbody></table>{more}")
 
 
 def _compare_section(cmp: Comparison, before: str, top: int) -> str:
@@ -197,7 +224,10 @@ def _compare_section(cmp: Comparison, before: str, top: int) -> str:
     return head + "</p>" + (flips if rows else "") + ids
 
 
-def write_report(output: str, target: str, compare_with: str | None = None) -> None:
+def write_report(output: str, target: str, compare_with: str | None = None, overwrite: bool = False) -> None:
+    """Write the page to `target`; an existing file is refused unless `overwrite`."""
+    if Path(target).exists() and not overwrite:
+        raise InputError(f"{target}: already exists; give --overwrite to replace it, or another -o")
     page = build_report(output, compare_with)
     try:
         Path(target).write_text(page, encoding="utf-8")

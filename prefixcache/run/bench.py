@@ -150,7 +150,15 @@ class _PeakRSS:
         return None if self.peak < 0 else self.peak / 2**20
 
 
-def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device) -> ModeResult:
+Step = Callable[[str], None]  # told what is being measured now, for a progress line
+
+
+def _quiet(text: str) -> None:
+    pass
+
+
+def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device, step: Step = _quiet) -> ModeResult:
+    step(f"timing {name} on {n} items")
     _sync(device)
     with _PeakRSS() as rss:
         start = time.perf_counter()
@@ -203,7 +211,7 @@ def _unavoidable_work(model: torch.nn.Module, prepared: Sequence[Prepared]) -> t
 
 
 def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepared], naive_limit: int,
-                 batching: Batching) -> list[ModeResult]:
+                 batching: Batching, step: Step = _quiet) -> list[ModeResult]:
     """The four ways of getting the same scores, each timed after a warm-up on the same items."""
     engine, prefix = scorer.engine, scorer.prefix
     model, device = engine.model, engine.device
@@ -233,27 +241,33 @@ def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepa
         return [r["label"] for r in classify(scorer, its, batching)]
 
     # Warm-ups: first calls pay for allocations and kernel set-up.
+    step("warming up")
     naive(few[:1]), naive_per_label(few[:1]), cached_single(prepared[:1]), pipeline(items[:batching.size])
     pipeline_name = f"run pipeline (<= {batching.size} items, ~{batching.tokens} tokens a batch)"
     return [
-        _timed("naive: full re-encode per item", len(few), naive, device),
-        _timed("naive: full forward per item and label", len(few), naive_per_label, device),
-        _timed("cached, one item at a time", len(prepared), cached_single, device),
-        _timed(pipeline_name, len(items), pipeline, device),
+        _timed("naive: full re-encode per item", len(few), naive, device, step),
+        _timed("naive: full forward per item and label", len(few), naive_per_label, device, step),
+        _timed("cached, one item at a time", len(prepared), cached_single, device, step),
+        _timed(pipeline_name, len(items), pipeline, device, step),
     ]
 
 
-def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching: Batching = Batching()) -> BenchReport:
+def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching: Batching = Batching(),
+              step: Step = _quiet) -> BenchReport:
     """Time every mode on `items` (the naive ones on the first `naive_limit`) and measure the
-    unavoidable work, the cost of scoring every label, and the prefix store."""
+    unavoidable work, the cost of scoring every label, and the prefix store. `step` is told what
+    is measured as it starts."""
     engine, prefix, task = scorer.engine, scorer.prefix, scorer.task
     prepared = [task.prepare(item, scorer.context) for item in items]
-    modes = _timed_modes(scorer, items, prepared, naive_limit, batching)
+    modes = _timed_modes(scorer, items, prepared, naive_limit, batching, step)
     # Option cost: the same pipeline scoring one one-token candidate instead of every label.
+    step("timing every label against the item alone")
     option_ratio = _option_cost_ratio(scorer, items, batching)
+    step("timing the prefix store")
     prefill_ms, load_ms = _store_timings(scorer)
 
     own, nodes, gflop, alone = _unavoidable_work(engine.model, prepared)
+    step("measuring this machine's matmul peak")
     peak = measure_peak_gflops(engine.device, engine.dtype)
     for m in modes:
         m.speedup = modes[0].ms_per_item / m.ms_per_item
@@ -291,14 +305,14 @@ class PrecisionReport:
 
 
 def run_precision_bench(fp32: Scorer, fast: Scorer, checked: CheckedScorer, items: Sequence[Item],
-                        batching: Batching = Batching()) -> PrecisionReport:
-    def timed(scorer: Scorer) -> ModeResult:
+                        batching: Batching = Batching(), step: Step = _quiet) -> PrecisionReport:
+    def timed(scorer: Scorer, name: str) -> ModeResult:
         list(classify(scorer, items[: batching.size], batching))  # warm-up
         scorer.clear()  # neither its scores nor (--exact) its measured bound carry over
         labels = lambda: [r["label"] for r in classify(scorer, items, batching)]  # noqa: E731
-        return _timed(scorer.dtype, len(items), labels, scorer.engine.device)
+        return _timed(name, len(items), labels, scorer.engine.device, step)
 
-    runs = [timed(s) for s in (fp32, fast, checked)]
+    runs = [timed(s, name) for s, name in ((fp32, "float32"), (fast, fast.dtype), (checked, f"{fast.dtype} --exact"))]
     (ms32, want), (ms_fast, fast_labels), (ms_exact, exact_labels) = ((m.ms_per_item, m.labels) for m in runs)
     weights = sum(p.numel() * p.element_size() for p in fp32.engine.model.parameters()) / 2**20
     return PrecisionReport(
@@ -310,9 +324,11 @@ def run_precision_bench(fp32: Scorer, fast: Scorer, checked: CheckedScorer, item
 
 
 def bench_exact(task: Task, items: Sequence[Item], cache_dir: Path, device: str, dtype: str,
-                batching: Batching = Batching()) -> PrecisionReport:
+                batching: Batching = Batching(), step: Step = _quiet) -> PrecisionReport:
     """Load the float32 and the low-precision models and time the three ways of scoring."""
     if dtype not in ("bfloat16", "float16"):
         raise UsageError("bench --exact compares float32 with a low precision: give --dtype bfloat16 (or float16)")
+    step("loading the float32 and the low-precision models")
     fp32, fast = Scorer.load(task, cache_dir, device, "float32"), Scorer.load(task, cache_dir, device, dtype)
-    return run_precision_bench(fp32, fast, CheckedScorer.pair(task, cache_dir, device, dtype), items, batching)
+    checked = CheckedScorer.pair(task, cache_dir, device, dtype)
+    return run_precision_bench(fp32, fast, checked, items, batching, step)

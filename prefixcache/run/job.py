@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # the scorer brings torch: imported once a model is needed (l
     from ..scoring.scorer import ItemScorer, Rescoring
 
 log = logging.getLogger("prefixcache")
+COLLAPSE_SHARE, COLLAPSE_MIN_ITEMS = 0.9, 20  # warn when this share of at least this many items gets one label
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Event:
     rate: float = 0.0  # items per second of scoring
     detail: str = ""
     updating: bool = False  # --update: `total` items are checked, only new and changed ones scored
+    already: int = 0  # records an earlier run wrote (a resume): the bar counts them done
 
 
 Progress = Callable[[Event], None]
@@ -139,6 +141,7 @@ class Job:
         self.result = self.new_result()
         self.write()
         self.result.rescored = self.scorer.rescoring()
+        self.warn_if_collapsed()
         if self.plan.launched:
             self.join()
         self.report()
@@ -224,7 +227,8 @@ class Job:
         fresh record)."""
         done = self.begun.done
         left = None if self.last is None else max(self.last - self.first - len(done), 0)
-        self.progress(Event("scoring", 0, left, detail=self._describe(done), updating=self.begun.mode == "update"))
+        self.progress(Event("scoring", 0, left, detail=self._describe(done), updating=self.begun.mode == "update",
+                            already=len(done)))
         items = islice(self.plan.read_input(), self.first, self.last)
         if self.plan.stream:  # read once, never scanned: check it as it streams
             items = checked_stream(items, self.options.items, done)
@@ -238,7 +242,7 @@ class Job:
 
         def after_batch(n: int) -> None:
             log.debug("batch: %d records, %d written, %.1f items/s", n, stats.items, stats.items_per_second)
-            self.progress(Event("batch", stats.items, left, stats.items_per_second))
+            self.progress(Event("batch", stats.items, left, stats.items_per_second, already=len(done)))
             signum = self.stop()
             if signum:
                 raise self._interrupted(signum)
@@ -294,6 +298,18 @@ class Job:
                                    f"resume with: {command_line(self.options)}")
 
     # -- after the records ------------------------------------------------------------------
+    def warn_if_collapsed(self) -> None:
+        """Predictions piled on one label usually mean a model biased toward it, not such data."""
+        counts = {k: n for k, n in self.result.labels.items() if not k.startswith("(")}
+        total = sum(counts.values())
+        if self.plan.spec.choices or len(self.plan.spec.labels) < 2 or total < COLLAPSE_MIN_ITEMS:
+            return
+        label, n = max(counts.items(), key=lambda kv: kv[1])
+        if n / total >= COLLAPSE_SHARE:
+            log.warning("%.0f%% of the items (%d of %d) got the label %r: unless the data is that skewed, the model "
+                        "favours it whatever the item; try 'calibrate: true' or 'normalize: pmi' in the spec, and "
+                        "check on labelled items with --gold", 100 * n / total, n, total, label)
+
     def join(self) -> None:
         """After every process of a launch wrote its part: rank 0 joins them into the output and
         evaluates the whole; the other ranks report nothing."""
