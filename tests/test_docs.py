@@ -35,7 +35,19 @@ def test_readme_has_the_two_set_up_commands_and_ci_runs_the_test_one():
     assert tests.split("pip install torch==2.13.0 && ", 1)[1] in ci
 
 
-def test_relative_links_resolve():
+def _anchors(doc: Path) -> set[str]:
+    """The anchors a Markdown renderer makes of a file's headings (GitHub's rule)."""
+    slugs = set()
+    for heading in re.findall(r"^#+ (.+)$", doc.read_text(encoding="utf-8"), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        slugs.add(slug)
+    return slugs
+
+
+def test_relative_links_and_their_anchors_resolve():
     for doc in DOCS:
-        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", doc.read_text(encoding="utf-8")):
-            assert (doc.parent / target).exists(), f"{doc.name}: broken link {target}"
+        for target, anchor in re.findall(r"\]\(([^)#:]*)(?:#([^)]*))?\)", doc.read_text(encoding="utf-8")):
+            path = doc.parent / target if target else doc
+            assert path.exists(), f"{doc.name}: broken link {target}"
+            if anchor and path.suffix == ".md":
+                assert anchor in _anchors(path), f"{doc.name}: no heading for #{anchor} in {path.name}"
