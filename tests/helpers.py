@@ -89,3 +89,23 @@ A = [hand_record(f"i{k}", "a" if k in (0, 1) else "b", {"a": 0.6 if k < 2 else 0
 B_LABELS = ["b", "a", "a", "a", "a", "a", "a", "b"]  # i0 broken; i2..i6 fixed; i7 still wrong
 B = [hand_record(f"i{k}", lab, {"a": 0.8 if lab == "a" else 0.2, "b": 0.2 if lab == "a" else 0.8}, "a", title=f"t{k}")
      for k, lab in enumerate(B_LABELS)]
+
+
+_NAIVE: "weakref.WeakKeyDictionary" = None  # model -> {(prompt ids, candidates): scores}
+
+
+def naive_scores(model, prompt_ids, candidates) -> list[float]:
+    """The slow reference (a full forward per candidate), computed once per model, prompt and
+    candidates: tests that vary only the batching or the backend compare against the same values."""
+    global _NAIVE
+    import weakref
+
+    from prefixcache.model.reference import score_naive
+
+    if _NAIVE is None:
+        _NAIVE = weakref.WeakKeyDictionary()
+    known = _NAIVE.setdefault(model, {})
+    key = (tuple(prompt_ids), tuple(tuple(c) for c in candidates))
+    if key not in known:
+        known[key] = score_naive(model, prompt_ids, candidates)
+    return known[key]

@@ -96,15 +96,33 @@ def test_real_model_gold_evaluation_cli(tmp_path):
     assert missed.exit_code == 5 and "gate failed: accuracy" in missed.stderr
 
 
-def test_a_damaged_converted_model_is_rebuilt_with_a_warning(cache_dir, tmp_path, caplog):
+@pytest.fixture()
+def quick_conversion(cache_dir, monkeypatch):
+    """The session converted the embedded model once (its first test); a test of what happens
+    around a conversion gets that result instead of dequantising the GGUF file again (18 s or
+    more): the same weights, through the same code up to and after the dequantisation."""
+    from prefixcache.model import load
+
+    _scorer(SPEC, cache_dir)  # the converted copy exists in the session's cache
+    [kept] = [m for m in load.converted_models(cache_dir) if m["source"].endswith(".gguf")][:1]
+    real = load._from_pretrained
+
+    def from_pretrained(path, dtype, **kwargs):
+        if kwargs.pop("gguf_file", None):
+            return real(kept["path"], dtype, **kwargs)
+        return real(path, dtype, **kwargs)
+
+    monkeypatch.setattr(load, "_from_pretrained", from_pretrained)
+    return Path(kept["path"])
+
+
+def test_a_damaged_converted_model_is_rebuilt_with_a_warning(quick_conversion, tmp_path, caplog):
     import shutil
 
-    from prefixcache.model.load import converted_models, models_dir
+    from prefixcache.model.load import models_dir
 
-    _scorer(SPEC, cache_dir)  # the converted copy exists in the shared cache
-    [kept] = [m for m in converted_models(cache_dir) if m["source"].endswith(".gguf")][:1]
-    copy = models_dir(tmp_path) / Path(kept["path"]).name
-    shutil.copytree(kept["path"], copy)
+    copy = models_dir(tmp_path) / quick_conversion.name
+    shutil.copytree(quick_conversion, copy)
     weights = next(copy.glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:1000])  # a torn file, as a full disk leaves it
     old = os.umask(0)  # converted again under the loosest umask: still the user's alone
@@ -119,7 +137,7 @@ def test_a_damaged_converted_model_is_rebuilt_with_a_warning(cache_dir, tmp_path
     assert weights.stat().st_size > 1000  # made again
 
 
-def test_an_unwritable_cache_still_runs_the_embedded_model(tmp_path):
+def test_an_unwritable_cache_still_runs_the_embedded_model(quick_conversion, tmp_path):
     """With nowhere to keep the converted weights, the run converts in memory, warns and goes on."""
     blocked = tmp_path / "cache-is-a-file"
     blocked.write_text("not a folder")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import TEXTS, invoke, make_spec
+from helpers import TEXTS, invoke, make_spec, naive_scores
 
 from prefixcache.model.engine import Engine
 from prefixcache.task.prompt import PromptBuilder
@@ -49,7 +49,7 @@ def test_cached_batched_scores_equal_naive(arch_model, chat_tokenizer, tmp_path,
     assert len({len(e.ids) for e in encoded}) > 3, "items of different lengths expected"
 
     got = _batched(engine, prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded], batch_size)
-    want = [score_naive(model, e.ids, cands) for e in encoded]
+    want = [naive_scores(model, e.ids, cands) for e in encoded]
 
     assert _max_diff(got, want) < TOL, arch
     assert engine.backend == backend  # no silent fallback
