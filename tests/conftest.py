@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # several test processes share the cores: one thread each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"

@@ -211,7 +211,7 @@ def test_irony_report_renders_in_chromium(tmp_path):
 
     out, page, shot = tmp_path / "irony.jsonl", tmp_path / "report.html", tmp_path / "shot.png"
     result = invoke("run", str(ROOT / "configs" / "irony.yaml"), str(ROOT / "data" / "samples" / "irony.jsonl"),
-                                      "-o", str(out), "-q", "--keep", "text")
+                    "-o", str(out), "-q", "--keep", "text", "--limit", 40)
     assert result.exit_code == 0, result.output
     assert invoke("report", str(out), "-o", str(page)).exit_code == 0
     run = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",

@@ -192,6 +192,8 @@ def _read_csv(data: bytes, path: str) -> tuple[list[Record], int]:
 def check_output(path: str | None, resume: bool = False, overwrite: bool = False, fmt: str | None = None) -> None:
     """Refuse, before any work, an output that cannot be written or would be overwritten."""
     if path is None or path == "-":
+        if sys.stdout is None or sys.stdout.closed:  # `>&-`: found before the model loads, not after
+            raise OutputError("stdout is closed; give an output file with -o")
         return
     file_format(path, fmt)
     target = Path(path)
