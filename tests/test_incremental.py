@@ -239,3 +239,17 @@ def test_predictions_piled_on_one_label_are_warned_about(spec_path, tmp_path):
     assert "100% of the items (24 of 24) got the label" in warned.stderr and "'calibrate: true'" in warned.stderr
     few = _write(tmp_path / "few.jsonl", [{"id": n, "text": "the same ticket"} for n in range(5)])
     assert "got the label" not in invoke("run", spec_path, few, "-o", tmp_path / "f.jsonl").stderr  # too few to tell
+
+
+def test_the_pile_up_warning_looks_at_the_whole_output_not_the_resumed_part(spec_path, tmp_path):
+    rows = [{"id": n, "text": "the same ticket" if n >= 10 else f"{WORDS[n]} ticket {n} {WORDS[(n * 7) % 12]}"}
+            for n in range(40)]
+    src, out = _write(tmp_path / "in.jsonl", rows), tmp_path / "o.jsonl"
+    first = invoke("run", spec_path, src, "-o", out, "--limit", 10, "-q")
+    assert first.exit_code == 0
+    labels = {r["label"] for r in _records(out)}
+    resumed = invoke("run", spec_path, src, "-o", out, "--resume")  # 30 identical items: one label for this part
+    assert resumed.exit_code == 0
+    pile = max(sum(r["label"] == lab for r in _records(out)) for lab in labels | {r["label"] for r in _records(out)})
+    assert ("got the label" in resumed.stderr) == (pile / 40 >= 0.9)
+    assert "of 30)" not in resumed.stderr  # the resumed part alone is never what is judged

@@ -125,6 +125,7 @@ class Job:
         self.task: Task
         self.scorer: ItemScorer
         self.first, self.last = 0, None
+        self.written: Counter = Counter()  # every record this run writes, by label (kept ones too)
 
     def run(self) -> RunResult:
         self.plan = make_plan(self.options)
@@ -213,6 +214,7 @@ class Job:
             with self.plan.output.writing(self.begun, self.fingerprint) as writer:
                 for record in self.records():
                     writer.write(record)
+                    self.written[_label_of(record)] += 1
                     if record is not self.begun.records.get(id_text(record["id"])):  # scored by this run
                         result.labels[_label_of(record)] += 1
                     result.first_record = result.first_record or time.perf_counter() - self.started
@@ -300,7 +302,8 @@ class Job:
     # -- after the records ------------------------------------------------------------------
     def warn_if_collapsed(self) -> None:
         """Predictions piled on one label usually mean a model biased toward it, not such data."""
-        counts = {k: n for k, n in self.result.labels.items() if not k.startswith("(")}
+        whole = self.written + Counter(_label_of(r) for r in self.begun.done.values())  # the output, not this run
+        counts = {k: n for k, n in whole.items() if not k.startswith("(")}
         total = sum(counts.values())
         if self.plan.spec.choices or len(self.plan.spec.labels) < 2 or total < COLLAPSE_MIN_ITEMS:
             return
