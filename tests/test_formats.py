@@ -125,3 +125,11 @@ def test_a_semicolon_csv_read_with_commas_suggests_the_delimiter(tmp_path, tiny_
     assert result.exit_code == 2
     assert result.stderr == (f"error: {path}:2: item 1 lacks field 'text' used by the template (its fields: 'id;text'); "
                              f"the header looks ';'-separated: give --delimiter ';'\n")
+
+
+def test_a_semicolon_csv_whose_text_holds_commas_suggests_the_delimiter(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text("id;text\n1;clear, and loud\n")
+    with pytest.raises(InputError) as refused:
+        list(read_items(str(path)))
+    assert str(refused.value) == f"{path}:2: expected 1 columns, found 2; the header looks ';'-separated: give --delimiter ';'"

@@ -137,7 +137,8 @@ def _csv_records(stream: IO[bytes], name: str, delimiter: str = ",", encoding: s
                 start = reader.line_num + 1
                 continue
             if len(row) != len(header):
-                raise InputError(f"{name}:{start}: expected {len(header)} columns, found {len(row)}")
+                raise InputError(f"{name}:{start}: expected {len(header)} columns, found {len(row)}"
+                                 f"{_delimiter_hint(header, delimiter)}")
             yield start, dict(zip(header, row))
             start = reader.line_num + 1
     except UnicodeDecodeError:
@@ -279,12 +280,17 @@ def _fields_hint(record: Mapping[str, Any], fmt: str | None) -> str:
     """The item's fields, and for a CSV read as one column whose name holds another separator, the
     --delimiter that would split it."""
     hint = f" (its fields: {', '.join(map(repr, record))})"
-    if fmt in ("csv", "tsv") and len(record) == 1:
-        column = next(iter(record))
-        for sep in (";", "\t", "|", ","):
-            if sep in column:
-                return hint + f"; the header looks {sep!r}-separated: give --delimiter {sep!r}"
-    return hint
+    return hint + (_delimiter_hint(list(record)) if fmt in ("csv", "tsv") else "")
+
+
+def _delimiter_hint(header: list[str], delimiter: str | None = None) -> str:
+    """For a header read as one column that holds another separator: the --delimiter to give."""
+    if len(header) != 1:
+        return ""
+    for sep in (";", "\t", "|", ","):
+        if sep != delimiter and sep in header[0]:
+            return f"; the header looks {sep!r}-separated: give --delimiter {sep!r}"
+    return ""
 
 
 def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mapping[str, Any]], None],
