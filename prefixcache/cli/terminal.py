@@ -27,11 +27,11 @@ class _Plain:
     """Help as a shell user reads it: `SPEC ITEMS` in the usage line (not `{SPEC}`), and no type
     shown for a flag."""
 
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
         pieces = super().collect_usage_pieces(ctx)  # type: ignore[misc]
         return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in pieces]
 
-    def get_params(self, ctx: Any) -> list[Any]:
+    def get_params(self, ctx: typer.Context) -> list[Any]:
         params = super().get_params(ctx)  # type: ignore[misc]
         for param in params:  # a flag takes no value: show none (help, completion)
             if getattr(param, "is_flag", False) and param.metavar is None:
