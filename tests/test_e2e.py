@@ -221,3 +221,15 @@ def test_irony_report_renders_in_chromium(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and ":CONSOLE(" not in run.stderr
     assert float(imread(str(shot)).std()) > 0.05
+
+
+def test_the_python_docs_example_runs(monkeypatch, capsys):
+    """docs/python.md's example, as a notebook would run it, on the embedded model."""
+    import re
+
+    code = re.search(r"```python\n(.*?)```", (ROOT / "docs" / "python.md").read_text(encoding="utf-8"), re.S).group(1)
+    monkeypatch.chdir(ROOT)
+    exec(compile(code, "docs/python.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"1 (billing|technical|account) 0\.\d+", lines[0]) and lines[1].startswith("2 ")
+    assert "'sequence': 'I forgot my password'" in lines[-1] and "'scores': [" in lines[-1]

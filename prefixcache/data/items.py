@@ -17,7 +17,7 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Mapping
+from typing import Iterable, IO, Any, Callable, Iterator, Mapping
 
 from ..errors import InputError, first_line
 
@@ -264,6 +264,11 @@ def read_items(path: str, fmt: str | None = None, id_field: str = "id", delimite
         records.close()  # its own clean-up first, while the stream is open
         if stream is not sys.stdin.buffer:
             stream.close()
+
+
+def items_of(records: Iterable[Mapping[str, Any]], id_field: str = "id", name: str = "<items>") -> Iterator[Item]:
+    """Items from records already in memory (dicts), numbered and checked as a file's would be."""
+    return _items(((n, record) for n, record in enumerate(records, 1)), name, id_field)
 
 
 def _items(records: Iterator[tuple[int, Mapping[str, Any]]], name: str, id_field: str) -> Iterator[Item]:

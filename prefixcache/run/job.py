@@ -20,6 +20,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from itertools import islice
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from .. import compat
@@ -346,21 +347,27 @@ def _label_of(record: Record) -> str:
 
 
 def load_scorer(task: Task, plan: Plan) -> ItemScorer:
-    """The plan's scorer: with --exact a low-precision one whose close calls a float32 twin scores
-    again (or float32 alone on hardware without bfloat16 matrix instructions)."""
+    """The plan's scorer (see `open_scorer`)."""
+    o = plan.options
+    return open_scorer(task, o.cache_dir, plan.device, o.dtype, plan.says_precision, o.cache_store, o.store_max_bytes)
+
+
+def open_scorer(task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto", exact: bool = False,
+                cache_store: bool = True, store_max_bytes: Optional[int] = None) -> ItemScorer:
+    """A task's scorer, its prefix from the prefix store under `cache_dir` when `cache_store`: with
+    `exact`, a low-precision one whose close calls a float32 twin scores again (or float32 alone on
+    hardware without bfloat16 matrix instructions)."""
     from ..model.store import PrefixStore  # the torch side: imported once a model is needed
     from ..scoring.exact import CheckedScorer
     from ..scoring.scorer import Scorer
 
-    o, device = plan.options, plan.device
     store = None
-    if o.cache_store:
-        root = o.cache_dir / "prefixes"
-        store = PrefixStore(root) if o.store_max_bytes is None else PrefixStore(root, o.store_max_bytes)
-    exact = plan.says_precision
+    if cache_store:
+        root = cache_dir / "prefixes"
+        store = PrefixStore(root) if store_max_bytes is None else PrefixStore(root, store_max_bytes)
     if exact and not compat.bf16_matmul(pick_device(device)):
         log.warning("this %s has no bfloat16 matrix instructions, so --exact would gain nothing: scoring in float32",
                     pick_device(device))
     elif exact:
-        return CheckedScorer.pair(task, o.cache_dir, device, o.dtype, store)
-    return Scorer.load(task, o.cache_dir, device, "float32" if exact else o.dtype, store, says_precision=exact)
+        return CheckedScorer.pair(task, cache_dir, device, dtype, store)
+    return Scorer.load(task, cache_dir, device, "float32" if exact else dtype, store, says_precision=exact)

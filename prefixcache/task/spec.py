@@ -376,6 +376,13 @@ def load_spec(path: str | Path) -> TaskSpec:
     data = _load_yaml(path)
     if not isinstance(data, Mapping):
         raise SpecError(f"{path}: a spec is a YAML mapping of keys (model, system, labels, ...)")
+    return spec_from_mapping(data, path)
+
+
+def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> TaskSpec:
+    """Validate the keys of a spec given as a mapping (what a spec file holds); `path` names it in
+    errors, and a relative model path is taken from its folder."""
+    path = Path(path)
     for key in data:
         if key not in KNOWN_KEYS:
             hint = difflib.get_close_matches(str(key), KNOWN_KEYS, n=1)

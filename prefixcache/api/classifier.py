@@ -1,0 +1,172 @@
+"""`Classifier`: prefixcache from Python. The spec's prefix is encoded once when it is made; every
+call reuses the model and the prefix, through the same batching, scorer and records as `run`.
+
+Example:
+    from prefixcache import Classifier
+
+    clf = Classifier({"labels": ["billing", "technical", "account"],
+                      "system": "You route support tickets."})
+    for record in clf.classify(["I was charged twice", "The app crashes"]):
+        print(record["id"], record["label"], record["prob"])
+    clf(["I was charged twice"], candidate_labels=["refund", "bug"])   # zero-shot pipeline style
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+
+from ..data.items import Item, items_of
+from ..data.records import Record
+from ..errors import InputError, UsageError
+from ..model.load import default_cache_dir
+from ..run.job import open_scorer
+from ..run.pipeline import RunStats, classify
+from ..run.plan import with_overrides
+from ..scoring.prepare import Batching, Task
+from ..task.spec import TaskSpec, load_spec, spec_from_mapping
+from .progress import bar_for
+
+if TYPE_CHECKING:
+    from ..scoring.scorer import ItemScorer
+
+SpecLike = Union[str, Path, Mapping[str, Any], TaskSpec, None]
+
+
+def _spec_of(spec: SpecLike, keys: Mapping[str, Any]) -> TaskSpec:
+    """A `TaskSpec` from a YAML path, a mapping of spec keys or a spec, with `keys` set over it."""
+    if isinstance(spec, TaskSpec):
+        if keys:
+            raise UsageError("give spec keys either in the TaskSpec or as keyword arguments, not both")
+        return spec
+    if spec is None or isinstance(spec, Mapping):
+        return spec_from_mapping({**(spec or {}), **keys})
+    loaded = load_spec(spec)
+    if keys:  # the file's keys, some set anew
+        import yaml
+
+        data = yaml.safe_load(Path(spec).read_text(encoding="utf-8"))
+        return spec_from_mapping({**data, **keys}, spec)
+    return loaded
+
+
+class Classifier:
+    """A spec's model and prefilled prefix, loaded once, classifying items from Python.
+
+    Args:
+        spec: a YAML spec file, a mapping of the same keys, or None with the keys as keyword
+            arguments (`labels=`, `system=`, `examples=`, `template=`, ...).
+        model: a hub id, a model folder or a .gguf file instead of the spec's (None: the spec's,
+            else the embedded default).
+        device, dtype: as `run --device`, `--dtype` ("auto": CUDA when present, float32 on the CPU).
+        cache_dir: converted models and stored prefixes (default: ~/.cache/prefixcache or
+            PREFIXCACHE_CACHE_DIR).
+        batch_size, batch_tokens: as `run`'s; the same values give the same records as `run`.
+        progress: a bar on long calls (Rich in a terminal, tqdm in a notebook when installed).
+
+    Raises the library's typed errors (`SpecError`, `InputError`, `ModelError`, ...); never exits.
+    """
+
+    def __init__(self, spec: SpecLike = None, *, model: Optional[str] = None, device: str = "auto",
+                 dtype: str = "auto", cache_dir: Optional[Union[str, Path]] = None, batch_size: int = 64,
+                 batch_tokens: int = 768, exact: bool = False, progress: bool = True, **keys: Any):
+        self.spec = with_overrides(_spec_of(spec, keys), model=model)
+        cache_dir = cache_dir or os.environ.get("PREFIXCACHE_CACHE_DIR")  # as the command line reads it
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        self.device, self.dtype, self.exact = device, dtype, exact
+        self.batching = Batching(batch_size, batch_tokens)
+        self.progress = progress
+        self.task = Task.from_spec(self.spec, self.cache_dir)
+        self.scorer: ItemScorer = open_scorer(self.task, self.cache_dir, device, dtype, exact)
+        self._zero_shot: dict[tuple[str, ...], Classifier] = {}
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.spec.label_names)
+
+    # -- records ----------------------------------------------------------------------------
+    def classify(self, items: Iterable[Union[str, Mapping[str, Any]]], total: Optional[int] = None) -> Iterator[Record]:
+        """One record per item, in order, as `run` writes them. `items`: strings (the template's
+        one field) or dicts of fields (the id from the spec's `id_field`, else the position, from
+        1). A generator in gives a generator out: items are read as batches fill."""
+        stats = RunStats()
+        count = total if total is not None else (len(items) if hasattr(items, "__len__") else None)
+        with bar_for(self.progress, count) as bar:
+            for record in classify(self.scorer, self._items(items), self.batching, stats, None, bar.advance):
+                yield record
+
+    def _items(self, items: Iterable[Union[str, Mapping[str, Any]]]) -> Iterator[Item]:
+        fields = self.spec.item_fields()
+        return items_of((self._fields(x, fields) for x in items), self.spec.id_field, "<python>")
+
+    def _fields(self, item: Union[str, Mapping[str, Any]], fields: Sequence[str]) -> Mapping[str, Any]:
+        if isinstance(item, Mapping):
+            return item
+        if isinstance(item, str):
+            if len(fields) != 1:
+                raise InputError(f"a string item fills one template field, but the template uses "
+                                 f"{', '.join(map(repr, fields))}: give dicts of fields")
+            return {fields[0]: item}
+        raise InputError(f"an item must be a string or a dict of fields, not {type(item).__name__}")
+
+    # -- tables -----------------------------------------------------------------------------
+    def classify_df(self, table: Any) -> Any:
+        """A pandas DataFrame or a pyarrow Table with the prediction columns added: `label`,
+        `prob`, `margin` and `prob_<label>` per label (for multiple choice, `index` and `probs`);
+        the input columns are kept and the row order is the input's."""
+        from .tables import add_predictions, rows_of
+
+        rows = rows_of(table)
+        return add_predictions(table, list(self.classify(rows, total=len(rows))), self.spec)
+
+    def batch_fn(self, batch: Mapping[str, list]) -> dict[str, list]:
+        """For Hugging Face `datasets`: `ds.map(clf.batch_fn, batched=True)` (a dict of columns in,
+        the same with the prediction columns added out)."""
+        from .tables import add_predictions_to_columns
+
+        names = list(batch)
+        rows = [dict(zip(names, values)) for values in zip(*(batch[n] for n in names))]
+        return add_predictions_to_columns(dict(batch), list(self.classify(rows, total=len(rows))), self.spec)
+
+    # -- zero-shot pipeline style ---------------------------------------------------------------
+    def __call__(self, sequences: Any, candidate_labels: Optional[Sequence[str]] = None,
+                 multi_label: bool = False) -> Any:
+        """A DataFrame or Table: `classify_df`. Strings with `candidate_labels` (or the spec's
+        labels): like `transformers.pipeline("zero-shot-classification")`, one
+        `{"sequence", "labels", "scores"}` per string (a dict for one string), labels sorted by
+        score; the labels are scored in one pass over the cached prefix, not one pass per label."""
+        if multi_label:
+            raise UsageError("multi_label: each label judged on its own is not built yet; use multi_label=False")
+        if not isinstance(sequences, (str, list, tuple)):
+            return self.classify_df(sequences)
+        one = isinstance(sequences, str)
+        texts = [sequences] if one else list(sequences)
+        clf = self._for_labels(candidate_labels)
+        out = []
+        for text, record in zip(texts, clf.classify(texts)):
+            ranked = sorted(record["probs"].items(), key=lambda kv: -kv[1])
+            out.append({"sequence": text, "labels": [k for k, _ in ranked], "scores": [v for _, v in ranked]})
+        return out[0] if one else out
+
+    def _for_labels(self, labels: Optional[Sequence[str]]) -> "Classifier":
+        from ..scoring.scorer import Scorer
+
+        if labels is None or list(labels) == self.labels:
+            return self
+        key = tuple(labels)
+        if key not in self._zero_shot:
+            twin = object.__new__(Classifier)
+            twin.__dict__.update(self.__dict__)
+            twin.spec = dataclasses.replace(spec_from_mapping({"labels": list(labels)}), **{
+                f.name: getattr(self.spec, f.name) for f in dataclasses.fields(TaskSpec)
+                if f.name not in ("labels", "examples")})
+            twin.task = Task(twin.spec, self.task.source, self.task.tokenizer)
+            twin.scorer = Scorer.start(twin.task, self.scorer.engine)  # the same model, a prefix of its own
+            twin._zero_shot = {}
+            self._zero_shot[key] = twin
+        return self._zero_shot[key]
+
+
+__all__ = ["Classifier"]

@@ -1,0 +1,157 @@
+"""prefixcache from Python: the same records as `run` on the same items, whatever the items come
+as (strings, dicts, a generator, a DataFrame, an Arrow table, a `datasets` batch)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import invoke, records, write_spec
+
+from prefixcache import Classifier
+from prefixcache.errors import InputError, SpecError
+
+TICKETS = ["The app crashes when I open a project.", "I was charged twice, please refund.", "Hi",
+           "I forgot my password and cannot sign in.", "Error 502 from the API", "refund my invoice",
+           "x", "The quick brown fox jumps over the lazy dog."]
+LABELS = ["tech", "technical", "billing", "account access"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_model_dir):
+    tmp = tmp_path_factory.mktemp("api")
+    spec = write_spec(tmp, model=str(tiny_model_dir), labels=LABELS)
+    items = tmp / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": f"t{n}", "text": t}) + "\n" for n, t in enumerate(TICKETS)))
+    out = tmp / "out.jsonl"
+    assert invoke("run", spec, items, "-o", out, "-b", 3, "-q").exit_code == 0
+    clf = Classifier(spec, batch_size=3, progress=False)
+    return spec, items, records(out), clf
+
+
+def _close(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        g = {k: v for k, v in g.items() if k != "ms"}
+        assert g.keys() == w.keys() and g["label"] == w["label"] and g["id"] == w["id"]
+        assert all(abs(g["logprobs"][k] - w["logprobs"][k]) < 1e-6 for k in w["logprobs"])
+        assert {k: v for k, v in g.items() if k not in ("logprobs",)} == {k: v for k, v in w.items() if k != "logprobs"}
+
+
+def test_dicts_give_the_records_run_writes(setup):
+    _, _, want, clf = setup
+    _close(list(clf.classify({"id": f"t{n}", "text": t} for n, t in enumerate(TICKETS))), want)
+
+
+def test_strings_are_numbered_as_a_file_without_ids_is(setup, tmp_path):
+    spec, _, _, clf = setup
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"text": t}) + "\n" for t in TICKETS))
+    out = tmp_path / "o.jsonl"
+    assert invoke("run", spec, plain, "-o", out, "-b", 3, "-q").exit_code == 0
+    _close(list(clf.classify(TICKETS)), records(out))
+
+
+def test_a_generator_in_is_read_as_batches_fill(setup):
+    _, _, want, clf = setup
+    pulled = []
+
+    def feed():
+        for n, t in enumerate(TICKETS):
+            pulled.append(n)
+            yield {"id": f"t{n}", "text": t}
+
+    stream = clf.classify(feed())
+    first = next(stream)
+    assert first["id"] == "t0" and len(pulled) <= 4  # one batch of 3 (and the item that closed it)
+    _close([first, *stream], want)
+
+
+def test_a_dataframe_and_an_arrow_table_get_prediction_columns(setup):
+    pd = pytest.importorskip("pandas")
+    pa = pytest.importorskip("pyarrow")
+    _, _, want, clf = setup
+    df = pd.DataFrame({"id": [f"t{n}" for n in range(len(TICKETS))], "text": TICKETS, "team": ["a"] * len(TICKETS)})
+    out = clf.classify_df(df)
+    assert list(out.columns) == ["id", "text", "team", "label", "prob", "margin", *(f"prob_{x}" for x in LABELS)]
+    assert list(out["label"]) == [r["label"] for r in want] and list(out["prob"]) == [r["prob"] for r in want]
+    assert list(df.columns) == ["id", "text", "team"]  # the input is left as it was
+    table = clf(pa.Table.from_pandas(df))
+    assert isinstance(table, pa.Table) and table.column("label").to_pylist() == [r["label"] for r in want]
+    assert table.column(f"prob_{LABELS[0]}").to_pylist() == [r["probs"][LABELS[0]] for r in want]
+
+
+def test_a_datasets_batch(setup):
+    _, _, want, clf = setup
+    batch = {"id": [f"t{n}" for n in range(len(TICKETS))], "text": list(TICKETS)}
+    out = clf.batch_fn(batch)
+    assert out["text"] == batch["text"] and out["label"] == [r["label"] for r in want]
+
+
+def test_the_zero_shot_call_has_the_pipelines_shape(setup):
+    _, _, _, clf = setup
+    one = clf("The app crashes", candidate_labels=["bug", "money", "login"])
+    assert one["sequence"] == "The app crashes" and sorted(one["labels"]) == ["bug", "login", "money"]
+    assert one["scores"] == sorted(one["scores"], reverse=True) and abs(sum(one["scores"]) - 1) < 1e-5
+    many = clf(["a", "b"], candidate_labels=["bug", "money"])
+    assert [m["sequence"] for m in many] == ["a", "b"]
+    # the same labels through a spec of their own give the same scores
+    twin = Classifier(labels=["bug", "money", "login"], system=clf.spec.system, template="Ticket: {text}",
+                      model=clf.spec.model, progress=False)
+    [record] = twin.classify(["The app crashes"])
+    assert one["scores"] == pytest.approx(sorted(record["probs"].values(), reverse=True), abs=1e-6)
+
+
+def test_errors_are_typed_and_nothing_exits(setup, tiny_model_dir):
+    _, _, _, clf = setup
+    with pytest.raises(SpecError, match="unknown key 'lables'"):
+        Classifier(lables=["a"], model=str(tiny_model_dir))
+    two_fields = Classifier(labels=["a", "b"], template="{title}: {body}", model=str(tiny_model_dir), progress=False)
+    with pytest.raises(InputError, match="a string item fills one template field"):
+        list(two_fields.classify(["just text"]))
+    with pytest.raises(InputError, match="already has column"):
+        clf.batch_fn({"text": ["x"], "label": ["y"]})
+
+
+def test_the_ray_callable_adds_predictions_to_each_batch(setup):
+    pd = pytest.importorskip("pandas")
+    from prefixcache.ray import Classify
+
+    spec, _, want, _ = setup
+    actor = Classify(str(spec), batch_size=3)
+    frame = actor(pd.DataFrame({"id": [f"t{n}" for n in range(len(TICKETS))], "text": TICKETS}))
+    assert list(frame["label"]) == [r["label"] for r in want]
+    columns = actor({"id": [f"t{n}" for n in range(3)], "text": TICKETS[:3]})
+    assert columns["label"] == [r["label"] for r in want[:3]]
+
+
+@pytest.mark.slow
+def test_ray_data_on_a_local_cluster_equals_the_cli(tmp_path, tiny_model_dir, monkeypatch, cache_dir):
+    """200 items from Parquet through `map_batches` on two actors: item for item the CLI's records."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'prefixcache[ray]')")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    import prefixcache.ray
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local, private cluster
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS)
+    texts = [f"{TICKETS[n % len(TICKETS)]} (case {n})" for n in range(200)]
+    items = tmp_path / "items.parquet"
+    pq.write_table(pa.table({"id": [f"i{n}" for n in range(200)], "text": texts}), items)
+    out = tmp_path / "cli.jsonl"
+    assert invoke("run", spec, items, "-o", out, "-q").exit_code == 0
+    want = {r["id"]: r for r in records(out)}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ds = ray.data.read_parquet(str(items))
+        got = ds.map_batches(prefixcache.ray.Classify, fn_constructor_kwargs={"spec": str(spec), "cache_dir": str(cache_dir)},
+                             compute=ray.data.ActorPoolStrategy(size=2), num_cpus=0.5, batch_size=64,
+                             batch_format="pandas").to_pandas()
+    finally:
+        ray.shutdown()
+    assert sorted(got["id"]) == sorted(want)
+    for row in got.to_dict("records"):
+        w = want[row["id"]]
+        assert row["label"] == w["label"] and abs(row["prob"] - w["prob"]) < 1e-6
+        assert all(abs(row[f"prob_{x}"] - w["probs"][x]) < 1e-6 for x in LABELS)
