@@ -134,6 +134,23 @@ def quiet_libraries() -> None:
         pass
 
 
+@contextmanager
+def quietly() -> Iterator[None]:
+    """transformers' advice and progress bars off for the length of a block, then as they were:
+    for the Python API, which prints nothing of its own but a bar it was asked for."""
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
 def cli_usage_errors() -> tuple[type, type]:
     """(UsageError, NoArgsIsHelpError) of the click that typer runs on: typer vendors its own
     copy, whose classes are not the `click` package's."""

@@ -130,15 +130,19 @@ def cache_dir(tmp_path_factory) -> Path:
     """A cache folder of the tests' own, so tests never read, write or fill the user's cache: a new
     one per session (the embedded model is converted into it once, by the first test that needs
     it), or PREFIXCACHE_TEST_CACHE, a folder kept for the tests across sessions to skip that
-    conversion. The CLI finds it through PREFIXCACHE_CACHE_DIR, as a user would set it."""
+    conversion. The CLI finds it through PREFIXCACHE_CACHE_DIR, as a user would set it; runs
+    started from Python without a cache folder use the default, under XDG_CACHE_HOME, which points
+    into the session's temporary folder too."""
+    base = tmp_path_factory.mktemp("xdg-cache")
     kept = os.environ.get("PREFIXCACHE_TEST_CACHE")
-    root = Path(kept) if kept else tmp_path_factory.mktemp("prefixcache-cache")
+    root = Path(kept) if kept else base / "prefixcache"
     root.mkdir(parents=True, exist_ok=True)
-    previous = os.environ.get("PREFIXCACHE_CACHE_DIR")
-    os.environ["PREFIXCACHE_CACHE_DIR"] = str(root)
+    previous = {k: os.environ.get(k) for k in ("PREFIXCACHE_CACHE_DIR", "XDG_CACHE_HOME")}
+    os.environ.update(PREFIXCACHE_CACHE_DIR=str(root), XDG_CACHE_HOME=str(base))
     yield root
-    if previous is None:
-        os.environ.pop("PREFIXCACHE_CACHE_DIR", None)
-    else:
-        os.environ["PREFIXCACHE_CACHE_DIR"] = previous
+    for key, value in previous.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 

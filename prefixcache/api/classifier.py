@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
+from .. import compat
 from ..data.items import Item, items_of
 from ..data.records import Record
 from ..errors import InputError, UsageError
@@ -78,8 +79,9 @@ class Classifier:
         self.device, self.dtype, self.exact = device, dtype, exact
         self.batching = Batching(batch_size, batch_tokens)
         self.progress = progress
-        self.task = Task.from_spec(self.spec, self.cache_dir)
-        self.scorer: ItemScorer = open_scorer(self.task, self.cache_dir, device, dtype, exact)
+        with compat.quietly():  # transformers' loading bars: the caller asked for records, not those
+            self.task = Task.from_spec(self.spec, self.cache_dir)
+            self.scorer: ItemScorer = open_scorer(self.task, self.cache_dir, device, dtype, exact)
         self._zero_shot: dict[tuple[str, ...], Classifier] = {}
 
     @property
