@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +92,14 @@ B = [hand_record(f"i{k}", lab, {"a": 0.8 if lab == "a" else 0.2, "b": 0.2 if lab
      for k, lab in enumerate(B_LABELS)]
 
 
-_NAIVE: "weakref.WeakKeyDictionary" = None  # model -> {(prompt ids, candidates): scores}
+_NAIVE = weakref.WeakKeyDictionary()  # model -> {(prompt ids, candidates): scores}
 
 
 def naive_scores(model, prompt_ids, candidates) -> list[float]:
     """The slow reference (a full forward per candidate), computed once per model, prompt and
     candidates: tests that vary only the batching or the backend compare against the same values."""
-    global _NAIVE
-    import weakref
-
     from prefixcache.model.reference import score_naive
 
-    if _NAIVE is None:
-        _NAIVE = weakref.WeakKeyDictionary()
     known = _NAIVE.setdefault(model, {})
     key = (tuple(prompt_ids), tuple(tuple(c) for c in candidates))
     if key not in known:
