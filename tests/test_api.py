@@ -155,3 +155,13 @@ def test_ray_data_on_a_local_cluster_equals_the_cli(tmp_path, tiny_model_dir, mo
         w = want[row["id"]]
         assert row["label"] == w["label"] and abs(row["prob"] - w["prob"]) < 1e-6
         assert all(abs(row[f"prob_{x}"] - w["probs"][x]) < 1e-6 for x in LABELS)
+
+
+def test_spec_keys_set_over_a_file_and_a_zero_shot_call_on_a_spec_with_gold(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS, gold="answer")
+    clf = Classifier(spec, labels=["tech", "billing"], progress=False)
+    assert clf.labels == ["tech", "billing"] and clf.spec.gold == "answer"  # the file's keys, labels set anew
+    [record] = clf.classify([{"text": "refund", "answer": "billing"}])
+    assert record["gold"] == "billing"
+    shot = clf("refund please", candidate_labels=["money", "bug"])  # strings carry no gold field
+    assert sorted(shot["labels"]) == ["bug", "money"]

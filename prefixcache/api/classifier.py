@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from pathlib import Path
@@ -44,13 +45,7 @@ def _spec_of(spec: SpecLike, keys: Mapping[str, Any]) -> TaskSpec:
         return spec
     if spec is None or isinstance(spec, Mapping):
         return spec_from_mapping({**(spec or {}), **keys})
-    loaded = load_spec(spec)
-    if keys:  # the file's keys, some set anew
-        import yaml
-
-        data = yaml.safe_load(Path(spec).read_text(encoding="utf-8"))
-        return spec_from_mapping({**data, **keys}, spec)
-    return loaded
+    return load_spec(spec, **keys)  # the file's keys, those given here set anew
 
 
 class Classifier:
@@ -158,14 +153,12 @@ class Classifier:
         if labels is None or list(labels) == self.labels:
             return self
         key = tuple(labels)
-        if key not in self._zero_shot:
-            twin = object.__new__(Classifier)
-            twin.__dict__.update(self.__dict__)
-            twin.spec = dataclasses.replace(spec_from_mapping({"labels": list(labels)}), **{
-                f.name: getattr(self.spec, f.name) for f in dataclasses.fields(TaskSpec)
-                if f.name not in ("labels", "examples")})
+        if key not in self._zero_shot:  # the same model and tokenizer, these labels and a prefix of their own
+            twin = copy.copy(self)
+            twin.spec = dataclasses.replace(self.spec, labels=spec_from_mapping({"labels": list(labels)}).labels,
+                                            examples=(), gold=None)
             twin.task = Task(twin.spec, self.task.source, self.task.tokenizer)
-            twin.scorer = Scorer.start(twin.task, self.scorer.engine)  # the same model, a prefix of its own
+            twin.scorer = Scorer.start(twin.task, self.scorer.engine)
             twin._zero_shot = {}
             self._zero_shot[key] = twin
         return self._zero_shot[key]

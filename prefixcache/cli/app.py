@@ -31,8 +31,8 @@ from .options import (
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
     VERSION_OPT, LogLevel, run_options, store_max_bytes,
 )
-from .show import rendered_text, stamp, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
-from .terminal import Command, Commands, bench_step, err, errors, progress, reporting, setup_logging, signals
+from .show import rendered_text, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
+from .terminal import Command, Commands, bench_step, err, say, errors, progress, reporting, setup_logging, signals
 
 app = typer.Typer(
     cls=Commands,
@@ -91,17 +91,15 @@ def run(
 
 def _show_result(result: RunResult, quiet: bool) -> None:
     """The summary, the evaluation and the gates' verdicts, on stderr."""
-    head = "" if err.is_terminal else stamp()  # a log read later needs the time on every line
     with reporting():
         if not quiet:
             print_summary(err, result, stamped=not err.is_terminal)
             if result.merged is not None:
-                err.print(f"{head}merged {result.merged} records from {result.processes} processes into {result.output}",
-                          markup=False)
+                say(f"merged {result.merged} records from {result.processes} processes into {result.output}")
             if result.evaluation:
                 print_evaluation(err, result.evaluation)
         for failure in result.gate_failures:
-            err.print(f"{head}gate failed: {failure}", markup=False)
+            say(f"gate failed: {failure}")
 
 
 def _dry_run(options: RunOptions, quiet: bool, log_interval: float) -> None:

@@ -226,11 +226,7 @@ class Reporter:
         if self.quiet:
             return
         again = "Ctrl-C again" if signum == signal.SIGINT else f"send {signal.Signals(signum).name} again"
-        text = f"stopping after this batch ({again} to abort)"
-        if self.tty:
-            err.print(text, markup=False)
-        else:
-            log_line(text)
+        say(f"stopping after this batch ({again} to abort)")
 
 
 def _count(written: int, total: int | None) -> str:
@@ -249,10 +245,7 @@ def bench_step() -> Callable[[str], None]:
 
     def step(text: str) -> None:
         try:
-            if err.is_terminal:
-                err.print(f"bench: {text}…", markup=False, style="dim")
-            else:
-                log_line(f"bench: {text}")
+            say(f"bench: {text}" + ("…" if err.is_terminal else ""), style="dim")
         except BrokenPipeError:
             detach_closed_streams()
 
@@ -262,6 +255,14 @@ def bench_step() -> Callable[[str], None]:
 def log_line(text: str) -> None:
     """A timestamped line, for logs a person reads later."""
     err.print(stamp() + text, markup=False, soft_wrap=True)
+
+
+def say(text: str, style: str | None = None) -> None:
+    """A line on stderr: as it is on a terminal, timestamped in a log read later (cron, CI)."""
+    if err.is_terminal:
+        err.print(text, markup=False, soft_wrap=True, style=style)
+    else:
+        log_line(text)
 
 
 @contextmanager

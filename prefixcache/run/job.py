@@ -215,14 +215,19 @@ class Job:
             with self.plan.output.writing(self.begun, self.fingerprint) as writer:
                 for record in self.records():
                     writer.write(record)
-                    self.written[_label_of(record)] += 1
+                    label = _label_of(record)
+                    self.written[label] += 1
                     if record is not self.begun.records.get(id_text(record["id"])):  # scored by this run
-                        result.labels[_label_of(record)] += 1
+                        result.labels[label] += 1
                     result.first_record = result.first_record or time.perf_counter() - self.started
                     if result.evaluation:
                         add_record(result.evaluation, record)
-        except Interrupted as exc:
-            raise self._with_hint(exc) from None
+        except _Stopped:
+            raise
+        except Interrupted as exc:  # a stop from outside the batch loop (a batch abandoned, a second Ctrl-C)
+            if self.options.output in (None, "-"):
+                raise
+            raise Interrupted(exc.signum, f"{exc}; {self._go_on()}") from None
 
     def records(self) -> Iterator[Record]:
         """The records to write, in input order: for a fresh or resumed output those not written
@@ -281,24 +286,20 @@ class Job:
                 f"{self.task.source.ref}, {scorer.device} {scorer.dtype}, prefix {len(scorer.prefix.ids)} tokens "
                 f"{scorer.prefix_source}{', ' + str(len(done)) + ' records already written' if done else ''}")
 
-    def _with_hint(self, exc: Interrupted) -> Interrupted:
-        """A stop from outside the batch loop (a batch abandoned, a second Ctrl-C) says how to go on too."""
-        output = self.options.output
-        if output in (None, "-") or "with: prefixcache run" in str(exc):
-            return exc
+    def _go_on(self) -> str:
+        """How to continue after a stop: the command that resumes (or, for an update, redoes) it."""
         if self.begun.mode == "update":
-            return Interrupted(exc.signum, f"{exc}; {output} is unchanged; update it with: {command_line(self.options)}")
-        return Interrupted(exc.signum, f"{exc}; resume with: {command_line(self.options)}")
+            return f"{self.options.output} is unchanged; update it with: {command_line(self.options)}"
+        return f"resume with: {command_line(self.options)}"
 
-    def _interrupted(self, signum: int) -> Interrupted:
+    def _interrupted(self, signum: int) -> _Stopped:
+        """A stop between batches, asked for by `stop`: what was written and how to go on."""
         name, output, written = signal.Signals(signum).name, self.options.output, self.result.stats.items
         if output in (None, "-"):
-            return Interrupted(signum, f"interrupted by {name}: {written} records written")
+            return _Stopped(signum, f"interrupted by {name}: {written} records written")
         if self.begun.mode == "update":
-            return Interrupted(signum, f"interrupted by {name}: {output} is unchanged; update it with: "
-                                       f"{command_line(self.options)}")
-        return Interrupted(signum, f"interrupted by {name}: {written} records written to {output}; "
-                                   f"resume with: {command_line(self.options)}")
+            return _Stopped(signum, f"interrupted by {name}: {self._go_on()}")
+        return _Stopped(signum, f"interrupted by {name}: {written} records written to {output}; {self._go_on()}")
 
     # -- after the records ------------------------------------------------------------------
     def warn_if_collapsed(self) -> None:
@@ -334,6 +335,10 @@ class Job:
             about = f"spec `{o.spec}` · model `{model}` · input `{o.items}` · output `{o.output or 'stdout'}`"
             write_reports(self.result.evaluation, o.metrics, o.summary_md, o.junit, self.result.gates,
                           self.result.stats.seconds, about)
+
+
+class _Stopped(Interrupted):
+    """A stop the job itself raised between batches: its message already says how to go on."""
 
 
 def _label_of(record: Record) -> str:

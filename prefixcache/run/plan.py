@@ -102,7 +102,7 @@ def make_plan(options: RunOptions) -> Plan:
     stream = is_stream(options.items)
     if part and (stream or options.output in (None, "-")):
         raise OutputError("sharded and multi-process runs need an input file and an output file (-o)")
-    _not_the_input(options)
+    _not_the_input(options, stream)
     spec = load_options_spec(options)
     if options.exact and options.dtype not in ("bfloat16", "float16"):
         raise UsageError("--exact re-scores the close calls of a bfloat16 or float16 run in float32: "
@@ -165,9 +165,9 @@ def _keep(options: RunOptions, spec: TaskSpec, fields: dict[str, None], out_fmt:
     return tuple(names)
 
 
-def _not_the_input(options: RunOptions) -> None:
+def _not_the_input(options: RunOptions, stream: bool) -> None:
     """Writing the output must never destroy the input (the same file, a link to it included)."""
-    if is_stream(options.items) or options.output in (None, "-"):
+    if stream or options.output in (None, "-"):
         return
     try:
         same = Path(options.output).exists() and Path(options.output).samefile(options.items)

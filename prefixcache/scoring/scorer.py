@@ -54,6 +54,7 @@ class ItemScorer(Protocol):
     """What the run pipeline asks of a scorer (`Scorer`, and `CheckedScorer` for --exact)."""
 
     task: Task
+    engine: Engine
     prefix: Prefix
     prefix_source: str  # "computed" or "loaded" (from the prefix store)
     load_seconds: float

@@ -367,8 +367,9 @@ def _examples(
     return tuple(out)
 
 
-def load_spec(path: str | Path) -> TaskSpec:
-    """Read and validate a task spec. Raises `SpecError` naming the file and the key."""
+def load_spec(path: str | Path, **keys: Any) -> TaskSpec:
+    """Read and validate a task spec, with `keys` set over the file's. Raises `SpecError` naming
+    the file and the key."""
     path = Path(path)
     suffix = Path(path.stem).suffix.lower() if path.suffix.lower() == ".gz" else path.suffix.lower()
     if suffix in ITEM_EXTENSIONS:
@@ -376,7 +377,7 @@ def load_spec(path: str | Path) -> TaskSpec:
     data = _load_yaml(path)
     if not isinstance(data, Mapping):
         raise SpecError(f"{path}: a spec is a YAML mapping of keys (model, system, labels, ...)")
-    return spec_from_mapping(data, path)
+    return spec_from_mapping({**data, **keys}, path)
 
 
 def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> TaskSpec:
