@@ -45,6 +45,6 @@ def test_identical_ids_are_refused(chat_tokenizer, tmp_path, monkeypatch):
     # Two spellings the byte-level tokenizer cannot tell apart do not exist, so force it:
     b = PromptBuilder(make_spec(tmp_path, labels=["a", "b"]), chat_tokenizer)
     real = b.candidate_ids
-    monkeypatch.setattr(b, "candidate_ids", lambda text: real("a" if text == "c" else text))
+    monkeypatch.setattr(b, "candidate_ids", lambda text, whole=False: real("a" if text == "c" else text, whole))
     with pytest.raises(SpecError, match="tokenise to the same ids"):
         b.options(["a", "c"])

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from ..reports.evaluation import Evaluation, TagEvaluation
 
 if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only read their figures
     from ..reports.diff import Comparison
-    from ..reports.evaluation import Evaluation
     from ..run.bench import BenchReport, PrecisionReport
     from ..run.dryrun import DryRun
     from ..run.job import RunResult
@@ -57,22 +59,30 @@ def print_summary(console: Console, result: RunResult, stamped: bool = False) ->
     )
 
 
+def _per_label_table(console: Console, evaluation: Evaluation | TagEvaluation) -> None:
+    table = Table("label", "precision", "recall", "F1", "support")
+    for label, st in evaluation.per_label().items():
+        table.add_row(escape(label), f"{st['precision']:.3f}", f"{st['recall']:.3f}", f"{st['f1']:.3f}", str(st["support"]))
+    print_table(console, table)
+
+
 def _rescored(figures: Rescoring) -> str:
     share = figures.rescored / figures.scored if figures.scored else 0.0
     return (f" · {figures.rescored} of {figures.scored} items re-scored in float32 ({share:.0%}; "
             f"gap bound {figures.bound:.3g})")
 
 
-def print_evaluation(console: Console, evaluation: Evaluation) -> None:
+def print_evaluation(console: Console, evaluation: Evaluation | TagEvaluation) -> None:
+    if not isinstance(evaluation, Evaluation):  # multi-label
+        console.print(evaluation.headline(), markup=False, soft_wrap=True)
+        _per_label_table(console, evaluation)
+        return
     head = f"accuracy {evaluation.accuracy:.3f} ({evaluation.correct}/{evaluation.n}) · coverage {evaluation.coverage:.3f}"
     if evaluation.labels is None:
         console.print(head, markup=False, soft_wrap=True)
         return
     console.print(f"{head} · macro-F1 {evaluation.macro_f1:.3f}", markup=False, soft_wrap=True)
-    table = Table("label", "precision", "recall", "F1", "support")
-    for label, st in evaluation.per_label().items():
-        table.add_row(label, f"{st['precision']:.3f}", f"{st['recall']:.3f}", f"{st['f1']:.3f}", str(st["support"]))
-    print_table(console, table)
+    _per_label_table(console, evaluation)
     columns, rows = evaluation.matrix()
     confusion = Table("gold \\ predicted", *columns)
     for label, row in zip(evaluation.labels, rows):
@@ -178,6 +188,13 @@ def print_diff(console: Console, cmp: Comparison, name_a: str, name_b: str, top:
         console.print(f"accuracy {cmp.accuracy_a:.3f} → {cmp.accuracy_b:.3f} ({cmp.accuracy_b - cmp.accuracy_a:+.3f}) · "
                       f"fixed {len(cmp.fixed)} · broken {len(cmp.broken)} · McNemar exact p = {cmp.p_value:.3g}",
                       markup=False, soft_wrap=True)
+    if cmp.per_label:
+        head = ["label", "turned on", "turned off"] + (["fixed", "broken", "McNemar p"] if cmp.gold else [])
+        table = Table(*head, title="per label")
+        for name, f in cmp.per_label.items():
+            extra = [str(f["fixed"]), str(f["broken"]), f"{f['mcnemar_p']:.3g}"] if cmp.gold else []
+            table.add_row(escape(name), str(f["turned_on"]), str(f["turned_off"]), *extra)
+        console.print(table)
     if cmp.flips:
         shown = cmp.flips.most_common(top)
         more = len(cmp.flips) - len(shown)
@@ -204,6 +221,9 @@ def rendered_text(rendered: dict, decode: Callable[[list[int]], str]) -> str:
     prefix, own = decode(ids[:cut]), decode(ids[cut:])
     candidates = "\n".join(f"  {name!r}: {decode(c)!r} ({len(c)} token{'s' if len(c) != 1 else ''})"
                            for name, c in rendered["candidates"].items())
+    if "labels" in rendered:  # forms of a label, or a multi-label question's yes and no
+        candidates += "\n----- labels, each scored by its candidates above -----\n" + "\n".join(
+            f"  {label!r}: {' | '.join(map(repr, texts))}" for label, texts in rendered["labels"].items())
     return (f"=== item {rendered['id']} ===\n{prefix}"
             f"\n----- cached prefix above ({cut} tokens), the item's own {len(ids) - cut} tokens below -----\n"
             f"{own}\n----- candidates, scored after the item -----\n{candidates}\n\n")

@@ -134,7 +134,7 @@ def read_records(path: str, fmt: str | None = None) -> Written:
 
 
 def _is_record(value: Any) -> bool:
-    return isinstance(value, dict) and "id" in value and ("label" in value or "error" in value)
+    return isinstance(value, dict) and "id" in value and ("label" in value or "labels" in value or "error" in value)
 
 
 def _read_jsonl(data: bytes, path: str) -> tuple[list[Record], int]:
@@ -163,7 +163,7 @@ def _read_csv(data: bytes, path: str) -> tuple[list[Record], int]:
     if not lines or not lines[0].endswith("\n"):
         return [], 0
     header = next(csv.reader([lines[0]]))
-    if not header or not {"label", "error"} <= set(header):
+    if not header or "error" not in header or not {"label", "labels"} & set(header):
         raise OutputError(f"{path}: its header has no label and error columns; is this a prefixcache output?")
     header[0] = "id"  # written under the input's name for the id
     records, offset, pending, pending_len = [], len(lines[0].encode()), [], 0

@@ -7,6 +7,8 @@ A label task's record, in JSONL:
      ["raw_probs": {label: p}], ["gold", "correct"], "normalize", "prefix_tokens", "item_tokens",
      "item_sha", "ms"}
 
+A multi-label record has "labels" (the labels on, in label order) instead of "label", "prob" and
+"margin"; its "probs" are each label's P(yes) against no, "logprobs" their logs, and "gold" a list.
 Multiple choice adds "index" after "label" and holds "probs" and "logprobs" as lists in option
 order. An item that could not be scored is `{"id", "item_sha", "error"}`. `item_sha` identifies
 the item's content (all its fields), so a later run can tell an unchanged item from a changed one. In CSV, a label task's dicts become
@@ -23,8 +25,8 @@ import json
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .items import Item
-from ..task.decision import Decision
-from ..task.spec import TaskSpec, gold_value, option_of
+from ..task.decision import Decision, Tags
+from ..task.spec import TaskSpec, gold_tags, gold_value, option_of
 
 Record = dict[str, Any]
 Keep = Optional[Sequence[str]]  # input fields a record carries; None: all
@@ -37,10 +39,42 @@ def _r6(x: float) -> float:
     return round(x, 6)
 
 
-def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], decision: Decision,
+def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], decision: Decision | Tags,
                 prefix_tokens: int, item_tokens: int, ms: float, keep: Keep = (), precision: str | None = None) -> Record:
     """The record of a scored item. `names`: its candidates' texts (labels or options), in order;
     `keep`: the item's fields to copy in after the id (None: all of them)."""
+    if isinstance(decision, Tags):
+        record = _tags_record(spec, item, names, logprobs, decision, keep)
+    else:
+        record = _label_record(spec, item, names, logprobs, decision, keep)
+    record["normalize"] = spec.normalize + ("+calibrated" if decision.raw is not None else "")
+    if precision is not None:  # a run mixing precisions says which made each record
+        record["precision"] = precision
+    record.update(
+        prefix_tokens=prefix_tokens,
+        item_tokens=item_tokens,
+        item_sha=item_sha(item.record),
+        ms=round(ms, 3),
+    )
+    return record
+
+
+def _tags_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], tags: Tags,
+                 keep: Keep) -> Record:
+    """A multi-label record: the labels on, and each label's probability."""
+    record: Record = {"id": item.id, **kept_fields(item, spec.id_field, keep),
+                      "labels": [n for n, on in zip(names, tags.on) if on],
+                      "probs": {n: _r6(p) for n, p in zip(names, tags.probs)}, "logprobs": dict(zip(names, logprobs))}
+    if tags.raw is not None:
+        record["raw_probs"] = {n: _r6(p) for n, p in zip(names, tags.raw)}
+    if spec.gold:
+        gold = gold_tags(item.record, spec.gold, spec.label_names, spec.gold_sep)
+        record.update(gold=gold, correct=gold == record["labels"])
+    return record
+
+
+def _label_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], decision: Decision,
+                  keep: Keep) -> Record:
     best, probs = decision.best, decision.probs
     record: Record = {"id": item.id, **kept_fields(item, spec.id_field, keep),
                       "label": None if best is None else names[best]}
@@ -58,15 +92,6 @@ def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequ
         gold = gold_value(item.record, spec.gold)
         meant = option_of(gold, list(names)) if spec.choices else gold  # multiple choice: a letter names an option
         record.update(gold=gold, correct=record["label"] is not None and record["label"] == meant)
-    record["normalize"] = spec.normalize + ("+calibrated" if decision.raw is not None else "")
-    if precision is not None:  # a run mixing precisions says which made each record
-        record["precision"] = precision
-    record.update(
-        prefix_tokens=prefix_tokens,
-        item_tokens=item_tokens,
-        item_sha=item_sha(item.record),
-        ms=round(ms, 3),
-    )
     return record
 
 
@@ -83,7 +108,7 @@ def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
 
 
 # Names a kept field may not take: the record's own fields (and, in CSV, its per-label columns).
-RECORD_FIELDS = ("id", "label", "index", "scored", "prob", "margin", "probs", "logprobs", "raw_probs", "gold", "correct",
+RECORD_FIELDS = ("id", "label", "labels", "index", "scored", "prob", "margin", "probs", "logprobs", "raw_probs", "gold", "correct",
                  "normalize", "precision", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
 
 
@@ -143,6 +168,8 @@ def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False) -
     prob_/logprob_ column per label (for multiple choice, `probs` and `logprobs` are JSON lists in
     one cell each)."""
     head = ["id", *keep, "label"] + (["index", "scored"] if spec.choices else []) + ["prob", "margin"]
+    if spec.multi_label:
+        head = ["id", *keep, "labels"]
     if spec.choices:
         per_label = ["probs", "logprobs"]
     else:
@@ -178,8 +205,8 @@ def from_csv_row(row: Mapping[str, str]) -> Record:
         field = next(((f, key[len(p):]) for f, p in PER_LABEL if key.startswith(p)), None)
         if field is not None:
             record.setdefault(field[0], {})[field[1]] = float(cell)
-        elif key in ("probs", "logprobs"):
-            record[key] = json.loads(cell)
+        elif key in ("probs", "logprobs", "labels") or (key == "gold" and "labels" in row):
+            record[key] = json.loads(cell)  # lists are JSON (a multi-label gold too)
         elif key in _FLOATS + _INTS:
             record[key] = None if cell == "" else (float(cell) if key in _FLOATS else int(cell))
         elif key == "correct":

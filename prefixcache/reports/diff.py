@@ -21,6 +21,7 @@ from ..data.output import read_records
 
 ERROR = "(error)"
 ABSTAINED = "(abstained)"
+NONE = "(none)"  # a multi-label item with no label on
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Comparison:
     fixed: list[str] = field(default_factory=list)  # wrong in A, right in B
     broken: list[str] = field(default_factory=list)  # right in A, wrong in B
     p_value: float = 1.0
+    per_label: dict[str, dict[str, Any]] = field(default_factory=dict)  # multi-label: each label's flips (and McNemar)
 
     @property
     def change_rate(self) -> float:
@@ -88,6 +90,8 @@ class Comparison:
             data.update(accuracy_a=self.accuracy_a, accuracy_b=self.accuracy_b,
                         accuracy_difference=self.accuracy_b - self.accuracy_a, fixed=self.fixed, broken=self.broken,
                         mcnemar_p=self.p_value)
+        if self.per_label:
+            data["per_label"] = self.per_label
         return data
 
     def to_markdown(self, name_a: str, name_b: str, top: int = 10) -> str:
@@ -102,6 +106,8 @@ class Comparison:
             lines += [f"accuracy **{self.accuracy_a:.3f} → {self.accuracy_b:.3f}** "
                       f"({self.accuracy_b - self.accuracy_a:+.3f}) · fixed {len(self.fixed)} · broken {len(self.broken)} · "
                       f"McNemar exact p = {self.p_value:.3g}", ""]
+        if self.per_label:
+            lines += self._per_label_markdown() + [""]
         if self.flips:
             lines += ["| from | to | items |", "|---|---|---|"]
             lines += [f"| {a} | {b} | {n} |" for (a, b), n in self.flips.most_common(top)]
@@ -113,6 +119,15 @@ class Comparison:
             if len(self.changed) > top:
                 lines.append(f"| … | {len(self.changed) - top} more changed items (--top {top} listed) | | |")
         return "\n".join(lines) + "\n"
+
+
+    def _per_label_markdown(self) -> list[str]:
+        head = "| label | turned on | turned off |" + (" fixed | broken | McNemar p |" if self.gold else "")
+        lines = [head, "|---" * (head.count("|") - 1) + "|"]
+        for name, f in self.per_label.items():
+            row = f"| {name} | {f['turned_on']} | {f['turned_off']} |"
+            lines.append(row + (f" {f['fixed']} | {f['broken']} | {f['mcnemar_p']:.3g} |" if self.gold else ""))
+        return lines
 
 
 def _p(value: float | None) -> str:
@@ -132,6 +147,8 @@ def mcnemar_exact(broken: int, fixed: int) -> float:
 def _label(record: Mapping[str, Any]) -> str:
     if is_error(record):
         return ERROR
+    if "labels" in record:  # multi-label: the set of labels on
+        return ", ".join(map(str, record["labels"])) or NONE
     return ABSTAINED if record.get("label") is None else str(record["label"])
 
 
@@ -163,7 +180,8 @@ def compare(a: Sequence[Record], b: Sequence[Record]) -> Comparison:
         la, lb = _label(ra), _label(rb)
         pa, pb = _prob_of(ra, la, ra.get("index")), _prob_of(rb, la, ra.get("index"))
         change = Change(key, la, lb, pa, _prob_of(rb, lb, rb.get("index")),
-                        (pb - pa) if pa is not None and pb is not None else 0.0, input_fields(rb) or input_fields(ra))
+                        (pb - pa) if pa is not None and pb is not None else _tag_shift(ra, rb),
+                        input_fields(rb) or input_fields(ra))
         joined.append(change)
         if la != lb:
             flips[(la, lb)] += 1
@@ -173,7 +191,42 @@ def compare(a: Sequence[Record], b: Sequence[Record]) -> Comparison:
     graded = [k for k in common if "gold" in by_a[k] or "gold" in by_b[k]]
     if graded and all(_correct(by_a[k]) is not None and _correct(by_b[k]) is not None for k in graded):
         _evaluate(result, [(k, _correct(by_a[k]), _correct(by_b[k])) for k in graded])
+    tags = [name for name in result.labels_a if name in result.labels_b] if _tagged(a) and _tagged(b) else []
+    result.per_label = {name: _label_flips(name, [(by_a[k], by_b[k]) for k in common], result.gold) for name in tags}
     return result
+
+
+def _tagged(records: Sequence[Record]) -> bool:
+    return any("labels" in r for r in records)
+
+
+def _tag_shift(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+    """Multi-label: the largest change of any label's probability (signed); 0 for other records."""
+    pa, pb = a.get("probs"), b.get("probs")
+    if "labels" not in a or not isinstance(pa, dict) or not isinstance(pb, dict):
+        return 0.0
+    return max(((pb[k] - pa[k]) for k in pa if k in pb), key=abs, default=0.0)
+
+
+def _label_flips(name: str, pairs: list[tuple[Record, Record]], gold: bool) -> dict[str, Any]:
+    """One label of a multi-label task across two runs: items it turned on and off; with gold,
+    items where its decision became right or wrong, and the exact McNemar p of that split."""
+    def on(record: Record) -> bool | None:
+        return None if is_error(record) else name in record["labels"]
+
+    flips = {"turned_on": 0, "turned_off": 0}
+    fixed = broken = 0
+    for ra, rb in pairs:
+        a, b = on(ra), on(rb)
+        flips["turned_on"] += a is False and b is True
+        flips["turned_off"] += a is True and b is False
+        if gold:
+            right_a = a is not None and a == (name in ra.get("gold", ()))
+            right_b = b is not None and b == (name in rb.get("gold", ()))
+            fixed, broken = fixed + (right_b and not right_a), broken + (right_a and not right_b)
+    if gold:
+        flips.update(fixed=fixed, broken=broken, mcnemar_p=mcnemar_exact(broken, fixed))
+    return flips
 
 
 def _correct(record: Mapping[str, Any]) -> bool | None:

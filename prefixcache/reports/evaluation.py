@@ -1,4 +1,5 @@
 """Gold-label evaluation, accumulated record by record (memory does not grow with the items).
+Multi-label tasks have their own (`TagEvaluation`); both carry the gates and the JUnit report.
 
 Accuracy counts an abstention (label null) and an item that could not be scored (an error
 record) as wrong; coverage is the share of items that got a label.
@@ -23,8 +24,45 @@ ABSTAIN = "(abstained)"
 CALIBRATION_BINS = 10
 
 
+class Gated:
+    """The gates and the JUnit report, on any evaluation with an `accuracy`, a `per_label()`
+    table with recall, and `to_json()`."""
+
+    accuracy_name = "accuracy"  # what --min-accuracy gates, in words
+
+    def gate_failures(self, gates: "Gates") -> list[str]:
+        """One line per gate this evaluation misses."""
+        out = []
+        if gates.min_accuracy is not None and self.accuracy < gates.min_accuracy:
+            out.append(f"{self.accuracy_name} {self.accuracy:.4f} is below --min-accuracy {gates.min_accuracy}")
+        if gates.min_recall is not None:
+            out += [f"recall of {label!r} {st['recall']:.4f} is below --min-recall {gates.min_recall}"
+                    for label, st in self.per_label().items() if st["recall"] < gates.min_recall]
+        return out
+
+    def to_junit(self, gates: "Gates", name: str = "prefixcache", seconds: float = 0.0) -> str:
+        """A JUnit XML report with stable test names (CI history follows them from run to run):
+        "accuracy" and one "recall[<label>]" per label. A case fails only against a stated gate
+        (--min-accuracy, --min-recall); its value is in the case's output and the properties."""
+        cases, failures = [], 0
+        checks = [("accuracy", self.accuracy, gates.min_accuracy, "--min-accuracy")]
+        checks += [(f"recall[{label}]", st["recall"], gates.min_recall, "--min-recall")
+                   for label, st in self.per_label().items()]
+        for case, value, bound, option in checks:
+            failed = bound is not None and value < bound
+            failures += failed
+            body = f'<failure message={quoteattr(f"{case} {value:.4f} is below {option} {bound}")}/>' if failed else ""
+            out = f"<system-out>{case} {value:.4f}</system-out>"
+            cases.append(f'<testcase classname={quoteattr(name)} name={quoteattr(case)} time="0">{body}{out}</testcase>')
+        props = "".join(f'<property name={quoteattr(k)} value={quoteattr(json.dumps(v))}/>'
+                        for k, v in self.to_json().items() if not isinstance(v, dict))
+        return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name={quoteattr(name)} tests="{len(cases)}" '
+                f'failures="{failures}" time="{seconds:.3f}"><properties>{props}</properties>{"".join(cases)}'
+                f"</testsuite>\n")
+
+
 @dataclass
-class Evaluation:
+class Evaluation(Gated):
     labels: Sequence[str] | None  # None for multiple choice
     n: int = 0
     correct: int = 0
@@ -120,35 +158,117 @@ class Evaluation:
             lines += [f"| {g} | " + " | ".join(map(str, row)) + " |" for g, row in zip(self.labels, rows)]
         return "\n".join(lines) + "\n"
 
-    def gate_failures(self, gates: "Gates") -> list[str]:
-        """One line per gate this evaluation misses."""
-        out = []
-        if gates.min_accuracy is not None and self.accuracy < gates.min_accuracy:
-            out.append(f"accuracy {self.accuracy:.4f} is below --min-accuracy {gates.min_accuracy}")
-        if gates.min_recall is not None:
-            out += [f"recall of {label!r} {st['recall']:.4f} is below --min-recall {gates.min_recall}"
-                    for label, st in self.per_label().items() if st["recall"] < gates.min_recall]
+def _prf(tp: int, fp: int, fn: int) -> tuple[float, float, float]:
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    return precision, recall, 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+
+
+@dataclass
+class TagEvaluation(Gated):
+    """Multi-label evaluation: per label a yes/no decision against the gold set.
+
+    accuracy is exact-set accuracy (the labels on are exactly the gold ones; an error record is
+    wrong); precision, recall and F1 per label, micro (pooled over every item and label) and
+    macro (the mean over labels); Hamming loss is the share of (item, label) decisions that are
+    wrong, over the items scored. Calibration bins pool every label's P(yes), and are kept per
+    label too."""
+
+    labels: Sequence[str]
+    n: int = 0
+    correct: int = 0  # items whose labels are exactly the gold set
+    failed: int = 0
+    counts: dict = field(default_factory=dict)  # label -> [tp, fp, fn, tn]
+    bins: list = field(default_factory=lambda: [[0, 0.0, 0] for _ in range(CALIBRATION_BINS)])
+    label_bins: dict = field(default_factory=dict)  # label -> bins like `bins`
+    accuracy_name = "exact-set accuracy"
+    abstained = 0  # a multi-label item never abstains: no label on is a decision
+
+    def __post_init__(self) -> None:
+        self.counts = {label: [0, 0, 0, 0] for label in self.labels}
+        self.label_bins = {label: [[0, 0.0, 0] for _ in range(CALIBRATION_BINS)] for label in self.labels}
+
+    def add(self, gold: Sequence[str], predicted: Sequence[str], probs: dict[str, float] | None = None) -> None:
+        self.n += 1
+        self.correct += set(gold) == set(predicted)
+        for label in self.labels:
+            truth, on = label in gold, label in predicted
+            self.counts[label][(0 if truth else 1) if on else (2 if truth else 3)] += 1
+            if probs and label in probs:
+                p = float(probs[label])
+                for bins in (self.bins, self.label_bins[label]):
+                    b = bins[min(int(p * CALIBRATION_BINS), CALIBRATION_BINS - 1)]
+                    b[0], b[1], b[2] = b[0] + 1, b[1] + p, b[2] + truth
+
+    def add_failed(self) -> None:
+        self.n += 1
+        self.failed += 1
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+    @property
+    def coverage(self) -> float:
+        return 1 - self.failed / self.n if self.n else 0.0
+
+    @property
+    def hamming_loss(self) -> float:
+        scored = self.n - self.failed
+        wrong = sum(c[1] + c[2] for c in self.counts.values())
+        return wrong / (scored * len(self.labels)) if scored and self.labels else 0.0
+
+    @property
+    def ece(self) -> float:
+        items = sum(b[0] for b in self.bins)
+        return sum(abs(b[2] - b[1]) for b in self.bins if b[0]) / items if items else 0.0
+
+    def per_label(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for label, (tp, fp, fn, _) in self.counts.items():
+            precision, recall, f1 = _prf(tp, fp, fn)
+            out[label] = {"precision": precision, "recall": recall, "f1": f1, "support": tp + fn}
         return out
 
-    def to_junit(self, gates: "Gates", name: str = "prefixcache", seconds: float = 0.0) -> str:
-        """A JUnit XML report with stable test names (CI history follows them from run to run):
-        "accuracy" and one "recall[<label>]" per label. A case fails only against a stated gate
-        (--min-accuracy, --min-recall); its value is in the case's output and the properties."""
-        cases, failures = [], 0
-        checks = [("accuracy", self.accuracy, gates.min_accuracy, "--min-accuracy")]
-        checks += [(f"recall[{label}]", st["recall"], gates.min_recall, "--min-recall")
-                   for label, st in self.per_label().items()]
-        for case, value, bound, option in checks:
-            failed = bound is not None and value < bound
-            failures += failed
-            body = f'<failure message={quoteattr(f"{case} {value:.4f} is below {option} {bound}")}/>' if failed else ""
-            out = f"<system-out>{case} {value:.4f}</system-out>"
-            cases.append(f'<testcase classname={quoteattr(name)} name={quoteattr(case)} time="0">{body}{out}</testcase>')
-        props = "".join(f'<property name={quoteattr(k)} value={quoteattr(json.dumps(v))}/>'
-                        for k, v in self.to_json().items() if not isinstance(v, dict))
-        return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name={quoteattr(name)} tests="{len(cases)}" '
-                f'failures="{failures}" time="{seconds:.3f}"><properties>{props}</properties>{"".join(cases)}'
-                f"</testsuite>\n")
+    def micro(self) -> tuple[float, float, float]:
+        """Precision, recall and F1 pooled over every (item, label)."""
+        return _prf(*(sum(c[k] for c in self.counts.values()) for k in range(3)))
+
+    def macro(self) -> tuple[float, float, float]:
+        """Precision, recall and F1, each the mean over labels."""
+        stats = self.per_label().values()
+        return tuple(sum(st[k] for st in stats) / len(stats) if stats else 0.0 for k in ("precision", "recall", "f1"))
+
+    @property
+    def macro_f1(self) -> float:
+        return self.macro()[2]
+
+    def to_json(self) -> dict[str, Any]:
+        micro, macro = self.micro(), self.macro()
+        return {
+            "items": self.n, "correct": self.correct, "accuracy": self.accuracy, "accuracy_is": "exact-set",
+            "failed": self.failed, "coverage": self.coverage, "ece": self.ece, "hamming_loss": self.hamming_loss,
+            "micro_precision": micro[0], "micro_recall": micro[1], "micro_f1": micro[2],
+            "macro_precision": macro[0], "macro_recall": macro[1], "macro_f1": macro[2],
+            "per_label": self.per_label(),
+        }
+
+    def headline(self) -> str:
+        micro, macro = self.micro(), self.macro()
+        return (f"exact-set accuracy {self.accuracy:.3f} ({self.correct}/{self.n}) · Hamming loss {self.hamming_loss:.3f} · "
+                f"micro-F1 {micro[2]:.3f} · macro-F1 {macro[2]:.3f}"
+                + (f" · {self.failed} failed" if self.failed else ""))
+
+    def to_markdown(self, gates: "Gates", title: str = "prefixcache evaluation", about: str = "") -> str:
+        stated = gates.min_accuracy is not None or gates.min_recall is not None
+        failures = self.gate_failures(gates)
+        gate = f" · gates: **{'FAILED' if failures else 'passed'}**" if stated else ""
+        lines = [f"### {title}", ""] + ([about, ""] if about else []) + [self.headline() + gate, ""]
+        lines += [f"- gate failed: {failure}" for failure in failures] + ([""] if failures else [])
+        lines += ["| label | precision | recall | F1 | support |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['precision']:.3f} | {v['recall']:.3f} | {v['f1']:.3f} | {v['support']} |"
+                  for k, v in self.per_label().items()]
+        return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)
@@ -164,20 +284,23 @@ def evaluation_for(spec: TaskSpec, records: Iterable[Record] = ()) -> Evaluation
     out); None when the spec has no gold field."""
     if not spec.gold:
         return None
-    return evaluate(None if spec.choices else spec.label_names, records)
+    return evaluate(None if spec.choices else spec.label_names, records, spec.multi_label)
 
 
-def evaluate(labels: Sequence[str] | None, records: Iterable[Record] = ()) -> Evaluation:
-    """An Evaluation of written records (labels None: multiple choice)."""
-    evaluation = Evaluation(labels)
+def evaluate(labels: Sequence[str] | None, records: Iterable[Record] = (), tags: bool = False
+             ) -> Evaluation | TagEvaluation:
+    """An Evaluation of written records (labels None: multiple choice; `tags`: multi-label)."""
+    evaluation = TagEvaluation(labels or ()) if tags else Evaluation(labels)
     for record in records:
         add_record(evaluation, record)
     return evaluation
 
 
-def add_record(evaluation: Evaluation, record: Record) -> None:
+def add_record(evaluation: Evaluation | TagEvaluation, record: Record) -> None:
     if is_error(record):
         evaluation.add_failed()
+    elif isinstance(evaluation, TagEvaluation):
+        evaluation.add(record["gold"], record["labels"], record.get("probs"))
     else:
         evaluation.add(str(record["gold"]), record["label"] or None, record.get("correct"), record.get("prob"))
 
@@ -190,7 +313,7 @@ def _write(path: Path, text: str, append: bool = False) -> None:
         raise OutputError(f"{path}: cannot write report: {exc.strerror}")
 
 
-def write_reports(evaluation: Evaluation, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],
+def write_reports(evaluation: Evaluation | TagEvaluation, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],
                   gates: Gates, seconds: float = 0.0, about: str = "") -> None:
     """The report files asked for: JSON metrics, a Markdown summary (appended; `about` says which
     spec, model and input), a JUnit XML report."""

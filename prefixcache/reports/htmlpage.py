@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from .diff import Comparison, compare
 from ..errors import InputError
-from .evaluation import Evaluation, evaluate
+from .evaluation import Evaluation, TagEvaluation, evaluate
 from ..data.output import read_records
 from ..data.records import Record, input_fields, is_error
 
@@ -57,7 +57,7 @@ def _confusion(plt: Any, ev: Evaluation) -> str:
     return _svg(fig)
 
 
-def _per_label(plt: Any, ev: Evaluation) -> str:
+def _per_label(plt: Any, ev: Evaluation | TagEvaluation) -> str:
     stats = ev.per_label()
     labels = list(stats)
     fig, ax = plt.subplots(figsize=(2 + 0.9 * len(labels), 3))
@@ -75,19 +75,20 @@ def _per_label(plt: Any, ev: Evaluation) -> str:
     return _svg(fig)
 
 
-def _reliability(plt: Any, ev: Evaluation) -> str:
+def _reliability(plt: Any, ev: Evaluation | TagEvaluation, confidence: str = "top probability",
+                 title: str | None = None) -> str:
     fig, ax = plt.subplots(figsize=(3.6, 3.4))
     n = len(ev.bins)
     filled = [(k, b) for k, b in enumerate(ev.bins) if b[0]]
     ax.bar([(k + 0.5) / n for k, _ in filled], [b[2] / b[0] for _, b in filled], width=1 / n, edgecolor="black",
-           alpha=0.7, label="accuracy")
+           alpha=0.7, label="accuracy" if isinstance(ev, Evaluation) else "share of yes in gold")
     ax.plot([0, 1], [0, 1], "--", color="grey", label="perfect calibration")
-    ax.set_xlabel("confidence (top probability)")
-    ax.set_ylabel("accuracy")
+    ax.set_xlabel(f"confidence ({confidence})")
+    ax.set_ylabel("accuracy" if isinstance(ev, Evaluation) else "share of yes in gold")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.legend(loc="upper left", fontsize="small")
-    ax.set_title(f"reliability · ECE {ev.ece:.3f}")
+    ax.set_title(title or f"reliability · ECE {ev.ece:.3f}")
     return _svg(fig)
 
 
@@ -106,13 +107,35 @@ def _distributions(plt: Any, scored: Sequence[Record]) -> str:
 
 
 
+def _tag_figures(plt: Any, ev: TagEvaluation | None, scored: Sequence[Record]) -> list[str]:
+    """Multi-label: every label's P(yes) as a histogram; with gold, the per-label bars, the pooled
+    reliability diagram and one per label (the first 12 labels)."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(3.6, 2.8))
+    ax.hist([p for r in scored for p in r["probs"].values()], bins=20, range=(0, 1), color="#4c72b0")
+    ax.set_title("P(yes), every label")
+    ax.set_ylabel("item × label")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    figures = [_svg(fig)]
+    if ev is None:
+        return figures
+    figures = [_per_label(plt, ev), _reliability(plt, ev, "P(yes), every label")] + figures
+    for label in list(ev.labels)[:12]:
+        single = TagEvaluation([label])
+        single.bins = ev.label_bins[label]
+        figures.append(_reliability(plt, single, "P(yes)", title=f"{label} · ECE {single.ece:.3f}"))
+    return figures
+
+
 def _table(title: str, rows: Sequence[Record], gold: bool) -> str:
     if not rows:
         return ""
     kept = list(dict.fromkeys(k for r in rows for k in input_fields(r)))[:4]
-    head = ["id", "label", "prob", "margin"] + (["gold"] if gold else []) + kept
-    cells = [[r.get("id"), r.get("label"), r.get("prob"), r.get("margin")] + ([r.get("gold")] if gold else [])
-             + [r.get(k) for k in kept] for r in rows]
+    tags = "labels" in rows[0]
+    head = (["id", "labels"] if tags else ["id", "label", "prob", "margin"]) + (["gold"] if gold else []) + kept
+    cells = [([r.get("id"), ", ".join(r["labels"])] if tags else [r.get("id"), r.get("label"), r.get("prob"), r.get("margin")])
+             + ([r.get("gold")] if gold else []) + [r.get(k) for k in kept] for r in rows]
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in cells)
     header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     return f"<h2>{html.escape(title)}</h2><table><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>"
@@ -149,6 +172,8 @@ def build_report(output: str, compare_with: str | None = None, top: int = 15) ->
     labels = list(scored[0]["probs"]) if scored and isinstance(scored[0].get("probs"), dict) else None
     parts = [f"<h1>prefixcache report: {html.escape(Path(output).name)}</h1>",
              f"<p class=muted>{html.escape(_summary_line(records, info))}</p>"]
+    if any("labels" in r for r in scored):
+        return _tag_page(output, records, scored, parts, gold, compare_with, top)
     figures = [_distributions(plt, scored)] if scored else []
     if gold:
         ev = evaluate(labels, records)
@@ -162,12 +187,38 @@ def build_report(output: str, compare_with: str | None = None, top: int = 15) ->
         parts.append(_table("wrong with the highest confidence", wrong[:top], gold))
     parts.append(_table("closest calls (smallest margin)", sorted(scored, key=lambda r: r["margin"])[:top], gold))
     parts.append(_failed_table(records, top))
+    return _page(output, records, parts, compare_with, top)
+
+
+def _page(output: str, records: Sequence[Record], parts: list[str], compare_with: str | None, top: int) -> str:
     if compare_with:
         before = read_records(compare_with).records
         parts.append(_compare_section(compare(before, records), compare_with, top))
     return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
             f"<title>prefixcache report: {html.escape(Path(output).name)}</title><style>{CSS}</style></head><body>"
             + "".join(parts) + "</body></html>\n")
+
+
+def _tag_page(output: str, records: Sequence[Record], scored: Sequence[Record], parts: list[str], gold: bool,
+              compare_with: str | None, top: int) -> str:
+    """The page for a multi-label output: the figures per label, the per-label table, the items
+    whose label set is wrong."""
+    ev = evaluate(list(scored[0]["probs"]), records, tags=True) if gold else None
+    if ev is not None:
+        micro = ev.micro()
+        kpis = [("exact-set accuracy", f"{ev.accuracy:.3f}"), ("Hamming loss", f"{ev.hamming_loss:.3f}"),
+                ("micro-F1", f"{micro[2]:.3f}"), ("macro-F1", f"{ev.macro_f1:.3f}"), ("items", str(ev.n)),
+                ("ECE", f"{ev.ece:.3f}")]
+        parts.append("<div class=kpi>" + "".join(f"<div>{k}<b>{v}</b></div>" for k, v in kpis) + "</div>")
+    parts.append("<h2>figures</h2><div class=figures>" + "".join(_tag_figures(_pyplot(), ev, scored)) + "</div>")
+    if ev is not None:
+        rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v['precision']:.3f}</td><td>{v['recall']:.3f}</td>"
+                       f"<td>{v['f1']:.3f}</td><td>{v['support']}</td></tr>" for k, v in ev.per_label().items())
+        parts.append("<h2>per label</h2><table><thead><tr><th>label</th><th>precision</th><th>recall</th><th>F1</th>"
+                     f"<th>support</th></tr></thead><tbody>{rows}</tbody></table>")
+        parts.append(_table("label set wrong", [r for r in scored if not r.get("correct")][:top], gold))
+    parts.append(_failed_table(records, top))
+    return _page(output, records, parts, compare_with, top)
 
 
 def _fingerprint(output: str) -> dict[str, Any]:

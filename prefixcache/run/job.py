@@ -215,10 +215,10 @@ class Job:
             with self.plan.output.writing(self.begun, self.fingerprint) as writer:
                 for record in self.records():
                     writer.write(record)
-                    label = _label_of(record)
-                    self.written[label] += 1
+                    labels = _labels_of(record)
+                    self.written.update(labels)
                     if record is not self.begun.records.get(id_text(record["id"])):  # scored by this run
-                        result.labels[label] += 1
+                        result.labels.update(labels)
                     result.first_record = result.first_record or time.perf_counter() - self.started
                     if result.evaluation:
                         add_record(result.evaluation, record)
@@ -304,10 +304,11 @@ class Job:
     # -- after the records ------------------------------------------------------------------
     def warn_if_collapsed(self) -> None:
         """Predictions piled on one label usually mean a model biased toward it, not such data."""
-        whole = self.written + Counter(_label_of(r) for r in self.begun.done.values())  # the output, not this run
+        whole = self.written + Counter(x for r in self.begun.done.values() for x in _labels_of(r))  # the output
         counts = {k: n for k, n in whole.items() if not k.startswith("(")}
         total = sum(counts.values())
-        if self.plan.spec.choices or len(self.plan.spec.labels) < 2 or total < COLLAPSE_MIN_ITEMS:
+        spec = self.plan.spec
+        if spec.choices or spec.multi_label or len(spec.labels) < 2 or total < COLLAPSE_MIN_ITEMS:
             return
         label, n = max(counts.items(), key=lambda kv: kv[1])
         if n / total >= COLLAPSE_SHARE:
@@ -341,14 +342,16 @@ class _Stopped(Interrupted):
     """A stop the job itself raised between batches: its message already says how to go on."""
 
 
-def _label_of(record: Record) -> str:
+def _labels_of(record: Record) -> list[str]:
     """What a record is counted as in the summary: its label; for multiple choice, the option's
-    letter (the options differ per item)."""
+    letter (the options differ per item); for multi-label, each label on, or "(none)"."""
     if is_error(record):
-        return "(error)"
+        return ["(error)"]
+    if "labels" in record:
+        return list(record["labels"]) or ["(none)"]
     if record["label"] is None:
-        return "(abstained)"
-    return LETTERS[record["index"]] if record.get("index") is not None else str(record["label"])
+        return ["(abstained)"]
+    return [LETTERS[record["index"]] if record.get("index") is not None else str(record["label"])]
 
 
 def load_scorer(task: Task, plan: Plan) -> ItemScorer:

@@ -58,6 +58,7 @@ class Plan:
             "device": device.split(":")[0], "dtype": str(pick_dtype(o.dtype, device)).removeprefix("torch."),
             "batch_size": o.batch_size, "batch_tokens": o.batch_tokens,
             "keep": "all" if self.keep is None else list(self.keep), "exact": o.exact,
+            **({"gold_sep": self.spec.gold_sep} if self.spec.multi_label and self.spec.gold else {}),
         }
 
 
@@ -70,11 +71,17 @@ def refusal_words(key: str, value: Any) -> Optional[str]:
 
 
 def with_overrides(spec: TaskSpec, gold: Optional[str] = None, model: Optional[str] = None,
-                   revision: Optional[str] = None) -> TaskSpec:
+                   revision: Optional[str] = None, gold_sep: Optional[str] = None) -> TaskSpec:
     """The spec with what the command line (or environment) sets instead. A model given there is
     a path relative to the current folder, not the spec's."""
     if gold:
         spec = dataclasses.replace(spec, gold=gold)
+    if gold_sep is not None:
+        if not spec.multi_label:
+            raise SpecError(f"{spec.path}: --gold-sep applies to multi_label tasks")
+        if not gold_sep:
+            raise SpecError("--gold-sep must not be empty")
+        spec = dataclasses.replace(spec, gold_sep=gold_sep)
     if model:
         spec = dataclasses.replace(spec, model=str(Path(model).expanduser().absolute()) if Path(model).exists() else model)
     if revision:
@@ -90,7 +97,7 @@ def read_options_items(options: RunOptions, spec: TaskSpec) -> Iterator[Item]:
 
 def load_options_spec(options: RunOptions) -> TaskSpec:
     """The options' spec, with their overrides."""
-    return with_overrides(load_spec(options.spec), options.gold, options.model, options.revision)
+    return with_overrides(load_spec(options.spec), options.gold, options.model, options.revision, options.gold_sep)
 
 
 def make_plan(options: RunOptions) -> Plan:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .scorer import Rescoring, Scorer, Scores
-from ..task.decision import Decision
+from ..task.decision import Decision, Tags, log_odds
 from ..model.store import PrefixStore
 from .prepare import Prepared, Task
 
@@ -97,14 +97,18 @@ class CheckedScorer(Scorer):
                             "widens from %.3g to %.3g", widest, self.bound, needed)
             self.bound = needed
 
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision:
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags:
         if self._precision.get(prep.key) == "float32":
             return self.exact.decide(prep, logprobs)  # float32 prior and unconditional scores too
         return super().decide(prep, logprobs)
 
     def _gap(self, prep: Prepared, logprobs: Sequence[float]) -> float:
         """Log-probability between the two most likely candidates (inf with one candidate); with a
-        threshold, also the distance of the top one from it (abstaining is a decision too)."""
+        threshold, also the distance of the top one from it (abstaining is a decision too). For a
+        multi-label task: the nearest any label's log-odds come to its threshold's."""
+        if self.task.spec.multi_label:
+            odds = self._decision_logs(prep, logprobs, self)
+            return min(abs(o - log_odds(t)) for o, t in zip(odds, self.task.spec.tag_thresholds))
         logs = sorted(self._decision_logs(prep, logprobs, self), reverse=True)
         gap = logs[0] - logs[1] if len(logs) > 1 else math.inf
         if self.task.spec.threshold is not None:
@@ -115,11 +119,16 @@ class CheckedScorer(Scorer):
         """How far rounding moved any candidate relative to the low-precision favourite: the
         decision can change only if this exceeds the favourite's lead (with a threshold, also how
         far the favourite itself moved)."""
+        if self.task.spec.multi_label:  # each label's log-odds against its own threshold
+            return max(abs(h - lo) for h, lo in zip(high, low))
         top = max(range(len(low)), key=low.__getitem__)
         shift = max(abs((high[i] - high[top]) - (low[i] - low[top])) for i in range(len(low)))
         return max(shift, abs(high[top] - low[top])) if self.task.spec.threshold is not None else shift
 
     @staticmethod
     def _decision_logs(prep: Prepared, logprobs: Sequence[float], scorer: Scorer) -> list[float]:
+        """The decision's probabilities as logs, or for a multi-label task each label's log-odds."""
         probs = Scorer.decide(scorer, prep, logprobs).probs
+        if scorer.task.spec.multi_label:
+            return [log_odds(p) for p in probs]
         return [math.log(max(p, 1e-300)) for p in probs]

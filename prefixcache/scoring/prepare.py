@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 from ..errors import ItemError
 from ..data.items import Item
 from ..model.load import ModelSource, load_tokenizer, resolve_model
+from ..task.decision import Groups
 from ..task.prompt import EncodedItem, PromptBuilder
 from ..model.rows import Candidate, Row, trie
 from ..task.spec import LETTERS, TaskSpec, choice_list, field_text
@@ -40,13 +41,13 @@ class Prepared:
 
     item: Item
     enc: EncodedItem
-    candidates: dict[str, Candidate]  # text scored -> ids, in output order
-    names: tuple[str, ...] = ()  # what each candidate stands for (the options, when letters are scored)
+    candidates: dict[str, Candidate]  # text scored -> ids
+    groups: Groups  # which candidates make each label's (or option's) score
 
     @property
     def texts(self) -> list[str]:
-        """The labels or options the candidates stand for, in candidate order."""
-        return list(self.names) if self.names else list(self.candidates)
+        """The labels or options scored, in output order."""
+        return list(self.groups.names)
 
     @property
     def key(self) -> tuple:
@@ -115,19 +116,19 @@ class Task:
             raise ItemError(item.id, f"its fields hold {chars} characters, far more than the model's context of "
                                      f"{context} tokens")
         enc = self.builder.encode_item(item.record, item.id)
-        names: tuple[str, ...] = ()
         if self.spec.choices:
             options = choice_list(item.record, self.spec.choices)
             if self.spec.score_by == "letter":  # MMLU style: the letters are scored, the options reported
-                candidates, names = self.builder.options(LETTERS[: len(options)], item.id), tuple(options)
+                candidates = self.builder.options(LETTERS[: len(options)], item.id)
             else:
                 candidates = self.builder.options(options, item.id)
+            groups = Groups(tuple(options), tuple((i,) for i in range(len(options))), "forms")
         else:
-            candidates = self.builder.candidates
+            candidates, groups = self.builder.candidates, self.builder.groups
         longest = max(len(c) for c in candidates.values())
         if context and len(enc.ids) + longest - 1 > context:
             raise ItemError(item.id, f"{len(enc.ids)} prompt tokens do not fit the model's context of {context}")
-        return Prepared(item, enc, candidates, names)
+        return Prepared(item, enc, candidates, groups)
 
     def content_free(self, text: str) -> EncodedItem:
         """The prompt with every template field set to `text` (e.g. "" or "N/A")."""
@@ -142,7 +143,14 @@ class Task:
             "prompt_ids": list(prep.enc.ids),
             "prefix_len": prep.enc.prefix_len,
             "candidates": {k: list(v) for k, v in prep.candidates.items()},
+            **({} if prep.groups.plain else {"labels": self.label_forms(prep)}),
         }
+
+    @staticmethod
+    def label_forms(prep: Prepared) -> dict[str, list[str]]:
+        """Per label, the candidates that make its score: its forms, or its yes and no branches."""
+        texts = list(prep.candidates)
+        return {name: [texts[i] for i in members] for name, members in zip(prep.groups.names, prep.groups.members)}
 
     def batches(self, items: Iterable[Item], batching: Batching, context: int | None = None
                 ) -> Iterator[list[Prepared | Failed]]:

@@ -22,7 +22,7 @@ from ..model.engine import Engine, Prefix
 from ..errors import ModelError
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
 from ..model.rows import Candidate, Row
-from ..task.decision import Decision, judge, mean_distribution
+from ..task.decision import Decision, Groups, Tags, judge, judge_tags, mean_distribution, yes_probs
 from ..model.store import PrefixStore, prefix_key
 from .prepare import Prepared, Task
 
@@ -66,7 +66,7 @@ class ItemScorer(Protocol):
 
     def score(self, preps: Sequence[Prepared], known: Mapping[tuple, list[float]] | None = None) -> Scores: ...
 
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision: ...
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags: ...
 
     def precision(self, key: tuple) -> str | None: ...
 
@@ -97,6 +97,7 @@ class Scorer:
         spec = task.spec
         if spec.normalize == "pmi" and not spec.choices:
             self.score_unconditional(list(task.builder.candidates.values()))
+        self._tags = spec.multi_label
         if spec.content_free:
             self.prior = self._calibration_prior()
 
@@ -140,8 +141,8 @@ class Scorer:
             for key in todo:
                 self._scores.put(key, known[key])
         elif todo:
-            for key, scores in zip(todo, self.engine.score(self.prefix, [p.row for p in todo.values()])):
-                self._scores.put(key, scores)
+            for prep, scores in zip(todo.values(), self.engine.score(self.prefix, [p.row for p in todo.values()])):
+                self._scores.put(prep.key, prep.groups.combine(scores))
         computed = [] if known is not None else list(todo.values())
         return Scores([self._scores.get(p.key) for p in preps], computed)  # get: recency, the same in every run
 
@@ -172,26 +173,38 @@ class Scorer:
         return self._unconditional.peek(candidate)
 
     # -- decisions ----------------------------------------------------------------------------
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision:
-        """The distribution over the item's candidates under the spec's normalisation and
-        calibration, and the decision it makes."""
-        return self._judge(prep.candidates, logprobs, self.prior)
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags:
+        """What the item's label scores (`Groups.combine`d) decide: the distribution over its
+        candidates under the spec's normalisation and calibration and the best one, or for a
+        multi-label task each label's probability and whether it is on."""
+        if self._tags:
+            return judge_tags(logprobs, self.task.spec.tag_thresholds, self.prior)
+        return self._judge(prep.candidates, prep.groups, logprobs, self.prior)
 
-    def _judge(self, candidates: Mapping[str, Candidate], logprobs: Sequence[float],
+    def _judge(self, candidates: Mapping[str, Candidate], groups: Groups, logprobs: Sequence[float],
                prior: Sequence[float] | None) -> Decision:
         spec, ids = self.task.spec, list(candidates.values())
         uncond: list[float] = []
         if spec.normalize == "pmi":
             self.score_unconditional(ids)
-            uncond = [self.unconditional(c) for c in ids]
-        return judge(logprobs, spec.normalize, [len(c) for c in ids], list(candidates), uncond, prior, spec.threshold)
+            uncond = groups.combine([self.unconditional(c) for c in ids])
+        tokens = groups.combine_lengths([len(c) for c in ids])
+        sizes: list[float] = []
+        if spec.normalize in ("chars", "bytes") and not groups.plain:  # a verbalizer: its forms' mean size
+            size = len if spec.normalize == "chars" else (lambda t: len(t.encode("utf-8")))
+            sizes = groups.combine_lengths([size(text) for text in candidates])
+        return judge(logprobs, spec.normalize, tokens, list(groups.names), uncond, prior, spec.threshold, sizes)
 
     def _calibration_prior(self) -> list[float]:
-        """Mean label distribution over the content-free inputs, scored like any item."""
-        labels = self.task.builder.candidates
+        """The label prior on the content-free inputs, scored like any item: the mean label
+        distribution, or for a multi-label task each label's mean P(yes)."""
+        builder = self.task.builder
         encoded = [self.task.content_free(text) for text in self.task.spec.content_free]
-        rows = [Row(e.ids, e.prefix_len, list(labels.values())) for e in encoded]
-        return mean_distribution([self._judge(labels, lps, None).probs for lps in self.engine.score(self.prefix, rows)])
+        rows = [Row(e.ids, e.prefix_len, list(builder.candidates.values())) for e in encoded]
+        scores = [builder.groups.combine(lps) for lps in self.engine.score(self.prefix, rows)]
+        if self._tags:
+            return mean_distribution([yes_probs(lps) for lps in scores])
+        return mean_distribution([self._judge(builder.candidates, builder.groups, lps, None).probs for lps in scores])
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,59 @@ from typing import Sequence
 NORMALIZATIONS = ("sum", "mean", "chars", "bytes", "pmi")
 
 
+@dataclass(frozen=True)
+class Groups:
+    """Which candidates make the score of each label: a label's forms (their probabilities are
+    summed), or a multi-label question's yes and no branches.
+
+    Attributes: names (the labels, in order), members (per label, candidate indices), kind
+    ("forms" or "yes/no")."""
+
+    names: tuple[str, ...]
+    members: tuple[tuple[int, ...], ...]
+    kind: str
+
+    @property
+    def plain(self) -> bool:
+        """One candidate per label, in label order: candidate scores are the labels' scores."""
+        return self.kind == "forms" and all(m == (i,) for i, m in enumerate(self.members))
+
+    def combine(self, logprobs: Sequence[float]) -> list[float]:
+        """Each label's log-probability from its candidates': the log of the summed probability
+        of its forms, or for yes/no the log-probability of yes against no."""
+        if self.plain:
+            return list(logprobs)
+        if self.kind == "forms":
+            return [logsumexp([logprobs[i] for i in m]) for m in self.members]
+        return [-softplus(logprobs[no] - logprobs[yes]) for yes, no in self.members]
+
+    def combine_lengths(self, lengths: Sequence[float]) -> list[float]:
+        """Per label, the mean of its forms' lengths (tokens, characters or bytes): what mean,
+        chars and bytes divide a label's log-probability by."""
+        return [sum(lengths[i] for i in m) / len(m) for m in self.members]
+
+
+def logsumexp(values: Sequence[float]) -> float:
+    top = max(values)
+    if top == -math.inf:
+        return top
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def softplus(x: float) -> float:
+    """log(1 + e^x), without overflow."""
+    return x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
+
+
 def normalise(
     logprobs: Sequence[float],
     how: str,
     token_counts: Sequence[int] = (),
     texts: Sequence[str] = (),
     unconditional: Sequence[float] = (),
+    sizes: Sequence[float] = (),
 ) -> list[float]:
-    """Scores compared across candidates.
+    """Scores compared across candidates (`sizes`, when given, replaces the texts' lengths).
 
     sum: total log-prob. mean: per token. chars / bytes: per character / UTF-8 byte of the
     candidate text (lm-evaluation-harness's acc_norm / acc_bytes). pmi: total log-prob minus the
@@ -29,6 +74,8 @@ def normalise(
         return list(logprobs)
     if how == "mean":
         return [lp / n for lp, n in zip(logprobs, token_counts)]
+    if how in ("chars", "bytes") and sizes:
+        return [lp / max(n, 1) for lp, n in zip(logprobs, sizes)]
     if how == "chars":
         return [lp / max(len(t), 1) for lp, t in zip(logprobs, texts)]
     if how == "bytes":
@@ -87,9 +134,38 @@ def judge(
     unconditional: Sequence[float] = (),
     prior: Sequence[float] | None = None,
     threshold: float | None = None,
+    sizes: Sequence[float] = (),
 ) -> Decision:
     """Normalise, turn into a distribution, calibrate by `prior` when given, and decide."""
-    raw = softmax(normalise(logprobs, how, token_counts, texts, unconditional))
+    raw = softmax(normalise(logprobs, how, token_counts, texts, unconditional, sizes))
     probs = calibrate(raw, prior) if prior else raw
     best, margin = decide(probs, threshold)
     return Decision(probs, raw if prior else None, best, margin)
+
+
+@dataclass(frozen=True)
+class Tags:
+    """What a multi-label item's scores decide, in label order."""
+
+    probs: list[float]  # P(yes) against no per label (calibrated when `raw` is set)
+    raw: list[float] | None  # before calibration; None when the task is not calibrated
+    on: list[bool]  # the label applies: its probability reaches its threshold
+
+
+def yes_probs(logprobs: Sequence[float]) -> list[float]:
+    """Per label, P(yes) / (P(yes) + P(no)) from the log of it (`Groups.combine`)."""
+    return [math.exp(lp) for lp in logprobs]
+
+
+def judge_tags(logprobs: Sequence[float], thresholds: Sequence[float], prior: Sequence[float] | None = None) -> Tags:
+    """Each label on its own: P(yes) against no, calibrated by the label's content-free P(yes)
+    when `prior` is given, and on when it reaches the label's threshold."""
+    raw = yes_probs(logprobs)
+    probs = [calibrate([p, 1 - p], [q, 1 - q])[0] for p, q in zip(raw, prior)] if prior else raw
+    return Tags(probs, raw if prior else None, [p >= t for p, t in zip(probs, thresholds)])
+
+
+def log_odds(p: float) -> float:
+    """log(p / (1 - p)), finite at 0 and 1."""
+    p = min(max(p, 1e-300), 1 - 1e-16)
+    return math.log(p) - math.log1p(-p)

@@ -10,27 +10,51 @@ def _show(builder: PromptBuilder, ids: tuple[int, ...]) -> str:
     return "|".join(builder.tok.convert_ids_to_tokens(list(ids)))
 
 
+def _owners(builder: PromptBuilder) -> dict[str, list[str]]:
+    """Each scored text (a label, or a form of a verbalized label) -> the labels it counts for."""
+    texts = list(builder.candidates)
+    owner: dict[str, list[str]] = {text: [] for text in texts}
+    for name, members in zip(builder.groups.names, builder.groups.members):
+        for i in members:
+            owner[texts[i]].append(name)
+    return owner
+
+
+def _what(owner: dict[str, list[str]], text: str, word: str = "label ") -> str:
+    """'label x' (`word` before a label's name), or 'form y of label x'."""
+    return f"{word}{text!r}" if owner[text] == [text] else f"form {text!r} of label {owner[text][0]!r}"
+
+
 def lint_labels(builder: PromptBuilder) -> list[str]:
     """Warnings (one line each) about the spec's labels; raises SpecError where scoring would be
     meaningless. Identical token ids are already refused when the candidates are built."""
     spec, cands = builder.spec, builder.candidates
+    if spec.multi_label:  # each label is its own yes/no question: nothing for the labels to collide on
+        return []
     end = 1 if builder.end_of_answer else 0
     bare = {name: ids[: len(ids) - end] if end else ids for name, ids in cands.items()}
-    warnings = []
+    owner = _owners(builder)
+    warnings = [f"form {form!r} belongs to labels {', '.join(map(repr, labels))}: its probability counts for each"
+                for form, labels in owner.items() if len(labels) > 1]
     names = list(cands)
     for a in names:
         for b in names:
+            if owner[a] == owner[b] and len(owner[a]) == 1:
+                continue  # two forms of one label: their probabilities are summed, not compared
             if a != b and len(bare[a]) < len(bare[b]) and bare[b][: len(bare[a])] == bare[a]:
-                if not end and spec.normalize == "sum":
+                if not end and spec.normalize == "sum" and builder.groups.plain:
                     raise SpecError(
                         f"{spec.path}: label {a!r} ({_show(builder, cands[a])}) is a token-prefix of {b!r} "
                         f"({_show(builder, cands[b])}) and no end-of-answer token follows the labels: "
                         f"{a!r} would always score at least as high; rename one"
                     )
                 warnings.append(
-                    f"label {a!r} ({_show(builder, bare[a])}) is a token-prefix of {b!r} ({_show(builder, bare[b])}); "
+                    f"{_what(owner, a)} ({_show(builder, bare[a])}) is a token-prefix of {_what(owner, b, "")} "
+                    f"({_show(builder, bare[b])}); "
                     f"{'the end-of-answer token ' + repr(builder.end_of_answer) + ' tells them apart' if end else 'compare with care'}"
                 )
+    if not builder.groups.plain:
+        return warnings  # forms: the checks below are about one text per label
     firsts: dict[int, list[str]] = {}
     for name, ids in bare.items():
         firsts.setdefault(ids[0], []).append(name)

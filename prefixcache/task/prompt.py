@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import ItemError, ModelError, SpecError
+from .decision import Groups
 from .spec import (
     LETTERS,
     OPTIONS_FIELD,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # any Hugging Face tokenizer
 
 _PROBES = ("A", "a", "1", " ", "  x", "\n", "\t", ".", ",", ":", "'s", '"', "-", "<", "é", "中", "x y", "")
 _SENTINEL = "\u2063PREFIXCACHE\u2063"
+ASK_SEP = "\n"  # multi-label: between the item's text and the question about a label
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class PromptBuilder:
         self.mode = "chat" if (spec.format == "chat" or (spec.format == "auto" and has_template)) else "plain"
         self._system_role = True
         self._system = spec.system_text()
+        self._after_question: str | None = None
         self.prefix_ids = self._find_prefix()
         if not self.prefix_ids:
             raise SpecError(f"{spec.path}: the static prompt prefix is empty (no system text, no examples, and the "
@@ -77,8 +80,24 @@ class PromptBuilder:
 
     # -- rendering ---------------------------------------------------------------------------
     def render(self, record: Mapping[str, Any], item_id: object = None) -> str:
+        """The item's prompt. Multi-label: up to the questions, which are the branches scored
+        after it (`branch_text`)."""
         body = self._body(record, item_id)
+        if not self.spec.multi_label:
+            return self._render_full(body)
+        text = self._render_full(f"{body}{ASK_SEP}{_SENTINEL}")
+        return text[: text.index(_SENTINEL)]
+
+    def _render_full(self, body: str) -> str:
         return self._render_chat(body) if self.mode == "chat" else self._render_plain(body)
+
+    def branch_text(self, question: str, answer: str) -> str:
+        """Multi-label: what follows the item's prompt for one question and answer, to the end
+        of the answer."""
+        if self._after_question is None:
+            text = self._render_full(_SENTINEL)
+            self._after_question = text[text.index(_SENTINEL) + len(_SENTINEL):]
+        return question + self._after_question + self.candidate_text(answer)
 
     def _body(self, record: Mapping[str, Any], item_id: object = None) -> str:
         """The template filled in; with a lettered layout `{options}` shows the item's options as
@@ -100,18 +119,27 @@ class PromptBuilder:
         option = option_of(label, options)
         return LETTERS[options.index(option)] if self.spec.score_by == "letter" else option
 
+    def _shots(self) -> list[tuple[str, str]]:
+        """The few-shot examples as (what the user says, the answer). A multi-label example is
+        one shot per label: its text and the label's question, answered yes or no."""
+        if not self.spec.multi_label:
+            return [(self._body(ex), self.answer_of(ex)) for ex in self.spec.examples]
+        yes, no = self.spec.answers
+        return [(f"{self._body(ex)}{ASK_SEP}{self.spec.question_for(label)}", yes if label.name in ex["label"] else no)
+                for ex in self.spec.examples for label in self.spec.labels]
+
     def _render_plain(self, body: str) -> str:
         blocks = [self._system] if self._system.strip() else []
-        for ex in self.spec.examples:
-            blocks.append(f"{self._body(ex)}\n{self.spec.answer_prefix} {self.answer_of(ex)}")
+        for said, answer in self._shots():
+            blocks.append(f"{said}\n{self.spec.answer_prefix} {answer}")
         blocks.append(f"{body}\n{self.spec.answer_prefix}")
         return "\n\n".join(blocks)
 
     def _messages(self, body: str) -> list[dict[str, str]]:
         turns = []
-        for ex in self.spec.examples:
-            turns.append({"role": "user", "content": self._body(ex)})
-            turns.append({"role": "assistant", "content": self.answer_of(ex)})
+        for said, answer in self._shots():
+            turns.append({"role": "user", "content": said})
+            turns.append({"role": "assistant", "content": answer})
         turns.append({"role": "user", "content": body})
         if self._system_role:
             return [{"role": "system", "content": self._system}, *turns]
@@ -183,12 +211,13 @@ class PromptBuilder:
         text = self.render({f: marker for f in self.spec.template.fields})
         return text[text.rindex(marker) + 1:]
 
-    def candidate_ids(self, text: str) -> tuple[int, ...]:
-        """Ids of a label or option (with the end of answer) as they follow the prompt. Cut from
-        the tokenisation of prompt tail + candidate, which must split token-clean."""
+    def candidate_ids(self, text: str, whole: bool = False) -> tuple[int, ...]:
+        """Ids of a label or option (with the end of answer) as they follow the prompt; `whole`:
+        `text` is already all that follows (a multi-label branch). Cut from the tokenisation of
+        prompt tail + candidate, which must split token-clean."""
         ids = self._candidate_cache.get(text)
         if ids is None:
-            joined = self.encode(self._anchor + self.candidate_text(text))
+            joined = self.encode(self._anchor + (text if whole else self.candidate_text(text)))
             n = len(self._anchor_ids)
             if joined[:n] != self._anchor_ids or len(joined) == n:
                 raise SpecError(
@@ -201,12 +230,12 @@ class PromptBuilder:
             self._candidate_cache[text] = ids
         return ids
 
-    def options(self, texts: Sequence[str], item_id: object = None) -> dict[str, tuple[int, ...]]:
+    def options(self, texts: Sequence[str], item_id: object = None, whole: bool = False) -> dict[str, tuple[int, ...]]:
         """Candidate ids for each text; texts that tokenise identically cannot be told apart."""
         out: dict[str, tuple[int, ...]] = {}
         seen: dict[tuple[int, ...], str] = {}
-        for text in texts:
-            ids = self.candidate_ids(text)
+        for text in dict.fromkeys(texts):
+            ids = self.candidate_ids(text, whole)
             if ids in seen:
                 where = f"item {item_id!r}: options" if item_id is not None else f"{self.spec.path}: labels"
                 raise (ItemError(item_id, f"options {seen[ids]!r} and {text!r} tokenise to the same ids")
@@ -216,10 +245,24 @@ class PromptBuilder:
         return out
 
     def _candidates(self) -> dict[str, tuple[int, ...]]:
+        """What is scored after each item of a label task: the labels' forms, or with
+        multi_label the yes and no branch of every label's question. `self.groups` says which
+        candidates make each label's score."""
         self._candidate_cache: dict[str, tuple[int, ...]] = {}
         self._anchor = self._tail_anchor()
         self._anchor_ids = self.encode(self._anchor)
-        return self.options(self.spec.label_names)
+        spec = self.spec
+        if spec.multi_label:
+            members = [tuple(self.branch_text(spec.question_for(label), answer) for answer in spec.answers)
+                       for label in spec.labels]
+        else:
+            members = [label.forms for label in spec.labels]
+        texts = [text for group in members for text in group]
+        candidates = self.options(texts, whole=spec.multi_label)
+        order = list(candidates)
+        self.groups = Groups(spec.label_names, tuple(tuple(order.index(t) for t in group) for group in members),
+                             "yes/no" if spec.multi_label else "forms")
+        return candidates
 
     def encode_item(self, record: Mapping[str, Any], item_id: object = None) -> EncodedItem:
         text = self.render(record, item_id)

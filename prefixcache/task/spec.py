@@ -10,7 +10,7 @@ import json
 import string
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import yaml
 
@@ -38,13 +38,26 @@ KNOWN_KEYS = (
     "calibrate",
     "threshold",
     "trust_remote_code",
+    "multi_label",
+    "question",
+    "answers",
+    "gold_sep",
 )
+DEFAULT_QUESTION = "Is this about {label}?"
+DEFAULT_ANSWERS = ("yes", "no")
+DEFAULT_GOLD_SEP = ","
 
 
 @dataclass(frozen=True)
 class Label:
     name: str
     description: str | None = None
+    words: tuple[str, ...] = ()  # the surface forms scored for it (a verbalizer); empty: its name
+
+    @property
+    def forms(self) -> tuple[str, ...]:
+        """What is scored for the label: its words, else its name."""
+        return self.words or (self.name,)
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,15 @@ class TaskSpec:
     threshold: float | None = None  # abstain below this probability
     revision: str | None = None  # a hub model's branch, tag or commit
     score_by: str = "text"  # multiple choice: score each option's "text" (cloze) or its "letter" (A, B, ...)
+    multi_label: bool = False  # each label judged on its own by a yes/no question (tagging)
+    question: str = DEFAULT_QUESTION  # multi-label: the question asked per label, with {label}
+    answers: tuple[str, str] = DEFAULT_ANSWERS  # multi-label: the answers scored for on and off
+    tag_thresholds: tuple[float, ...] = ()  # multi-label: the probability each label needs to be on
+    gold_sep: str = DEFAULT_GOLD_SEP  # multi-label: what separates labels in a gold string
+
+    def question_for(self, label: Label) -> str:
+        """The multi-label question about one label."""
+        return self.question.replace("{label}", label.name).replace("{description}", label.description or label.name)
 
     @property
     def lettered(self) -> bool:
@@ -114,7 +136,9 @@ class TaskSpec:
         options = choice_list(record, self.choices) if self.choices else None
         if options is not None and (self.lettered or self.score_by == "letter") and len(options) > len(LETTERS):
             raise ValueError(f"has {len(options)} options; lettered options go up to {len(LETTERS)}")
-        if self.gold:
+        if self.gold and self.multi_label:
+            gold_tags(record, self.gold, self.label_names, self.gold_sep)
+        elif self.gold:
             gold = gold_value(record, self.gold)
             allowed = options if options is not None else self.label_names
             if gold not in allowed and not (options is not None and option_of(gold, options) is not None):
@@ -132,7 +156,9 @@ class TaskSpec:
         if "{labels}" in self.system:
             return self.system.replace("{labels}", listing)
         head = self.system.rstrip()
-        block = f"Answer with exactly one of these labels:\n{listing}"
+        ask = (f"Answer {self.answers[0]} or {self.answers[1]} for each of these labels:" if self.multi_label
+               else "Answer with exactly one of these labels:")
+        block = f"{ask}\n{listing}"
         return f"{head}\n\n{block}" if head else block
 
 
@@ -188,6 +214,29 @@ def gold_value(record: Mapping[str, Any], field: str) -> str:
     if field not in record or record[field] is None or record[field] == "":
         raise ValueError(f"lacks the gold field {field!r}")
     return field_text(record[field])
+
+
+def gold_tags(record: Mapping[str, Any], field: str, labels: Sequence[str], sep: str = DEFAULT_GOLD_SEP
+              ) -> list[str]:
+    """A multi-label item's expected labels, in label order: a list, a JSON list, or a string
+    of labels separated by `sep` (an empty string or list: no label applies). Raises ValueError."""
+    if field not in record or record[field] is None:
+        raise ValueError(f"lacks the gold field {field!r}")
+    value = record[field]
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"has gold {value!r} ({field}), which is neither a JSON list nor labels separated by {sep!r}")
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(sep)] if value.strip() else []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"has gold {value!r} ({field}), which is not a list of labels "
+                         f"(a JSON list, or labels separated by {sep!r})")
+    unknown = [v for v in value if v not in labels]
+    if unknown:
+        raise ValueError(f"has gold label {unknown[0]!r} ({field}), which is not one of the labels")
+    return [name for name in labels if name in value]
 
 
 def _calibration(value: Any, path: Path, choices: str | None) -> tuple[str, ...]:
@@ -326,15 +375,36 @@ def _labels(value: Any, path: Path, choices: str | None) -> tuple[Label, ...]:
             raise SpecError(f"{path}: label {name!r} must be a non-empty string")
         if name in seen:
             raise SpecError(f"{path}: label {name!r} is listed twice")
+        words: tuple[str, ...] = ()
+        if isinstance(desc, Mapping):
+            desc, words = _label_entry(desc, name, path)
         if desc is not None and not isinstance(desc, str):
-            raise SpecError(f"{path}: description of label {name!r} must be a string")
+            raise SpecError(f"{path}: description of label {name!r} must be a string, or a mapping with "
+                            f"'description' and 'words'")
         seen.add(name)
-        labels.append(Label(name, desc.strip() if desc else None))
+        labels.append(Label(name, desc.strip() if desc else None, words))
     return tuple(labels)
 
 
+def _label_entry(entry: Mapping, name: str, path: Path) -> tuple[Any, tuple[str, ...]]:
+    """A label given as `{description: ..., words: [...]}`: its description and surface forms."""
+    unknown = [k for k in entry if k not in ("description", "words")]
+    if unknown:
+        raise SpecError(f"{path}: label {name!r} has unknown key {unknown[0]!r} (it takes 'description' and 'words')")
+    words = entry.get("words")
+    if words is None:
+        return entry.get("description"), ()
+    if (not isinstance(words, list) or not words
+            or not all(isinstance(w, str) and w.strip() for w in words)):
+        raise SpecError(f"{path}: 'words' of label {name!r} must be a non-empty list of non-empty strings")
+    if len(set(words)) != len(words):
+        raise SpecError(f"{path}: 'words' of label {name!r} lists {next(w for w in words if words.count(w) > 1)!r} twice")
+    return entry.get("description"), tuple(words)
+
+
 def _examples(
-    value: Any, path: Path, labels: tuple[Label, ...], template: Template, choices: str | None
+    value: Any, path: Path, labels: tuple[Label, ...], template: Template, choices: str | None,
+    multi_label: bool = False,
 ) -> tuple[dict, ...]:
     if value is None:
         return ()
@@ -344,11 +414,13 @@ def _examples(
     out = []
     for n, ex in enumerate(value, 1):
         if not isinstance(ex, Mapping):
-            raise SpecError(f"{path}: example {n} must be a mapping with a 'label'")
+            raise SpecError(f"{path}: example {n} must be a mapping with a '{'labels' if multi_label else 'label'}'")
         label = ex.get("label")
         if isinstance(label, (int, float)) and not isinstance(label, bool):
             label = str(label)
-        if choices is not None:
+        if multi_label:
+            label = _example_tags(ex, n, path, labels)
+        elif choices is not None:
             try:
                 options = choice_list(ex, choices)
             except ValueError as exc:
@@ -365,6 +437,67 @@ def _examples(
             raise SpecError(f"{path}: example {n} lacks field {missing[0]!r} used by the template")
         out.append({**ex, "label": label})
     return tuple(out)
+
+
+def _example_tags(example: Mapping, n: int, path: Path, labels: tuple[Label, ...]) -> list[str]:
+    """A multi-label example's labels: `labels:` (or `label:`) as a list, possibly empty."""
+    key = "labels" if "labels" in example else "label"
+    value = example.get(key)
+    if isinstance(value, str):
+        value = [value]
+    names = [lab.name for lab in labels]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SpecError(f"{path}: example {n} needs 'labels': a list of the labels that apply (may be empty)")
+    unknown = [v for v in value if v not in names]
+    if unknown:
+        raise SpecError(f"{path}: example {n} has label {unknown[0]!r}, which is not one of the labels "
+                        f"({', '.join(repr(name) for name in names)})")
+    return [name for name in names if name in value]
+
+
+def _tagging(data: Mapping, path: Path, choices: str | None, labels: tuple[Label, ...]) -> dict[str, Any]:
+    """The multi-label keys: whether the task tags, its question, answers, per-label thresholds
+    and gold separator. Refuses them on a task that picks one label."""
+    multi = data.get("multi_label", False)
+    if not isinstance(multi, bool):
+        raise SpecError(f"{path}: 'multi_label' must be true or false")
+    given = [k for k in ("question", "answers", "gold_sep") if k in data]
+    if not multi:
+        if given:
+            raise SpecError(f"{path}: '{given[0]}' applies to multi_label tasks; add multi_label: true")
+        if isinstance(data.get("threshold"), Mapping):
+            raise SpecError(f"{path}: a 'threshold' per label applies to multi_label tasks; give one number")
+        return {}
+    if choices is not None:
+        raise SpecError(f"{path}: 'multi_label' applies to label tasks, not to 'choices'")
+    worded = next((lab.name for lab in labels if lab.words), None)
+    if worded is not None:
+        raise SpecError(f"{path}: label {worded!r} has 'words', which apply to tasks that pick one label; "
+                        f"a multi_label task scores the 'answers' to its 'question'")
+    question = _want_str(data, "question", path, DEFAULT_QUESTION)
+    if "{label}" not in question and "{description}" not in question:
+        raise SpecError(f"{path}: 'question' must name the label with {{label}} (or {{description}}), e.g. {DEFAULT_QUESTION!r}")
+    answers = data.get("answers", list(DEFAULT_ANSWERS))
+    if (not isinstance(answers, list) or len(answers) != 2 or not all(isinstance(a, str) and a.strip() for a in answers)
+            or answers[0] == answers[1]):
+        raise SpecError(f"{path}: 'answers' must be two different words, for on and off: [yes, no]")
+    sep = _want_str(data, "gold_sep", path, DEFAULT_GOLD_SEP)
+    if not sep:
+        raise SpecError(f"{path}: 'gold_sep' must not be empty")
+    return dict(multi_label=True, question=question, answers=tuple(answers), gold_sep=sep,
+                tag_thresholds=_tag_thresholds(data.get("threshold"), path, labels))
+
+
+def _tag_thresholds(value: Any, path: Path, labels: tuple[Label, ...]) -> tuple[float, ...]:
+    """Each label's threshold: one number for all (default 0.5), or a mapping of label to number
+    (labels it leaves out: 0.5)."""
+    if value is None or not isinstance(value, Mapping):
+        return (_threshold(value, path) or 0.5,) * len(labels)
+    names = [lab.name for lab in labels]
+    unknown = [k for k in value if k not in names]
+    if unknown:
+        raise SpecError(f"{path}: 'threshold' names {unknown[0]!r}, which is not one of the labels")
+    return tuple(_threshold(value[name], path) if name in value else 0.5 for name in names)
 
 
 def load_spec(path: str | Path, **keys: Any) -> TaskSpec:
@@ -404,12 +537,16 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
     id_field = _want_str(data, "id_field", path, "id")
     if not id_field:
         raise SpecError(f"{path}: 'id_field' must not be empty")
+    tagging = _tagging(data, path, choices, labels)
+    if tagging and norm != "sum":
+        raise SpecError(f"{path}: a multi_label task compares two answers to the same question: normalize "
+                        f"must be sum (use calibrate for the label prior); got {norm!r}")
     return TaskSpec(
         path=str(path),
         model=_want_str(data, "model", path),
         system=_want_str(data, "system", path, "") or "",
         labels=labels,
-        examples=_examples(data.get("examples"), path, labels, template, choices),
+        examples=_examples(data.get("examples"), path, labels, template, choices, bool(tagging)),
         template=template,
         id_field=id_field,
         id_field_given="id_field" in data,
@@ -420,7 +557,8 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
         choices=choices,
         gold=_want_str(data, "gold", path),
         content_free=_calibration(data.get("calibrate"), path, choices),
-        threshold=_threshold(data.get("threshold"), path),
+        threshold=None if tagging else _threshold(data.get("threshold"), path),
         revision=_want_str(data, "revision", path),
         score_by=_score_by(data, path, choices),
+        **tagging,
     )
