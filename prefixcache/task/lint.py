@@ -48,8 +48,9 @@ def lint_labels(builder: PromptBuilder) -> list[str]:
                         f"({_show(builder, cands[b])}) and no end-of-answer token follows the labels: "
                         f"{a!r} would always score at least as high; rename one"
                     )
+                longer = _what(owner, b, "")
                 warnings.append(
-                    f"{_what(owner, a)} ({_show(builder, bare[a])}) is a token-prefix of {_what(owner, b, "")} "
+                    f"{_what(owner, a)} ({_show(builder, bare[a])}) is a token-prefix of {longer} "
                     f"({_show(builder, bare[b])}); "
                     f"{'the end-of-answer token ' + repr(builder.end_of_answer) + ' tells them apart' if end else 'compare with care'}"
                 )
