@@ -105,3 +105,37 @@ def naive_scores(model, prompt_ids, candidates) -> list[float]:
     if key not in known:
         known[key] = score_naive(model, prompt_ids, candidates)
     return known[key]
+
+
+def whole_tag_prompt(tokenizer, spec, record, label: str, answer: str) -> tuple[str, bool]:
+    """The whole prompt of a multi-label task for one (item, label) question and its answer,
+    written out by hand from the spec (each example asked about every label, then the item), and
+    whether the tokenizer adds its special tokens to it (plain layout)."""
+    def ask(fields, name):
+        return f"{spec.template.render(fields)}\n{spec.question.replace('{label}', name)}"
+
+    yes, no = spec.answers
+    shots = [(ask(ex, lab), yes if lab in ex["label"] else no) for ex in spec.examples for lab in spec.label_names]
+    if tokenizer.chat_template:
+        messages = [{"role": "system", "content": spec.system_text()}]
+        for said, ans in shots:
+            messages += [{"role": "user", "content": said}, {"role": "assistant", "content": ans}]
+        messages.append({"role": "user", "content": ask(record, label)})
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return prompt + answer + tokenizer.eos_token, False
+    blocks = [spec.system_text()] + [f"{said}\n{spec.answer_prefix} {ans}" for said, ans in shots]
+    return "\n\n".join(blocks + [f"{ask(record, label)}\n{spec.answer_prefix} {answer}\n"]), True
+
+
+def naive_yes_logprob(model, tokenizer, spec, record, label: str) -> float:
+    """log P(yes) / (P(yes) + P(no)) for one (item, label), from full forwards of the two whole
+    prompts, each tokenised in one piece."""
+    import math
+
+    from prefixcache.task.prompt import common_prefix_len
+
+    texts = [whole_tag_prompt(tokenizer, spec, record, label, answer) for answer in spec.answers]
+    yes_ids, no_ids = (tokenizer(text, add_special_tokens=special)["input_ids"] for text, special in texts)
+    shared = common_prefix_len(yes_ids, no_ids)
+    lp_yes, lp_no = naive_scores(model, yes_ids[:shared], [yes_ids[shared:], no_ids[shared:]])
+    return -math.log1p(math.exp(lp_no - lp_yes))

@@ -165,3 +165,19 @@ def test_spec_keys_set_over_a_file_and_a_zero_shot_call_on_a_spec_with_gold(tmp_
     assert record["gold"] == "billing"
     shot = clf("refund please", candidate_labels=["money", "bug"])  # strings carry no gold field
     assert sorted(shot["labels"]) == ["bug", "money"]
+
+
+def test_multi_label_call_and_table_columns(setup):
+    pd = pytest.importorskip("pandas")
+    _, _, _, clf = setup
+    one = clf("The app crashes and I was charged twice", candidate_labels=["bug", "money", "login"], multi_label=True)
+    assert sorted(one["labels"]) == ["bug", "login", "money"] and one["scores"] == sorted(one["scores"], reverse=True)
+    assert abs(sum(one["scores"]) - 1) > 1e-3  # each label on its own: the scores need not sum to one
+    # the same as a multi-label spec of its own, scored through the run pipeline
+    twin = Classifier(labels=["bug", "money", "login"], system=clf.spec.system, template="Ticket: {text}",
+                      model=clf.spec.model, multi_label=True, progress=False)
+    [record] = twin.classify(["The app crashes and I was charged twice"])
+    assert one["scores"] == pytest.approx(sorted(record["probs"].values(), reverse=True), abs=1e-6)
+    table = twin.classify_df(pd.DataFrame({"text": ["refund please", "crash"]}))
+    assert list(table.columns) == ["text", "labels", "prob_bug", "prob_money", "prob_login"]
+    assert all(isinstance(v, list) for v in table["labels"])

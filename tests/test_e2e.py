@@ -14,7 +14,8 @@ from prefixcache.model.reference import score_naive
 from prefixcache.run.pipeline import classify
 from prefixcache.scoring.scorer import Scorer
 from prefixcache.task.spec import load_spec
-from prefixcache.scoring.prepare import Batching, Task
+from prefixcache.scoring.prepare import Batching, Task, spec_model
+from prefixcache.model.load import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "configs" / "support-tickets.yaml"
@@ -233,3 +234,20 @@ def test_the_python_docs_example_runs(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"1 (billing|technical|account) 0\.\d+", lines[0]) and lines[1].startswith("2 ")
     assert "'sequence': 'I forgot my password'" in lines[-1] and "'scores': [" in lines[-1]
+
+
+def test_real_model_tags_equal_full_reencode_per_label(cache_dir):
+    from helpers import naive_yes_logprob
+
+    # The shipped spec without its examples (they only lengthen the cached prefix, which every
+    # naive forward pays for again); the split that matters, item | question, is the same.
+    spec = load_spec(ROOT / "configs" / "review-aspects.yaml", examples=None)
+    task = Task(spec, spec_model(spec), load_tokenizer(spec_model(spec), cache_dir))
+    scorer = Scorer.load(task, cache_dir, "cpu", "float32")
+    tokenizer = task.tokenizer
+    items = list(read_items(str(ROOT / "data" / "samples" / "review_aspects.jsonl"), id_field=spec.id_field))[:2]
+    records = list(classify(scorer, items, Batching(size=3)))
+    for item, record in zip(items, records):
+        for label in spec.label_names:
+            want = naive_yes_logprob(scorer.engine.model, tokenizer, spec, item.record, label)
+            assert abs(record["logprobs"][label] - want) < 1e-4, (item.id, label)

@@ -129,34 +129,37 @@ class Classifier:
 
     # -- zero-shot pipeline style ---------------------------------------------------------------
     def __call__(self, sequences: Any, candidate_labels: Optional[Sequence[str]] = None,
-                 multi_label: bool = False) -> Any:
+                 multi_label: Optional[bool] = None) -> Any:
         """A DataFrame or Table: `classify_df`. Strings with `candidate_labels` (or the spec's
         labels): like `transformers.pipeline("zero-shot-classification")`, one
         `{"sequence", "labels", "scores"}` per string (a dict for one string), labels sorted by
-        score; the labels are scored in one pass over the cached prefix, not one pass per label."""
-        if multi_label:
-            raise UsageError("multi_label: each label judged on its own is not built yet; use multi_label=False")
+        score; the labels are scored in one pass over the cached prefix, not one pass per label.
+        `multi_label=True`: each label judged on its own (its score is P(yes) to the spec's
+        question), as the pipeline's `multi_label`; None: as the spec says."""
         if not isinstance(sequences, (str, list, tuple)):
             return self.classify_df(sequences)
         one = isinstance(sequences, str)
         texts = [sequences] if one else list(sequences)
-        clf = self._for_labels(candidate_labels)
+        clf = self._for_labels(candidate_labels, self.spec.multi_label if multi_label is None else multi_label)
         out = []
         for text, record in zip(texts, clf.classify(texts)):
             ranked = sorted(record["probs"].items(), key=lambda kv: -kv[1])
             out.append({"sequence": text, "labels": [k for k, _ in ranked], "scores": [v for _, v in ranked]})
         return out[0] if one else out
 
-    def _for_labels(self, labels: Optional[Sequence[str]]) -> "Classifier":
+    def _for_labels(self, labels: Optional[Sequence[str]], multi_label: bool) -> "Classifier":
         from ..scoring.scorer import Scorer
 
-        if labels is None or list(labels) == self.labels:
+        if (labels is None or list(labels) == self.labels) and multi_label == self.spec.multi_label:
             return self
-        key = tuple(labels)
+        labels = self.labels if labels is None else list(labels)
+        key = (tuple(labels), multi_label)
         if key not in self._zero_shot:  # the same model and tokenizer, these labels and a prefix of their own
             twin = copy.copy(self)
+            mode = dict(multi_label=True, normalize="sum", threshold=None, tag_thresholds=(0.5,) * len(labels)
+                        ) if multi_label else dict(multi_label=False, tag_thresholds=())
             twin.spec = dataclasses.replace(self.spec, labels=spec_from_mapping({"labels": list(labels)}).labels,
-                                            examples=(), gold=None)
+                                            examples=(), gold=None, **mode)
             twin.task = Task(twin.spec, self.task.source, self.task.tokenizer)
             twin.scorer = Scorer.start(twin.task, self.scorer.engine)
             twin._zero_shot = {}

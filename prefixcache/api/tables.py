@@ -1,6 +1,7 @@
 """Tables in and out of a `Classifier`: pandas DataFrames, pyarrow Tables and dicts of columns
 (Hugging Face `datasets` batches). The prediction columns: `label`, `prob`, `margin`, and per label
-`prob_<label>` (multiple choice: `index` and `probs`, a list per row); `error` where an item could
+`prob_<label>` (multiple choice: `index` and `probs`, a list per row; multi-label: `labels`, a list
+per row, and `prob_<label>`); `error` where an item could
 not be scored. pandas and pyarrow are imported only when a table of theirs is given."""
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def rows_of(table: Any) -> list[dict[str, Any]]:
 
 def prediction_columns(records: Sequence[Record], spec: TaskSpec) -> dict[str, list[Any]]:
     """The columns the records add, in order, one value per record."""
-    cols: dict[str, list[Any]] = {"label": [], "prob": [], "margin": []}
+    heads = ("labels",) if spec.multi_label else ("label", "prob", "margin")
+    cols: dict[str, list[Any]] = {name: [] for name in heads}
     if spec.choices:
         cols.update(index=[], probs=[])
     else:
@@ -31,7 +33,7 @@ def prediction_columns(records: Sequence[Record], spec: TaskSpec) -> dict[str, l
     cols["error"] = []
     for r in records:
         failed = is_error(r)
-        for name in ("label", "prob", "margin") + (("index", "probs") if spec.choices else ()):
+        for name in heads + (("index", "probs") if spec.choices else ()):
             cols[name].append(None if failed else r.get(name))
         for name in spec.label_names if not spec.choices else ():
             cols[f"prob_{name}"].append(None if failed else r["probs"][name])

@@ -28,6 +28,8 @@ from ..model.engine import Engine, Prefix
 from ..errors import UsageError
 from ..scoring.exact import CheckedScorer
 from ..data.items import Item
+from ..data.records import Record
+from ..task.decision import Decision, Tags
 from ..model.reference import score_naive
 from ..model.rows import Row, trie
 from .pipeline import classify
@@ -168,6 +170,19 @@ def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device,
     return ModeResult(name, n, 1000 * elapsed / n, n / elapsed, rss.mb, labels=labels)
 
 
+def prediction(decision: Decision | Tags, names: Sequence[str]) -> str | None:
+    """What a decision predicts, as text: the label (None: abstained), or the labels on joined by
+    " | " for a multi-label item."""
+    if isinstance(decision, Tags):
+        return " | ".join(n for n, on in zip(names, decision.on) if on)
+    return None if decision.best is None else names[decision.best]
+
+
+def record_prediction(record: Record) -> str | None:
+    """`prediction`, read from a record."""
+    return " | ".join(record["labels"]) if "labels" in record else record.get("label")
+
+
 def _option_cost_ratio(scorer: Scorer, items: Sequence[Item], batching: Batching) -> float:
     """Time of scoring every candidate over time of scoring one one-token candidate (the item
     alone: its own tokens and one row of logits), on the same batches of the same items."""
@@ -220,9 +235,9 @@ def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepa
     empty = Prefix((), (), torch.empty(0), 0.0)
 
     def pick(prep: Prepared, scores: list[float]) -> str | None:
-        """The decision `run` would make from these scores (normalisation, calibration, threshold)."""
-        best = scorer.decide(prep, scores).best
-        return None if best is None else list(prep.candidates)[best]
+        """The decision `run` would make from these candidate scores (forms combined,
+        normalisation, calibration, threshold)."""
+        return prediction(scorer.decide(prep, prep.groups.combine(scores)), prep.texts)
 
     def cands(prep: Prepared) -> list[tuple[int, ...]]:
         return list(prep.candidates.values())
@@ -238,7 +253,7 @@ def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepa
 
     def pipeline(its=items) -> list[str]:
         scorer.clear()  # the warm-up's scores must not be reused
-        return [r["label"] for r in classify(scorer, its, batching)]
+        return [record_prediction(r) for r in classify(scorer, its, batching)]
 
     # Warm-ups: first calls pay for allocations and kernel set-up.
     step("warming up")
@@ -309,7 +324,7 @@ def run_precision_bench(fp32: Scorer, fast: Scorer, checked: CheckedScorer, item
     def timed(scorer: Scorer, name: str) -> ModeResult:
         list(classify(scorer, items[: batching.size], batching))  # warm-up
         scorer.clear()  # neither its scores nor (--exact) its measured bound carry over
-        labels = lambda: [r["label"] for r in classify(scorer, items, batching)]  # noqa: E731
+        labels = lambda: [record_prediction(r) for r in classify(scorer, items, batching)]  # noqa: E731
         return _timed(name, len(items), labels, scorer.engine.device, step)
 
     runs = [timed(s, name) for s, name in ((fp32, "float32"), (fast, fast.dtype), (checked, f"{fast.dtype} --exact"))]
