@@ -91,6 +91,8 @@ SHIPPED = [
     ("general-knowledge", "general_knowledge.jsonl", 70),
     ("reading-comprehension", "passages.jsonl", 8),
     ("science-exam", "science_exam.jsonl", 8),
+    ("review-aspects", "review_aspects.jsonl", 48),
+    ("irony-words", "irony.jsonl", 99),
 ]
 
 
