@@ -308,3 +308,20 @@ def test_render_shows_each_label_with_its_candidates(tag_run, tmp_path):
     rendered = json.loads(invoke("render", spec, items, "--limit", 1).stdout)
     assert rendered["prompt"].endswith("Ticket: The app crashes when I open a project.\n")
     assert len(rendered["labels"]["billing"]) == 2
+
+
+def test_tag_report_has_per_label_tables_and_calibration(tmp_path):
+    pytest.importorskip("matplotlib")
+    from helpers import write_records
+
+    from prefixcache.reports.htmlpage import build_report
+
+    records = [{"id": i, "labels": ["billing"] if i % 2 else [], "probs": {"billing": 0.1 + 0.08 * i, "refund": 0.3},
+                "gold": ["billing"] if i % 3 else ["refund"], "correct": False, "normalize": "sum"} for i in range(10)]
+    for r in records:
+        r["correct"] = r["labels"] == r["gold"]
+    write_records(tmp_path / "o.jsonl", records)
+    page = build_report(str(tmp_path / "o.jsonl"))
+    assert "exact-set accuracy" in page and "Hamming loss" in page and "<h2>per label</h2>" in page
+    assert "billing · ECE" in page and "refund · ECE" in page  # a reliability diagram per label
+    assert "<h2>label set wrong</h2>" in page

@@ -24,11 +24,40 @@ ABSTAIN = "(abstained)"
 CALIBRATION_BINS = 10
 
 
-class Gated:
-    """The gates and the JUnit report, on any evaluation with an `accuracy`, a `per_label()`
-    table with recall, and `to_json()`."""
+def _binned(bins: list, prob: float, right: bool) -> None:
+    b = bins[min(int(prob * CALIBRATION_BINS), CALIBRATION_BINS - 1)]
+    b[0], b[1], b[2] = b[0] + 1, b[1] + prob, b[2] + right
 
+
+def _ece(bins: list) -> float:
+    items = sum(b[0] for b in bins)
+    return sum(abs(b[2] - b[1]) for b in bins if b[0]) / items if items else 0.0
+
+
+class Gated:
+    """What both evaluations share: the count of items, the right ones and the failed ones,
+    calibration bins, the gates and the JUnit report (on a `per_label()` table with recall and
+    `to_json()`)."""
+
+    n: int
+    correct: int
+    failed: int
+    bins: list  # [items, summed confidence, right] per equal-width confidence bin
     accuracy_name = "accuracy"  # what --min-accuracy gates, in words
+
+    def add_failed(self) -> None:
+        self.n += 1
+        self.failed += 1
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+    @property
+    def ece(self) -> float:
+        """Expected calibration error: mean |accuracy - confidence| over equal-width confidence
+        bins, weighted by their items (items with a prediction only)."""
+        return _ece(self.bins)
 
     def gate_failures(self, gates: "Gates") -> list[str]:
         """One line per gate this evaluation misses."""
@@ -78,26 +107,12 @@ class Evaluation(Gated):
         self.n += 1
         self.correct += right
         if prob is not None:
-            b = self.bins[min(int(prob * CALIBRATION_BINS), CALIBRATION_BINS - 1)]
-            b[0], b[1], b[2] = b[0] + 1, b[1] + prob, b[2] + right
+            _binned(self.bins, prob, right)
         self.abstained += predicted is None
         if self.labels is not None:
             self.confusion[(gold, ABSTAIN if predicted is None else predicted)] += 1
 
-    def add_failed(self) -> None:
-        self.n += 1
-        self.failed += 1
 
-    @property
-    def accuracy(self) -> float:
-        return self.correct / self.n if self.n else 0.0
-
-    @property
-    def ece(self) -> float:
-        """Expected calibration error: mean |accuracy - confidence| over equal-width confidence
-        bins, weighted by their items (items with a prediction only)."""
-        items = sum(b[0] for b in self.bins)
-        return sum(abs(b[2] - b[1]) for b in self.bins if b[0]) / items if items else 0.0
 
     @property
     def coverage(self) -> float:
@@ -197,16 +212,8 @@ class TagEvaluation(Gated):
             if probs and label in probs:
                 p = float(probs[label])
                 for bins in (self.bins, self.label_bins[label]):
-                    b = bins[min(int(p * CALIBRATION_BINS), CALIBRATION_BINS - 1)]
-                    b[0], b[1], b[2] = b[0] + 1, b[1] + p, b[2] + truth
+                    _binned(bins, p, truth)
 
-    def add_failed(self) -> None:
-        self.n += 1
-        self.failed += 1
-
-    @property
-    def accuracy(self) -> float:
-        return self.correct / self.n if self.n else 0.0
 
     @property
     def coverage(self) -> float:
@@ -218,10 +225,6 @@ class TagEvaluation(Gated):
         wrong = sum(c[1] + c[2] for c in self.counts.values())
         return wrong / (scored * len(self.labels)) if scored and self.labels else 0.0
 
-    @property
-    def ece(self) -> float:
-        items = sum(b[0] for b in self.bins)
-        return sum(abs(b[2] - b[1]) for b in self.bins if b[0]) / items if items else 0.0
 
     def per_label(self) -> dict[str, dict[str, float]]:
         out = {}
