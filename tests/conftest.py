@@ -63,7 +63,7 @@ def plain_tokenizer() -> Any:
     return build_tokenizer(None)
 
 
-def tiny_model(arch: str, vocab: int, seed: int = 0, init: float = 0.2) -> Any:
+def tiny_model(arch: str, vocab: int, seed: int = 0, init: float = 0.2, positions: int = 1024) -> Any:
     """A 2-layer random model whose weights are large enough that context changes the scores
     by far more than the test tolerance (so a masking bug cannot hide under it)."""
     import torch
@@ -80,14 +80,14 @@ def tiny_model(arch: str, vocab: int, seed: int = 0, init: float = 0.2) -> Any:
     common = dict(vocab_size=vocab, initializer_range=init, tie_word_embeddings=False)
     if arch == "llama":
         cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, max_position_embeddings=1024, **common)
+                          num_key_value_heads=2, max_position_embeddings=positions, **common)
         model = LlamaForCausalLM(cfg)
     elif arch == "qwen2":
         cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=1, max_position_embeddings=1024, **common)
+                          num_key_value_heads=1, max_position_embeddings=positions, **common)
         model = Qwen2ForCausalLM(cfg)
     elif arch == "gpt2":
-        cfg = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, **common)
+        cfg = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=positions, **common)
         model = GPT2LMHeadModel(cfg)
     else:
         raise ValueError(arch)

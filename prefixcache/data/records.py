@@ -25,7 +25,7 @@ import json
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .items import Item
-from ..task.decision import Decision, Tags
+from ..task.decision import Bounded, Decision, Tags
 from ..task.spec import TaskSpec, gold_tags, gold_value, option_of
 
 Record = dict[str, Any]
@@ -40,13 +40,17 @@ def _r6(x: float) -> float:
 
 
 def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], decision: Decision | Tags,
-                prefix_tokens: int, item_tokens: int, ms: float, keep: Keep = (), precision: str | None = None) -> Record:
+                prefix_tokens: int, item_tokens: int, ms: float, keep: Keep = (), precision: str | None = None,
+                pruned: Sequence[str] | None = None) -> Record:
     """The record of a scored item. `names`: its candidates' texts (labels or options), in order;
-    `keep`: the item's fields to copy in after the id (None: all of them)."""
+    `keep`: the item's fields to copy in after the id (None: all of them); `pruned` (a run with
+    pruned label scoring): the labels whose log-prob is a bound."""
     if isinstance(decision, Tags):
         record = _tags_record(spec, item, names, logprobs, decision, keep)
     else:
         record = _label_record(spec, item, names, logprobs, decision, keep)
+    if pruned is not None:
+        record["pruned"] = list(pruned)
     record["normalize"] = spec.normalize + ("+calibrated" if decision.raw is not None else "")
     if precision is not None:  # a run mixing precisions says which made each record
         record["precision"] = precision
@@ -108,7 +112,8 @@ def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
 
 
 # Names a kept field may not take: the record's own fields (and, in CSV, its per-label columns).
-RECORD_FIELDS = ("id", "label", "labels", "index", "scored", "prob", "margin", "probs", "logprobs", "raw_probs", "gold", "correct",
+RECORD_FIELDS = ("id", "label", "labels", "index", "scored", "prob", "margin", "probs", "logprobs", "raw_probs", "pruned", "gold",
+                 "correct",
                  "normalize", "precision", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
 
 
@@ -160,10 +165,11 @@ def logprobs_in_order(record: Mapping[str, Any], names: Sequence[str]) -> list[f
     value = record["logprobs"]
     if isinstance(value, list):
         return [float(v) for v in value]
-    return [float(value[name]) for name in names]
+    pruned = record.get("pruned") or ()
+    return Bounded([float(value[name]) for name in names], [i for i, name in enumerate(names) if name in pruned])
 
 
-def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False) -> list[str]:
+def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False, pruned: bool = False) -> list[str]:
     """CSV columns: the id, the kept input fields, the record's scalar fields, and one
     prob_/logprob_ column per label (for multiple choice, `probs` and `logprobs` are JSON lists in
     one cell each)."""
@@ -177,7 +183,7 @@ def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False) -
         per_label = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
         per_label += [f"raw_prob_{n}" for n in names] if spec.content_free else []
     gold = ["gold", "correct"] if spec.gold else []
-    return (head + per_label + gold + ["normalize"] + (["precision"] if precision else [])
+    return (head + per_label + (["pruned"] if pruned else []) + gold + ["normalize"] + (["precision"] if precision else [])
             + ["prefix_tokens", "item_tokens", "item_sha", "ms", "error"])
 
 
@@ -205,7 +211,7 @@ def from_csv_row(row: Mapping[str, str]) -> Record:
         field = next(((f, key[len(p):]) for f, p in PER_LABEL if key.startswith(p)), None)
         if field is not None:
             record.setdefault(field[0], {})[field[1]] = float(cell)
-        elif key in ("probs", "logprobs", "labels") or (key == "gold" and "labels" in row):
+        elif key in ("probs", "logprobs", "labels", "pruned") or (key == "gold" and "labels" in row):
             record[key] = json.loads(cell)  # lists are JSON (a multi-label gold too)
         elif key in _FLOATS + _INTS:
             record[key] = None if cell == "" else (float(cell) if key in _FLOATS else int(cell))

@@ -56,6 +56,13 @@ class SharedPrefixState:
     slots: torch.Tensor
     mask_for: Callable[[int | None], tuple[torch.Tensor, torch.Tensor | None]]
     _grouped: dict = field(default_factory=dict, compare=False)
+    # Two-pass scoring (pruned label scoring): the first pass keeps each layer's packed keys and
+    # values in `capture`; a later pass over other tokens of the same rows attends to them as
+    # `carried[layer]` ([1, Hkv, T1, D] each), its own keys then gathered from carried + new
+    # (`key_gather` [B, Wk] indexes that concatenation; the own mask is [B, 1, W, Wk]).
+    capture: dict | None = None
+    carried: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
+    key_gather: torch.Tensor | None = None
 
     def masks(self, g: int, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The masks for g query heads folded onto each kv head (query rows repeated g times)."""
@@ -113,8 +120,15 @@ def shared_prefix_attention(module, query, key, value, attention_mask, scaling=N
         out_pre = torch.nan_to_num(out_pre)
 
     # Own part, in padded rows; back to packed order through `slots`.
+    if state.capture is not None:
+        state.capture[layer] = (key, value)
     q_own = _to_rows(query, state.gather).reshape(B, Hkv, g * W, D)  # [B, Hkv, gW, D]
-    k_own, v_own = _to_rows(key, state.gather), _to_rows(value, state.gather)  # [B, Hkv, W, D]
+    if state.carried is not None:  # the row's earlier tokens, then its own: [B, Hkv, Wk, D]
+        kc, vc = state.carried[layer]
+        k_own = _to_rows(torch.cat([kc, key], dim=2), state.key_gather)
+        v_own = _to_rows(torch.cat([vc, value], dim=2), state.key_gather)
+    else:
+        k_own, v_own = _to_rows(key, state.gather), _to_rows(value, state.gather)  # [B, Hkv, W, D]
     out_own, lse_own = _part(q_own, k_own, v_own, mask_own, scale)
     out_own = out_own.reshape(B, Hq, W, D).transpose(1, 2).reshape(B * W, Hq, D)[state.slots]  # [T, Hq, D]
     lse_own = lse_own.reshape(B, Hq, W).transpose(1, 2).reshape(B * W, Hq)[state.slots]  # [T, Hq]

@@ -230,8 +230,9 @@ class Engine:
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min).to(self.device)
 
-    def _forward_shared(self, prefix: Prefix, lay: Layout) -> torch.Tensor:
-        """Packed tokens through the model; returns logits at the kept positions, [R, V]."""
+    def _forward_shared(self, prefix: Prefix, lay: Layout, **two_pass) -> torch.Tensor:
+        """Packed tokens through the model; returns logits at the kept positions, [R, V].
+        `two_pass`: `capture`, or `carried` and `key_gather` (see attention.SharedPrefixState)."""
         dev, P = self.device, len(prefix.ids)
         built: dict[int | None, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
@@ -248,7 +249,7 @@ class Engine:
             return built[window]
 
         gather = lay.gather.masked_fill(lay.gather == lay.ids.shape[0], 0).to(dev)  # padding -> token 0
-        state = attention.SharedPrefixState(prefix.kv, gather, lay.slots.to(dev), mask_for)
+        state = attention.SharedPrefixState(prefix.kv, gather, lay.slots.to(dev), mask_for, **two_pass)
         with compat.attention_implementation(self.model.config, attention.NAME), attention.scoring():
             out = self.model(
                 input_ids=lay.ids[None].to(dev),  # [1, T]

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -21,10 +22,28 @@ from .. import compat
 from ..model.engine import Engine, Prefix
 from ..errors import ModelError
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
-from ..model.rows import Candidate, Row
-from ..task.decision import Decision, Groups, Tags, judge, judge_tags, mean_distribution, yes_probs
+from ..model.branches import usable
+from ..model.rows import Candidate, Row, trie
+from ..task.decision import Decision, Groups, Tags, judge, judge_tags, linear_keys, mean_distribution, yes_probs
 from ..model.store import PrefixStore, prefix_key
+from ..task.spec import TaskSpec
 from .prepare import Prepared, Task
+from .pruning import score_pruned
+
+log = logging.getLogger(__name__)
+
+PRUNE_AUTO = 24  # labels from which pruned scoring is on by default (bench: the break-even is far lower)
+
+
+def pruning_refusal(spec: TaskSpec, plain: bool) -> str | None:
+    """Why pruned label scoring cannot apply to a spec, or None."""
+    if spec.choices:
+        return "multiple choice scores each item's own options"
+    if spec.multi_label:
+        return "a multi-label task judges every label"
+    if not plain:
+        return "a label with several words sums them all"
+    return None
 
 
 class ScoreCache:
@@ -68,6 +87,11 @@ class ItemScorer(Protocol):
 
     def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags: ...
 
+    def prune(self, mode: str = "auto") -> bool: ...
+
+    @property
+    def pruning(self) -> bool: ...
+
     def precision(self, key: tuple) -> str | None: ...
 
     def score_unconditional(self, candidates: Sequence[Candidate]) -> None: ...
@@ -100,6 +124,8 @@ class Scorer:
         self._tags = spec.multi_label
         if spec.content_free:
             self.prior = self._calibration_prior()
+        self.label_tokens = 0  # label tokens run through the model (trie nodes after the items)
+        self._keys: tuple[list[float], list[float]] | None = None  # set by `prune`
 
     @classmethod
     def load(cls, task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto",
@@ -140,11 +166,40 @@ class Scorer:
         if todo and known is not None:
             for key in todo:
                 self._scores.put(key, known[key])
+        elif todo and self._keys is not None:
+            values, tokens = score_pruned(self.engine, self.prefix, list(todo.values()), *self._keys,
+                                          self.task.spec.threshold)
+            self.label_tokens += tokens
+            for key, scores in zip(todo, values):
+                self._scores.put(key, scores)
         elif todo:
+            self.label_tokens += sum(len(trie(list(p.candidates.values()))) for p in todo.values())
             for prep, scores in zip(todo.values(), self.engine.score(self.prefix, [p.row for p in todo.values()])):
                 self._scores.put(prep.key, prep.groups.combine(scores))
         computed = [] if known is not None else list(todo.values())
         return Scores([self._scores.get(p.key) for p in preps], computed)  # get: recency, the same in every run
+
+    def prune(self, mode: str = "auto") -> bool:
+        """Turn pruned label scoring on ("on"; "auto": from PRUNE_AUTO labels up) where it is
+        exact and possible: a label task with one form per label, on an engine that can keep
+        items (model/branches.py). Returns whether it is on; "on" where it cannot be says why."""
+        builder, spec = self.task.builder, self.task.spec
+        wanted = mode == "on" or (mode == "auto" and len(spec.labels) >= PRUNE_AUTO)
+        why = pruning_refusal(spec, builder.groups.plain) or (None if usable(self.engine) else
+                                                              "this model's attention cannot keep items between passes")
+        if wanted and why and mode == "on":
+            log.warning("--prune on: scoring every label in full: %s", why)
+        if not wanted or why:
+            self._keys = None
+            return False
+        ids = list(builder.candidates.values())
+        uncond = [self.unconditional(c) for c in ids] if spec.normalize == "pmi" else []
+        self._keys = linear_keys(spec.normalize, [len(c) for c in ids], list(builder.candidates), uncond, self.prior)
+        return True
+
+    @property
+    def pruning(self) -> bool:
+        return self._keys is not None
 
     def precision(self, key: tuple) -> str | None:
         """Which precision produced the scores of a prompt, when the run's records say so (runs

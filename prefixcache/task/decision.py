@@ -85,6 +85,38 @@ def normalise(
     raise ValueError(f"unknown normalisation {how!r}")
 
 
+def linear_keys(how: str, token_counts: Sequence[int] = (), texts: Sequence[str] = (),
+                unconditional: Sequence[float] = (), prior: Sequence[float] | None = None,
+                ) -> tuple[list[float], list[float]]:
+    """Per candidate, (scale, offset) with scale > 0 such that `scale * logprob + offset` ranks the
+    candidates as the decision does (after normalisation and calibration), and its softmax is the
+    decision's distribution. As a candidate's summed log-prob can only fall as tokens are added,
+    the same expression on a partial sum bounds its final value from above: what pruned label
+    scoring relies on (every normalisation here, `mean` included: a label's token count is fixed)."""
+    n = len(token_counts) or len(texts) or len(unconditional)
+    scales, offsets = [1.0] * n, [0.0] * n
+    if how == "mean":
+        scales = [1 / c for c in token_counts]
+    elif how == "chars":
+        scales = [1 / max(len(t), 1) for t in texts]
+    elif how == "bytes":
+        scales = [1 / max(len(t.encode("utf-8")), 1) for t in texts]
+    elif how == "pmi":
+        offsets = [-u for u in unconditional]
+    if prior:
+        offsets = [o - math.log(max(q, 1e-12)) for o, q in zip(offsets, prior)]
+    return scales, offsets
+
+
+class Bounded(list):
+    """Label log-probabilities of which those at `pruned` positions are upper bounds (pruned
+    label scoring stopped scoring them once they could not win)."""
+
+    def __init__(self, values: Sequence[float] = (), pruned: Sequence[int] = ()):
+        super().__init__(values)
+        self.pruned = tuple(pruned)
+
+
 def softmax(scores: Sequence[float]) -> list[float]:
     top = max(scores)
     exps = [math.exp(s - top) for s in scores]

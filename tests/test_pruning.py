@@ -1,0 +1,132 @@
+"""Pruned label scoring: the items run once, then only the branches still in the race; the
+argmax, abstention and the winner's score equal full scoring on every item."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from helpers import TEXTS, make_spec
+
+from prefixcache.model.branches import open_items, usable
+from prefixcache.model.engine import Engine
+from prefixcache.model.rows import Row
+from prefixcache.task.prompt import PromptBuilder
+
+TOL = 1e-4
+
+
+def _close(a: float, b: float) -> bool:
+    """Equal up to float32 summation order (log-probs of a peaked model reach -100)."""
+    return abs(a - b) < TOL + 2e-6 * abs(b)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_branches_after_kept_items_equal_full_scoring(arch, chat_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    model = tiny_model(arch, len(chat_tokenizer))
+    builder = PromptBuilder(make_spec(tmp_path, labels=["tech", "technical", "bill", "billing", "account access", "x"]),
+                            chat_tokenizer)
+    engine = Engine(model)
+    assert usable(engine)
+    prefix = engine.prefill(builder.prefix_ids)
+    cands = list(builder.candidates.values())
+    encoded = [builder.encode_item({"text": t}) for t in TEXTS[:7]]
+    rows = [Row(e.ids, e.prefix_len, cands) for e in encoded]
+    want = engine.score(prefix, rows)
+    opened = open_items(engine, prefix, rows)
+    rng = random.Random(0)
+    chosen = {b: rng.sample(cands, rng.randint(1, len(cands))) for b in range(len(rows)) if b != 3}
+    got = opened.branches(chosen)
+    for b, picked in chosen.items():
+        for cand, value in zip(picked, got[b]):
+            assert abs(value - want[b][cands.index(cand)]) < TOL
+    again = opened.branches({3: cands})  # a second call on the same items
+    assert max(abs(a - b) for a, b in zip(again[3], want[3])) < TOL
+
+
+def _scorer(spec, tokenizer, model):
+    from prefixcache.model.load import ModelSource
+    from prefixcache.scoring.prepare import Task
+    from prefixcache.scoring.scorer import Scorer
+
+    return Scorer.start(Task(spec, ModelSource("tiny", "dir", "."), tokenizer), Engine(model))
+
+
+def _items(texts):
+    from prefixcache.data.items import Item
+
+    return [Item(i, {"id": i, "text": t}, i + 1) for i, t in enumerate(texts)]
+
+
+def _compare(spec, tokenizer, model, texts, batch=4):
+    """Records of pruned and full scoring of the same items; checks what pruning promises."""
+    from prefixcache.run.pipeline import classify
+    from prefixcache.scoring.prepare import Batching
+
+    full, pruned = _scorer(spec, tokenizer, model), _scorer(spec, tokenizer, model)
+    assert pruned.prune("on") and not full.pruning
+    want = list(classify(full, _items(texts), Batching(size=batch)))
+    got = list(classify(pruned, _items(texts), Batching(size=batch)))
+    for w, g in zip(want, got):
+        assert g["label"] == w["label"], (g["id"], g["label"], w["label"])
+        if w["label"] is not None:
+            assert _close(g["logprobs"][w["label"]], w["logprobs"][w["label"]])  # the winner's score is exact
+        for name, lp in g["logprobs"].items():
+            if name in g["pruned"]:
+                assert lp >= w["logprobs"][name] - TOL  # a bound from above
+            else:
+                assert _close(lp, w["logprobs"][name])
+    return want, got, pruned, full
+
+
+WORDS = ("tech technical bill billing billed account access refund invoice payment crash error slow login password "
+         "screen update app x y z a b").split()
+
+
+@pytest.mark.parametrize("count", [2, 7, 40, 200])
+def test_pruned_argmax_equals_full_scoring(count, chat_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    rng = random.Random(count)
+    names = set()
+    singles = iter(rng.sample(WORDS, len(WORDS)))
+    while len(names) < count:  # shared first tokens, labels that are prefixes of others, one-token labels
+        single = next(singles, None) if rng.random() < 0.2 else None
+        names.add(single or " ".join(rng.sample(WORDS, rng.randint(1, 3))))
+    spec = make_spec(tmp_path, labels=sorted(names))
+    # peaked: first tokens tell labels apart; long enough for a prefix listing 200 labels
+    model = tiny_model("llama", len(chat_tokenizer), seed=count, init=1.0, positions=4096)
+    want, got, pruned, full = _compare(spec, chat_tokenizer, model, TEXTS)
+    if count == 40:  # a random model's label tokens are all unlikely; with 40 labels some still fall out
+        assert any(g["pruned"] for g in got)  # the check can fail: labels were left at their bounds
+
+
+@pytest.mark.parametrize("keys", [dict(normalize="mean"), dict(normalize="chars"), dict(normalize="bytes"),
+                                  dict(normalize="pmi"), dict(calibrate=True), dict(threshold=0.2),
+                                  dict(calibrate=True, threshold=0.05, normalize="mean")])
+def test_pruning_is_exact_under_every_decision_rule(keys, chat_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    labels = [f"{w} {v}" for w in WORDS[:8] for v in WORDS[8:13]]
+    spec = make_spec(tmp_path, labels=labels, **keys)
+    _compare(spec, chat_tokenizer, tiny_model("qwen2", len(chat_tokenizer), seed=5), TEXTS)
+
+
+def test_property_random_label_sets_and_items_find_no_difference(chat_tokenizer, plain_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    rng = random.Random(11)
+    for trial in range(16):
+        tokenizer = chat_tokenizer if trial % 2 else plain_tokenizer
+        names = sorted({"".join(rng.choice("abcdefgh ") for _ in range(rng.randint(1, 9))).strip() or "a"
+                        for _ in range(rng.randint(2, 60))})
+        texts = ["".join(rng.choice("abcdefghij .,") for _ in range(rng.randint(1, 40))) or "x" for _ in range(6)]
+        spec = make_spec(tmp_path, labels=names, normalize=rng.choice(["sum", "mean", "chars", "pmi"]))
+        try:
+            PromptBuilder(spec, tokenizer)
+        except Exception:  # a label set the tokenizer cannot tell apart: refused as in full scoring
+            continue
+        model = tiny_model("llama", len(tokenizer), seed=trial, init=rng.choice([0.2, 1.0]), positions=2048)
+        _compare(spec, tokenizer, model, texts, batch=rng.randint(1, 6))
