@@ -130,3 +130,37 @@ def test_property_random_label_sets_and_items_find_no_difference(chat_tokenizer,
             continue
         model = tiny_model("llama", len(tokenizer), seed=trial, init=rng.choice([0.2, 1.0]), positions=2048)
         _compare(spec, tokenizer, model, texts, batch=rng.randint(1, 6))
+
+
+def test_cli_prunes_from_24_labels_and_says_which_labels_are_bounds(tmp_path, tiny_model_dir):
+    import json
+
+    from helpers import invoke, records, write_spec
+
+    labels = [f"{w} {v}" for w in WORDS[:6] for v in WORDS[6:11]]  # 30 labels
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=labels)
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    auto, off = tmp_path / "auto.jsonl", tmp_path / "off.jsonl"
+    assert invoke("run", spec, items, "-o", auto, "-b", 4).exit_code == 0
+    assert invoke("run", spec, items, "-o", off, "-b", 4, "--prune", "off").exit_code == 0
+    pruned, full = records(auto), records(off)
+    assert all("pruned" in r for r in pruned) and not any("pruned" in r for r in full)
+    assert [r["label"] for r in pruned] == [r["label"] for r in full]
+    refused = invoke("run", spec, items, "-o", auto, "-b", 4, "--prune", "off", "--resume")
+    assert refused.exit_code == 2 and "--prune" in refused.stderr
+    csv = tmp_path / "out.csv"
+    assert invoke("run", spec, items, "-o", csv, "-b", 4, "--prune", "on").exit_code == 0
+    from prefixcache.data.output import read_records
+
+    assert [r["pruned"] for r in read_records(str(csv)).records] == [r["pruned"] for r in pruned]
+    few = write_spec(tmp_path, name="few.yaml", model=str(tiny_model_dir), labels=labels[:5])
+    assert "pruned" not in records_of(invoke, few, items, tmp_path)[0]  # auto: off below 24 labels
+
+
+def records_of(invoke, spec, items, tmp_path):
+    from helpers import records
+
+    out = tmp_path / "few.jsonl"
+    assert invoke("run", spec, items, "-o", out, "--overwrite").exit_code == 0
+    return records(out)

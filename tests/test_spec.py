@@ -93,6 +93,7 @@ SHIPPED = [
     ("science-exam", "science_exam.jsonl", 8),
     ("review-aspects", "review_aspects.jsonl", 48),
     ("irony-words", "irony.jsonl", 99),
+    ("banking-intents", "banking_intents.jsonl", 212),
 ]
 
 

@@ -128,6 +128,17 @@ def print_bench(report: BenchReport) -> None:
         f"prefilling it {report.store_prefill_ms:.0f} ms ({report.store_prefill_ms / max(report.store_load_ms, 1e-6):.0f}x)",
         soft_wrap=True,
     )
+    p = report.pruning
+    if p is not None:
+        table = Table(title=f"pruned label scoring · {p.labels} labels · {p.items} items")
+        for col in ("label scoring", "ms/item", "speed-up", "label tokens/item", "labels left at a bound/item"):
+            table.add_column(col, justify="left" if col == "label scoring" else "right")
+        table.add_row("every label to the end", f"{p.full_ms:.1f}", "1.00x", f"{p.full_label_tokens:.1f}", "0")
+        table.add_row("pruned (--prune on)", f"{p.pruned_ms:.1f}", f"{p.full_ms / p.pruned_ms:.2f}x",
+                      f"{p.pruned_label_tokens:.1f}", f"{p.pruned_labels:.1f}")
+        out.print(table)
+        out.print("same labels both ways: " + ("yes" if p.same_labels else f"NO ({p.items_differing} items differ)"),
+                  soft_wrap=True)
 
 
 def print_cache(root: Path, prefixes: list[dict], models: list[dict]) -> None:

@@ -99,6 +99,7 @@ class Evaluation(Gated):
     failed: int = 0  # items written as error records
     bins: list = field(default_factory=lambda: [[0, 0.0, 0] for _ in range(CALIBRATION_BINS)])  # [items, confidence, correct]
     confusion: Counter = field(default_factory=Counter)  # (gold, predicted) -> count
+    bounded: int = 0  # records with labels pruned scoring left at a bound (their prob is a lower bound)
 
     def add(self, gold: str, predicted: str | None, correct: bool | None = None, prob: float | None = None) -> None:
         """One item: its gold value and prediction (`correct` when the record decided it, e.g. a
@@ -148,6 +149,8 @@ class Evaluation(Gated):
             "items": self.n, "correct": self.correct, "accuracy": self.accuracy,
             "abstained": self.abstained, "failed": self.failed, "coverage": self.coverage, "ece": self.ece,
         }
+        if self.bounded:
+            data["items_with_pruned_labels"] = self.bounded  # their prob is a lower bound: ECE is approximate
         if self.labels is not None:
             columns, rows = self.matrix()
             data.update(macro_f1=self.macro_f1, per_label=self.per_label(),
@@ -164,6 +167,9 @@ class Evaluation(Gated):
         lines += [f"accuracy **{self.accuracy:.3f}** ({self.correct}/{self.n}) · coverage {self.coverage:.3f}"
                   + (f" · macro-F1 {self.macro_f1:.3f}" if self.labels is not None else "") + gate, ""]
         lines += [f"- gate failed: {failure}" for failure in failures] + ([""] if failures else [])
+        if self.bounded:
+            lines += [f"{self.bounded} items had labels pruned (the decision is exact; their probability is a lower "
+                      f"bound, so ECE is approximate)", ""]
         if self.labels is not None:
             lines += ["| label | precision | recall | F1 | support |", "|---|---|---|---|---|"]
             lines += [f"| {k} | {v['precision']:.3f} | {v['recall']:.3f} | {v['f1']:.3f} | {v['support']} |"
@@ -306,6 +312,7 @@ def add_record(evaluation: Evaluation | TagEvaluation, record: Record) -> None:
         evaluation.add(record["gold"], record["labels"], record.get("probs"))
     else:
         evaluation.add(str(record["gold"]), record["label"] or None, record.get("correct"), record.get("prob"))
+        evaluation.bounded += bool(record.get("pruned"))
 
 
 def _write(path: Path, text: str, append: bool = False) -> None:

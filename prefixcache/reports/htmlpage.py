@@ -234,8 +234,15 @@ def _summary_line(records: Sequence[Record], info: dict[str, Any]) -> str:
     parts = [f"{len(records)} items", f"{len(records) - len(scored)} failed" if len(scored) < len(records) else "",
              f"model {_model_name(info['model'])}" if info.get("model") else "",
              f"{info.get('device', '')} {info.get('dtype', '')}".strip(), f"{ms:.1f} ms/item",
-             f"normalize {scored[0]['normalize']}" if scored else ""]
+             f"normalize {scored[0]['normalize']}" if scored else "",
+             _pruned_note(scored)]
     return " · ".join(p for p in parts if p)
+
+
+def _pruned_note(scored: Sequence[Record]) -> str:
+    n = sum(bool(r.get("pruned")) for r in scored)
+    return (f"{n} items with labels pruned: their label is exact, their probability a lower bound (the "
+            f"reliability diagram and ECE are approximate)") if n else ""
 
 
 def _model_name(identity: str) -> str:

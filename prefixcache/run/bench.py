@@ -70,6 +70,7 @@ class BenchReport:
     store_load_ms: float  # loading the prefilled prefix from the prefix store (verified)
     store_prefill_ms: float  # computing it, timed in the same process
     modes: list[ModeResult]
+    pruning: PruningResult | None = None  # label tasks: pruned against full scoring (see `time_pruning`)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -183,6 +184,42 @@ def record_prediction(record: Record) -> str | None:
     return " | ".join(record["labels"]) if "labels" in record else record.get("label")
 
 
+@dataclass
+class PruningResult:
+    """The run pipeline with every label scored to the end, and with pruned label scoring, on the
+    same items: time, label tokens run through the model, and whether every label agrees."""
+
+    items: int
+    full_ms: float  # per item
+    pruned_ms: float
+    full_label_tokens: float  # per item
+    pruned_label_tokens: float
+    pruned_labels: float  # labels left at their bound, per item
+    labels: int  # the task's labels
+    same_labels: bool
+    items_differing: int
+
+
+def time_pruning(scorer: Scorer, items: Sequence[Item], batching: Batching, step: Step = _quiet) -> PruningResult:
+    """Time the pipeline both ways on `items` (each after a warm-up), one after the other."""
+    runs = []
+    for mode in ("off", "on"):
+        scorer.prune(mode)
+        list(classify(scorer, items[: batching.size], batching))  # warm-up
+        scorer.clear()
+        scorer.label_tokens = 0
+        step(f"timing pruned label scoring {mode} on {len(items)} items")
+        start = time.perf_counter()
+        records = list(classify(scorer, items, batching))
+        runs.append((1000 * (time.perf_counter() - start) / len(items), scorer.label_tokens / len(items), records))
+    scorer.prune("off")
+    (full_ms, full_tokens, full), (pruned_ms, pruned_tokens, pruned) = runs
+    differing = sum(record_prediction(a) != record_prediction(b) for a, b in zip(full, pruned))
+    left = sum(len(r.get("pruned") or ()) for r in pruned) / len(items)
+    return PruningResult(len(items), full_ms, pruned_ms, full_tokens, pruned_tokens, left, len(scorer.task.spec.labels),
+                         differing == 0, differing)
+
+
 def _option_cost_ratio(scorer: Scorer, items: Sequence[Item], batching: Batching) -> float:
     """Time of scoring every candidate over time of scoring one one-token candidate (the item
     alone: its own tokens and one row of logits), on the same batches of the same items."""
@@ -278,6 +315,7 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
     # Option cost: the same pipeline scoring one one-token candidate instead of every label.
     step("timing every label against the item alone")
     option_ratio = _option_cost_ratio(scorer, items, batching)
+    pruning = time_pruning(scorer, items, batching, step) if task.spec.prunes("on") else None
     step("timing the prefix store")
     prefill_ms, load_ms = _store_timings(scorer)
 
@@ -295,7 +333,7 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
         prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
         same_labels=differing == 0, items_compared=n, items_differing=differing,
         option_cost_ratio=option_ratio, option_cost_floor=gflop / alone, modes=modes,
-        store_load_ms=load_ms, store_prefill_ms=prefill_ms,
+        store_load_ms=load_ms, store_prefill_ms=prefill_ms, pruning=pruning,
     )
 
 

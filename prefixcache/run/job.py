@@ -357,7 +357,9 @@ def _labels_of(record: Record) -> list[str]:
 def load_scorer(task: Task, plan: Plan) -> ItemScorer:
     """The plan's scorer (see `open_scorer`)."""
     o = plan.options
-    return open_scorer(task, o.cache_dir, plan.device, o.dtype, plan.says_precision, o.cache_store, o.store_max_bytes)
+    scorer = open_scorer(task, o.cache_dir, plan.device, o.dtype, plan.says_precision, o.cache_store, o.store_max_bytes)
+    scorer.prune(o.prune, plan.says_precision)
+    return scorer
 
 
 def open_scorer(task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto", exact: bool = False,

@@ -22,6 +22,7 @@ from ..model.load import default_cache_dir
 Format = Literal["jsonl", "csv", "tsv", "json", "parquet"]
 OutFormat = Literal["jsonl", "csv"]
 OnError = Literal["fail", "skip"]
+Prune = Literal["auto", "on", "off"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
@@ -133,6 +134,9 @@ class RunOptions:
         "could change: float32's labels, both models in memory. Its speed depends on how many items are close "
         "calls: measured at 0.63-0.91x float32's on the embedded model (docs/models.md); `bench --exact` measures "
         "yours."))
+    prune: str = _opt("auto", "--prune", cli_type=Prune, help=(
+        "Label tasks: score the labels best-first and stop scoring those that can no longer win (the same "
+        "labels, the winner's score exact; records list the labels left at a bound). auto: from 24 labels up."))
     cache_dir: Path = _opt(
         None, "--cache-dir", group="model", factory=default_cache_dir, envvar="PREFIXCACHE_CACHE_DIR",
         cli_type=Optional[Path], parse=lambda path: path.expanduser() if path else default_cache_dir(),

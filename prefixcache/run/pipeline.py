@@ -90,7 +90,7 @@ def _record(scorer: ItemScorer, entry: Prepared | Failed, by_key: Mapping[tuple,
         return error_record(entry.item, entry.message, scorer.task.spec.id_field, keep)
     logprobs = by_key[entry.key]
     pruned = None
-    if scorer.pruning:  # which labels pruned scoring left at their bound
+    if scorer.says_pruned:  # which labels pruned scoring left at their bound
         pruned = [entry.texts[i] for i in getattr(logprobs, "pruned", ())]
     return make_record(scorer.task.spec, entry.item, entry.texts, logprobs, scorer.decide(entry, logprobs),
                        entry.enc.prefix_len, entry.own_tokens, ms, keep, scorer.precision(entry.key), pruned)

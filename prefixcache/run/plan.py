@@ -59,6 +59,7 @@ class Plan:
             "batch_size": o.batch_size, "batch_tokens": o.batch_tokens,
             "keep": "all" if self.keep is None else list(self.keep), "exact": o.exact,
             **({"gold_sep": self.spec.gold_sep} if self.spec.multi_label and self.spec.gold else {}),
+            **({"prune": o.prune} if self.spec.prunes("on") and (o.prune != "auto" or self.spec.prunes("auto")) else {}),
         }
 
 
@@ -133,7 +134,8 @@ def make_plan(options: RunOptions) -> Plan:
     path = part_path(options.output, *part) if launched else options.output
     if launched:
         check_output(path, options.resume or options.update, options.overwrite, out_fmt)
-    output = OutputFile(path, out_fmt, columns(spec, keep or (), precision=options.exact),
+    output = OutputFile(path, out_fmt, columns(spec, keep or (), precision=options.exact,
+                                               pruned=spec.prunes(options.prune, options.exact)),
                         spec.id_field if spec.id_field_given else "id")
     device = str(launched.device) if launched and options.device == "auto" else options.device
     return Plan(options, spec, fmt, stream, total, output, part, launched, keep,

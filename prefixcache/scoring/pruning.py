@@ -9,13 +9,15 @@ ranking key) bounds its final key from above. Per batch:
    first-token bound;
 2. the few labels with the highest bounds are scored to the end;
 3. every other label whose bound is below the best complete key can never win: it is pruned;
-   the rest still in the race are scored to the end;
+   the labels still in the race are scored one token deeper (labels sharing leading tokens share
+   the trie nodes), which tightens their bounds, and pruned again, until none is left;
 4. with a `threshold`, the winner's probability is checked against it with the pruned labels at
    their bounds (a lower bound of the probability); when that cannot settle abstention, the
    pruned labels are scored to the end too.
 
 The decision (argmax, abstention) and the winner's log-prob are exactly those of full scoring; a
-pruned label's value is its first-token log-prob, an upper bound, and `Bounded.pruned` says which.
+pruned label's value is its log-prob over the tokens scored before it was pruned, an upper bound,
+and `Bounded.pruned` says which.
 """
 
 from __future__ import annotations
@@ -37,58 +39,75 @@ def score_pruned(engine: Engine, prefix: Prefix, preps: Sequence[Prepared], scal
     """Each item's label log-probs (pruned ones as bounds), and the label tokens run through the
     model for them (trie nodes after the items)."""
     opened = open_items(engine, prefix, [p.row for p in preps])
-    cands = [list(p.candidates.values()) for p in preps]
-    lps: list[list[float | None]] = [[None] * len(c) for c in cands]
-    bounds = [[float(opened.first[b, c[0]]) for c in row] for b, row in enumerate(cands)]
-    key = lambda i, lp: scales[i] * lp + offsets[i]  # noqa: E731
-    for b, row in enumerate(cands):  # single-token labels are complete already
-        for i, c in enumerate(row):
-            if len(c) == 1:
-                lps[b][i] = bounds[b][i]
-    top = {b: sorted(range(len(row)), key=lambda i: -key(i, bounds[b][i]))[:FIRST] for b, row in enumerate(cands)}
-    _complete(opened, cands, lps, top)
-    _complete(opened, cands, lps, {b: _in_race(lps[b], bounds[b], key) for b in range(len(cands))})
+    race = _Race(opened, [list(p.candidates.values()) for p in preps], scales, offsets)
+    race.deepen({b: race.top(b, FIRST) for b in race.items}, full=True)
+    while True:  # best-first: every label still in the race one token deeper, until none is left
+        racing = {b: race.in_race(b) for b in race.items}
+        racing = {b: idx for b, idx in racing.items() if idx}
+        if not racing:
+            break
+        race.deepen(racing)
     if threshold is not None:
-        unsure = {b: [i for i, v in enumerate(lps[b]) if v is None] for b in range(len(cands))
-                  if _winner_prob_floor(lps[b], bounds[b], key) < threshold + SLACK}
-        _complete(opened, cands, lps, unsure)
-    out = []
-    for b in range(len(cands)):
-        pruned = [i for i, v in enumerate(lps[b]) if v is None]
-        out.append(Bounded([bounds[b][i] if v is None else v for i, v in enumerate(lps[b])], pruned))
-    return out, opened.tokens
+        race.deepen({b: race.open_labels(b) for b in race.items if race.winner_prob_floor(b) < threshold + SLACK},
+                    full=True)
+    return [race.result(b) for b in race.items], opened.tokens
 
 
-def _complete(opened, cands: list[list[tuple[int, ...]]], lps: list[list[float | None]],
-              which: dict[int, Sequence[int]]) -> None:
-    """Score the named labels of each item to the end (those not complete yet)."""
-    chosen = {b: [i for i in idx if lps[b][i] is None] for b, idx in which.items()}
-    chosen = {b: idx for b, idx in chosen.items() if idx}
-    if not chosen:
-        return
-    scored = opened.branches({b: [cands[b][i] for i in idx] for b, idx in chosen.items()})
-    for b, idx in chosen.items():
-        for i, value in zip(idx, scored[b]):
-            lps[b][i] = value
+class _Race:
+    """Per item, each label's log-prob over its tokens scored so far (`depth`): the final one when
+    `depth` is its length, else an upper bound of it."""
 
+    def __init__(self, opened, cands: list[list[tuple[int, ...]]], scales: Sequence[float], offsets: Sequence[float]):
+        self.opened, self.cands, self.scales, self.offsets = opened, cands, scales, offsets
+        self.items = range(len(cands))
+        self.lps = [[float(opened.first[b, c[0]]) for c in row] for b, row in enumerate(cands)]
+        self.depth = [[1] * len(row) for row in cands]
 
-def _best(lps: Sequence[float | None], key) -> tuple[int, float]:
-    """The complete label with the highest key (ties: the first), and its key."""
-    done = [(key(i, v), -i) for i, v in enumerate(lps) if v is not None]
-    best, neg = max(done)
-    return -neg, best
+    def key(self, i: int, lp: float) -> float:
+        return self.scales[i] * lp + self.offsets[i]
 
+    def complete(self, b: int, i: int) -> bool:
+        return self.depth[b][i] == len(self.cands[b][i])
 
-def _in_race(lps: Sequence[float | None], bounds: Sequence[float], key) -> list[int]:
-    """Incomplete labels that could still win: their bound reaches the best complete key (a tie
-    may win from an earlier position)."""
-    _, best = _best(lps, key)
-    return [i for i, v in enumerate(lps) if v is None and key(i, bounds[i]) >= best - SLACK]
+    def open_labels(self, b: int) -> list[int]:
+        return [i for i in range(len(self.cands[b])) if not self.complete(b, i)]
 
+    def top(self, b: int, n: int) -> list[int]:
+        return sorted(range(len(self.cands[b])), key=lambda i: -self.key(i, self.lps[b][i]))[:n]
 
-def _winner_prob_floor(lps: Sequence[float | None], bounds: Sequence[float], key) -> float:
-    """The winner's probability with every pruned label at its bound: at most the true one."""
-    winner, best = _best(lps, key)
-    keys = [key(i, bounds[i] if v is None else v) for i, v in enumerate(lps)]
-    top = max(keys)
-    return math.exp(best - top) / sum(math.exp(k - top) for k in keys)
+    def deepen(self, which: dict[int, Sequence[int]], full: bool = False) -> None:
+        """Score the named labels one token deeper (`full`: to the end), in one forward pass."""
+        chosen = {b: [i for i in idx if not self.complete(b, i)] for b, idx in which.items()}
+        chosen = {b: idx for b, idx in chosen.items() if idx}
+        if not chosen:
+            return
+        until = {b: [len(self.cands[b][i]) if full else self.depth[b][i] + 1 for i in idx] for b, idx in chosen.items()}
+        scored = self.opened.branches({b: [self.cands[b][i][:d] for i, d in zip(idx, until[b])]
+                                       for b, idx in chosen.items()})
+        for b, idx in chosen.items():
+            for i, d, value in zip(idx, until[b], scored[b]):
+                self.lps[b][i], self.depth[b][i] = value, d
+
+    def best(self, b: int) -> tuple[int, float] | None:
+        """The complete label with the highest key (ties: the first), and its key."""
+        done = [(self.key(i, v), -i) for i, v in enumerate(self.lps[b]) if self.complete(b, i)]
+        if not done:
+            return None
+        top, neg = max(done)
+        return -neg, top
+
+    def in_race(self, b: int) -> list[int]:
+        """Incomplete labels that could still win: their bound reaches the best complete key (a
+        tie may win from an earlier position)."""
+        found = self.best(b)
+        return [i for i in self.open_labels(b) if found is None or self.key(i, self.lps[b][i]) >= found[1] - SLACK]
+
+    def winner_prob_floor(self, b: int) -> float:
+        """The winner's probability with every incomplete label at its bound: at most the true one."""
+        _, best = self.best(b)
+        keys = [self.key(i, v) for i, v in enumerate(self.lps[b])]
+        top = max(keys)
+        return math.exp(best - top) / sum(math.exp(k - top) for k in keys)
+
+    def result(self, b: int) -> Bounded:
+        return Bounded(self.lps[b], self.open_labels(b))

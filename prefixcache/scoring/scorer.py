@@ -26,25 +26,10 @@ from ..model.branches import usable
 from ..model.rows import Candidate, Row, trie
 from ..task.decision import Decision, Groups, Tags, judge, judge_tags, linear_keys, mean_distribution, yes_probs
 from ..model.store import PrefixStore, prefix_key
-from ..task.spec import TaskSpec
 from .prepare import Prepared, Task
 from .pruning import score_pruned
 
 log = logging.getLogger(__name__)
-
-PRUNE_AUTO = 24  # labels from which pruned scoring is on by default (bench: the break-even is far lower)
-
-
-def pruning_refusal(spec: TaskSpec, plain: bool) -> str | None:
-    """Why pruned label scoring cannot apply to a spec, or None."""
-    if spec.choices:
-        return "multiple choice scores each item's own options"
-    if spec.multi_label:
-        return "a multi-label task judges every label"
-    if not plain:
-        return "a label with several words sums them all"
-    return None
-
 
 class ScoreCache:
     """The most recently used prompts' scores, so duplicate items are scored once."""
@@ -87,7 +72,9 @@ class ItemScorer(Protocol):
 
     def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags: ...
 
-    def prune(self, mode: str = "auto") -> bool: ...
+    says_pruned: bool
+
+    def prune(self, mode: str = "auto", exact: bool = False) -> bool: ...
 
     @property
     def pruning(self) -> bool: ...
@@ -126,6 +113,7 @@ class Scorer:
             self.prior = self._calibration_prior()
         self.label_tokens = 0  # label tokens run through the model (trie nodes after the items)
         self._keys: tuple[list[float], list[float]] | None = None  # set by `prune`
+        self.says_pruned = False  # records name the labels left at their bound (`prune`)
 
     @classmethod
     def load(cls, task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto",
@@ -179,17 +167,19 @@ class Scorer:
         computed = [] if known is not None else list(todo.values())
         return Scores([self._scores.get(p.key) for p in preps], computed)  # get: recency, the same in every run
 
-    def prune(self, mode: str = "auto") -> bool:
-        """Turn pruned label scoring on ("on"; "auto": from PRUNE_AUTO labels up) where it is
-        exact and possible: a label task with one form per label, on an engine that can keep
-        items (model/branches.py). Returns whether it is on; "on" where it cannot be says why."""
-        builder, spec = self.task.builder, self.task.spec
-        wanted = mode == "on" or (mode == "auto" and len(spec.labels) >= PRUNE_AUTO)
-        why = pruning_refusal(spec, builder.groups.plain) or (None if usable(self.engine) else
-                                                              "this model's attention cannot keep items between passes")
-        if wanted and why and mode == "on":
-            log.warning("--prune on: scoring every label in full: %s", why)
-        if not wanted or why:
+    def prune(self, mode: str = "auto", exact: bool = False) -> bool:
+        """Pruned label scoring, as `TaskSpec.prunes` says for `mode` ("auto", "on", "off"):
+        records then say which labels are bounds (`says_pruned`), and labels are pruned where the
+        model's attention allows (model/branches.py; elsewhere every label is scored, and "on"
+        says so). Returns whether labels are pruned."""
+        spec, builder = self.task.spec, self.task.builder
+        self.says_pruned = spec.prunes(mode, exact)
+        why = spec.pruning_refusal() if mode == "on" and not exact else None
+        if self.says_pruned and not usable(self.engine):
+            why = "this model's attention cannot keep items between passes"
+        if why:
+            log.warning("--prune on: every label is scored to the end: %s", why)
+        if not self.says_pruned or not usable(self.engine):
             self._keys = None
             return False
         ids = list(builder.candidates.values())

@@ -46,6 +46,7 @@ KNOWN_KEYS = (
 DEFAULT_QUESTION = "Is this about {label}?"
 DEFAULT_ANSWERS = ("yes", "no")
 DEFAULT_GOLD_SEP = ","
+PRUNE_AUTO = 24  # labels from which pruned label scoring is on by default (see docs/performance.md)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,22 @@ class TaskSpec:
     answers: tuple[str, str] = DEFAULT_ANSWERS  # multi-label: the answers scored for on and off
     tag_thresholds: tuple[float, ...] = ()  # multi-label: the probability each label needs to be on
     gold_sep: str = DEFAULT_GOLD_SEP  # multi-label: what separates labels in a gold string
+
+    def pruning_refusal(self) -> str | None:
+        """Why pruned label scoring cannot apply to this task, or None."""
+        if self.choices:
+            return "multiple choice scores each item's own options"
+        if self.multi_label:
+            return "a multi-label task judges every label"
+        if any(label.words for label in self.labels):
+            return "a label with several words sums them all"
+        return None
+
+    def prunes(self, mode: str, exact: bool = False) -> bool:
+        """Whether a run with `--prune mode` scores this task's labels pruned ("auto": from
+        PRUNE_AUTO labels up; never with --exact, whose re-scoring compares every label)."""
+        wanted = mode == "on" or (mode == "auto" and len(self.labels) >= PRUNE_AUTO)
+        return wanted and not exact and self.pruning_refusal() is None
 
     def question_for(self, label: Label) -> str:
         """The multi-label question about one label."""
