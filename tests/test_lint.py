@@ -48,3 +48,10 @@ def test_identical_ids_are_refused(chat_tokenizer, tmp_path, monkeypatch):
     monkeypatch.setattr(b, "candidate_ids", lambda text, whole=False: real("a" if text == "c" else text, whole))
     with pytest.raises(SpecError, match="tokenise to the same ids"):
         b.options(["a", "c"])
+
+
+def test_many_groups_sharing_first_tokens_are_one_line(chat_tokenizer, tmp_path):
+    labels = [f"{w} {v}" for w in ("tech", "bill", "account", "refund", "crash") for v in ("one", "two")]
+    warnings = lint_labels(PromptBuilder(make_spec(tmp_path, labels=labels), chat_tokenizer))
+    shared = [w for w in warnings if "share their first token" in w]
+    assert len(shared) == 1 and shared[0].startswith("5 groups of labels share their first token ('tech one', 'tech two'")

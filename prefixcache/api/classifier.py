@@ -72,11 +72,12 @@ class Classifier:
         cache_dir = cache_dir or os.environ.get("PREFIXCACHE_CACHE_DIR")  # as the command line reads it
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.device, self.dtype, self.exact = device, dtype, exact
-        self.batching = Batching(batch_size, batch_tokens)
+        self.batching = Batching(batch_size, batch_tokens, pruned=self.spec.prunes("auto", exact))
         self.progress = progress
         with compat.quietly():  # transformers' loading bars: the caller asked for records, not those
             self.task = Task.from_spec(self.spec, self.cache_dir)
             self.scorer: ItemScorer = open_scorer(self.task, self.cache_dir, device, dtype, exact)
+            self.scorer.prune("auto", exact)  # as `run` does: from 24 labels up
         self._zero_shot: dict[tuple[str, ...], Classifier] = {}
 
     @property
@@ -162,6 +163,8 @@ class Classifier:
                                             examples=(), gold=None, **mode)
             twin.task = Task(twin.spec, self.task.source, self.task.tokenizer)
             twin.scorer = Scorer.start(twin.task, self.scorer.engine)
+            twin.scorer.prune("auto")
+            twin.batching = dataclasses.replace(self.batching, pruned=twin.spec.prunes("auto"))
             twin._zero_shot = {}
             self._zero_shot[key] = twin
         return self._zero_shot[key]

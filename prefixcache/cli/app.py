@@ -167,7 +167,7 @@ def bench(
             raise OutputError(f"{items}: no items to benchmark")
         compat.quiet_libraries()
         task = Task.from_spec(task_spec, options.cache_dir)
-        batching = Batching(options.batch_size, options.batch_tokens)
+        batching = Batching(options.batch_size, options.batch_tokens)  # bench times pruned scoring on its own
         step = bench_step()
         if options.exact:
             precision = bench_exact(task, records, options.cache_dir, options.device, options.dtype, batching, step)

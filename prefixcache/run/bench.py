@@ -14,6 +14,7 @@ scored from the item's last logits), through every linear layer, plus the lm_hea
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import threading
@@ -205,6 +206,7 @@ def time_pruning(scorer: Scorer, items: Sequence[Item], batching: Batching, step
     runs = []
     for mode in ("off", "on"):
         scorer.prune(mode)
+        batching = dataclasses.replace(batching, pruned=mode == "on")  # as `run` forms its batches
         list(classify(scorer, items[: batching.size], batching))  # warm-up
         scorer.clear()
         scorer.label_tokens = 0

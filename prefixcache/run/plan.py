@@ -139,7 +139,8 @@ def make_plan(options: RunOptions) -> Plan:
                         spec.id_field if spec.id_field_given else "id")
     device = str(launched.device) if launched and options.device == "auto" else options.device
     return Plan(options, spec, fmt, stream, total, output, part, launched, keep,
-                Batching(options.batch_size, options.batch_tokens, options.on_error), gates, options.exact, device)
+                Batching(options.batch_size, options.batch_tokens, options.on_error,
+                         spec.prunes(options.prune, options.exact)), gates, options.exact, device)
 
 
 def _check_combinations(options: RunOptions) -> None:

@@ -80,6 +80,15 @@ class Batching:
     size: int = 64  # at most this many items
     tokens: int = 768  # about this many tokens through the model
     on_error: str = "fail"
+    pruned: bool = False  # labels scored pruned: an item's labels cost about PRUNED_LABEL_TOKENS, not its whole trie
+
+    def cost(self, prep: "Prepared") -> int:
+        """What an item costs of `tokens`: its own tokens and its label tokens."""
+        labels = len(trie(list(prep.candidates.values())))
+        return prep.own_tokens + (min(labels, PRUNED_LABEL_TOKENS) if self.pruned else labels)
+
+
+PRUNED_LABEL_TOKENS = 32  # label tokens an item costs when pruned (measured: 18-24 with 60-106 labels)
 
 
 class Task:
@@ -172,7 +181,7 @@ class Task:
                 if batch:  # score what came before the bad item first
                     yield batch
                 raise
-            own = prep.own_tokens + len(trie(list(prep.candidates.values())))
+            own = batching.cost(prep)
             cost = 0 if prep.key in keys else own
             if batch and (len(batch) >= batching.size or tokens + cost > batching.tokens):
                 yield batch

@@ -6,6 +6,9 @@ from ..errors import SpecError
 from .prompt import PromptBuilder
 
 
+SHARED_SHOWN = 3  # groups of labels sharing a first token listed one a line; more are summed up in one
+
+
 def _show(builder: PromptBuilder, ids: tuple[int, ...]) -> str:
     return "|".join(builder.tok.convert_ids_to_tokens(list(ids)))
 
@@ -59,12 +62,18 @@ def lint_labels(builder: PromptBuilder) -> list[str]:
     firsts: dict[int, list[str]] = {}
     for name, ids in bare.items():
         firsts.setdefault(ids[0], []).append(name)
-    for tok, group in firsts.items():
-        if len(group) > 1:
-            warnings.append(
-                f"labels {', '.join(map(repr, group))} share their first token {_show(builder, (tok,))!r}: "
-                "fine for whole-sequence scoring (used here), fatal for first-token scoring"
-            )
+    shared = [(tok, group) for tok, group in firsts.items() if len(group) > 1]
+    if len(shared) > SHARED_SHOWN:  # many labels: one line, not one per group
+        examples = "; ".join(f"{', '.join(map(repr, group[:3]))}{' ...' if len(group) > 3 else ''}"
+                             for _, group in shared[:2])
+        warnings.append(f"{len(shared)} groups of labels share their first token ({examples}; ...): fine for "
+                        "whole-sequence scoring (used here), fatal for first-token scoring")
+        shared = []
+    for tok, group in shared:
+        warnings.append(
+            f"labels {', '.join(map(repr, group))} share their first token {_show(builder, (tok,))!r}: "
+            "fine for whole-sequence scoring (used here), fatal for first-token scoring"
+        )
     lengths = {name: len(ids) for name, ids in cands.items()}
     if spec.normalize == "sum" and max(lengths.values()) >= 3 * min(lengths.values()):
         longest, shortest = max(lengths, key=lengths.get), min(lengths, key=lengths.get)
