@@ -55,8 +55,27 @@ class OpenItems:
 
     def _rest(self, chosen: dict[int, Sequence[Candidate]]) -> dict[int, list[float]]:
         """Each candidate's log-probability after its first token: its trie nodes through the model."""
-        P = len(self.prefix.ids)
-        order = list(chosen)
+        lay, key_gather, sizes = self._layout(chosen)
+        dev = self.engine.device
+        logits = self.engine._forward_shared(self.prefix, lay, carried=self.kept, key_gather=key_gather.to(dev))
+        self.tokens += len(lay.ids)
+        lse = torch.logsumexp(logits.float(), dim=-1)
+        rows_, toks = lay.term_rows.to(logits.device), lay.term_toks.to(logits.device)
+        picked = (logits[rows_, toks].float() - lse[rows_]).tolist()
+        result: dict[int, list[float]] = {b: [] for b in chosen}
+        at, sized = 0, iter(sizes)
+        for b in chosen:
+            for _ in chosen[b]:
+                n = next(sized)
+                result[b].append(float(sum(picked[at: at + n])))
+                at += n
+        return result
+
+    def _layout(self, chosen: dict[int, Sequence[Candidate]]) -> tuple[Layout, torch.Tensor, list[int]]:
+        """The chosen candidates' trie nodes laid out as `engine.layout` lays out rows, queries being
+        the nodes only and keys the row's kept item tokens (in `kept`, index < T1) then its nodes
+        (T1 + packed index): the layout, the key gather [B, Wk], and each candidate's term count."""
+        P, order = len(self.prefix.ids), list(chosen)
         tries = [trie(list(chosen[b])) for b in order]
         own = [len(self.rows[b].ids) - self.rows[b].prefix_len for b in order]
         Wq, Wk, T1 = max(len(t) for t in tries), max(n + len(t) for n, t in zip(own, tries)), self.kept[0][0].shape[2]
@@ -91,20 +110,7 @@ class OpenItems:
         as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
         lay = Layout(as_long(ids), as_long(pos), torch.arange(T2), gather, slots, allowed, as_long(term_rows),
                      as_long(term_toks), [])
-        dev = self.engine.device
-        logits = self.engine._forward_shared(self.prefix, lay, carried=self.kept, key_gather=key_gather.to(dev))
-        self.tokens += T2
-        lse = torch.logsumexp(logits.float(), dim=-1)
-        rows_, toks = lay.term_rows.to(logits.device), lay.term_toks.to(logits.device)
-        picked = (logits[rows_, toks].float() - lse[rows_]).tolist()
-        result: dict[int, list[float]] = {b: [] for b in order}
-        at, sized = 0, iter(sizes)
-        for b in order:
-            for _ in chosen[b]:
-                n = next(sized)
-                result[b].append(float(sum(picked[at: at + n])))
-                at += n
-        return result
+        return lay, key_gather, sizes
 
 
 @torch.inference_mode()
