@@ -30,7 +30,7 @@ def test_readme_has_the_two_set_up_commands_and_ci_runs_the_test_one():
     assert len(blocks) == 2
     main, tests = blocks
     assert main.endswith("prefixcache run configs/support-tickets.yaml data/samples/tickets.jsonl -o predictions.jsonl")
-    assert tests.endswith("python -m pytest -q")
+    assert tests.endswith("python -m pytest -q -n 2")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert tests.split("pip install torch==2.13.0 && ", 1)[1] in ci
 
