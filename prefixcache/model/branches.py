@@ -37,7 +37,6 @@ class OpenItems:
     starts: list[int]  # packed index of each item's first own token
     kept: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer, the items' keys and values [1, Hkv, T1, D]
     first: torch.Tensor  # [B, V] float32 log-probabilities
-    tokens: int = 0  # trie nodes run through the model by `branches`, all calls together
 
     @torch.inference_mode()
     def branches(self, chosen: dict[int, Sequence[Candidate]]) -> dict[int, list[float]]:
@@ -58,7 +57,7 @@ class OpenItems:
         lay, key_gather, sizes = self._layout(chosen)
         dev = self.engine.device
         logits = self.engine._forward_shared(self.prefix, lay, carried=self.kept, key_gather=key_gather.to(dev))
-        self.tokens += len(lay.ids)
+        self.engine.label_tokens += len(lay.ids)
         lse = torch.logsumexp(logits.float(), dim=-1)
         rows_, toks = lay.term_rows.to(logits.device), lay.term_toks.to(logits.device)
         picked = (logits[rows_, toks].float() - lse[rows_]).tolist()

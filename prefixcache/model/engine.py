@@ -180,6 +180,7 @@ class Engine:
         # True until the first batch of an architecture the tests do not cover agreed with the standard path.
         self.unchecked = backend == "auto" and model.config.model_type not in CHECKED_ARCHITECTURES
         self._scored = False  # no batch scored yet: a failure then means the model is not supported
+        self.label_tokens = 0  # candidate tokens fed after items (trie nodes), every call together
         self._warm_up()
 
     def _fall_back(self, reason: UnsupportedAttention) -> None:
@@ -321,6 +322,7 @@ class Engine:
             if not 0 <= r.prefix_len <= P or r.prefix_len >= len(r.ids) or any(not c for c in r.candidates):
                 raise ValueError("each row needs a prefix_len <= the prefix, own ids, and non-empty candidates")
         lay = layout(P, rows)
+        self.label_tokens += len(lay.ids) - sum(len(r.ids) - r.prefix_len for r in rows)
         logits = None
         if self.backend == "shared":
             try:

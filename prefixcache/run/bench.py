@@ -209,11 +209,11 @@ def time_pruning(scorer: Scorer, items: Sequence[Item], batching: Batching, step
         batching = dataclasses.replace(batching, pruned=mode == "on")  # as `run` forms its batches
         list(classify(scorer, items[: batching.size], batching))  # warm-up
         scorer.clear()
-        scorer.label_tokens = 0
         step(f"timing pruned label scoring {mode} on {len(items)} items")
-        start = time.perf_counter()
+        fed, start = scorer.engine.label_tokens, time.perf_counter()
         records = list(classify(scorer, items, batching))
-        runs.append((1000 * (time.perf_counter() - start) / len(items), scorer.label_tokens / len(items), records))
+        ms = 1000 * (time.perf_counter() - start) / len(items)
+        runs.append((ms, (scorer.engine.label_tokens - fed) / len(items), records))
     scorer.prune("off")
     (full_ms, full_tokens, full), (pruned_ms, pruned_tokens, pruned) = runs
     differing = sum(record_prediction(a) != record_prediction(b) for a, b in zip(full, pruned))

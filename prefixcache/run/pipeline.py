@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 from ..data.items import Item
 from ..data.records import Keep, Record, error_record, id_text, logprobs_in_order, make_record
+from ..task.decision import Bounded
 from ..scoring.prepare import Batching, Failed, Prepared
 
 if TYPE_CHECKING:  # the scorer brings torch; this module only calls it
@@ -91,6 +92,6 @@ def _record(scorer: ItemScorer, entry: Prepared | Failed, by_key: Mapping[tuple,
     logprobs = by_key[entry.key]
     pruned = None
     if scorer.says_pruned:  # which labels pruned scoring left at their bound
-        pruned = [entry.texts[i] for i in getattr(logprobs, "pruned", ())]
+        pruned = [entry.texts[i] for i in logprobs.pruned] if isinstance(logprobs, Bounded) else []
     return make_record(scorer.task.spec, entry.item, entry.texts, logprobs, scorer.decide(entry, logprobs),
                        entry.enc.prefix_len, entry.own_tokens, ms, keep, scorer.precision(entry.key), pruned)

@@ -35,9 +35,8 @@ SLACK = 1e-9  # a bound must fall this far below the best key to prune (no float
 
 
 def score_pruned(engine: Engine, prefix: Prefix, preps: Sequence[Prepared], scales: Sequence[float],
-                 offsets: Sequence[float], threshold: float | None) -> tuple[list[Bounded], int]:
-    """Each item's label log-probs (pruned ones as bounds), and the label tokens run through the
-    model for them (trie nodes after the items)."""
+                 offsets: Sequence[float], threshold: float | None) -> list[Bounded]:
+    """Each item's label log-probs (pruned ones as bounds)."""
     opened = open_items(engine, prefix, [p.row for p in preps])
     race = _Race(opened, [list(p.candidates.values()) for p in preps], scales, offsets)
     race.deepen({b: race.top(b, FIRST) for b in race.items}, full=True)
@@ -50,7 +49,7 @@ def score_pruned(engine: Engine, prefix: Prefix, preps: Sequence[Prepared], scal
     if threshold is not None:
         race.deepen({b: race.open_labels(b) for b in race.items if race.winner_prob_floor(b) < threshold + SLACK},
                     full=True)
-    return [race.result(b) for b in race.items], opened.tokens
+    return [race.result(b) for b in race.items]
 
 
 class _Race:

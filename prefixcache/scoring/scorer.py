@@ -23,7 +23,7 @@ from ..model.engine import Engine, Prefix
 from ..errors import ModelError
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
 from ..model.branches import usable
-from ..model.rows import Candidate, Row, trie
+from ..model.rows import Candidate, Row
 from ..task.decision import Decision, Groups, Tags, judge, judge_tags, linear_keys, mean_distribution, yes_probs
 from ..model.store import PrefixStore, prefix_key
 from .prepare import Prepared, Task
@@ -108,10 +108,8 @@ class Scorer:
         spec = task.spec
         if spec.normalize == "pmi" and not spec.choices:
             self.score_unconditional(list(task.builder.candidates.values()))
-        self._tags = spec.multi_label
         if spec.content_free:
             self.prior = self._calibration_prior()
-        self.label_tokens = 0  # label tokens run through the model (trie nodes after the items)
         self._keys: tuple[list[float], list[float]] | None = None  # set by `prune`
         self.says_pruned = False  # records name the labels left at their bound (`prune`)
 
@@ -155,13 +153,10 @@ class Scorer:
             for key in todo:
                 self._scores.put(key, known[key])
         elif todo and self._keys is not None:
-            values, tokens = score_pruned(self.engine, self.prefix, list(todo.values()), *self._keys,
-                                          self.task.spec.threshold)
-            self.label_tokens += tokens
+            values = score_pruned(self.engine, self.prefix, list(todo.values()), *self._keys, self.task.spec.threshold)
             for key, scores in zip(todo, values):
                 self._scores.put(key, scores)
         elif todo:
-            self.label_tokens += sum(len(trie(list(p.candidates.values()))) for p in todo.values())
             for prep, scores in zip(todo.values(), self.engine.score(self.prefix, [p.row for p in todo.values()])):
                 self._scores.put(prep.key, prep.groups.combine(scores))
         computed = [] if known is not None else list(todo.values())
@@ -222,7 +217,7 @@ class Scorer:
         """What the item's label scores (`Groups.combine`d) decide: the distribution over its
         candidates under the spec's normalisation and calibration and the best one, or for a
         multi-label task each label's probability and whether it is on."""
-        if self._tags:
+        if self.task.spec.multi_label:
             return judge_tags(logprobs, self.task.spec.tag_thresholds, self.prior)
         return self._judge(prep.candidates, prep.groups, logprobs, self.prior)
 
@@ -247,7 +242,7 @@ class Scorer:
         encoded = [self.task.content_free(text) for text in self.task.spec.content_free]
         rows = [Row(e.ids, e.prefix_len, list(builder.candidates.values())) for e in encoded]
         scores = [builder.groups.combine(lps) for lps in self.engine.score(self.prefix, rows)]
-        if self._tags:
+        if self.task.spec.multi_label:
             return mean_distribution([yes_probs(lps) for lps in scores])
         return mean_distribution([self._judge(builder.candidates, builder.groups, lps, None).probs for lps in scores])
 
