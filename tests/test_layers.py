@@ -11,8 +11,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "prefixcache"
 # What each layer may import (besides itself); the ground (compat, errors) is open to all.
 ALLOWED = {
-    "cli": {"run", "reports", "scoring", "model", "data", "task"},
+    "cli": {"tune", "run", "reports", "scoring", "model", "data", "task"},
     "api": {"run", "reports", "scoring", "model", "data", "task"},
+    "tune": {"run", "reports", "scoring", "model", "data", "task"},
     "run": {"reports", "scoring", "model", "data", "task"},
     "reports": {"data", "task"},
     "scoring": {"model", "data", "task"},

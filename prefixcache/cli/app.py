@@ -9,13 +9,13 @@ import json
 import sys
 from itertools import islice
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import typer
 from rich.console import Console
 
 from .. import compat
-from ..data.output import check_output
+from ..data.output import check_output, check_report
 from ..errors import EXIT_GATE, EXIT_USAGE, OutputError
 from ..reports.diff import compare_outputs, write_diff_reports
 from ..run.dryrun import dry_run as check_run
@@ -26,13 +26,14 @@ from ..run.shards import merge_parts
 from ..scoring.prepare import Batching, Task
 from .cache import cache_app
 from .options import (
-    BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
+    BENCH_LIMIT_OPT, EXAMPLES_OPT, FOLDS_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT,
+    SEED_OPT, SYSTEM_OPT, TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
     VERSION_OPT, LogLevel, run_options, store_max_bytes,
 )
-from .show import rendered_text, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
-from .terminal import Command, Commands, bench_step, err, say, errors, progress, reporting, setup_logging, signals
+from .show import rendered_text, print_tune, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
+from .terminal import Command, Commands, bench_step, err, say, errors, progress, reporting, setup_logging, signals, steps
 
 app = typer.Typer(
     cls=Commands,
@@ -245,6 +246,54 @@ def merge(parts: list[str] = PARTS_ARG, output: str = MERGED_OPT, debug: bool = 
         check_output(output, False, given["overwrite"])
         count = merge_parts(parts, output)
         err.print(f"merged {count} records from {len(parts)} parts into {output}", markup=False)
+
+
+@app.command(cls=Command)
+@run_options(INPUT, DEVICE, "batch_size", "batch_tokens", "revision", "cache_dir", "gold", "gold_sep", "limit")
+def tune(
+    spec: Path = SPEC_ARG, labelled: str = LABELLED_ARG, output: Optional[Path] = TUNED_OPT,
+    test: Optional[str] = TEST_OPT, variants: Optional[Path] = VARIANTS_OPT, system: list[str] = SYSTEM_OPT,
+    examples: list[Path] = EXAMPLES_OPT, model: list[str] = MODELS_OPT,
+    metric: Literal["accuracy", "macro-f1"] = METRIC_OPT, min_coverage: Optional[float] = MIN_COVERAGE_OPT,
+    folds: int = FOLDS_OPT, seed: int = SEED_OPT, as_json: bool = TUNE_JSON_OPT, md: Optional[Path] = TUNE_MD_OPT,
+    top: int = TUNE_TOP_OPT, overwrite: bool = OVERWRITE_TUNED_OPT, quiet: bool = QUIET_OPT,
+    log_interval: float = LOG_INTERVAL_OPT, debug: bool = DEBUG_OPT, **given: Any,
+) -> None:
+    """Choose the prompt and the decision rule on labelled items, and say how sure the choice is.
+
+    Scores the items once per prompt variant (the spec's, `--variants`, every combination of
+    `--system` and `--examples`, each with every `-m` model) and judges every decision rule on
+    those scores: normalisations, calibration, thresholds. Each configuration's figures are
+    held-out (k-fold cross-validation, or `--test`), with 95% bootstrap intervals; a winner is
+    named only when it beats the spec as written beyond noise. `-o` writes the chosen spec.
+
+    Example:
+
+        prefixcache tune configs/irony.yaml data/samples/irony.jsonl --gold label -o tuned.yaml
+
+        prefixcache tune spec.yaml dev.jsonl --test test.jsonl --system @terse.txt --examples more.yaml -m other-model
+    """
+    from ..tune import TuneOptions, plan_tune, tune as run_tune
+    from ..tune.leaderboard import append_markdown, to_json, to_markdown
+
+    setup_logging(quiet or as_json)
+    with errors(debug):
+        options = TuneOptions(RunOptions(spec, labelled, **given), test, variants, tuple(system), tuple(examples),
+                              tuple(model), metric, min_coverage, folds, seed, output, overwrite)
+        if md:
+            check_report(md)
+        plan = plan_tune(options)
+        with steps(quiet or as_json, log_interval) as step:
+            compat.quiet_libraries()
+            result = run_tune(options, step, plan)
+        if md:
+            append_markdown(md, to_markdown(result, top))
+        if as_json:
+            print(json.dumps(to_json(result), indent=2))
+        else:
+            print_tune(result, top)
+        if result.written and not quiet:
+            say(f"wrote {result.written}" + ("" if result.chosen_keys else " (the spec as written: no winner)"))
 
 
 app.add_typer(cache_app, name="cache")

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only r
     from ..run.dryrun import DryRun
     from ..run.job import RunResult
     from ..scoring.scorer import Rescoring
+    from ..tune.job import TuneResult
 
 
 def stamp() -> str:
@@ -238,3 +239,43 @@ def rendered_text(rendered: dict, decode: Callable[[list[int]], str]) -> str:
     return (f"=== item {rendered['id']} ===\n{prefix}"
             f"\n----- cached prefix above ({cut} tokens), the item's own {len(ids) - cut} tokens below -----\n"
             f"{own}\n----- candidates, scored after the item -----\n{candidates}\n\n")
+
+
+def print_tune(result: TuneResult, top: int) -> None:
+    """tune's leaderboard (stdout): each configuration's held-out figures with their intervals,
+    then the verdict and what `run` on the chosen spec gives."""
+    from ..tune.leaderboard import cost, figure_name, reproduce, shown, threshold_text, verdict
+
+    s = result.selection
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    several = len({v.spec.model for v in result.variants}) > 1
+    abstains = any(row.figures["coverage"].value < 1 for row in s.rows)
+    table = Table(title=f"prefixcache tune · {escape(result.how)}", title_justify="left")
+    thresholds = any(row.threshold is not None for row in s.rows)
+    columns = ["#", "prompt", "rule"] + (["threshold"] if thresholds else []) + [figure_name(result, "accuracy")]
+    columns += ["macro-F1"] if s.rows[0].figures["macro_f1"] is not None else []
+    columns += ["coverage", "answered acc."] if abstains else []
+    columns += ["chosen in", "ms/item", "extra passes"]
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("prompt", "rule", "threshold", "extra passes") else "right")
+    for rank, row in shown(result, top):
+        f = row.figures
+        mark = " spec" if row is s.default else " ★" if row is s.pick and s.verdict == "winner" else ""
+        cells = [f"{rank}{mark}", escape(result.variants[row.config.variant].name), row.config.rule.name]
+        cells += [threshold_text(result, row)] if thresholds else []
+        cells += [_interval(f["accuracy"])]
+        cells += [_interval(f["macro_f1"])] if f["macro_f1"] is not None else []
+        cells += [f"{f['coverage'].value:.3f}", f"{f['answered_accuracy'].value:.3f}"] if abstains else []
+        ms, extra = cost(result, row)
+        cells += [f"{row.picked}/{s.splits}", f"{ms:.1f}", extra]
+        table.add_row(*cells, style="bold" if mark.strip() == "★" else None)
+    out.print(table)
+    if several:
+        out.print("models: " + ", ".join(dict.fromkeys(escape(str(v.spec.model or "the embedded default"))
+                                                         for v in result.variants)), soft_wrap=True)
+    out.print(verdict(result), markup=False, soft_wrap=True)
+    out.print(reproduce(result), markup=False, soft_wrap=True)
+
+
+def _interval(figure) -> str:
+    return f"{figure.value:.3f} [{figure.low:.2f}, {figure.high:.2f}]"

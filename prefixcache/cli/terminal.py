@@ -252,6 +252,41 @@ def bench_step() -> Callable[[str], None]:
     return step
 
 
+@contextmanager
+def steps(quiet: bool, interval: float = 30.0) -> Iterator[Callable[[str, int, int], None]]:
+    """A `step(what, done, total)` for commands that go through stages (tune): on a terminal a
+    bar per stage (a spinner while `total` is 0), elsewhere a timestamped line as each stage
+    starts and every `interval` seconds within one. Nothing with `quiet`."""
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
+                   console=err, transient=False, disable=quiet or not err.is_terminal, redirect_stdout=False,
+                   redirect_stderr=False)
+    state = {"what": None, "task": None, "last": 0.0}
+
+    def step(what: str, done: int, total: int) -> None:
+        try:
+            count = f"{done}/{total}" if total else ""
+            if what != state["what"]:
+                state["what"], state["last"] = what, time.monotonic()
+                if state["task"] is not None:
+                    bar.update(state["task"], visible=False)
+                state["task"] = bar.add_task(what, total=total or None, completed=done, count=count)
+                if not quiet and not err.is_terminal:
+                    log_line(what + (f": {total} items" if total else ""))
+                return
+            bar.update(state["task"], completed=done, count=count)
+            if not quiet and not err.is_terminal and time.monotonic() - state["last"] >= interval:
+                state["last"] = time.monotonic()
+                log_line(f"{what}: {count}")
+        except BrokenPipeError:  # nobody reads stderr any more: go on silently
+            detach_closed_streams()
+
+    bar.start()
+    try:
+        yield step
+    finally:
+        bar.stop()
+
+
 def log_line(text: str) -> None:
     """A timestamped line, for logs a person reads later."""
     err.print(stamp() + text, markup=False, soft_wrap=True)

@@ -26,6 +26,7 @@ from ..model.branches import usable
 from ..model.rows import Candidate, Row
 from ..task.decision import Decision, Groups, Tags, judge, judge_tags, linear_keys, mean_distribution, yes_probs
 from ..model.store import PrefixStore, prefix_key
+from ..task.spec import TaskSpec
 from .prepare import Prepared, Task
 from .pruning import score_pruned
 
@@ -96,7 +97,7 @@ class Scorer:
     """
 
     def __init__(self, task: Task, engine: Engine, prefix: Prefix, prefix_source: str = "computed",
-                 load_seconds: float = 0.0, says_precision: bool = False):
+                 load_seconds: float = 0.0, says_precision: bool = False, unconditional: ScoreCache | None = None):
         self.task, self.engine, self.prefix = task, engine, prefix
         self.prefix_source, self.load_seconds = prefix_source, load_seconds
         self.device = str(engine.device)
@@ -104,7 +105,7 @@ class Scorer:
         self.prior: list[float] | None = None
         self.says_precision = says_precision  # records name their precision (a run asked for --exact)
         self._scores = ScoreCache()
-        self._unconditional = ScoreCache()
+        self._unconditional = unconditional if unconditional is not None else ScoreCache()
         spec = task.spec
         if spec.normalize == "pmi" and not spec.choices:
             self.score_unconditional(list(task.builder.candidates.values()))
@@ -121,9 +122,14 @@ class Scorer:
         scored them."""
         start = time.perf_counter()
         dev = pick_device(device)
-        model = load_model(task.source, task.tokenizer, cache_dir, dev, pick_dtype(dtype, dev))
-        engine = Engine(model)
-        seconds = time.perf_counter() - start
+        engine = Engine(load_model(task.source, task.tokenizer, cache_dir, dev, pick_dtype(dtype, dev)))
+        return cls.on(task, engine, store, time.perf_counter() - start, says_precision)
+
+    @classmethod
+    def on(cls, task: Task, engine: Engine, store: PrefixStore | None = None, load_seconds: float = 0.0,
+           says_precision: bool = False) -> "Scorer":
+        """A scorer on a model already loaded, its prefix from `store` when it has it, else
+        prefilled (and then kept there)."""
         ids = task.builder.prefix_ids
         if engine.max_positions and len(ids) >= engine.max_positions:
             raise ModelError(
@@ -131,12 +137,21 @@ class Scorer:
                 f"model's context of {engine.max_positions}; shorten the system text or the examples"
             )
         prefix, source = _prefix(task, engine, store)
-        return cls(task, engine, prefix, source, seconds, says_precision)
+        return cls(task, engine, prefix, source, load_seconds, says_precision)
 
     @classmethod
     def start(cls, task: Task, engine: Engine) -> "Scorer":
         """A scorer on a model already loaded (the prefix is prefilled, not stored)."""
         return cls(task, engine, engine.prefill(task.builder.prefix_ids))
+
+    def under(self, spec: TaskSpec) -> "Scorer":
+        """This scorer deciding as `spec` says: its normalisation, calibration and threshold, on the
+        same prompt (only those keys may differ from this task's spec), model and prefix. Label
+        scores and content-free scores are shared, so `decide` gives what a run of `spec` gives."""
+        task = Task(spec, self.task.source, self.task.tokenizer)
+        if task.builder.prefix_ids != self.task.builder.prefix_ids:
+            raise ValueError("under(): the spec's prompt differs from this scorer's")
+        return Scorer(task, self.engine, self.prefix, self.prefix_source, unconditional=self._unconditional)
 
     @property
     def context(self) -> int | None:

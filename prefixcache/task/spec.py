@@ -332,15 +332,16 @@ class _SpecLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _load_yaml(path: Path) -> Any:
+def load_yaml(path: Path, what: str = "spec") -> Any:
+    """A YAML file read as specs are (no aliases, no key given twice); `what` names it in errors."""
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError(f"{path}: spec file not found")
+        raise SpecError(f"{path}: {what} file not found")
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not UTF-8 text (byte {exc.start})")
     except OSError as exc:
-        raise SpecError(f"{path}: cannot read spec: {exc.strerror}")
+        raise SpecError(f"{path}: cannot read {what}: {exc.strerror}")
     try:
         return yaml.load(raw, Loader=_SpecLoader)
     except _RefusedYAML as exc:
@@ -520,14 +521,21 @@ def _tag_thresholds(value: Any, path: Path, labels: tuple[Label, ...]) -> tuple[
 def load_spec(path: str | Path, **keys: Any) -> TaskSpec:
     """Read and validate a task spec, with `keys` set over the file's. Raises `SpecError` naming
     the file and the key."""
+    return spec_from_mapping({**spec_mapping(path), **keys}, path)
+
+
+def spec_mapping(path: str | Path) -> Mapping[str, Any]:
+    """A spec file's keys as YAML reads them, not validated yet (see `spec_from_mapping`)."""
     path = Path(path)
     suffix = Path(path.stem).suffix.lower() if path.suffix.lower() == ".gz" else path.suffix.lower()
     if suffix in ITEM_EXTENSIONS:
         raise SpecError(f"{path}: is an items file, not a spec; the spec comes first: prefixcache run SPEC ITEMS")
-    data = _load_yaml(path)
+    data = load_yaml(path)
     if not isinstance(data, Mapping):
         raise SpecError(f"{path}: a spec is a YAML mapping of keys (model, system, labels, ...)")
-    return spec_from_mapping({**data, **keys}, path)
+    return data
+
+
 
 
 def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> TaskSpec:

@@ -1,0 +1,16 @@
+"""`prefixcache tune`: choosing the prompt and the decision rule on labelled items, honestly.
+
+- variants.py: the prompt variants and models compared (no torch);
+- rules.py: decision rules, and what they decide as arrays over the items (no torch);
+- selection.py: held-out judging (cross-validation or a test file), bootstrap intervals, the
+  verdict (no torch);
+- scoring.py: each variant's one scoring pass (the torch side);
+- tuned.py: the chosen spec, written with the user's comments kept;
+- job.py: `tune(TuneOptions)` from checks to `TuneResult`.
+
+May import: run, reports, scoring, model, data, task, compat, errors. Never prints; imported by cli.
+"""
+
+from .job import TuneOptions, TuneResult, plan_tune, tune
+
+__all__ = ["TuneOptions", "TuneResult", "plan_tune", "tune"]

@@ -1,0 +1,116 @@
+"""The tuned spec: the spec file as the user wrote it, with the chosen keys set. Keys it does not
+change keep their lines and comments; a changed key keeps its comment when it fits on one line;
+keys the file lacks are added at the end. No torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ..errors import OutputError
+from ..task.spec import spec_from_mapping
+
+log = logging.getLogger("prefixcache")
+_KEY = re.compile(r"^([A-Za-z_][\w-]*)\s*:(.*)$")
+
+
+def check_tuned_output(path: Path | None, spec: Path, overwrite: bool) -> None:
+    """Refuse, before any scoring, a tuned spec that cannot be written or would replace a file."""
+    if path is None:
+        return
+    if path.is_symlink():
+        raise OutputError(f"{path}: is a symbolic link; name the file itself")
+    if path.is_dir():
+        raise OutputError(f"{path}: is a directory")
+    if path.exists() and spec.exists() and path.samefile(spec):
+        raise OutputError(f"{path}: is the spec itself; write the tuned spec to another file")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"{path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise OutputError(f"{path}: not writable")
+    if path.exists() and not overwrite:
+        raise OutputError(f"{path}: already exists; use --overwrite to replace it")
+
+
+def tuned_text(original: str, keys: Mapping[str, Any], header: str = "") -> str:
+    """The spec's text with `keys` set (each to a YAML value), `header` as comment lines on top."""
+    lines = original.splitlines()
+    starts = [(n, m.group(1)) for n, line in enumerate(lines) if (m := _KEY.match(line))]
+    for key, value in keys.items():
+        found = [(n, k) for n, k in starts if k == key]
+        if not found:
+            continue
+        first = found[0][0]
+        after = [n for n, _ in starts if n > first]
+        end = after[0] if after else len(lines)
+        while end > first + 1 and (not lines[end - 1].strip() or lines[end - 1].startswith("#")):
+            end -= 1  # blank lines and comments before the next key are the next key's
+        new = _dumped(key, value, lines[first] if end == first + 1 else None)
+        lines[first:end] = new
+        shift = len(new) - (end - first)
+        starts = [(n + shift if n > first else n, k) for n, k in starts]
+    missing = [key for key in keys if not any(k == key for _, k in starts)]
+    if missing:
+        lines += ["", "# chosen by prefixcache tune"] + [line for key in missing for line in _dumped(key, keys[key])]
+    top = [f"# {line}" if line else "#" for line in header.splitlines()]
+    return "\n".join(top + lines) + "\n"
+
+
+def _dumped(key: str, value: Any, old_line: str | None = None) -> list[str]:
+    """`key: value` as YAML lines; a one-line value keeps the old line's trailing comment."""
+    text = yaml.safe_dump({key: value}, sort_keys=False, allow_unicode=True, default_flow_style=False, width=10**6)
+    new = text.rstrip("\n").splitlines()
+    if old_line is not None and len(new) == 1:
+        comment = _comment(old_line)
+        if comment:
+            new[0] += "  " + comment
+    return new
+
+
+def _comment(line: str) -> str | None:
+    """A one-line `key: value  # comment`'s comment, when the value reads the same without it."""
+    match = _KEY.match(line)
+    if not match or "#" not in match.group(2):
+        return None
+    rest = match.group(2)
+    for at in [m.start() for m in re.finditer(r"\s#", rest)]:
+        try:
+            value = yaml.safe_load(rest[:at])
+        except yaml.YAMLError:
+            continue
+        try:
+            if yaml.safe_load(rest) == value:
+                return rest[at:].strip()
+        except yaml.YAMLError:
+            continue
+    return None
+
+
+def write_tuned(path: Path, spec_path: Path, raw: Mapping[str, Any], keys: Mapping[str, Any], header: str) -> None:
+    """Write the tuned spec: the spec file's text with `keys` set. Should an edit read back other
+    than meant (a layout the line editor does not follow), the whole mapping is written instead,
+    without the comments."""
+    original = spec_path.read_text(encoding="utf-8")
+    text = tuned_text(original, keys, header)
+    wanted = {**raw, **keys}
+    try:
+        readable = yaml.safe_load(text) == wanted
+    except yaml.YAMLError:
+        readable = False
+    if not readable:
+        log.warning("%s: could not keep the spec's layout; writing its keys without the comments", path)
+        text = tuned_text("", {}, header) + yaml.safe_dump(dict(wanted), sort_keys=False, allow_unicode=True, width=10**6)
+    spec_from_mapping(yaml.safe_load(text), spec_path)  # it is a valid spec, or this is a bug
+    try:
+        temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        temp.write_text(text, encoding="utf-8")
+        os.replace(temp, path)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write the tuned spec: {exc.strerror}")
