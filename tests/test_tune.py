@@ -170,15 +170,17 @@ def test_tuned_text_keeps_comments_and_sets_keys():
     text = tuned_text(original, {"normalize": "mean", "system": "Be terse.", "threshold": 0.35}, "chosen by tune")
     data = yaml.safe_load(text)
     assert data == {"system": "Be terse.", "labels": ["a", "b"], "normalize": "mean", "calibrate": True, "threshold": 0.35}
-    assert text.startswith("# chosen by tune\n# ticket triage\n")
-    assert "# the labels\nlabels: [a, b]" in text and "normalize: mean  # per whole label" in text
+    assert text.startswith("# chosen by tune\n# ticket triage\n# set by prefixcache tune\nsystem: Be terse.\n")
+    assert "# the labels\nlabels: [a, b]" in text and "normalize: mean  # tuned, was: sum  # per whole label" in text
+    assert "calibrate: true\n" in text and text.endswith("# chosen by prefixcache tune\nthreshold: 0.35\n")
+    assert tuned_text(original, {"normalize": "sum", "calibrate": True}) == original  # unchanged keys: untouched
 
 
 def test_tuned_text_replaces_block_values():
     original = "examples:\n  - text: a\n    label: x\n  - text: b\n    label: y\ntemplate: '{text}'  # the item\n"
-    text = tuned_text(original, {"examples": [{"text": "c", "label": "x"}]})
+    text = tuned_text(original, {"examples": [{"text": "c", "label": "x"}], "template": "{text}"})
     assert yaml.safe_load(text) == {"examples": [{"text": "c", "label": "x"}], "template": "{text}"}
-    assert "template: '{text}'  # the item" in text
+    assert "template: '{text}'  # the item" in text and text.startswith("# set by prefixcache tune\nexamples:\n")
 
 
 # -- variants and refusals ---------------------------------------------------------------------
@@ -226,3 +228,17 @@ def test_markdown_and_table(tmp_path, tiny_model_dir):
     text = md.read_text()
     assert text.startswith("### prefixcache tune") and "| # | prompt | rule |" in text
     assert sum(line.startswith("| ") for line in text.splitlines()) - 1 in (3, 4, 5)  # top 3, spec and pick kept
+
+
+def test_a_tuned_spec_written_elsewhere_keeps_finding_its_model(tmp_path, tiny_model_dir):
+    import shutil
+
+    home = tmp_path / "project"
+    shutil.copytree(tiny_model_dir, home / "models" / "tiny")
+    spec = write_spec(home, model="models/tiny", labels=LABELS3)
+    elsewhere = tmp_path / "out"
+    elsewhere.mkdir()
+    _tune(spec, _items(tmp_path), "--gold", "gold", "-o", elsewhere / "tuned.yaml")
+    assert yaml.safe_load((elsewhere / "tuned.yaml").read_text())["model"] == str((home / "models" / "tiny").resolve())
+    result = invoke("run", elsewhere / "tuned.yaml", _items(tmp_path), "-q")
+    assert result.exit_code == 0, result.output

@@ -254,7 +254,7 @@ def tune(
     spec: Path = SPEC_ARG, labelled: str = LABELLED_ARG, output: Optional[Path] = TUNED_OPT,
     test: Optional[str] = TEST_OPT, variants: Optional[Path] = VARIANTS_OPT, system: list[str] = SYSTEM_OPT,
     examples: list[Path] = EXAMPLES_OPT, model: list[str] = MODELS_OPT,
-    metric: Literal["accuracy", "macro-f1"] = METRIC_OPT, min_coverage: Optional[float] = MIN_COVERAGE_OPT,
+    metric: Literal["auto", "accuracy", "macro-f1"] = METRIC_OPT, min_coverage: Optional[float] = MIN_COVERAGE_OPT,
     folds: int = FOLDS_OPT, seed: int = SEED_OPT, as_json: bool = TUNE_JSON_OPT, md: Optional[Path] = TUNE_MD_OPT,
     top: int = TUNE_TOP_OPT, overwrite: bool = OVERWRITE_TUNED_OPT, quiet: bool = QUIET_OPT,
     log_interval: float = LOG_INTERVAL_OPT, debug: bool = DEBUG_OPT, **given: Any,

@@ -63,7 +63,7 @@ VARIANTS_OPT = typer.Option(None, "--variants", help="YAML list of prompt varian
 SYSTEM_OPT = typer.Option([], "--system", help="An alternative system prompt (@FILE: a file's text); repeat for more.", show_default=False)
 EXAMPLES_OPT = typer.Option([], "--examples", help="An alternative example set: a YAML/JSON list or JSON lines; repeat for more.", show_default=False)
 MODELS_OPT = typer.Option([], "--model", "-m", help="Another model to compare (hub id, folder or .gguf); repeat for more.", show_default=False)
-METRIC_OPT = typer.Option("accuracy", "--metric", help="What the choice maximises.")
+METRIC_OPT = typer.Option("auto", "--metric", help="What the choice maximises (auto: macro-F1 for multi-label tasks, accuracy otherwise).")
 MIN_COVERAGE_OPT = typer.Option(None, "--min-coverage", min=0.0, max=1.0, help="Fit an abstention threshold per rule: the best accuracy of the answered items that still answers this share.")
 FOLDS_OPT = typer.Option(5, "--folds", min=2, help="Cross-validation folds.")
 SEED_OPT = typer.Option(0, "--seed", help="Seed of the folds and the bootstrap.")

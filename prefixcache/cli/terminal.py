@@ -258,7 +258,7 @@ def steps(quiet: bool, interval: float = 30.0) -> Iterator[Callable[[str, int, i
     bar per stage (a spinner while `total` is 0), elsewhere a timestamped line as each stage
     starts and every `interval` seconds within one. Nothing with `quiet`."""
     bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
-                   console=err, transient=False, disable=quiet or not err.is_terminal, redirect_stdout=False,
+                   console=err, transient=True, disable=quiet or not err.is_terminal, redirect_stdout=False,
                    redirect_stderr=False)
     state = {"what": None, "task": None, "last": 0.0}
 

@@ -23,10 +23,10 @@ from ..scoring.prepare import Batching
 from ..task.spec import TaskSpec, spec_mapping
 from .rules import Decided, Gold, Rule, rules_for, spec_rule
 from .selection import Config, Goal, Search, Selection, cv_splits, select
-from .tuned import check_tuned_output, write_tuned
+from .tuned import check_tuned_output, relocated, write_tuned
 from .variants import Variant, variants
 
-METRICS = ("accuracy", "macro-f1")
+METRICS = ("auto", "accuracy", "macro-f1")
 MIN_ITEMS = 10  # fewer labelled items cannot tell configurations apart
 
 
@@ -41,7 +41,7 @@ class TuneOptions:
     systems: tuple[str, ...] = ()
     examples: tuple[Path, ...] = ()
     models: tuple[str, ...] = ()
-    metric: str = "accuracy"  # or "macro-f1"
+    metric: str = "auto"  # accuracy, or macro-f1; auto: macro-F1 for multi-label tasks, accuracy otherwise
     min_coverage: Optional[float] = None  # fit abstention thresholds answering at least this share
     folds: int = 5
     seed: int = 0
@@ -99,9 +99,10 @@ def plan_tune(options: TuneOptions) -> TunePlan:
     base = load_options_spec(o)
     if not base.gold:
         raise SpecError("tune compares decisions with gold values: name the field with --gold FIELD (or 'gold' in the spec)")
-    if options.metric == "macro-f1" and base.choices:
+    metric = options.metric if options.metric != "auto" else "macro-f1" if base.multi_label else "accuracy"
+    if metric == "macro-f1" and base.choices:
         raise UsageError("--metric macro-f1 needs labels; multiple-choice options differ per item: use accuracy")
-    if options.min_coverage is not None and (base.multi_label or options.metric != "accuracy"):
+    if options.min_coverage is not None and (base.multi_label or metric != "accuracy"):
         raise UsageError("--min-coverage fits abstention thresholds for the accuracy of a task that picks one label "
                          "(a multi-label task's thresholds are fitted anyway)")
     check_tuned_output(options.output, o.spec, options.overwrite)
@@ -115,7 +116,7 @@ def plan_tune(options: TuneOptions) -> TunePlan:
         short = o.items if len(items) < MIN_ITEMS else options.test
         raise InputError(f"{short}: too few items to tune on or measure with; tune needs at least {MIN_ITEMS} in each")
     threshold = base.tag_thresholds if base.multi_label else base.threshold
-    return TunePlan(base, found, items, test, Goal(options.metric.replace("-", "_"), options.min_coverage, threshold))
+    return TunePlan(base, found, items, test, Goal(metric.replace("-", "_"), options.min_coverage, threshold))
 
 
 def _labelled(path: str, o: RunOptions, found: list[Variant]) -> list[Item]:
@@ -152,7 +153,9 @@ def tune(options: TuneOptions, step: Step = lambda what, done, total: None, plan
                         len(plan.test) if options.test else None)
     result.chosen_keys = chosen_keys(result)
     if options.output is not None:
-        write_tuned(options.output, o.spec, spec_mapping(o.spec), result.chosen_keys, header(result))
+        raw = spec_mapping(o.spec)
+        keys = {**relocated(raw, o.spec, options.output), **result.chosen_keys}
+        write_tuned(options.output, o.spec, raw, keys, header(result))
         result.written = options.output
     return result
 

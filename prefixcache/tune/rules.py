@@ -159,5 +159,14 @@ def figures(outcome: Outcome, weights: np.ndarray) -> dict[str, np.ndarray]:
         hits, said, truth = w @ outcome.hits, w @ outcome.said, w @ outcome.truth
         denominator = said + truth
         f1 = np.divide(2 * hits, denominator, out=np.zeros_like(hits), where=denominator > 0)
-        out["macro_f1"] = f1.mean(axis=-1)
+        out["macro_f1"] = f1.mean(axis=-1) if w.ndim == 1 else _resampled_macro(f1, denominator > 0, outcome)
     return out
+
+
+def _resampled_macro(f1: np.ndarray, present: np.ndarray, outcome: Outcome) -> np.ndarray:
+    """Macro-F1 of bootstrap resamples: the mean over the labels a resample has (as gold or as
+    prediction), scaled to the share of labels the items themselves have. Counting a label a
+    resample happens to miss as 0, as the figure counts a label the items never have, would pull
+    every resample below the figure (with two items a label, one label in eight goes missing)."""
+    share = ((outcome.said | outcome.truth).any(axis=0)).mean()
+    return f1.sum(axis=-1) / np.maximum(present.sum(axis=-1), 1) * share

@@ -1,6 +1,6 @@
 """The tuned spec: the spec file as the user wrote it, with the chosen keys set. Keys it does not
-change keep their lines and comments; a changed key keeps its comment when it fits on one line;
-keys the file lacks are added at the end. No torch.
+change keep their lines and comments; a changed key's line says what it was (with its old
+comment, which may describe the old value); keys the file lacks are added at the end. No torch.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ def tuned_text(original: str, keys: Mapping[str, Any], header: str = "") -> str:
         end = after[0] if after else len(lines)
         while end > first + 1 and (not lines[end - 1].strip() or lines[end - 1].startswith("#")):
             end -= 1  # blank lines and comments before the next key are the next key's
-        new = _dumped(key, value, lines[first] if end == first + 1 else None)
+        if _value(lines[first:end], key) == value:
+            continue
+        new = _dumped(key, value, lines[first] if end == first + 1 else None, replaced=True)
         lines[first:end] = new
         shift = len(new) - (end - first)
         starts = [(n + shift if n > first else n, k) for n, k in starts]
@@ -63,34 +65,40 @@ def tuned_text(original: str, keys: Mapping[str, Any], header: str = "") -> str:
     return "\n".join(top + lines) + "\n"
 
 
-def _dumped(key: str, value: Any, old_line: str | None = None) -> list[str]:
-    """`key: value` as YAML lines; a one-line value keeps the old line's trailing comment."""
+def _value(block: list[str], key: str) -> Any:
+    """The value a key's lines hold (a sentinel when they cannot be read alone)."""
+    try:
+        return (yaml.safe_load("\n".join(block)) or {}).get(key, _UNREAD)
+    except (yaml.YAMLError, AttributeError):
+        return _UNREAD
+
+
+_UNREAD = object()
+
+
+def _dumped(key: str, value: Any, old_line: str | None = None, replaced: bool = False) -> list[str]:
+    """`key: value` as YAML lines. Replacing a one-line value by another, the line says what it
+    was, with the old line's comment (which may describe the old value): `normalize: sum  #
+    tuned, was: mean  # per token`; a longer value replaced gets a comment line above it."""
     text = yaml.safe_dump({key: value}, sort_keys=False, allow_unicode=True, default_flow_style=False, width=10**6)
     new = text.rstrip("\n").splitlines()
+    if not replaced:
+        return new
     if old_line is not None and len(new) == 1:
-        comment = _comment(old_line)
-        if comment:
-            new[0] += "  " + comment
-    return new
+        return [f"{new[0]}  # tuned, was:{_KEY.match(old_line).group(2)}"]
+    return ["# set by prefixcache tune", *new]
 
 
-def _comment(line: str) -> str | None:
-    """A one-line `key: value  # comment`'s comment, when the value reads the same without it."""
-    match = _KEY.match(line)
-    if not match or "#" not in match.group(2):
-        return None
-    rest = match.group(2)
-    for at in [m.start() for m in re.finditer(r"\s#", rest)]:
-        try:
-            value = yaml.safe_load(rest[:at])
-        except yaml.YAMLError:
-            continue
-        try:
-            if yaml.safe_load(rest) == value:
-                return rest[at:].strip()
-        except yaml.YAMLError:
-            continue
-    return None
+def relocated(raw: Mapping[str, Any], spec_path: Path, output: Path) -> dict[str, Any]:
+    """What must change for the spec to mean the same from another folder: a model path relative
+    to the spec's folder, made absolute."""
+    model = raw.get("model")
+    if not isinstance(model, str) or Path(model).expanduser().is_absolute() or Path(model).exists():
+        return {}
+    beside = spec_path.parent / model
+    if not beside.exists() or spec_path.parent.resolve() == (output.parent if str(output.parent) else Path(".")).resolve():
+        return {}
+    return {"model": str(beside.resolve())}
 
 
 def write_tuned(path: Path, spec_path: Path, raw: Mapping[str, Any], keys: Mapping[str, Any], header: str) -> None:
