@@ -57,8 +57,12 @@ class ItemError(PrefixcacheError):
         self.item_id = item_id
 
 
-class Interrupted(PrefixcacheError):
-    """SIGINT or SIGTERM arrived; finished records are written and the run can be resumed."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived; finished records are written and the run can be resumed.
+
+    Like KeyboardInterrupt, not an `Exception`: the `except Exception` that turns a damaged file
+    into "build it again" (a converted model, a stored prefix) or a library's failure into a
+    ModelError must never take a stop for one of those."""
 
     def __init__(self, signum: int, message: str = ""):
         super().__init__(message)

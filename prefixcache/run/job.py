@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from .. import compat
 from ..data.items import Item
+from ..data.lock import output_lock
 from ..data.output import Start, checked_stream, continue_output, in_input_order, read_records, start_output
 from ..data.records import Record, id_text, ids_digest, is_error, item_sha
 from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted
@@ -130,6 +131,10 @@ class Job:
 
     def run(self) -> RunResult:
         self.plan = make_plan(self.options)
+        with output_lock(self.plan.output.path):  # one writer per output: an overlapping run is refused
+            return self._run()
+
+    def _run(self) -> RunResult:
         self.progress(Event("checked", total=self.plan.total))
         self.fingerprint = self.plan.fingerprint()
         if not self.plan.part:  # a shard's items are known once batches can be formed: after the model loads

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import InputError, OutputError, UsageError, first_line
+from ..data.lock import output_lock
 from ..data.output import FINGERPRINT_SUFFIX, fingerprint_path, read_records, write_aside, write_fingerprint
 from ..data.records import ids_digest, record_id
 
@@ -73,11 +74,12 @@ def merge_parts(parts: Sequence[str], output: str) -> int:
     infos = {part: _part_info(part) for part in parts}
     by_shard = _by_shard(infos)
     seen: dict[str, str] = {}
-    chunks = [_part_records(part, k, len(by_shard), infos[part], seen) for k, part in enumerate(by_shard)]
-    _write_atomically(output, b"".join(chunks))
-    first = next(iter(infos.values()))
-    merged = {key: value for key, value in first.items() if key not in ("shard", "items", "ids")}
-    write_fingerprint(output, {**merged, "items": len(seen)})
+    with output_lock(output, "merge"):
+        chunks = [_part_records(part, k, len(by_shard), infos[part], seen) for k, part in enumerate(by_shard)]
+        _write_atomically(output, b"".join(chunks))
+        first = next(iter(infos.values()))
+        merged = {key: value for key, value in first.items() if key not in ("shard", "items", "ids")}
+        write_fingerprint(output, {**merged, "items": len(seen)})
     return len(seen)
 
 

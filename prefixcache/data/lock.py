@@ -1,0 +1,97 @@
+"""One writer per output: an exclusive lock held for as long as a run (or `merge`) writes it.
+
+Two cron runs that overlap on one output would interleave their records; the second one is
+refused instead, naming the one at work. The lock is `flock` on `.<output>.lock` beside the output,
+which says who holds it (pid, start, command). The kernel drops it when its holder dies, kill -9
+included, so a lock file left behind never blocks a later run. Where `flock` does not exist
+(Windows), outputs are not locked.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+from ..errors import OutputError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+def lock_path(output: str | Path) -> Path:
+    target = Path(output)
+    return target.with_name(f".{target.name}.lock")
+
+
+@contextmanager
+def output_lock(output: Optional[str], what: str = "run") -> Iterator[None]:
+    """Hold the output's lock for the block; OutputError (exit 2) when another process holds it.
+    No lock for stdout (None or "-")."""
+    if output in (None, "-") or fcntl is None:
+        yield
+        return
+    path = lock_path(output)
+    fd = _acquire(path, output)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: {_command(what)}\n".encode())
+        yield
+    finally:
+        try:
+            if _same_file(fd, path):
+                path.unlink()
+        except OSError:
+            pass
+        os.close(fd)  # releases the lock
+
+
+def _acquire(path: Path, output: str) -> int:
+    """A descriptor of the lock file, locked; the file at `path` is the one locked (a holder that
+    removed it as it finished leaves a new one to lock)."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise OutputError(f"{output}: cannot create the lock file {path}: {exc.strerror}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise OutputError(f"{output}: another prefixcache process is writing it ({holder}); wait for it to "
+                              f"finish, or write to another file")
+        except OSError:  # a file system without locks: go on unlocked, as before
+            return fd
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st, now = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+
+
+def _holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    return text.splitlines()[0] if text else "its lock file says no more"
+
+
+def _command(what: str) -> str:
+    """The holder's command line as it was typed, or what it does when not run as `prefixcache`."""
+    first = Path(sys.argv[0]).name if sys.argv else ""
+    if first == "prefixcache" or (first == "__main__.py" and Path(sys.argv[0]).parent.name == "prefixcache"):
+        return " ".join(["prefixcache", *sys.argv[1:]])[:500]
+    return f"prefixcache {what}, from {first or 'Python'}"

@@ -1,0 +1,123 @@
+"""Hostile cases: other local users, overlapping runs, half-written exports, stops at bad moments,
+files named twice, input built to break a reader. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from helpers import invoke, write_spec
+from prefixcache.errors import Interrupted, ModelError
+
+
+# -- a stop while a model or a stored prefix loads ---------------------------------------------
+def test_a_stop_while_converted_weights_load_keeps_them(tmp_path, monkeypatch):
+    from prefixcache.model import load
+
+    converted = tmp_path / "models" / "abc"
+    converted.mkdir(parents=True)
+    (converted / "config.json").write_text("{}")
+    monkeypatch.setattr(load, "_complete", lambda path: True)
+
+    def stopped(*args, **kwargs):
+        raise Interrupted(signal.SIGINT, "interrupted by SIGINT: stopped before any record was written")
+
+    monkeypatch.setattr(load, "_from_pretrained", stopped)
+    monkeypatch.setattr(load, "_convert_gguf", lambda *a: pytest.fail("a stop must not convert again"))
+    source = load.ModelSource("m.gguf", "gguf", str(tmp_path / "m.gguf"))
+    with pytest.raises(Interrupted):
+        load._load_gguf(source, None, converted, None)
+    assert (converted / "config.json").exists()
+
+
+def test_a_stop_while_a_model_loads_is_a_stop_not_a_model_error(tmp_path, monkeypatch):
+    from prefixcache.model import load
+
+    def stopped(*args, **kwargs):
+        raise Interrupted(signal.SIGTERM, "interrupted by SIGTERM: stopped before any record was written")
+
+    monkeypatch.setattr(load, "_from_pretrained", stopped)
+    source = load.ModelSource("some/model", "hub", "some/model")
+    with pytest.raises(Interrupted) as stop:
+        load.load_model(source, None, tmp_path)
+    assert not isinstance(stop.value, ModelError) and stop.value.exit_code == 143
+
+
+def test_a_stop_while_a_stored_prefix_loads_keeps_it(tmp_path, monkeypatch):
+    from prefixcache.model import store
+
+    saved = tmp_path / "prefixes" / "k.safetensors"
+    saved.parent.mkdir()
+    saved.write_bytes(b"stored")
+
+    def stopped(*args, **kwargs):
+        raise Interrupted(signal.SIGINT, "stop")
+
+    monkeypatch.setattr(store, "safe_open", stopped)
+    with pytest.raises(Interrupted):
+        store.PrefixStore(saved.parent).load("k", "cpu")
+    assert saved.read_bytes() == b"stored"
+
+
+# -- two processes on one output ---------------------------------------------------------------
+LABELS3 = ["billing", "technical", "account"]
+
+
+def _items(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps({"id": k, "text": f"ticket number {k} about a refund"}) + "\n" for k in range(n)))
+    return path
+
+
+@pytest.mark.parametrize("extra", [(), ("--update",), ("--resume",)])
+def test_a_run_on_an_output_another_process_writes_is_refused(tmp_path, tiny_model_dir, extra):
+    from prefixcache.data.lock import output_lock
+
+    spec, items, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), _items(tmp_path / "i.jsonl", 3), tmp_path / "out.jsonl"
+    if extra:
+        assert invoke("run", spec, items, "-o", out, "-q").exit_code == 0
+    before = out.read_bytes() if out.exists() else None
+    with output_lock(str(out)):
+        result = invoke("run", spec, items, "-o", out, *extra)
+    assert result.exit_code == 2 and "another prefixcache process is writing it (pid" in result.output, result.output
+    assert (out.read_bytes() if out.exists() else None) == before
+
+
+def test_merge_into_an_output_another_process_writes_is_refused(tmp_path, tiny_model_dir):
+    from prefixcache.data.lock import output_lock
+
+    spec, items, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), _items(tmp_path / "i.jsonl", 4), tmp_path / "merged.jsonl"
+    parts = [tmp_path / f"p{k}.jsonl" for k in (1, 2)]
+    for k, part in enumerate(parts, 1):
+        assert invoke("run", spec, items, "-o", part, "--shard", f"{k}/2", "-q", "--batch-size", "2").exit_code == 0
+    with output_lock(str(out)):
+        result = invoke("merge", *parts, "-o", out)
+    assert result.exit_code == 2 and "another prefixcache process" in result.output, result.output
+    assert not out.exists()
+
+
+def test_two_processes_on_one_output_one_is_refused_the_other_completes(tmp_path, tiny_model_dir):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from prefixcache.data.lock import lock_path
+
+    spec, items, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), _items(tmp_path / "i.jsonl", 40), tmp_path / "out.jsonl"
+    command = [sys.executable, "-m", "prefixcache", "run", str(spec), str(items), "-o", str(out), "-q", "--batch-size", "1"]
+    first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (lock_path(out).exists() and lock_path(out).read_text()) and first.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(first.pid, signal.SIGSTOP)  # the first run, caught holding its lock
+    try:
+        second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    assert second.returncode == 2 and f"(pid {first.pid}, since" in second.stderr, second.stderr
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert ids == list(range(40)) and not lock_path(out).exists()
