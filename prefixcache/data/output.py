@@ -392,13 +392,28 @@ def start_output(output: str | None, fingerprint: Mapping[str, Any], resume: boo
     return Start("update" if change == "changed" else "resume" if change == "same" else "grown", records)
 
 
-def in_input_order(output: str, start: Start, items: Iterator[Item], source: str) -> None:
+def in_input_order(output: str, start: Start, items: Iterator[Item], source: str, update: bool = False) -> Start:
     """An output being continued holds the first items of its input, in order (records are only
-    ever appended); anything else was changed after it was written, and appending would mix."""
+    ever appended); anything else was changed after it was written, and appending would mix. An
+    input that grew may also have changed an item already written (an export read while it was
+    being written ends in a half-written row): `update` then rewrites the output (the item is
+    scored again), a resume is refused."""
+    changed = []
     for n, (item, key) in enumerate(zip(items, start.records), 1):
         if id_text(item.id) != key:
             raise OutputError(f"{output}: record {n} is item {key!r}, but item {n} of {source} is "
                               f"{item.id!r}; the output was changed after it was written: --update rewrites it")
+        sha = start.records[key].get("item_sha")
+        if sha is not None and sha != item_sha(item.record):
+            changed.append(item.id)
+    if changed and update:
+        log.info("%s: %d items already written changed in %s (first: %r); scoring them again", output, len(changed),
+                 source, changed[0])
+        return Start("update", start.records)
+    if changed:
+        raise OutputError(f"{output}: item {changed[0]!r} changed in {source} since its record was written (an export "
+                          f"read while it was being written?); --update scores it again")
+    return start
 
 
 def checked_stream(items: Iterator[Item], name: str, written: Mapping[str, Record]) -> Iterator[Item]:

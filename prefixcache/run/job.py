@@ -162,7 +162,8 @@ class Job:
         begun = start_output(plan.output.path, self.fingerprint, self.options.resume, self.options.update,
                              self.options.items, refusal_words, plan.output.fmt)
         if begun.appends and not plan.stream and not plan.part and begun.records:  # a shard's start is its own
-            in_input_order(plan.output.path, begun, islice(plan.read_input(), len(begun.records)), self.options.items)
+            begun = in_input_order(plan.output.path, begun, islice(plan.read_input(), len(begun.records)),
+                                   self.options.items, self.options.update)
         return begun
 
     def complete(self) -> bool:
