@@ -153,3 +153,32 @@ def test_a_half_written_last_item_is_scored_again_when_the_export_grows(tmp_path
                 for r in map(json.loads, path.read_text().splitlines())]
 
     assert decided(out) == decided(fresh)
+
+
+# -- merging parts of different jobs -----------------------------------------------------------
+@pytest.mark.parametrize("second, message", [
+    (("--limit", "5"), "different item count (--limit)"),
+    (("--keep", "text"), "different --keep"),
+    (("--batch-size", "3"), "different --batch-size"),
+])
+def test_merge_refuses_parts_written_with_other_options(tmp_path, tiny_model_dir, second, message):
+    spec, items = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), _items(tmp_path / "i.jsonl", 8)
+    parts = [tmp_path / "p1.csv", tmp_path / "p2.csv"]
+    assert invoke("run", spec, items, "-o", parts[0], "--shard", "1/2", "-q", "--batch-size", "2").exit_code == 0
+    assert invoke("run", spec, items, "-o", parts[1], "--shard", "2/2", "-q", "--batch-size", "2", *second).exit_code == 0
+    result = invoke("merge", *parts, "-o", tmp_path / "merged.csv")
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "merged.csv").exists()
+
+
+def test_merge_refuses_parts_that_do_not_cover_the_job(tmp_path, tiny_model_dir):
+    from prefixcache.data.output import fingerprint_path
+
+    spec, items = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), _items(tmp_path / "i.jsonl", 8)
+    parts = [tmp_path / "p1.jsonl", tmp_path / "p2.jsonl"]
+    for k, part in enumerate(parts, 1):
+        assert invoke("run", spec, items, "-o", part, "--shard", f"{k}/2", "-q", "--batch-size", "2").exit_code == 0
+    info = json.loads(fingerprint_path(str(parts[0])).read_text())
+    assert info["of"] == 8
+    result = invoke("merge", *parts, "-o", tmp_path / "merged.jsonl")
+    assert result.exit_code == 0 and len((tmp_path / "merged.jsonl").read_text().splitlines()) == 8

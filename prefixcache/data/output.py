@@ -281,7 +281,8 @@ def read_fingerprint(output: str) -> dict[str, Any]:
 
 
 Named = Callable[[str, Any], Optional[str]]  # a fingerprint key and value -> the option that gives it, or None
-_THING_OF = {"spec": "another version of the spec file", "model": "another model"}
+_THING_OF = {"spec": "another version of the spec file", "model": "another model",
+             "of": "another number of items (--limit)"}
 
 
 def check_fingerprint(output: str, previous: Mapping[str, Any], fingerprint: Mapping[str, Any],

@@ -201,7 +201,7 @@ class Job:
         self.first, self.last = starts[first], starts[last]
         ids = (id_text(item.id) for item in islice(plan.read_input(), self.first, self.last))
         self.fingerprint.update(shard=f"{plan.part[0] + 1}/{plan.part[1]}", items=self.last - self.first,
-                                ids=ids_digest(ids))
+                                ids=ids_digest(ids), of=plan.total)
 
     def new_result(self) -> RunResult:
         scorer, updating = self.scorer, self.begun.mode == "update"

@@ -25,8 +25,12 @@ if TYPE_CHECKING:
 
 LAUNCH_TIMEOUT = 120  # seconds for every process of a launch to join
 
-# Fingerprint fields that must agree between the parts of one job (device may differ by host).
-SHARED_FIELDS = ("spec", "gold", "model", "input", "dtype")
+# Fingerprint fields that must agree between the parts of one job (device may differ by host):
+# whatever shapes the records, or where each shard's items begin and end.
+SHARED_FIELDS = ("spec", "gold", "model", "input", "dtype", "keep", "batch_size", "batch_tokens", "exact", "gold_sep",
+                 "prune", "of")
+NAMES = {"of": "item count (--limit)", "keep": "--keep", "batch_size": "--batch-size", "batch_tokens": "--batch-tokens",
+         "exact": "--exact", "gold_sep": "--gold-sep", "prune": "--prune"}
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -76,9 +80,12 @@ def merge_parts(parts: Sequence[str], output: str) -> int:
     seen: dict[str, str] = {}
     with output_lock(output, "merge"):
         chunks = [_part_records(part, k, len(by_shard), infos[part], seen) for k, part in enumerate(by_shard)]
+        whole = infos[by_shard[0]].get("of")
+        if whole is not None and len(seen) != whole:
+            raise InputError(f"the parts hold {len(seen)} of the job's {whole} items; run the missing shards again")
         _write_atomically(output, b"".join(chunks))
         first = next(iter(infos.values()))
-        merged = {key: value for key, value in first.items() if key not in ("shard", "items", "ids")}
+        merged = {key: value for key, value in first.items() if key not in ("shard", "items", "ids", "of")}
         write_fingerprint(output, {**merged, "items": len(seen)})
     return len(seen)
 
@@ -94,7 +101,8 @@ def _by_shard(infos: dict[str, dict[str, Any]]) -> list[str]:
             raise InputError(f"{part}: is shard {info['shard']}, but {first_part} is shard {first['shard']}")
         for field in SHARED_FIELDS:
             if info.get(field) != first.get(field):
-                raise InputError(f"{part}: was written with a different {field} than {first_part}")
+                raise InputError(f"{part}: was written with a different {NAMES.get(field, field)} than {first_part} "
+                                 f"({info.get(field)!r}, not {first.get(field)!r}); run every shard with the same options")
         if k in by_shard:
             raise InputError(f"{part} and {by_shard[k]} are both shard {k + 1}/{n}")
         by_shard[k] = part
