@@ -182,3 +182,32 @@ def test_merge_refuses_parts_that_do_not_cover_the_job(tmp_path, tiny_model_dir)
     assert info["of"] == 8
     result = invoke("merge", *parts, "-o", tmp_path / "merged.jsonl")
     assert result.exit_code == 0 and len((tmp_path / "merged.jsonl").read_text().splitlines()) == 8
+
+
+# -- a report or gate file named like a file the command reads --------------------------------
+@pytest.mark.parametrize("option, target", [
+    ("--metrics", "ITEMS"), ("--junit", "SPEC"), ("--summary-md", "OUT"), ("--metrics", "--junit"),
+])
+def test_report_files_may_not_name_the_input_the_spec_or_the_output(tmp_path, option, target):
+    spec, items, out = write_spec(tmp_path, labels=LABELS3, gold="label"), tmp_path / "i.jsonl", tmp_path / "out.jsonl"
+    items.write_text(json.dumps({"id": 1, "text": "a", "label": "billing"}) + "\n")
+    files = {"ITEMS": items, "SPEC": spec, "OUT": out, "--junit": tmp_path / "same.xml"}
+    before = {p: p.read_bytes() for p in (items, spec)}
+    extra = ["--junit", files["--junit"]] if target == "--junit" else []
+    result = invoke("run", spec, items, "-o", out, option, files[target], *extra)
+    assert result.exit_code == 2 and "write it to another file" in result.output, result.output
+    assert {p: p.read_bytes() for p in (items, spec)} == before
+
+
+def test_report_and_diff_refuse_to_write_over_what_they_read(tmp_path):
+    from helpers import A, B, write_records
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_records(a, A)
+    write_records(b, B)
+    before = a.read_bytes()
+    for args in (("report", a, "-o", a, "--overwrite"), ("report", a, "--compare", b, "-o", b),
+                 ("diff", a, b, "--json", a), ("diff", a, b, "--md", b)):
+        result = invoke(*args)
+        assert result.exit_code == 2 and "write it to another file" in result.output, (args, result.output)
+    assert a.read_bytes() == before

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from .. import compat
-from ..data.output import check_output, check_report
+from ..data.output import check_distinct, check_output, check_report
 from ..errors import EXIT_GATE, EXIT_USAGE, OutputError
 from ..reports.diff import compare_outputs, write_diff_reports
 from ..run.dryrun import dry_run as check_run
@@ -282,6 +282,7 @@ def tune(
                               tuple(model), metric, min_coverage, folds, seed, output, overwrite)
         if md:
             check_report(md)
+            check_distinct({"--md": md}, {"the spec": spec, "LABELLED": labelled, "--test": test, "-o": output})
         plan = plan_tune(options)
         with steps(quiet or as_json, log_interval) as step:
             compat.quiet_libraries()

@@ -216,6 +216,28 @@ def check_report(path: Path | None) -> None:
     _writable(Path(path))
 
 
+def check_distinct(writes: Mapping[str, Any], reads: Mapping[str, Any]) -> None:
+    """Refuse a file that one option writes and another reads or writes (a report named like the
+    input, the spec or the output). Keys say how the user named each file ("--metrics", "the
+    input"); a value of None or "-" is no file."""
+    named = [(what, path, True) for what, path in writes.items()] + [(what, path, False) for what, path in reads.items()]
+    named = [(what, str(path), writes_it) for what, path, writes_it in named if path not in (None, "-", "")]
+    for n, (what, path, writes_it) in enumerate(named):
+        for other, other_path, other_writes in named[n + 1:]:
+            if (writes_it or other_writes) and _same_file(path, other_path):
+                writer, target = (what, other) if writes_it else (other, what)
+                raise OutputError(f"{writer} {path}: is {target}; write it to another file")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
 def _writable(target: Path) -> None:
     """The file's folder exists and may be written to, and so may the file if it exists."""
     parent = target.parent if str(target.parent) else Path(".")

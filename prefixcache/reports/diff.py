@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import InputError, OutputError, UsageError
 from ..data.records import Record, input_fields, is_error, record_id
-from ..data.output import read_records
+from ..data.output import check_distinct, read_records
 
 ERROR = "(error)"
 ABSTAINED = "(abstained)"
@@ -259,7 +259,9 @@ def compare_outputs(path_a: str, path_b: str) -> Comparison:
 
 def write_diff_reports(cmp: Comparison, name_a: str, name_b: str, md: Path | None, as_json: Path | None,
                        top: int = 10) -> None:
-    """--md (appended) and --json, each listing `top` changed items (and shifts)."""
+    """--md (appended) and --json, each listing `top` changed items (and shifts); neither may be
+    one of the outputs compared."""
+    check_distinct({"--md": md, "--json": as_json}, {"A": name_a, "B": name_b})
     try:
         if md:
             with open(md, "a", encoding="utf-8") as f:

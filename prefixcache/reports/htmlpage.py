@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from .diff import Comparison, compare
 from ..errors import InputError
 from .evaluation import Evaluation, TagEvaluation, evaluate
-from ..data.output import read_records
+from ..data.output import check_distinct, read_records
 from ..data.records import Record, input_fields, is_error
 
 REPORT_EXTRA = "pip install 'prefixcache[report]'"
@@ -283,7 +283,9 @@ def _compare_section(cmp: Comparison, before: str, top: int) -> str:
 
 
 def write_report(output: str, target: str, compare_with: str | None = None, overwrite: bool = False) -> None:
-    """Write the page to `target`; an existing file is refused unless `overwrite`."""
+    """Write the page to `target`; an existing file is refused unless `overwrite`, and so is
+    `target` naming an output it reads (whatever `overwrite`)."""
+    check_distinct({"-o": target}, {"the output": output, "--compare": compare_with})
     if Path(target).exists() and not overwrite:
         raise InputError(f"{target}: already exists; give --overwrite to replace it, or another -o")
     page = build_report(output, compare_with)

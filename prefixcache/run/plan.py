@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..data.items import Item, detect_format, is_stream, read_items, scan_items
-from ..data.output import OutputFile, check_output, check_report, file_digest, output_format
+from ..data.output import OutputFile, check_distinct, check_output, check_report, file_digest, output_format
 from ..data.records import Keep, columns, keep_clash
 from ..errors import OutputError, SpecError, UsageError
 from ..model.load import model_identity, pick_device, pick_dtype
@@ -131,6 +131,8 @@ def make_plan(options: RunOptions) -> Plan:
     check_output(options.output, options.resume or options.update, options.overwrite, out_fmt)
     for report in (options.metrics, options.summary_md, options.junit):
         check_report(report)
+    check_distinct({"--metrics": options.metrics, "--summary-md": options.summary_md, "--junit": options.junit,
+                    "-o": options.output}, {"the input": None if stream else options.items, "the spec": options.spec})
     path = part_path(options.output, *part) if launched else options.output
     if launched:
         check_output(path, options.resume or options.update, options.overwrite, out_fmt)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..data.items import Item, detect_format, read_items, scan_items
+from ..data.output import check_distinct
 from ..errors import InputError, SpecError, UsageError
 from ..run.options import RunOptions
 from ..run.plan import load_options_spec
@@ -106,6 +107,8 @@ def plan_tune(options: TuneOptions) -> TunePlan:
         raise UsageError("--min-coverage fits abstention thresholds for the accuracy of a task that picks one label "
                          "(a multi-label task's thresholds are fitted anyway)")
     check_tuned_output(options.output, o.spec, options.overwrite)
+    check_distinct({"-o": options.output}, {"LABELLED": o.items, "--test": options.test, "--variants": options.variants,
+                                            **{f"--examples {p}": p for p in options.examples}})
     found = variants(o.spec, base, options.variants, options.systems, options.examples, options.models, o.gold_sep)
     items = _labelled(o.items, o, found)
     test = _labelled(options.test, o, found) if options.test else []
