@@ -211,3 +211,37 @@ def test_report_and_diff_refuse_to_write_over_what_they_read(tmp_path):
         result = invoke(*args)
         assert result.exit_code == 2 and "write it to another file" in result.output, (args, result.output)
     assert a.read_bytes() == before
+
+
+# -- what comes through a pipe ---------------------------------------------------------------
+def _piped(tmp_path: Path, text: str) -> Path:
+    """A FIFO that gives `text` to its first reader (a spec given as `<(cat spec.yaml)`)."""
+    import os
+    import threading
+
+    fifo = tmp_path / f"fifo-{len(list(tmp_path.glob('fifo-*')))}"
+    os.mkfifo(fifo)
+    threading.Thread(target=fifo.write_text, args=(text,), daemon=True).start()
+    return fifo
+
+
+def test_a_spec_from_a_pipe_is_fingerprinted_by_its_content(tmp_path, tiny_model_dir):
+    a = write_spec(tmp_path, name="a.yaml", model=str(tiny_model_dir), labels=LABELS3).read_text()
+    b = write_spec(tmp_path, name="b.yaml", model=str(tiny_model_dir), labels=LABELS3, system="Another.").read_text()
+    items, out = _items(tmp_path / "i.jsonl", 4), tmp_path / "out.jsonl"
+    assert invoke("run", _piped(tmp_path, a), items, "-o", out, "-q", "--limit", "2").exit_code == 0
+    other = invoke("run", _piped(tmp_path, b), items, "-o", out, "--resume")
+    assert other.exit_code == 2 and "another version of the spec file" in other.output, other.output
+    same = invoke("run", _piped(tmp_path, a), items, "-o", out, "--resume", "-q")
+    assert same.exit_code == 0, same.output
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+def test_resuming_from_stdin_refuses_an_input_of_other_items(tmp_path, tiny_model_dir):
+    spec, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), tmp_path / "out.jsonl"
+    first = "".join(json.dumps({"id": f"a{k}", "text": "refund"}) + "\n" for k in range(3))
+    other = "".join(json.dumps({"id": f"b{k}", "text": "crash"}) + "\n" for k in range(5))
+    assert invoke("run", spec, "-", "--format", "jsonl", "-o", out, "-q", input=first).exit_code == 0
+    result = invoke("run", spec, "-", "--format", "jsonl", "-o", out, "--resume", input=other)
+    assert result.exit_code == 2 and "not the input the output was started with" in result.output, result.output
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a0", "a1", "a2"]

@@ -444,11 +444,15 @@ def checked_stream(items: Iterator[Item], name: str, written: Mapping[str, Recor
     unique ids; and, when continuing an output, that an item already written is the same item."""
     seen: dict[str, int] = {}
     label = "<stdin>" if name == "-" else name
-    for item in items:
+    order = list(written)  # records are only ever appended: the input starts with their items, in order
+    for n, item in enumerate(items):
         key = id_text(item.id)
         if key in seen:
             raise InputError(f"{label}:{item.line}: duplicate id {item.id!r} (first on line {seen[key]})")
         seen[key] = item.line
+        if n < len(order) and key != order[n]:
+            raise InputError(f"{label}:{item.line}: item {item.id!r} is where the output has item {order[n]!r}; "
+                             f"this is not the input the output was started with")
         old = written.get(key)
         if old is not None and old.get("item_sha") not in (None, item_sha(item.record)):
             raise InputError(f"{label}:{item.line}: item {item.id!r} differs from the one already written to the "

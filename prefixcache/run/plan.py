@@ -50,10 +50,12 @@ class Plan:
 
     def fingerprint(self) -> dict[str, Any]:
         """What an output file is tied to: continuing it with any of it changed is refused (the
-        input may grow, or with --update change)."""
+        input may grow, or with --update change). The spec is the digest of the bytes read, so a
+        spec given through a pipe is told from another."""
         o, device = self.options, pick_device(self.device)
         return {
-            "spec": file_digest(str(o.spec)), "gold": self.spec.gold, "model": model_identity(spec_model(self.spec)),
+            "spec": self.spec.digest or file_digest(str(o.spec)), "gold": self.spec.gold,
+            "model": model_identity(spec_model(self.spec)),
             "input": file_digest(o.items), "input_bytes": None if self.stream else os.path.getsize(o.items),
             "device": device.split(":")[0], "dtype": str(pick_dtype(o.dtype, device)).removeprefix("torch."),
             "batch_size": o.batch_size, "batch_tokens": o.batch_tokens,

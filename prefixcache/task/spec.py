@@ -5,7 +5,9 @@ Validation happens before any model is loaded, so a typo costs the user a second
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import hashlib
 import json
 import string
 from dataclasses import dataclass
@@ -109,6 +111,7 @@ class TaskSpec:
     answers: tuple[str, str] = DEFAULT_ANSWERS  # multi-label: the answers scored for on and off
     tag_thresholds: tuple[float, ...] = ()  # multi-label: the probability each label needs to be on
     gold_sep: str = DEFAULT_GOLD_SEP  # multi-label: what separates labels in a gold string
+    digest: str | None = None  # sha256 of the spec file's bytes (None: not read from a file)
 
     def pruning_refusal(self) -> str | None:
         """Why pruned label scoring cannot apply to this task, or None."""
@@ -332,16 +335,26 @@ class _SpecLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def load_yaml(path: Path, what: str = "spec") -> Any:
-    """A YAML file read as specs are (no aliases, no key given twice); `what` names it in errors."""
+def _read_text(path: Path, what: str) -> tuple[str, str]:
+    """A file's text and the sha256 of its bytes (read once: the file may be a pipe)."""
     try:
-        raw = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise SpecError(f"{path}: {what} file not found")
-    except UnicodeDecodeError as exc:
-        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start})")
     except OSError as exc:
         raise SpecError(f"{path}: cannot read {what}: {exc.strerror}")
+    try:
+        return data.decode("utf-8"), hashlib.sha256(data).hexdigest()
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start})")
+
+
+def load_yaml(path: Path, what: str = "spec") -> Any:
+    """A YAML file read as specs are (no aliases, no key given twice); `what` names it in errors."""
+    return _parse_yaml(_read_text(path, what)[0], path)
+
+
+def _parse_yaml(raw: str, path: Path) -> Any:
     try:
         return yaml.load(raw, Loader=_SpecLoader)
     except _RefusedYAML as exc:
@@ -520,20 +533,26 @@ def _tag_thresholds(value: Any, path: Path, labels: tuple[Label, ...]) -> tuple[
 
 def load_spec(path: str | Path, **keys: Any) -> TaskSpec:
     """Read and validate a task spec, with `keys` set over the file's. Raises `SpecError` naming
-    the file and the key."""
-    return spec_from_mapping({**spec_mapping(path), **keys}, path)
+    the file and the key. The spec's `digest` is that of the bytes read (a spec from a pipe too)."""
+    data, digest = _spec_file(path)
+    return dataclasses.replace(spec_from_mapping({**data, **keys}, path), digest=digest)
 
 
 def spec_mapping(path: str | Path) -> Mapping[str, Any]:
     """A spec file's keys as YAML reads them, not validated yet (see `spec_from_mapping`)."""
+    return _spec_file(path)[0]
+
+
+def _spec_file(path: str | Path) -> tuple[Mapping[str, Any], str]:
     path = Path(path)
     suffix = Path(path.stem).suffix.lower() if path.suffix.lower() == ".gz" else path.suffix.lower()
     if suffix in ITEM_EXTENSIONS:
         raise SpecError(f"{path}: is an items file, not a spec; the spec comes first: prefixcache run SPEC ITEMS")
-    data = load_yaml(path)
+    raw, digest = _read_text(path, "spec")
+    data = _parse_yaml(raw, path)
     if not isinstance(data, Mapping):
         raise SpecError(f"{path}: a spec is a YAML mapping of keys (model, system, labels, ...)")
-    return data
+    return data, digest
 
 
 
