@@ -20,7 +20,7 @@ def test_a_stop_while_converted_weights_load_keeps_them(tmp_path, monkeypatch):
     converted = tmp_path / "models" / "abc"
     converted.mkdir(parents=True)
     (converted / "config.json").write_text("{}")
-    monkeypatch.setattr(load, "_complete", lambda path: True)
+    monkeypatch.setattr(load, "_usable", lambda path: True)
 
     def stopped(*args, **kwargs):
         raise Interrupted(signal.SIGINT, "interrupted by SIGINT: stopped before any record was written")
@@ -245,3 +245,114 @@ def test_resuming_from_stdin_refuses_an_input_of_other_items(tmp_path, tiny_mode
     result = invoke("run", spec, "-", "--format", "jsonl", "-o", out, "--resume", input=other)
     assert result.exit_code == 2 and "not the input the output was started with" in result.output, result.output
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a0", "a1", "a2"]
+
+
+# -- another local user and the cache ---------------------------------------------------------
+OTHER_UID = 1001  # another local account (as root: chown to it, or `setpriv --reuid 1001`)
+as_root = pytest.mark.skipif(__import__("os").getuid() != 0, reason="needs root to hand files to another uid")
+
+
+def _chown_tree(root: Path, uid: int) -> None:
+    import os
+
+    for path in [root, *root.rglob("*")]:
+        os.lchown(path, uid, uid)
+
+
+def _scorer_source(spec: Path, cache: Path) -> str:
+    from prefixcache.model.store import PrefixStore
+    from prefixcache.scoring.prepare import Task
+    from prefixcache.scoring.scorer import Scorer
+    from prefixcache.task.spec import load_spec
+
+    task = Task.from_spec(load_spec(spec), cache)
+    return Scorer.load(task, cache, "cpu", "float32", PrefixStore(cache / "prefixes")).prefix_source
+
+
+@as_root
+def test_another_users_prefix_store_is_never_trusted_nor_removed(tmp_path, tiny_model_dir, caplog):
+    spec, cache = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), tmp_path / "cache"
+    assert _scorer_source(spec, cache) == "computed" and _scorer_source(spec, cache) == "loaded"
+    _chown_tree(cache, OTHER_UID)  # their folder, their key, a prefix signed with it
+    stored = sorted(p.name for p in (cache / "prefixes").iterdir())
+    assert _scorer_source(spec, cache) == "computed"
+    assert f"belongs to uid {OTHER_UID}" in caplog.text
+    assert sorted(p.name for p in (cache / "prefixes").iterdir()) == stored  # nothing of theirs removed
+    result = invoke("run", spec, _items(tmp_path / "i.jsonl", 2), "-q", "--cache-dir", cache)
+    assert result.exit_code == 0, result.output
+
+
+@as_root
+def test_a_store_key_another_user_owns_is_not_used(tmp_path, tiny_model_dir, caplog):
+    import os
+
+    spec, cache = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), tmp_path / "cache"
+    _scorer_source(spec, cache)
+    os.lchown(cache / "prefixes" / ".store-key", OTHER_UID, OTHER_UID)
+    assert _scorer_source(spec, cache) == "computed" and ".store-key belongs to uid" in caplog.text
+
+
+def _converted(tmp_path: Path, chat_tokenizer) -> Path:
+    """A converted model kept as prefixcache keeps one (the tiny model stands in for the GGUF's)."""
+    from conftest import tiny_model
+    from prefixcache.model import load
+
+    target = load.models_dir(tmp_path / "cache") / "abc"
+    load._keep_converted(tiny_model("llama", len(chat_tokenizer)), chat_tokenizer, Path("m.gguf"), target)
+    return target
+
+
+def test_converted_weights_changed_after_conversion_are_not_used(tmp_path, chat_tokenizer, caplog):
+    from prefixcache.model import load
+
+    target = _converted(tmp_path, chat_tokenizer)
+    assert load._usable(target)
+    load._TRUSTED.clear()
+    weights = target / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(8)  # another model's numbers, the same size
+    weights.write_bytes(bytes(data))
+    assert not load._usable(target)
+    assert "model.safetensors is not the file converted" in caplog.text and not target.exists()
+
+
+def test_converted_weights_restored_from_a_copy_are_checked_and_kept(tmp_path, chat_tokenizer):
+    import shutil
+
+    from prefixcache.model import load
+
+    target = _converted(tmp_path, chat_tokenizer)
+    moved = target.with_name("moved")
+    target.rename(moved)
+    shutil.copytree(moved, target)  # new inodes and times, the same bytes
+    assert load._usable(target) and target.exists()
+
+
+def test_converted_weights_without_a_signature_are_converted_again(tmp_path, chat_tokenizer, caplog):
+    from prefixcache.model import load
+
+    target = _converted(tmp_path, chat_tokenizer)
+    (target / "prefixcache.json").write_text(json.dumps({"source": "m.gguf", "created": 0}))
+    assert not load._usable(target) and "no signed record" in caplog.text
+
+
+@as_root
+def test_converted_weights_another_user_owns_are_not_used_nor_removed(tmp_path, chat_tokenizer, caplog):
+    from prefixcache.model import load
+
+    target = _converted(tmp_path, chat_tokenizer)
+    _chown_tree(target, OTHER_UID)
+    assert not load._usable(target) and target.exists() and f"belongs to uid {OTHER_UID}" in caplog.text
+
+
+def test_the_cache_is_private_under_any_umask(tmp_path, tiny_model_dir):
+    import os
+
+    spec, cache = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), tmp_path / "fresh" / "cache"
+    old = os.umask(0)
+    try:
+        _scorer_source(spec, cache)
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(tmp_path).as_posix(): p.stat().st_mode & 0o777 for p in [cache.parent, *cache.parent.rglob("*")]}
+    assert all(mode == (0o700 if (tmp_path / name).is_dir() else 0o600) for name, mode in modes.items()), modes

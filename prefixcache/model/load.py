@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import compat
 from ..errors import ModelError, UsageError, first_line
+from .private import SIGNED, ForeignCache, cache_secret, owned, private_folder, sign_folder, verify_folder
 
 if TYPE_CHECKING:  # types only: torch and transformers are imported where a model is loaded
     import torch
@@ -109,27 +110,6 @@ def _converted_dir(source: ModelSource, cache_dir: Path) -> Path:
     return models_dir(cache_dir) / hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
-def private_folder(path: Path, tighten: bool = True) -> None:
-    """Create `path` and each missing folder above it readable and writable by the user alone,
-    whatever the umask; with `tighten`, also an existing `path` of the user's that others could
-    read or write (a folder prefixcache owns, never one the user named for it)."""
-    path = Path(path)
-    missing = []
-    while not path.exists() and path != path.parent:
-        missing.append(path)
-        path = path.parent
-    for folder in reversed(missing):
-        try:
-            folder.mkdir(mode=0o700)
-        except FileExistsError:  # another process made it first
-            pass
-        os.chmod(folder, 0o700)  # mkdir's mode is cut by the umask only to fewer rights; say it outright
-    target = missing[0] if missing else path
-    st = target.stat()
-    if tighten and st.st_uid == os.getuid() and st.st_mode & 0o077:
-        os.chmod(target, 0o700)
-
-
 def models_dir(cache_dir: Path) -> Path:
     """Converted (dequantised GGUF) models, one folder each, under the cache directory."""
     return Path(cache_dir) / "models"
@@ -149,7 +129,36 @@ def converted_models(cache_dir: Path) -> list[dict[str, Any]]:
 
 
 def _complete(directory: Path) -> bool:
-    return (directory / "prefixcache.json").is_file()
+    return (directory / SIGNED).is_file()
+
+
+_TRUSTED: set[Path] = set()  # converted folders this process verified
+
+
+def _usable(converted: Path) -> bool:
+    """A converted copy that is complete, the user's own and signed by this cache, with every file
+    as converted (model/private.py). One that fails is not used: removed when it is the user's,
+    left alone when it is another user's."""
+    if converted in _TRUSTED:
+        return True
+    if not _complete(converted):
+        return False
+    cache_dir = converted.parent.parent
+    try:
+        for folder in (cache_dir, converted.parent, converted):
+            owned(folder)
+        why = verify_folder(converted, cache_secret(cache_dir / "prefixes"))
+    except ForeignCache as exc:
+        log.warning("the converted weights in %s are not used: %s; converting in memory", converted, exc)
+        return False
+    except OSError as exc:
+        why = f"cannot check it ({exc.strerror or exc})"
+    if why:
+        log.warning("the converted weights in %s are not used: %s; converting again", converted, why)
+        shutil.rmtree(converted, ignore_errors=True)
+        return False
+    _TRUSTED.add(converted)
+    return True
 
 
 def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerBase:
@@ -158,7 +167,7 @@ def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerB
     try:
         if source.kind == "gguf":
             converted = _converted_dir(source, cache_dir)
-            if _complete(converted):
+            if _usable(converted):
                 return AutoTokenizer.from_pretrained(str(converted))
             path = Path(source.path)
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -237,9 +246,11 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: PreTrainedTokeni
 
 
 def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: Path, target: Path) -> None:
-    """Write the converted model aside and rename it into place, so no reader sees half of it."""
+    """Write the converted model aside, signed, and rename it into place, so no reader sees half
+    of it."""
     private_folder(target.parent.parent, tighten=False)  # the cache folder, when prefixcache creates it
     private_folder(target.parent)
+    secret = cache_secret(target.parent.parent / "prefixes")
     for stale in target.parent.glob(".tmp-*"):  # conversions killed mid-write, an hour or more ago
         if time.time() - stale.stat().st_mtime > 3600:
             shutil.rmtree(stale, ignore_errors=True)
@@ -247,9 +258,9 @@ def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
-        (tmp / "prefixcache.json").write_text(json.dumps({"source": str(source), "created": time.time()}))
         for written in tmp.rglob("*"):  # the user's alone, whatever the umask
             os.chmod(written, 0o700 if written.is_dir() else 0o600)
+        sign_folder(tmp, secret, str(source), time.time())  # last: a chmod changes what it signs
         try:
             tmp.rename(target)
         except OSError:
@@ -261,7 +272,7 @@ def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
 def _load_gguf(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted: Path, dtype: torch.dtype
                ) -> PreTrainedModel:
     """The converted copy when there is a good one; a damaged copy is removed and made again."""
-    if _complete(converted):
+    if _usable(converted):
         try:
             return _from_pretrained(str(converted), dtype)
         except Exception as exc:

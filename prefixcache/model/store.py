@@ -17,7 +17,6 @@ import hmac
 import json
 import logging
 import os
-import secrets
 import shutil
 import tempfile
 import time
@@ -31,7 +30,8 @@ from safetensors.torch import save_file
 
 from .engine import Prefix
 from ..errors import OutputError
-from .load import models_dir, private_folder
+from .load import models_dir
+from .private import ForeignCache, cache_secret, owned
 
 log = logging.getLogger(__name__)
 FORMAT = "prefixcache-prefix-1"
@@ -85,23 +85,9 @@ class PrefixStore:
         self._secret: bytes | None = None
 
     def _key(self) -> bytes:
-        """The store's secret: made once, exclusively, 0600; read after."""
+        """The store's secret (model/private.py); ForeignCache for another user's store."""
         if self._secret is None:
-            private_folder(self.root)
-            path = self.root / ".store-key"
-            if not path.exists():  # written whole, then linked in: a racing writer sees all of it or none
-                fd, tmp = tempfile.mkstemp(prefix=".tmp-key-", dir=self.root)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(secrets.token_bytes(32))
-                try:
-                    os.link(tmp, path)
-                except FileExistsError:
-                    pass
-                finally:
-                    os.unlink(tmp)
-            if path.is_symlink() or (path.stat().st_mode & 0o077):
-                raise OSError(f"{path} is readable or writable by others")
-            self._secret = path.read_bytes()
+            self._secret = cache_secret(self.root)
         return self._secret
 
     def _path(self, key: str) -> Path:
@@ -113,6 +99,11 @@ class PrefixStore:
         if not path.exists():
             return None
         start = time.perf_counter()
+        try:
+            self._key()
+        except OSError as exc:  # another user's store: nothing in it is trusted, nothing removed
+            log.warning("prefix store: %s; computing the prefix", exc)
+            return None
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
@@ -218,10 +209,14 @@ def clear_cache(cache_dir: Path, models: bool = False) -> tuple[int, bool]:
     """Remove the stored prefixes under `cache_dir` (and with `models` the converted models).
     Returns (prefixes removed, whether converted models were removed)."""
     try:
+        if Path(cache_dir).exists():
+            owned(Path(cache_dir))  # never another user's files
         removed = PrefixStore(Path(cache_dir) / "prefixes").clear()
         gone = models and models_dir(cache_dir).is_dir()
         if gone:
             shutil.rmtree(models_dir(cache_dir))
+    except ForeignCache as exc:
+        raise OutputError(f"cannot clear the cache: {exc}")
     except OSError as exc:
         raise OutputError(f"{exc.filename or cache_dir}: cannot remove it: {exc.strerror}")
     return removed, gone

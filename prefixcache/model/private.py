@@ -1,0 +1,139 @@
+"""The cache is the user's alone: its folders, the secret that signs what is kept there, and the
+signatures of converted models.
+
+Folders are created 0700 whatever the umask, and a folder or key another user owns is never
+trusted: anything in it could have been written by them (`ForeignCache`). The secret
+(`.store-key`, 0600) signs stored prefixes and converted models; a converted model's signature
+covers a sha256 of each of its files, so weights swapped or damaged after conversion are never
+used. Checking the sha256 of gigabytes on every load would cost seconds, so the signature also
+covers each file's size, inode, modification and change times: while those hold (nobody but the
+user can write the folder, and a change time cannot be set back) the files are the ones hashed;
+when they differ (a copy, a restore from backup) the files are hashed again and compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+
+KEY_NAME = ".store-key"
+SIGNED = "prefixcache.json"  # a converted model's record: its source and its files' digests, signed
+
+
+class ForeignCache(OSError):
+    """A cache folder or key that another user owns (or others may write): not used."""
+
+
+def private_folder(path: Path, tighten: bool = True) -> None:
+    """Create `path` and each missing folder above it readable and writable by the user alone,
+    whatever the umask; with `tighten`, also an existing `path` of the user's that others could
+    read or write (a folder prefixcache owns, never one the user named for it). Raises
+    ForeignCache when `path` belongs to another user."""
+    path = Path(path)
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:  # another process made it first
+            pass
+        os.chmod(folder, 0o700)  # mkdir's mode is cut by the umask only to fewer rights; say it outright
+    target = missing[0] if missing else path
+    owned(target)
+    st = target.stat()
+    if tighten and st.st_mode & 0o077:
+        os.chmod(target, 0o700)
+
+
+def owned(path: Path) -> None:
+    """Raise ForeignCache unless the running user owns `path`."""
+    st = os.lstat(path)
+    if st.st_uid != os.getuid():
+        raise ForeignCache(f"{path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): not used")
+
+
+def cache_secret(root: Path) -> bytes:
+    """The secret under `root` (made once, exclusively, 0600; read after). Raises ForeignCache for
+    a folder or key another user owns or others may read."""
+    private_folder(root)
+    path = root / KEY_NAME
+    if not path.exists():  # written whole, then linked in: a racing writer sees all of it or none
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-key-", dir=root)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    if path.is_symlink():
+        raise ForeignCache(f"{path} is a symbolic link: not used")
+    owned(path)
+    if path.stat().st_mode & 0o077:
+        raise ForeignCache(f"{path} is readable or writable by others: not used")
+    return path.read_bytes()
+
+
+def sign(secret: bytes, data: Any) -> str:
+    """HMAC-SHA256 of `data` as canonical JSON."""
+    return hmac.new(secret, json.dumps(data, sort_keys=True).encode(), hashlib.sha256).hexdigest()
+
+
+def sign_folder(folder: Path, secret: bytes, source: str, created: float) -> None:
+    """Write `folder`'s signed record: each file's sha256 and stat, under `secret`."""
+    files = {p.name: {"sha256": _sha256(p)} for p in sorted(folder.iterdir()) if p.is_file() and p.name != SIGNED}
+    record = {"source": source, "created": created, "files": files}
+    record["hmac"] = sign(secret, {"source": source, "files": files})
+    record["stat"] = sign(secret, _stats(folder, files))
+    (folder / SIGNED).write_text(json.dumps(record))
+    os.chmod(folder / SIGNED, 0o600)
+
+
+def verify_folder(folder: Path, secret: bytes) -> str | None:
+    """Why `folder`'s files are not the ones signed, or None when they are (see the module)."""
+    try:
+        record = json.loads((folder / SIGNED).read_text(encoding="utf-8"))
+        files, source = record["files"], record["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "it has no signed record of its files (converted by an older version?)"
+    if not hmac.compare_digest(str(record.get("hmac", "")), sign(secret, {"source": source, "files": files})):
+        return "its record is not signed by this cache"
+    present = {p.name for p in folder.iterdir() if p.is_file() and p.name != SIGNED}
+    if present != set(files):
+        return f"its files are not the ones converted ({', '.join(sorted(present ^ set(files))[:3])})"
+    if hmac.compare_digest(str(record.get("stat", "")), sign(secret, _stats(folder, files))):
+        return None
+    for name, info in files.items():
+        if _sha256(folder / name) != info.get("sha256"):
+            return f"{name} is not the file converted"
+    record["stat"] = sign(secret, _stats(folder, files))  # the same bytes, copied or restored: trust them again
+    try:
+        (folder / SIGNED).write_text(json.dumps(record))
+    except OSError:
+        pass
+    return None
+
+
+def _stats(folder: Path, files: dict) -> list:
+    out = []
+    for name in sorted(files):
+        st = os.lstat(folder / name)
+        out.append([name, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns])
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
