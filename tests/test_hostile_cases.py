@@ -356,3 +356,37 @@ def test_the_cache_is_private_under_any_umask(tmp_path, tiny_model_dir):
         os.umask(old)
     modes = {p.relative_to(tmp_path).as_posix(): p.stat().st_mode & 0o777 for p in [cache.parent, *cache.parent.rglob("*")]}
     assert all(mode == (0o700 if (tmp_path / name).is_dir() else 0o600) for name, mode in modes.items()), modes
+
+
+# -- CSV outputs read back whole ----------------------------------------------------------------
+def test_a_csv_output_with_a_huge_kept_value_reads_back_whole(tmp_path, tiny_model_dir):
+    from prefixcache.data.output import read_records
+
+    spec, items, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), tmp_path / "i.jsonl", tmp_path / "o.csv"
+    items.write_text("".join(json.dumps({"id": k, "text": "refund", "note": "x" * (200_000 if k == 1 else 3)}) + "\n"
+                             for k in range(3)))
+    assert invoke("run", spec, items, "-o", out, "--keep", "note", "-q").exit_code == 0
+    assert [r["id"] for r in read_records(str(out)).records] == ["0", "1", "2"]
+    before = out.read_bytes()
+    result = invoke("run", spec, items, "-o", out, "--keep", "note", "--resume")
+    assert result.exit_code == 0 and "nothing to do" in result.output and out.read_bytes() == before, result.output
+
+
+def test_newlines_in_column_names_and_labels_read_back(tmp_path, tiny_model_dir):
+    from prefixcache.data.output import read_records
+
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["bill\ning", "tech"])
+    items, out = tmp_path / "i.jsonl", tmp_path / "o.csv"
+    items.write_text("".join(json.dumps({"id": k, "text": "refund", "a\nb": "c"}) + "\n" for k in range(3)))
+    assert invoke("run", spec, items, "-o", out, "--keep-all", "-q").exit_code == 0
+    records = read_records(str(out)).records
+    assert len(records) == 3 and set(records[0]["probs"]) == {"bill\ning", "tech"} and records[0]["a\nb"] == "c"
+    assert invoke("diff", out, out).exit_code == 0
+
+
+def test_a_kept_column_named_like_a_per_label_column_is_refused_in_csv(tmp_path, tiny_model_dir):
+    spec, items = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), tmp_path / "i.jsonl"
+    items.write_text(json.dumps({"id": 1, "text": "refund", "prob_other": "0.9"}) + "\n")
+    result = invoke("run", spec, items, "-o", tmp_path / "o.csv", "--keep", "prob_other")
+    assert result.exit_code == 2 and "named like the record's per-label CSV columns" in result.output, result.output
+    assert invoke("run", spec, items, "-o", tmp_path / "o.jsonl", "--keep", "prob_other", "-q").exit_code == 0

@@ -157,33 +157,53 @@ def _read_jsonl(data: bytes, path: str) -> tuple[list[Record], int]:
 
 
 def _read_csv(data: bytes, path: str) -> tuple[list[Record], int]:
+    """The complete records of a CSV output and where they end: every row that the writer wrote,
+    a field over the csv module's default size or a quoted newline (in a value or a column name)
+    included."""
+    csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))  # as large as what we write
     text = data.decode("utf-8", errors="replace")
     lines = text.split("\n")  # records end in \n; \r or U+2028 inside a quoted id is not an end
     lines = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
-    if not lines or not lines[0].endswith("\n"):
+    rows = _csv_rows(lines)
+    first = next(rows, None)
+    if first is None:
         return [], 0
-    header = next(csv.reader([lines[0]]))
+    header, offset = first
     if not header or "error" not in header or not {"label", "labels"} & set(header):
         raise OutputError(f"{path}: its header has no label and error columns; is this a prefixcache output?")
     header[0] = "id"  # written under the input's name for the id
-    records, offset, pending, pending_len = [], len(lines[0].encode()), [], 0
-    for line in lines[1:]:
-        pending.append(line)
-        pending_len += len(line.encode())
-        if not line.endswith("\n"):
+    records = []
+    for row, size in rows:
+        if len(row) != len(header):
             break
         try:
-            rows = list(csv.reader(pending))
-        except csv.Error:
-            continue
-        if len(rows) == 1 and len(rows[0]) == len(header):
-            try:
-                records.append(from_csv_row(dict(zip(header, rows[0]))))
-            except (ValueError, json.JSONDecodeError):
-                raise OutputError(f"{path}: record {len(records) + 1} is not a record; is this a prefixcache output?")
-            offset += pending_len
-            pending, pending_len = [], 0
+            records.append(from_csv_row(dict(zip(header, row))))
+        except (ValueError, json.JSONDecodeError):
+            raise OutputError(f"{path}: record {len(records) + 1} is not a record; is this a prefixcache output?")
+        offset += size
     return records, offset
+
+
+CSV_FIELD_LIMIT = 1 << 30
+
+
+def _csv_rows(lines: list[str]) -> Iterator[tuple[list[str], int]]:
+    """Each complete CSV row (its last line ends in \n, every quote is closed) and its size in
+    bytes; a row not finished ends the rows."""
+    pending: list[str] = []
+    size = 0
+    for line in lines:
+        pending.append(line)
+        size += len(line.encode())
+        if not line.endswith("\n"):
+            return
+        try:
+            rows = list(csv.reader(pending, strict=True))
+        except csv.Error:
+            continue  # a quoted field goes on in the next line
+        if len(rows) == 1:
+            yield rows[0], size
+            pending, size = [], 0
 
 
 # -- checks, fingerprint and resume --------------------------------------------------------

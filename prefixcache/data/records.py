@@ -123,13 +123,15 @@ def input_fields(record: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in RECORD_FIELDS and not k.startswith(prefixes)}
 
 
-def keep_clash(spec: TaskSpec, name: str) -> str | None:
-    """Why an input field cannot be copied into the records under its name, or None."""
+def keep_clash(spec: TaskSpec, name: str, csv: bool = False) -> str | None:
+    """Why an input field cannot be copied into the records under its name, or None. In a CSV
+    output any column named like a per-label one (prob_..., logprob_..., raw_prob_...) would be
+    read back as one."""
     if name in RECORD_FIELDS:
         return f"{name!r} is a field of the record itself"
     for _, prefix in PER_LABEL:
-        if name.startswith(prefix) and name[len(prefix):] in spec.label_names:
-            return f"{name!r} is one of the record's CSV columns"
+        if name.startswith(prefix) and (csv or name[len(prefix):] in spec.label_names):
+            return f"{name!r} is named like the record's per-label CSV columns"
     return None
 
 

@@ -170,7 +170,7 @@ def _keep(options: RunOptions, spec: TaskSpec, fields: dict[str, None], out_fmt:
     names = list(fields) if options.keep_all else list(dict.fromkeys(options.keep))
     names = [name for name in names if name != spec.id_field]  # the id is there already
     for name in names:
-        clash = keep_clash(spec, name)
+        clash = keep_clash(spec, name, csv=out_fmt == "csv")
         if clash:
             raise UsageError(f"cannot keep input field {name!r}: {clash}; rename it in the input")
         if fields and name not in fields:
