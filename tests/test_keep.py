@@ -88,7 +88,7 @@ def test_a_field_named_like_a_label_column_is_a_clash(tmp_path, tiny_model_dir):
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"id": 1, "text": "x", "prob_a": 1}) + "\n")
     result = invoke("run", spec, src, "--keep-all")
-    assert result.exit_code == 2 and "'prob_a' is one of the record's CSV columns" in result.stderr
+    assert result.exit_code == 2 and "'prob_a' is named like the record's per-label CSV columns" in result.stderr
 
 
 def test_dry_run_counts_tokens_estimates_and_writes_nothing(spec_path, reviews, tmp_path):
