@@ -4,6 +4,7 @@ files named twice, input built to break a reader. Each test failed before its fi
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -390,3 +391,120 @@ def test_a_kept_column_named_like_a_per_label_column_is_refused_in_csv(tmp_path,
     result = invoke("run", spec, items, "-o", tmp_path / "o.csv", "--keep", "prob_other")
     assert result.exit_code == 2 and "named like the record's per-label CSV columns" in result.output, result.output
     assert invoke("run", spec, items, "-o", tmp_path / "o.jsonl", "--keep", "prob_other", "-q").exit_code == 0
+
+
+# -- bad input is an error with its file and line, never an internal error -------------------
+def _parquet(path: Path, **columns) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def test_damaged_parquet_files_are_input_errors(tmp_path):
+    from prefixcache.data.items import read_items
+    from prefixcache.errors import InputError
+
+    whole = _parquet(tmp_path / "whole.parquet", id=[1, 2], text=["a", "b"]).read_bytes()
+    for name, data in (("empty", b""), ("truncated", whole[: len(whole) // 2]), ("garbage", b"PAR1" + b"x" * 99 + b"PAR1")):
+        (tmp_path / f"{name}.parquet").write_bytes(data)
+        with pytest.raises(InputError, match=f"{name}.parquet: cannot read it as Parquet"):
+            list(read_items(str(tmp_path / f"{name}.parquet")))
+
+
+def test_parquet_dates_decimals_bytes_and_nan_become_json_values(tmp_path, tiny_model_dir):
+    import datetime
+    import decimal
+
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3, template="{text} on {day}")
+    items = _parquet(tmp_path / "i.parquet", id=[1], text=["refund"], day=[datetime.date(2026, 12, 3)],
+                     at=[datetime.datetime(2026, 12, 3, 9, 30)], amount=[decimal.Decimal("12.50")], raw=[b"\xff\x00"],
+                     score=[float("nan")])
+    out = tmp_path / "o.jsonl"
+    result = invoke("run", spec, items, "-o", out, "--keep-all", "-q")
+    assert result.exit_code == 0, result.output
+    record = json.loads(out.read_text())
+    assert (record["day"], record["at"], record["amount"], record["raw"], record["score"]) == (
+        "2026-12-03", "2026-12-03T09:30:00", "12.50", "/wA=", None)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"id": 1, "n": ' + b"9" * 5000 + b"}\n", "more than 4300 digits"),
+    (b'{"id": 1, "n": NaN}\n', "NaN is not a JSON value"),
+    (b'{"id": 1, "n": -Infinity}\n', "-Infinity is not a JSON value"),
+])
+def test_numbers_json_does_not_have_are_refused_with_the_line(tmp_path, content, message):
+    from prefixcache.data.items import read_items
+    from prefixcache.errors import InputError
+
+    (tmp_path / "i.jsonl").write_bytes(b'{"id": 0}\n' + content)
+    with pytest.raises(InputError, match=f"i.jsonl:2: .*{message}"):
+        list(read_items(str(tmp_path / "i.jsonl")))
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[{"id": 1} {"id": 2}]', "expected ',' or ']' after an object, found '{'"),
+    ('[{"id": 1}', "found the end of the file"),
+    ('[{"id": 1}] trailing', "data after the end of the array"),
+    ('[{"id": 1},]', "malformed JSON"),
+])
+def test_a_json_array_input_is_strict_json(tmp_path, text, message):
+    from prefixcache.data.items import read_items
+    from prefixcache.errors import InputError
+
+    (tmp_path / "i.json").write_text(text)
+    with pytest.raises(InputError, match=re.escape(message)):
+        list(read_items(str(tmp_path / "i.json")))
+
+
+def test_a_damaged_gzip_stream_is_an_input_error(tmp_path):
+    import gzip
+
+    from prefixcache.data.items import read_items
+    from prefixcache.errors import InputError
+
+    data = gzip.compress(b"".join(json.dumps({"id": k, "text": "x" * 50}).encode() + b"\n" for k in range(3000)))
+    for cut in (data[: len(data) // 2], data[:100] + bytes(200) + data[300:]):
+        (tmp_path / "i.jsonl.gz").write_bytes(cut)
+        with pytest.raises(InputError, match="i.jsonl.gz"):
+            list(read_items(str(tmp_path / "i.jsonl.gz")))
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--format", "csv", "--encoding", "bogus"), "no such text encoding"),
+    (("--format", "csv", "--delimiter", ""), "--delimiter must be one character"),
+    (("--format", "csv", "--delimiter", ";;"), "--delimiter must be one character"),
+    (("--device", "cuda:7"), "cuda:7"),
+])
+def test_bad_reading_and_device_options_are_usage_errors(tmp_path, args, message):
+    spec, items = write_spec(tmp_path, labels=LABELS3), tmp_path / "i.csv"
+    items.write_text("id,text\n1,refund\n")
+    result = invoke("run", spec, items, *args)
+    assert result.exit_code in (2, 3) and message in result.output and "internal error" not in result.output, result.output
+
+
+@pytest.mark.parametrize("content", ['{"id": 1}\n', 'not json\n', '{"id": 1, "label": "a", "error": 3}\n',
+                                     '{"id": 1, "label": "a", "probs": "high"}\n', '{"id": [1], "label": "a"}\n'])
+def test_diff_and_report_refuse_what_is_not_a_record(tmp_path, content):
+    from helpers import A, write_records
+
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    write_records(good, A)
+    bad.write_text(content)
+    for args in (("diff", bad, good), ("diff", good, bad), ("report", bad, "-o", tmp_path / "r.html")):
+        result = invoke(*args)
+        assert result.exit_code == 2 and "is not a record" in result.output, (args, result.output)
+
+
+@pytest.mark.parametrize("what", ["missing", "folder"])
+def test_diff_and_report_on_a_missing_file_or_a_folder(tmp_path, what):
+    from helpers import A, write_records
+
+    good, target = tmp_path / "good.jsonl", tmp_path / "other"
+    write_records(good, A)
+    if what == "folder":
+        target.mkdir()
+    for args in (("diff", good, target), ("report", target, "-o", tmp_path / "r.html")):
+        result = invoke(*args)
+        assert result.exit_code == 2 and ("no such file" in result.output or "is a directory" in result.output), result.output

@@ -7,19 +7,24 @@ problem raises `InputError` naming the file and line (for Parquet: the row).
 
 from __future__ import annotations
 
+import base64
 import codecs
 import csv
+import datetime
+import decimal
 import gzip
 import io
 import json
+import math
 import os
 import stat
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, IO, Any, Callable, Iterator, Mapping
 
-from ..errors import InputError, first_line
+from ..errors import InputError, UsageError, first_line
 
 INPUT_FORMATS = ("jsonl", "csv", "tsv", "json", "parquet")
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv", ".json": "json",
@@ -95,15 +100,28 @@ def _jsonl_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[
         if not text.strip():
             continue
         try:
-            record = json.loads(text)
+            record = json.loads(text, parse_constant=_not_json)
         except json.JSONDecodeError as exc:
             raise InputError(f"{name}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})")
+        except ValueError as exc:  # NaN / Infinity, a number of thousands of digits
+            raise InputError(f"{name}:{lineno}: {_bad_value(exc)}")
         except RecursionError:
             raise InputError(f"{name}:{lineno}: JSON nested too deeply")
         if not isinstance(record, dict):
             raise InputError(f"{name}:{lineno}: expected a JSON object, got {type(record).__name__}")
         _check_text(record, name, lineno)
         yield lineno, record
+
+
+def _not_json(constant: str) -> Any:
+    """NaN, Infinity and -Infinity: Python's json reads them, JSON has no such values."""
+    raise ValueError(f"{constant} is not a JSON value (write null, or the number as a string)")
+
+
+def _bad_value(exc: ValueError) -> str:
+    if "digits" in str(exc):
+        return "a number of more than 4300 digits; write it as a string"
+    return first_line(exc)[:120]
 
 
 def _check_text(record: Mapping[str, Any], name: str, lineno: int) -> None:
@@ -172,8 +190,9 @@ def _decoded(stream: IO[bytes], name: str, codec: str, asked: str | None) -> Ite
 
 
 def _json_array_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
-    """The objects of one top-level JSON array, decoded one at a time as the file is read."""
-    decoder = json.JSONDecoder()
+    """The objects of one top-level JSON array, decoded one at a time as the file is read; the
+    array is strict JSON: values separated by commas, closed, nothing after it."""
+    decoder = json.JSONDecoder(parse_constant=_not_json)
     text = io.TextIOWrapper(stream, encoding="utf-8-sig")
     buffer, pos, line, eof = "", 0, 1, False
 
@@ -184,39 +203,52 @@ def _json_array_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Map
         buffer += chunk
         return bool(chunk)
 
-    def skip(chars: str) -> None:
+    def next_char() -> str:
+        """The next character that is not white space ("" at the end of the file)."""
         nonlocal pos, line
         while True:
-            while pos < len(buffer) and buffer[pos] in chars:
+            while pos < len(buffer) and buffer[pos] in " \t\r\n":
                 line += buffer[pos] == "\n"
                 pos += 1
             if pos < len(buffer) or not more():
-                return
+                return buffer[pos:pos + 1]
 
     try:
-        skip(" \t\r\n")
-        if buffer[pos:pos + 1] != "[":
+        if next_char() != "[":
             raise InputError(f"{name}:{line}: a .json input is one JSON array of objects ([{{...}}, ...])")
         pos += 1
-        while True:
-            skip(" \t\r\n,")
-            if buffer[pos:pos + 1] == "]" or (eof and pos >= len(buffer)):
-                break
+        if next_char() == "]":
+            pos += 1
+        else:
             while True:
-                try:
-                    record, end = decoder.raw_decode(buffer, pos)
+                if not next_char():
+                    raise InputError(f"{name}:{line}: the array is never closed (no ']')")
+                while True:
+                    try:
+                        record, end = decoder.raw_decode(buffer, pos)
+                        break
+                    except json.JSONDecodeError as exc:
+                        if not more():
+                            raise InputError(f"{name}:{line}: malformed JSON: {exc.msg}")
+                if not isinstance(record, dict):
+                    raise InputError(f"{name}:{line}: expected a JSON object, got {type(record).__name__}")
+                _check_text(record, name, line)
+                yield line, record
+                line += buffer.count("\n", pos, end)
+                buffer, pos = buffer[end:], 0
+                after = next_char()
+                pos += 1
+                if after == "]":
                     break
-                except json.JSONDecodeError as exc:
-                    if not more():
-                        raise InputError(f"{name}:{line}: malformed JSON: {exc.msg}")
-            if not isinstance(record, dict):
-                raise InputError(f"{name}:{line}: expected a JSON object, got {type(record).__name__}")
-            _check_text(record, name, line)
-            yield line, record
-            line += buffer.count("\n", pos, end)
-            buffer, pos = buffer[end:], 0
+                if after != ",":
+                    raise InputError(f"{name}:{line}: expected ',' or ']' after an object"
+                                     + (", found the end of the file" if not after else f", found {after!r}"))
+        if next_char():
+            raise InputError(f"{name}:{line}: data after the end of the array")
     except UnicodeDecodeError:
         raise InputError(f"{name}:{line}: not valid UTF-8")
+    except ValueError as exc:  # NaN / Infinity, a number of thousands of digits
+        raise InputError(f"{name}:{line}: {_bad_value(exc)}")
     except RecursionError:
         raise InputError(f"{name}:{line}: JSON nested too deeply")
     finally:
@@ -229,14 +261,40 @@ def _parquet_records(path: str, name: str) -> Iterator[tuple[int, Mapping[str, A
         import pyarrow.parquet as pq  # an optional extra
     except ImportError:
         raise InputError(f"{name}: reading Parquet needs pyarrow: {PARQUET_EXTRA}")
+    import pyarrow
+
     try:
         rows = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
             for record in batch.to_pylist():
                 rows += 1
-                yield rows, record
-    except OSError as exc:
+                yield rows, {key: _plain(value) for key, value in record.items()}
+    except (OSError, ValueError, pyarrow.ArrowException) as exc:  # empty, truncated, not Parquet
         raise InputError(f"{name}: cannot read it as Parquet: {first_line(exc)[:160]}")
+
+
+def _plain(value: Any) -> Any:
+    """A Parquet value as JSON has it: dates and times in ISO 8601, decimals as exact strings,
+    bytes as text (base64 when they are not UTF-8), NaN as null (how pandas writes a missing
+    number)."""
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode("ascii")
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def read_items(path: str, fmt: str | None = None, id_field: str = "id", delimiter: str | None = None,
@@ -246,6 +304,13 @@ def read_items(path: str, fmt: str | None = None, id_field: str = "id", delimite
     their 1-based position in the input as id."""
     fmt = detect_format(path, fmt)
     name = "<stdin>" if path == "-" else path
+    if delimiter is not None and len(delimiter) != 1:
+        raise UsageError(f"--delimiter must be one character, not {delimiter!r}")
+    if encoding is not None:
+        try:
+            codecs.lookup(encoding)
+        except LookupError:
+            raise UsageError(f"--encoding {encoding!r}: no such text encoding (e.g. utf-8, latin-1, cp1252, utf-16)")
     if fmt == "parquet":
         if path == "-" or is_stream(path):
             raise InputError("Parquet is read from a file, not a stream")
@@ -258,7 +323,7 @@ def read_items(path: str, fmt: str | None = None, id_field: str = "id", delimite
         records = (_jsonl_records if fmt == "jsonl" else _json_array_records)(stream, name)
     try:
         yield from _items(records, name, id_field)
-    except (OSError, EOFError) as exc:  # a damaged .gz
+    except (OSError, EOFError, zlib.error) as exc:  # a damaged .gz
         raise InputError(f"{name}: cannot read it: {first_line(exc)[:160]}")
     finally:
         records.close()  # its own clean-up first, while the stream is open

@@ -124,20 +124,49 @@ class Written:
     size: int  # the file's size (larger than `end` when a partial record trails)
 
 
-def read_records(path: str, fmt: str | None = None) -> Written:
+def read_records(path: str, fmt: str | None = None, strict: bool = False) -> Written:
     """The complete records of an output file, in the JSONL layout; a partial trailing record is
-    left out."""
-    data = Path(path).read_bytes()
+    left out, and so is a damaged last line (what a crash leaves) unless `strict` (a file given
+    to diff or report, which a run does not continue)."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file")
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not an output of run")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it: {exc.strerror}")
     parse = _read_jsonl if file_format(path, fmt) == "jsonl" else _read_csv
-    records, end = parse(data, path)
+    records, end = parse(data, path, strict)
     return Written(records, end, len(data))
 
 
 def _is_record(value: Any) -> bool:
-    return isinstance(value, dict) and "id" in value and ("label" in value or "labels" in value or "error" in value)
+    return isinstance(value, dict) and "id" in value and ("label" in value or "labels" in value or "error" in value) \
+        and _well_formed(value)
 
 
-def _read_jsonl(data: bytes, path: str) -> tuple[list[Record], int]:
+def _well_formed(record: Mapping[str, Any]) -> bool:
+    """The fields every reader relies on have their types (fields a record lacks are not asked for)."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if not isinstance(record["id"], (str, int)) or isinstance(record["id"], bool):
+        return False
+    if "error" in record:
+        return isinstance(record["error"], str)
+    checks = [
+        record.get("label") is None or isinstance(record.get("label"), str),
+        not isinstance(record.get("labels"), (str, int, float, dict)),
+        record.get("prob") is None or number(record["prob"]),
+        all(number(v) for v in (record["probs"].values() if isinstance(record.get("probs"), dict) else
+                                record.get("probs") or ())) and isinstance(record.get("probs", {}), (dict, list)),
+        isinstance(record.get("labels", []), list) and all(isinstance(v, str) for v in record.get("labels", [])),
+    ]
+    return all(checks)
+
+
+def _read_jsonl(data: bytes, path: str, strict: bool = False) -> tuple[list[Record], int]:
     records, offset = [], 0
     for line in data.split(b"\n"):
         if offset + len(line) == len(data):
@@ -148,7 +177,7 @@ def _read_jsonl(data: bytes, path: str) -> tuple[list[Record], int]:
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             record = None
         if not _is_record(record):
-            if offset + len(line) == len(data):
+            if offset + len(line) == len(data) and not strict:
                 break  # a damaged last line: dropped like a partial one
             raise OutputError(f"{path}: line {len(records) + 1} is not a record; is this a prefixcache output?")
         records.append(record)
@@ -156,7 +185,7 @@ def _read_jsonl(data: bytes, path: str) -> tuple[list[Record], int]:
     return records, offset
 
 
-def _read_csv(data: bytes, path: str) -> tuple[list[Record], int]:
+def _read_csv(data: bytes, path: str, strict: bool = False) -> tuple[list[Record], int]:
     """The complete records of a CSV output and where they end: every row that the writer wrote,
     a field over the csv module's default size or a quoted newline (in a value or a column name)
     included."""
@@ -175,6 +204,9 @@ def _read_csv(data: bytes, path: str) -> tuple[list[Record], int]:
     records = []
     for row, size in rows:
         if len(row) != len(header):
+            if strict:
+                raise OutputError(f"{path}: record {len(records) + 1} has {len(row)} columns, the header "
+                                  f"{len(header)}; is this a prefixcache output?")
             break
         try:
             records.append(from_csv_row(dict(zip(header, row))))

@@ -196,8 +196,11 @@ def pick_device(device: str = "auto") -> str:
         if torch.cuda.is_available():
             return "cuda"
         return "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ModelError("--device cuda was asked for but no CUDA device is available")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"--device {device} was asked for but no CUDA device is available")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise ModelError(f"--device {device} was asked for but this machine has {torch.cuda.device_count()} CUDA "
+                         f"devices (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
     if device == "mps" and not torch.backends.mps.is_available():
         raise ModelError("--device mps was asked for but MPS is not available")
     return device

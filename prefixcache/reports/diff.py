@@ -249,7 +249,7 @@ def compare_outputs(path_a: str, path_b: str) -> Comparison:
     runs = []
     for path in (path_a, path_b):
         try:
-            runs.append(read_records(path).records)
+            runs.append(read_records(path, strict=True).records)
         except FileNotFoundError:
             raise InputError(f"{path}: no such file")
         except OutputError as exc:

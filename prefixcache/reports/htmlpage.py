@@ -163,7 +163,7 @@ th{background:#f4f4f4} .kpi{display:flex;gap:2rem;flex-wrap:wrap;margin:1rem 0}
 def build_report(output: str, compare_with: str | None = None, top: int = 15) -> str:
     """The HTML page for one output of `run` (and its diff with another)."""
     plt = _pyplot()
-    records = read_records(output).records
+    records = read_records(output, strict=True).records
     if not records:
         raise InputError(f"{output}: holds no records")
     scored = [r for r in records if not is_error(r)]
@@ -192,7 +192,7 @@ def build_report(output: str, compare_with: str | None = None, top: int = 15) ->
 
 def _page(output: str, records: Sequence[Record], parts: list[str], compare_with: str | None, top: int) -> str:
     if compare_with:
-        before = read_records(compare_with).records
+        before = read_records(compare_with, strict=True).records
         parts.append(_compare_section(compare(before, records), compare_with, top))
     return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
             f"<title>prefixcache report: {html.escape(Path(output).name)}</title><style>{CSS}</style></head><body>"
