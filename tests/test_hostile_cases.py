@@ -508,3 +508,53 @@ def test_diff_and_report_on_a_missing_file_or_a_folder(tmp_path, what):
     for args in (("diff", good, target), ("report", target, "-o", tmp_path / "r.html")):
         result = invoke(*args)
         assert result.exit_code == 2 and ("no such file" in result.output or "is a directory" in result.output), result.output
+
+
+# -- a full disk -----------------------------------------------------------------------------------
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 48 KiB file system, mounted for the test (skipped where mounting is not allowed)."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small file system here")
+    yield mount
+    subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_full_disk_on_the_output_is_exit_2_naming_it(full_disk, tmp_path, tiny_model_dir, fmt):
+    spec, items = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), _items(tmp_path / "i.jsonl", 400)
+    out = full_disk / f"o.{fmt}"
+    result = invoke("run", spec, items, "-o", out, "-q")
+    assert result.exit_code == 2 and f"{out}: cannot write the output: No space left on device" in result.output, result.output
+
+
+def test_a_full_disk_under_the_cache_is_a_warning(full_disk, tmp_path, tiny_model_dir):
+    spec, items = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), _items(tmp_path / "i.jsonl", 2)
+    (full_disk / "filler").write_bytes(bytes(40 * 1024))
+    result = invoke("run", spec, items, "-o", tmp_path / "o.jsonl", "--cache-dir", full_disk / "cache")
+    assert result.exit_code == 0 and "prefix store: cannot write" in result.output, result.output
+    assert [p.name for p in (full_disk / "cache" / "prefixes").iterdir()] == [".store-key"]  # no temporary left
+
+
+def test_a_damaged_prefix_in_a_read_only_cache_is_computed_again(tmp_path, tiny_model_dir, caplog, monkeypatch):
+    import os
+    import pathlib
+
+    spec, cache = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), tmp_path / "cache"
+    _scorer_source(spec, cache)
+    [stored] = (cache / "prefixes").glob("*.safetensors")
+    stored.write_bytes(stored.read_bytes()[:100])
+    real = pathlib.Path.unlink
+
+    def read_only(self, missing_ok=False):  # as a read-only file system answers (root included)
+        if self == stored:
+            raise PermissionError(13, "Permission denied")
+        return real(self, missing_ok)
+
+    monkeypatch.setattr(pathlib.Path, "unlink", read_only)
+    assert _scorer_source(spec, cache) == "computed" and "is unusable" in caplog.text
+    assert os.path.exists(stored)

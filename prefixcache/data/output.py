@@ -69,8 +69,11 @@ class RecordWriter:
         self.stream, self.fmt, self.columns = stream, fmt, list(columns)
         self.written = 0  # records written by this writer
         if fmt == "csv" and header:  # the id column under the input's name for it
-            self.stream.write(self._csv_line({c: id_column if c == "id" else c for c in self.columns}))
-            stream.flush()
+            try:
+                self.stream.write(self._csv_line({c: id_column if c == "id" else c for c in self.columns}))
+                stream.flush()
+            except OSError as exc:
+                raise self._failed(exc)
 
     def _csv_line(self, cells: Mapping[str, Any]) -> str:
         # The csv module quotes a field holding "\n" but not one holding a lone "\r", which every
@@ -90,11 +93,20 @@ class RecordWriter:
         except BrokenPipeError:
             raise
         except OSError as exc:  # a full disk, a quota: what was written before stays, --resume continues
-            raise OutputError(f"{getattr(self.stream, 'name', 'output')}: cannot write the output: {exc.strerror or exc}")
+            raise self._failed(exc)
 
-    def close(self) -> None:
-        if self.stream is not sys.stdout:
+    def _failed(self, exc: OSError) -> OutputError:
+        return OutputError(f"{getattr(self.stream, 'name', 'output')}: cannot write the output: {exc.strerror or exc}")
+
+    def close(self, failing: bool = False) -> None:
+        """Close the file; `failing`: a write has already failed (its error is the one to report)."""
+        if self.stream is sys.stdout:
+            return
+        try:
             self.stream.close()
+        except OSError as exc:
+            if not failing:
+                raise self._failed(exc)
 
 
 def open_writer(path: str | None, columns: Sequence[str] = (), append: bool = False, fmt: str | None = None,
@@ -553,7 +565,7 @@ class OutputFile:
         try:
             yield writer
         except BaseException:
-            writer.close()
+            writer.close(failing=True)
             if start.mode == "update":
                 Path(path).unlink(missing_ok=True)  # the output stays as it was
             elif start.mode == "fresh" and self.is_file and not writer.written:

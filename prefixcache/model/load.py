@@ -242,9 +242,9 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: PreTrainedTokeni
     compat.drop_quantizer(model)  # the weights are plain floats now
     try:
         _keep_converted(model, tokenizer, path, target)
-    except OSError as exc:  # a full disk or a read-only cache: this run goes on, the next converts again
+    except Exception as exc:  # a full disk, a read-only or foreign cache: this run goes on, the next converts again
         log.warning("cannot keep the converted weights in %s (%s); the next run converts again", target.parent,
-                    exc.strerror or exc)
+                    getattr(exc, "strerror", None) or first_line(exc)[:160])
     return model
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .engine import Prefix
@@ -119,7 +119,10 @@ class PrefixStore:
                 raise ValueError("a layer does not hold every prefix position")  # e.g. a sliding-window cache
         except Exception as exc:  # a torn, truncated or foreign file: rebuild it
             log.warning("prefix store: %s is unusable (%s); computing the prefix again", path.name, exc)
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:  # a read-only cache: it stays, unused
+                pass
             return None
         os.utime(path)  # last used
         return Prefix(ids, kv, tensors["logits"].to(device), (time.perf_counter() - start) * 1000)
@@ -143,8 +146,9 @@ class PrefixStore:
             finally:
                 Path(tmp).unlink(missing_ok=True)
             self.evict(keep=key)
-        except OSError as exc:
-            log.warning("prefix store: cannot write %s (%s); continuing without it", self.root, exc.strerror or exc)
+        except (OSError, SafetensorError) as exc:  # a full disk, a read-only or foreign cache
+            log.warning("prefix store: cannot write %s (%s); continuing without it", self.root,
+                        getattr(exc, "strerror", None) or exc)
         return prefix
 
     def entries(self) -> list[Entry]:
