@@ -558,3 +558,46 @@ def test_a_damaged_prefix_in_a_read_only_cache_is_computed_again(tmp_path, tiny_
     monkeypatch.setattr(pathlib.Path, "unlink", read_only)
     assert _scorer_source(spec, cache) == "computed" and "is unusable" in caplog.text
     assert os.path.exists(stored)
+
+
+# -- text from the data, shown as it is -------------------------------------------------------
+HOSTILE_LABELS = ["[/]", "[link=https://evil.example]click[/link]", "a|b", "$5 off $20", "R&D <team>"]
+
+
+def _hostile_runs(tmp_path):
+    from helpers import hand_record, write_records
+
+    even = {name: 1 / len(HOSTILE_LABELS) for name in HOSTILE_LABELS}
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    ids = ["[bold]x[/bold]", "line\nbreak", "pipe|id", "[/]", "plain"]
+    write_records(a, [hand_record(i, HOSTILE_LABELS[k], even, HOSTILE_LABELS[k]) for k, i in enumerate(ids)])
+    write_records(b, [hand_record(i, HOSTILE_LABELS[(k + 1) % 5], even, HOSTILE_LABELS[k]) for k, i in enumerate(ids)])
+    return a, b
+
+
+def test_diff_shows_ids_and_labels_as_they_are(tmp_path):
+    a, b = _hostile_runs(tmp_path)
+    md = tmp_path / "diff.md"
+    result = invoke("diff", a, b, "--md", md, env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "[link=https://evil.example]click[/link]" in result.stdout and "[bold]x[/bold]" in result.stdout
+    rows = [line for line in md.read_text().splitlines() if line.startswith("| ")]
+    for row in rows:  # every row has as many cells as its table's header
+        cells = len(row.replace("\\|", "").split("|")) - 2
+        assert cells in (3, 4, 6), row
+    assert "\\$5 off \\$20" in md.read_text() and "R&amp;D &lt;team&gt;" in md.read_text()
+
+
+def test_junit_and_the_report_take_any_label(tmp_path):
+    import xml.dom.minidom
+
+    from prefixcache.reports.evaluation import Evaluation, Gates
+    from prefixcache.reports.htmlpage import build_report
+
+    ev = Evaluation(HOSTILE_LABELS + ["bell\x07"])
+    for label in HOSTILE_LABELS:
+        ev.add(label, HOSTILE_LABELS[0], prob=0.6)
+    xml.dom.minidom.parseString(ev.to_junit(Gates(0.9, 0.5)))  # well-formed
+    a, _ = _hostile_runs(tmp_path)
+    page = build_report(str(a))
+    assert "$5 off $20" in page and "R&amp;D &lt;team&gt;" in page

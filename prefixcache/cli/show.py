@@ -85,9 +85,9 @@ def print_evaluation(console: Console, evaluation: Evaluation | TagEvaluation) -
     console.print(f"{head} · macro-F1 {evaluation.macro_f1:.3f}", markup=False, soft_wrap=True)
     _per_label_table(console, evaluation)
     columns, rows = evaluation.matrix()
-    confusion = Table("gold \\ predicted", *columns)
+    confusion = Table("gold \\ predicted", *map(_plain, columns))
     for label, row in zip(evaluation.labels, rows):
-        confusion.add_row(label, *map(str, row))
+        confusion.add_row(_plain(label), *map(str, row))
     print_table(console, confusion)
 
 
@@ -144,9 +144,10 @@ def print_bench(report: BenchReport) -> None:
 
 def print_cache(root: Path, prefixes: list[dict], models: list[dict]) -> None:
     """`cache list`: the stored prefixes as a table, then the converted models (stdout)."""
-    table = Table("fingerprint", "model", "prefix tokens", "size MB", "last used", title=f"prefix store: {root}")
+    table = Table("fingerprint", "model", "prefix tokens", "size MB", "last used", title=f"prefix store: {_plain(root)}")
     for row in prefixes:
-        table.add_row(row["fingerprint"], row["model"], str(row["prefix_tokens"]), f"{row['size_mb']:.1f}", row["last_used"])
+        table.add_row(row["fingerprint"], _plain(row["model"]), str(row["prefix_tokens"]), f"{row['size_mb']:.1f}",
+                      row["last_used"])
     out = Console(highlight=False)
     out.print(table)
     for m in models:
@@ -212,18 +213,25 @@ def print_diff(console: Console, cmp: Comparison, name_a: str, name_b: str, top:
         more = len(cmp.flips) - len(shown)
         flips = Table("from", "to", "items", title="label changes", caption=f"and {more} more pairs" if more else None)
         for (a, b), n in shown:
-            flips.add_row(a, b, str(n))
+            flips.add_row(_plain(a), _plain(b), str(n))
         console.print(flips)
     for title, rows in (("changed items", cmp.changed[:top]), ("largest confidence shifts", cmp.shifts[:top])):
         if not rows:
             continue
         kept = list(rows[0].kept)[:3]
-        table = Table("id", name_a, name_b, f"p({name_a}'s label)", "shift", *kept, title=title)
+        table = Table("id", _plain(name_a), _plain(name_b), f"p({_plain(name_a)}'s label)", "shift", *map(_plain, kept),
+                      title=title)
         for c in rows:
             after = None if c.prob_a is None else c.prob_a + c.shift
-            table.add_row(c.id, c.label_a, c.label_b, "-" if c.prob_a is None else f"{c.prob_a:.3f} → {after:.3f}",
-                          f"{c.shift:+.3f}", *(str(c.kept.get(k, "")) for k in kept))
+            table.add_row(_plain(c.id), _plain(c.label_a), _plain(c.label_b),
+                          "-" if c.prob_a is None else f"{c.prob_a:.3f} → {after:.3f}",
+                          f"{c.shift:+.3f}", *(_plain(c.kept.get(k, "")) for k in kept))
         console.print(table)
+
+
+def _plain(value: object) -> str:
+    """A value from the data (an id, a label, a file name) shown as it is: never read as markup."""
+    return "-" if value is None else escape(str(value))
 
 
 def rendered_text(rendered: dict, decode: Callable[[list[int]], str]) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import InputError, OutputError, UsageError
 from ..data.records import Record, input_fields, is_error, record_id
 from ..data.output import check_distinct, read_records
+from .markdown import cell, code
 
 ERROR = "(error)"
 ABSTAINED = "(abstained)"
@@ -95,12 +96,12 @@ class Comparison:
         return data
 
     def to_markdown(self, name_a: str, name_b: str, top: int = 10) -> str:
-        lines = [f"### prefixcache diff: `{name_a}` → `{name_b}`", "",
+        lines = [f"### prefixcache diff: {code(name_a)} → {code(name_b)}", "",
                  f"{self.both} items in both · {len(self.changed)} changed ({self.change_rate:.1%})"
                  + (f" · only in A: {len(self.only_a)}" if self.only_a else "")
                  + (f" · only in B: {len(self.only_b)}" if self.only_b else ""), ""]
         if not self.same_labels:
-            lines += [f"The runs used different label sets: A {self.labels_a}, B {self.labels_b}; "
+            lines += [f"The runs used different label sets: A {cell(self.labels_a)}, B {cell(self.labels_b)}; "
                       "probabilities are compared on the labels they share.", ""]
         if self.gold:
             lines += [f"accuracy **{self.accuracy_a:.3f} → {self.accuracy_b:.3f}** "
@@ -110,11 +111,12 @@ class Comparison:
             lines += self._per_label_markdown() + [""]
         if self.flips:
             lines += ["| from | to | items |", "|---|---|---|"]
-            lines += [f"| {a} | {b} | {n} |" for (a, b), n in self.flips.most_common(top)]
+            lines += [f"| {cell(a)} | {cell(b)} | {n} |" for (a, b), n in self.flips.most_common(top)]
             if len(self.flips) > top:
                 lines.append(f"| … | {len(self.flips) - top} more pairs | |")
             lines += ["", "| id | A | B | p(A's label) A → B |", "|---|---|---|---|"]
-            lines += [f"| {c.id} | {c.label_a} | {c.label_b} | {_p(c.prob_a)} → {_p(None if c.prob_a is None else c.prob_a + c.shift)} |"
+            lines += [f"| {cell(c.id)} | {cell(c.label_a)} | {cell(c.label_b)} | {_p(c.prob_a)} → "
+                      f"{_p(None if c.prob_a is None else c.prob_a + c.shift)} |"
                       for c in self.changed[:top]]
             if len(self.changed) > top:
                 lines.append(f"| … | {len(self.changed) - top} more changed items (--top {top} listed) | | |")
@@ -125,7 +127,7 @@ class Comparison:
         head = "| label | turned on | turned off |" + (" fixed | broken | McNemar p |" if self.gold else "")
         lines = [head, "|---" * (head.count("|") - 1) + "|"]
         for name, f in self.per_label.items():
-            row = f"| {name} | {f['turned_on']} | {f['turned_off']} |"
+            row = f"| {cell(name)} | {f['turned_on']} | {f['turned_off']} |"
             lines.append(row + (f" {f['fixed']} | {f['broken']} | {f['mcnemar_p']:.3g} |" if self.gold else ""))
         return lines
 

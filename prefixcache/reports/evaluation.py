@@ -14,11 +14,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
-from xml.sax.saxutils import quoteattr
+import re
+from xml.sax.saxutils import escape, quoteattr
 
 from ..errors import OutputError
 from ..data.records import Record, is_error
 from ..task.spec import TaskSpec
+from .markdown import cell
 
 ABSTAIN = "(abstained)"
 CALIBRATION_BINS = 10
@@ -32,6 +34,18 @@ def _binned(bins: list, prob: float, right: bool) -> None:
 def _ece(bins: list) -> float:
     items = sum(b[0] for b in bins)
     return sum(abs(b[2] - b[1]) for b in bins if b[0]) / items if items else 0.0
+
+
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_chars(text: str) -> str:
+    """`text` without the characters XML 1.0 cannot hold at all (most control characters)."""
+    return _NOT_XML.sub("\ufffd", text)
+
+
+def _attr(text: str) -> str:
+    return quoteattr(_xml_chars(text))
 
 
 class Gated:
@@ -80,12 +94,12 @@ class Gated:
         for case, value, bound, option in checks:
             failed = bound is not None and value < bound
             failures += failed
-            body = f'<failure message={quoteattr(f"{case} {value:.4f} is below {option} {bound}")}/>' if failed else ""
-            out = f"<system-out>{case} {value:.4f}</system-out>"
-            cases.append(f'<testcase classname={quoteattr(name)} name={quoteattr(case)} time="0">{body}{out}</testcase>')
-        props = "".join(f'<property name={quoteattr(k)} value={quoteattr(json.dumps(v))}/>'
+            body = f'<failure message={_attr(f"{case} {value:.4f} is below {option} {bound}")}/>' if failed else ""
+            out = f"<system-out>{escape(_xml_chars(f'{case} {value:.4f}'))}</system-out>"
+            cases.append(f'<testcase classname={_attr(name)} name={_attr(case)} time="0">{body}{out}</testcase>')
+        props = "".join(f'<property name={_attr(k)} value={_attr(json.dumps(v))}/>'
                         for k, v in self.to_json().items() if not isinstance(v, dict))
-        return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name={quoteattr(name)} tests="{len(cases)}" '
+        return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name={_attr(name)} tests="{len(cases)}" '
                 f'failures="{failures}" time="{seconds:.3f}"><properties>{props}</properties>{"".join(cases)}'
                 f"</testsuite>\n")
 
@@ -172,11 +186,11 @@ class Evaluation(Gated):
                       f"bound, so ECE is approximate)", ""]
         if self.labels is not None:
             lines += ["| label | precision | recall | F1 | support |", "|---|---|---|---|---|"]
-            lines += [f"| {k} | {v['precision']:.3f} | {v['recall']:.3f} | {v['f1']:.3f} | {v['support']} |"
+            lines += [f"| {cell(k)} | {v['precision']:.3f} | {v['recall']:.3f} | {v['f1']:.3f} | {v['support']} |"
                       for k, v in self.per_label().items()]
             columns, rows = self.matrix()
-            lines += ["", "| gold \\\\ predicted | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-            lines += [f"| {g} | " + " | ".join(map(str, row)) + " |" for g, row in zip(self.labels, rows)]
+            lines += ["", "| gold \\\\ predicted | " + " | ".join(map(cell, columns)) + " |", "|---" * (len(columns) + 1) + "|"]
+            lines += [f"| {cell(g)} | " + " | ".join(map(str, row)) + " |" for g, row in zip(self.labels, rows)]
         return "\n".join(lines) + "\n"
 
 def _prf(tp: int, fp: int, fn: int) -> tuple[float, float, float]:
@@ -275,7 +289,7 @@ class TagEvaluation(Gated):
         lines = [f"### {title}", ""] + ([about, ""] if about else []) + [self.headline() + gate, ""]
         lines += [f"- gate failed: {failure}" for failure in failures] + ([""] if failures else [])
         lines += ["| label | precision | recall | F1 | support |", "|---|---|---|---|---|"]
-        lines += [f"| {k} | {v['precision']:.3f} | {v['recall']:.3f} | {v['f1']:.3f} | {v['support']} |"
+        lines += [f"| {cell(k)} | {v['precision']:.3f} | {v['recall']:.3f} | {v['f1']:.3f} | {v['support']} |"
                   for k, v in self.per_label().items()]
         return "\n".join(lines) + "\n"
 

@@ -27,6 +27,8 @@ def _pyplot() -> Any:
         import matplotlib
 
         matplotlib.use("Agg")
+        matplotlib.rcParams["text.parse_math"] = False  # a label like "$5 off $20" is text, not TeX
+        matplotlib.rcParams["text.usetex"] = False
         import matplotlib.pyplot as plt
     except ImportError:
         raise InputError(f"the HTML report draws its figures with matplotlib: {REPORT_EXTRA}")

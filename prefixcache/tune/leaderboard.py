@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OutputError
+from ..reports.markdown import cell, code
 from ..task.spec import DEFAULT_CONTENT_FREE
 from .job import TuneResult, describe, threshold_value
 from .selection import Figure, Row
@@ -118,14 +119,14 @@ def to_markdown(result: TuneResult, top: int) -> str:
     """A CI step summary: the verdict and the leaderboard's first `top` rows (the spec as written
     and the pick always among them)."""
     s = result.selection
-    lines = ["### prefixcache tune", "", f"spec `{result.options.run.spec}` · {result.how}", "", verdict(result), ""]
+    lines = ["### prefixcache tune", "", f"spec {code(result.options.run.spec)} · {result.how}", "", verdict(result), ""]
     head = ["#", "prompt", "rule", "threshold", "accuracy", "macro-F1", "coverage", "chosen in", "ms/item"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for rank, row in shown(result, top):
         mark = " (spec)" if row is s.default else " ★" if row is s.pick and s.verdict == "winner" else ""
         f = row.figures
         lines.append("| " + " | ".join([
-            f"{rank}{mark}", _md(result.variants[row.config.variant].name), row.config.rule.name,
+            f"{rank}{mark}", cell(result.variants[row.config.variant].name), row.config.rule.name,
             threshold_text(result, row), _ci(f["accuracy"]), "-" if f["macro_f1"] is None else _ci(f["macro_f1"]),
             f"{f['coverage'].value:.3f}", f"{row.picked}/{s.splits}", f"{cost(result, row)[0]:.1f}"]) + " |")
     return "\n".join(lines) + "\n"
@@ -141,8 +142,6 @@ def shown(result: TuneResult, top: int) -> list[tuple[int, Row]]:
     return out
 
 
-def _md(text: str) -> str:
-    return text.replace("|", "\\|")
 
 
 def append_markdown(path: Path, text: str) -> None:
