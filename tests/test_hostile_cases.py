@@ -601,3 +601,29 @@ def test_junit_and_the_report_take_any_label(tmp_path):
     a, _ = _hostile_runs(tmp_path)
     page = build_report(str(a))
     assert "$5 off $20" in page and "R&amp;D &lt;team&gt;" in page
+
+
+# -- --update and --keep-all keep what they should ------------------------------------------
+def test_update_tries_error_items_again_and_csv_error_rows_keep_their_fields(tmp_path, tiny_model_dir):
+    from prefixcache.data.output import read_records
+
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3, template="{text} ({product})")
+    items, out = tmp_path / "i.jsonl", tmp_path / "o.csv"
+    items.write_text("".join(json.dumps({"id": k, "text": "refund", "note": f"n{k}",
+                                         **({"product": "app"} if k != 1 else {})}) + "\n" for k in range(3)))
+    first = invoke("run", spec, items, "-o", out, "--keep", "note", "--on-error", "skip", "-q")
+    assert first.exit_code == 4
+    again = invoke("run", spec, items, "-o", out, "--keep", "note", "--on-error", "skip", "--update", "-q")
+    assert again.exit_code == 4, again.output  # the item still cannot be scored: said again, not carried silently
+    records = read_records(str(out)).records
+    assert [r.get("note") for r in records] == ["n0", "n1", "n2"] and "error" in records[1]
+
+
+def test_keep_all_on_stdin_never_lets_a_field_override_the_record(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3, id_field="ticket")
+    line = json.dumps({"ticket": "t1", "text": "refund", "id": "spoof", "error": "fake", "label": "billing", "x": 1})
+    result = invoke("run", spec, "-", "--format", "jsonl", "--keep-all", input=line + "\n")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["id"] == "t1" and "error" not in record and record["x"] == 1 and record["label"] in LABELS3
+    assert "'error' is named like a field of the record" in result.stderr

@@ -37,7 +37,8 @@ def print_summary(console: Console, result: RunResult, stamped: bool = False) ->
     s, r = result.stats, result
     head = stamp() if stamped else ""
     if r.nothing_to_do:
-        console.print(f"{head}nothing to do: {r.output} already holds all {r.resumed} records", markup=False,
+        errors = f" ({r.carried_errors} of them error records: --update tries those items again)" if r.carried_errors else ""
+        console.print(f"{head}nothing to do: {r.output} already holds all {r.resumed} records{errors}", markup=False,
                       soft_wrap=True)
         return
     if stamped:
@@ -54,6 +55,7 @@ def print_summary(console: Console, result: RunResult, stamped: bool = False) ->
         f"prefix {r.prefix_tokens} tokens {r.prefix_source} in {r.prefill_ms:.0f} ms · "
         f"load {r.load_seconds:.1f} s · first record after {r.first_record or 0:.1f} s · {r.model} · {r.device} {r.dtype}"
         f"{f' · {s.errors} items failed (error records written)' if s.errors else ''}"
+        f"{f' · {r.carried_errors} error records of an earlier run kept' if r.carried_errors else ''}"
         f"{_rescored(r.rescored) if r.rescored else ''}",
         markup=False,
         soft_wrap=True,

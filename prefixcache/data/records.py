@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .items import Item
@@ -30,6 +31,7 @@ from ..task.spec import TaskSpec, gold_tags, gold_value, option_of
 
 Record = dict[str, Any]
 Keep = Optional[Sequence[str]]  # input fields a record carries; None: all
+log = logging.getLogger("prefixcache")
 PER_LABEL = (("raw_probs", "raw_prob_"), ("logprobs", "logprob_"), ("probs", "prob_"))  # longest column prefix first
 _FLOATS = ("prob", "margin", "ms")
 _INTS = ("index", "prefix_tokens", "item_tokens")
@@ -105,10 +107,19 @@ def error_record(item: Item, message: str, id_field: str = "id", keep: Keep = ()
 
 def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
     """The item's fields a record carries: those named (missing ones as null), or with None all
-    but the id."""
+    but the id and those named like the record's own fields (input read once is not scanned, so
+    such a field is left out with a warning instead of refused before the run)."""
     if keep is None:
-        return {k: v for k, v in item.record.items() if k != id_field}
+        clashes = [k for k in item.record if k in RECORD_FIELDS and k != id_field]
+        for name in clashes:
+            if name not in _WARNED:
+                _WARNED.add(name)
+                log.warning("--keep-all: the input field %r is named like a field of the record; it is left out", name)
+        return {k: v for k, v in item.record.items() if k != id_field and k not in RECORD_FIELDS}
     return {k: item.record.get(k) for k in keep}
+
+
+_WARNED: set[str] = set()
 
 
 # Names a kept field may not take: the record's own fields (and, in CSV, its per-label columns).
@@ -204,8 +215,10 @@ def to_csv_row(record: Mapping[str, Any]) -> dict[str, Any]:
 
 def from_csv_row(row: Mapping[str, str]) -> Record:
     """A CSV row back in the JSONL layout (the inverse of `to_csv_row`, ids aside)."""
-    if row.get("error"):
-        return {"id": row["id"], "item_sha": row.get("item_sha", ""), "error": row["error"]}
+    if row.get("error"):  # an error row: its id, the kept fields, its digest and the error
+        prefixes = tuple(p for _, p in PER_LABEL)
+        kept = {k: v for k, v in row.items() if k not in RECORD_FIELDS and not k.startswith(prefixes)}
+        return {"id": row["id"], **kept, "item_sha": row.get("item_sha", ""), "error": row["error"]}
     record: Record = {}
     for key, cell in row.items():
         if key == "error":

@@ -69,7 +69,7 @@ Stop = Callable[[], Optional[int]]  # the signal number that asks the run to sto
 @dataclass
 class RunResult:
     """What a run did. `exit_code`: 0, EXIT_GATE when a gate was missed (`gate_failures`), or
-    EXIT_ITEM when items were written as error records."""
+    EXIT_ITEM when the output holds error records (written by this run or kept from an earlier one)."""
 
     output: Optional[str]
     stats: RunStats = field(default_factory=RunStats)
@@ -87,6 +87,7 @@ class RunResult:
     kept: int = 0  # --update: records kept from the output for items that did not change
     dropped: int = 0  # --update: records of items no longer in the input
     nothing_to_do: bool = False  # the output already held every item
+    carried_errors: int = 0  # error records an earlier run wrote that the output still holds
     labels: Counter = field(default_factory=Counter)  # predictions written by this run, by label
     merged: Optional[int] = None  # records joined from the processes of a launch (its rank 0)
     processes: int = 1
@@ -103,7 +104,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_GATE if self.gate_failed else EXIT_ITEM if self.stats.errors else EXIT_OK
+        return EXIT_GATE if self.gate_failed else EXIT_ITEM if self.stats.errors or self.carried_errors else EXIT_OK
 
 
 def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Optional[Stop] = None) -> RunResult:
@@ -164,6 +165,8 @@ class Job:
         if begun.appends and not plan.stream and not plan.part and begun.records:  # a shard's start is its own
             begun = in_input_order(plan.output.path, begun, islice(plan.read_input(), len(begun.records)),
                                    self.options.items, self.options.update)
+        if self.options.update and begun.appends and any(map(is_error, begun.records.values())):
+            begun = Start("update", begun.records)  # an update tries the items that could not be scored again
         return begun
 
     def complete(self) -> bool:
@@ -173,6 +176,7 @@ class Job:
     def nothing_to_do(self) -> RunResult:
         continue_output(self.plan.output.path, self.fingerprint, self.plan.output.fmt)  # a damaged last line goes
         self.result = RunResult(self.plan.output.path, resumed=len(self.begun.records), nothing_to_do=True,
+                                carried_errors=sum(map(is_error, self.begun.records.values())),
                                 evaluation=evaluation_for(self.plan.spec, self.begun.records.values()),
                                 gates=self.plan.gates)
         self.report()
@@ -207,6 +211,7 @@ class Job:
         scorer, updating = self.scorer, self.begun.mode == "update"
         return RunResult(
             output=self.plan.output.path, resumed=0 if updating else len(self.begun.records),
+            carried_errors=sum(map(is_error, self.begun.done.values())),
             load_seconds=self.task.load_seconds + scorer.load_seconds, prefill_ms=scorer.prefix.prefill_ms,
             prefix_source=scorer.prefix_source, prefix_tokens=len(scorer.prefix.ids), device=scorer.device,
             dtype=scorer.dtype, shard=self.plan.part, model=self.task.source.ref, gates=self.plan.gates,
@@ -264,7 +269,8 @@ class Job:
         return classify(self.scorer, items, self.plan.batching, stats, done, after_batch, self.plan.keep)
 
     def _updated(self, items: Iterator[Item], left: Optional[int]) -> Iterator[Record]:
-        """--update: unchanged items keep their records, the rest are scored; all in input order."""
+        """--update: unchanged items keep their records, the rest are scored (an item that could not
+        be scored is tried again); all in input order."""
         order: deque = deque()  # per item in input order: its kept record, or None when it is scored
         old, gone = self.begun.records, set(self.begun.records)
 
@@ -272,7 +278,7 @@ class Job:
             for item in items:
                 gone.discard(id_text(item.id))
                 record = old.get(id_text(item.id))
-                kept = record is not None and record.get("item_sha") == item_sha(item.record)
+                kept = record is not None and record.get("item_sha") == item_sha(item.record) and not is_error(record)
                 order.append(record if kept else None)
                 self.result.kept += kept
                 if not kept:
