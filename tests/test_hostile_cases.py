@@ -627,3 +627,28 @@ def test_keep_all_on_stdin_never_lets_a_field_override_the_record(tmp_path, tiny
     record = json.loads(result.stdout)
     assert record["id"] == "t1" and "error" not in record and record["x"] == 1 and record["label"] in LABELS3
     assert "'error' is named like a field of the record" in result.stderr
+
+
+# -- messages that say what happened ---------------------------------------------------------
+def test_an_id_met_twice_says_which_item_was_numbered(tmp_path):
+    from prefixcache.data.items import scan_items
+    from prefixcache.errors import InputError
+
+    path = tmp_path / "i.jsonl"
+    path.write_text('{"text": "a"}\n{"id": 1, "text": "b"}\n')
+    with pytest.raises(InputError, match=r"i.jsonl:2: id 1 is given twice: the item on line 1, which has no 'id' "
+                                         r"and is numbered 1 by its position"):
+        scan_items(str(path), "jsonl", "id", lambda record: None)
+
+
+def test_merge_into_an_existing_file_names_only_its_own_option(tmp_path):
+    out = tmp_path / "merged.jsonl"
+    out.write_text("x\n")
+    result = invoke("merge", tmp_path / "p1.jsonl", "-o", out)
+    assert result.exit_code == 2 and "use --overwrite to replace it" in result.output and "--resume" not in result.output
+
+
+def test_an_empty_model_is_refused_with_the_key(tmp_path):
+    spec = write_spec(tmp_path, labels=LABELS3, model="")
+    result = invoke("run", spec, _items(tmp_path / "i.jsonl", 1))
+    assert result.exit_code == 2 and "'model' is empty" in result.output, result.output

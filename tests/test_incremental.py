@@ -101,7 +101,7 @@ def test_the_resume_hint_is_the_command_with_resume(spec_path, tmp_path):
     with pytest.raises(Interrupted) as stopped:
         run_job(options, stop=lambda: signal.SIGINT)
     hint = f"prefixcache run {spec_path} {src} -o {out} --batch-size 2 --gold cat --resume"
-    assert str(stopped.value) == f"interrupted by SIGINT: 2 records written to {out}; resume with: {hint}"
+    assert str(stopped.value) == f"interrupted by SIGINT: 2 records written to {out} by this run; resume with: {hint}"
     assert command_line(options) == hint
     resumed = invoke(*hint.split()[1:])  # pasted as printed
     assert resumed.exit_code == 0, resumed.output

@@ -184,7 +184,7 @@ def test_killed_run_resumes_to_the_uninterrupted_output(spec_path, tmp_path, how
     assert 20 <= written < 300, "the run must have been stopped part-way"
     if how == "SIGTERM":
         assert code == 143
-        assert f"interrupted by SIGTERM: {written} records written to {out}; resume with:" in proc.stderr.read()
+        assert f"interrupted by SIGTERM: {written} records written to {out} by this run; resume with:" in proc.stderr.read()
     else:
         assert code == -9
     resumed = invoke("run", spec_path, src, "-o", out, "-b", 2, "--resume", "-q")

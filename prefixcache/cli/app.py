@@ -243,7 +243,7 @@ def merge(parts: list[str] = PARTS_ARG, output: str = MERGED_OPT, debug: bool = 
         prefixcache merge out.1.jsonl out.2.jsonl out.3.jsonl -o out.jsonl
     """
     with errors(debug):
-        check_output(output, False, given["overwrite"])
+        check_output(output, False, given["overwrite"], continuable=False)
         count = merge_parts(parts, output)
         err.print(f"merged {count} records from {len(parts)} parts into {output}", markup=False)
 

@@ -346,6 +346,17 @@ def _items(records: Iterator[tuple[int, Mapping[str, Any]]], name: str, id_field
         yield Item(item_id, record, lineno)
 
 
+def duplicate_message(item_id: object, given: bool, first: tuple[int, bool], id_field: str) -> str:
+    """The message for an id met twice, saying which of the two is an item's number (an item
+    without an id is numbered by its position)."""
+    line, first_given = first
+    if given and first_given:
+        return f"duplicate id {item_id!r} (first on line {line})"
+    numbered = "this item, which has no" if not given else f"the item on line {line}, which has no"
+    return (f"id {item_id!r} is given twice: {numbered} {id_field!r} and is numbered {item_id!r} by its position; "
+            f"give every item an id, or none")
+
+
 def _fields_hint(record: Mapping[str, Any], fmt: str | None) -> str:
     """The item's fields, and for a CSV read as one column whose name holds another separator, the
     --delimiter that would split it."""
@@ -371,7 +382,7 @@ def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mappi
     wrong). With `id_required`, an input where no item has `id_field` is an error (a misspelt
     field would otherwise number the items). `fields` collects every field name, in order of
     first appearance. Returns the number of items."""
-    seen: dict[str, int] = {}
+    seen: dict[str, tuple[int, bool]] = {}  # id text -> (line, whether the id was given or is the item's number)
     name = "<stdin>" if path == "-" else path
     count, with_id, first_fields = 0, 0, None
     for item in read_items(path, fmt, id_field, delimiter, encoding):
@@ -380,10 +391,10 @@ def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mappi
         except ValueError as exc:
             shown = _fields_hint(item.record, fmt) if str(exc).startswith("lacks field") else ""
             raise InputError(f"{name}:{item.line}: item {item.id!r} {exc}{shown}")
-        key = str(item.id)
+        key, given = str(item.id), item.record.get(id_field) not in (None, "")
         if key in seen:
-            raise InputError(f"{name}:{item.line}: duplicate id {item.id!r} (first on line {seen[key]})")
-        seen[key] = item.line
+            raise InputError(f"{name}:{item.line}: {duplicate_message(item.id, given, seen[key], id_field)}")
+        seen[key] = (item.line, given)
         count += 1
         with_id += id_field in item.record
         first_fields = first_fields or list(item.record)

@@ -253,7 +253,8 @@ def _csv_rows(lines: list[str]) -> Iterator[tuple[list[str], int]]:
 # -- checks, fingerprint and resume --------------------------------------------------------
 
 
-def check_output(path: str | None, resume: bool = False, overwrite: bool = False, fmt: str | None = None) -> None:
+def check_output(path: str | None, resume: bool = False, overwrite: bool = False, fmt: str | None = None,
+                 continuable: bool = True) -> None:
     """Refuse, before any work, an output that cannot be written or would be overwritten."""
     if path is None or path == "-":
         if sys.stdout is None or sys.stdout.closed:  # `>&-`: found before the model loads, not after
@@ -267,6 +268,8 @@ def check_output(path: str | None, resume: bool = False, overwrite: bool = False
         raise OutputError(f"{path}: is a directory")
     _writable(target)
     if target.exists() and target.stat().st_size > 0 and not (resume or overwrite):
+        if not continuable:  # merge writes the whole output or nothing
+            raise OutputError(f"{path}: already exists; use --overwrite to replace it")
         raise OutputError(f"{path}: already exists; use --resume to continue it, --update to bring it up to date "
                           f"with the input, or --overwrite to replace it")
 

@@ -311,7 +311,10 @@ class Job:
             return _Stopped(signum, f"interrupted by {name}: {written} records written")
         if self.begun.mode == "update":
             return _Stopped(signum, f"interrupted by {name}: {self._go_on()}")
-        return _Stopped(signum, f"interrupted by {name}: {written} records written to {output}; {self._go_on()}")
+        before = len(self.begun.done)
+        held = f" ({before + written} in all)" if before else ""
+        return _Stopped(signum, f"interrupted by {name}: {written} records written to {output} by this run{held}; "
+                                f"{self._go_on()}")
 
     # -- after the records ------------------------------------------------------------------
     def warn_if_collapsed(self) -> None:

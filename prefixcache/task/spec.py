@@ -581,6 +581,9 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
     id_field = _want_str(data, "id_field", path, "id")
     if not id_field:
         raise SpecError(f"{path}: 'id_field' must not be empty")
+    if data.get("model") == "":
+        raise SpecError(f"{path}: 'model' is empty; leave it out for the embedded default model, or name one "
+                        f"(a hub id, a folder or a .gguf file)")
     tagging = _tagging(data, path, choices, labels)
     if tagging and norm != "sum":
         raise SpecError(f"{path}: a multi_label task compares two answers to the same question: normalize "
