@@ -59,7 +59,7 @@ def test_merge_refuses_mixed_formats(spec_path, tmp_path):
 def test_an_auto_numbered_id_and_a_written_one_are_duplicates(spec_path, tmp_path):
     numbered = tmp_path / "numbered.jsonl"
     numbered.write_text('{"text": "first"}\n{"id": "1", "text": "clash with the first one\'s number"}\n')
-    assert "duplicate id '1'" in invoke("run", spec_path, numbered).stderr
+    assert "id '1' is given twice: the item on line 1, which has no 'id'" in invoke("run", spec_path, numbered).stderr
 
 
 def test_csv_resume_keeps_records_whose_ids_hold_line_breaks(spec_path, tmp_path):
