@@ -652,3 +652,29 @@ def test_an_empty_model_is_refused_with_the_key(tmp_path):
     spec = write_spec(tmp_path, labels=LABELS3, model="")
     result = invoke("run", spec, _items(tmp_path / "i.jsonl", 1))
     assert result.exit_code == 2 and "'model' is empty" in result.output, result.output
+
+
+# -- memory stays bounded ----------------------------------------------------------------------
+@pytest.mark.parametrize("command", [("render",), ("run", "--dry-run")])
+def test_an_item_far_longer_than_the_context_is_refused_before_tokenising(tmp_path, tiny_model_dir, command):
+    spec, items = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), tmp_path / "i.jsonl"
+    items.write_text(json.dumps({"id": 1, "text": "refund " * 40_000}) + "\n")  # 280 000 characters, 1024 positions
+    result = invoke(*command[:1], spec, items, *command[1:])
+    assert result.exit_code == 4 and "far more than the model's context of 1024 tokens" in result.output, result.output
+
+
+def test_a_huge_option_is_refused_before_tokenising(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=None, choices="options", template="Q: {text}")
+    items = tmp_path / "i.jsonl"
+    items.write_text(json.dumps({"id": 1, "text": "which?", "options": ["a", "b" * 100_000]}) + "\n")
+    result = invoke("render", spec, items)
+    assert result.exit_code == 4 and "far more than the model's context" in result.output, result.output
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_an_endless_line_is_an_error_not_unbounded_memory(tmp_path, fmt):
+    from prefixcache.data.items import read_items
+    from prefixcache.errors import InputError
+
+    with pytest.raises(InputError, match="a line longer than 64 MiB"):
+        next(read_items("/dev/zero", fmt))

@@ -14,6 +14,7 @@ import datetime
 import decimal
 import gzip
 import io
+import itertools
 import json
 import math
 import os
@@ -89,8 +90,23 @@ def _open_binary(path: str) -> IO[bytes]:
         raise InputError(f"{path}: cannot read: {exc.strerror}")
 
 
+MAX_LINE_BYTES = 1 << 26  # no item of any model's context needs a longer line (see scoring/prepare.py)
+
+
+def _lines(stream: IO[bytes], name: str) -> Iterator[bytes]:
+    """The stream's lines, each read up to MAX_LINE_BYTES: a longer one (an endless stream such as
+    /dev/zero, a binary file) is an error, not a memory that grows without bound."""
+    for lineno in itertools.count(1):
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE_BYTES:
+            raise InputError(f"{name}:{lineno}: a line longer than {MAX_LINE_BYTES >> 20} MiB; is this the right file?")
+        yield raw
+
+
 def _jsonl_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
-    for lineno, raw in enumerate(stream, 1):
+    for lineno, raw in enumerate(_lines(stream, name), 1):
         if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
         try:
@@ -181,7 +197,7 @@ def _text_lines(stream: IO[bytes], name: str, encoding: str | None) -> Iterator[
 
 
 def _decoded(stream: IO[bytes], name: str, codec: str, asked: str | None) -> Iterator[str]:
-    for lineno, raw in enumerate(stream, 1):
+    for lineno, raw in enumerate(_lines(stream, name), 1):
         try:
             yield raw.decode(codec)
         except UnicodeDecodeError as exc:
@@ -228,6 +244,8 @@ def _json_array_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Map
                         record, end = decoder.raw_decode(buffer, pos)
                         break
                     except json.JSONDecodeError as exc:
+                        if len(buffer) - pos > MAX_LINE_BYTES:
+                            raise InputError(f"{name}:{line}: an object longer than {MAX_LINE_BYTES >> 20} MiB")
                         if not more():
                             raise InputError(f"{name}:{line}: malformed JSON: {exc.msg}")
                 if not isinstance(record, dict):

@@ -177,6 +177,28 @@ def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerB
         raise ModelError(f"cannot load the tokenizer of {source.ref}: {first_line(exc)}{_hub_hint(source)}")
 
 
+def model_context(source: ModelSource, cache_dir: Path) -> int | None:
+    """The model's limit on positions, read from its config alone (no weights are loaded); None
+    when the config cannot be had cheaply (a GGUF file not converted yet, a hub model not
+    downloaded)."""
+    try:
+        if source.kind == "hub":
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(source.path, trust_remote_code=source.trust_remote_code,
+                                                **_revision(source)).to_dict()
+        else:
+            folder = _converted_dir(source, cache_dir) if source.kind == "gguf" else Path(source.path)
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except Exception:  # no config to be had without the model: the caller's bound applies
+        return None
+    for part in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "n_positions"):
+            if isinstance(part.get(key), int) and part[key] > 0:
+                return part[key]
+    return None
+
+
 def _revision(source: ModelSource) -> dict[str, str]:
     return {"revision": source.revision} if source.kind == "hub" and source.revision else {}
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from ..errors import ItemError
 from ..data.items import Item
-from ..model.load import ModelSource, load_tokenizer, resolve_model
+from ..model.load import ModelSource, load_tokenizer, model_context, resolve_model
 from ..task.decision import Groups
 from ..task.prompt import EncodedItem, PromptBuilder
 from ..model.rows import Candidate, Row, trie
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 # No tokenizer makes tokens this long on average: an item longer than this many characters per
 # position of the model's context cannot fit it, whatever its text.
 MAX_CHARS_PER_TOKEN = 64
+UNKNOWN_CONTEXT = 131072  # positions assumed when the model's are not known yet (render, --dry-run)
 
 
 def spec_model(spec: TaskSpec) -> ModelSource:
@@ -99,19 +100,21 @@ class Task:
         load_seconds: time spent loading the tokenizer.
     """
 
-    def __init__(self, spec: TaskSpec, source: ModelSource, tokenizer: PreTrainedTokenizerBase, load_seconds: float = 0.0):
+    def __init__(self, spec: TaskSpec, source: ModelSource, tokenizer: PreTrainedTokenizerBase, load_seconds: float = 0.0,
+                 context: int | None = None):
         self.spec, self.source, self.tokenizer = spec, source, tokenizer
         self.builder = PromptBuilder(spec, tokenizer)
         self.load_seconds = load_seconds
+        self.context = context  # the model's limit on positions as its config says (None: not known)
 
     @classmethod
     def from_spec(cls, spec: TaskSpec, cache_dir: Path) -> "Task":
         """Resolve the spec's model and load its tokenizer (converted GGUF models are looked for
-        under `cache_dir`)."""
+        under `cache_dir`) and its limit on positions."""
         source = spec_model(spec)
         start = time.perf_counter()
         tokenizer = load_tokenizer(source, cache_dir)
-        return cls(spec, source, tokenizer, time.perf_counter() - start)
+        return cls(spec, source, tokenizer, time.perf_counter() - start, model_context(source, cache_dir))
 
     def prepare(self, item: Item, context: int | None = None) -> Prepared:
         """Tokens and candidates of one item; `context` is the model's limit on positions, when
@@ -120,10 +123,14 @@ class Task:
             self.spec.check_record(item.record)
         except ValueError as exc:
             raise ItemError(item.id, str(exc))
+        context = context or self.context
+        bound = MAX_CHARS_PER_TOKEN * (context or UNKNOWN_CONTEXT)  # refused before tokenising it costs gigabytes
         chars = sum(len(field_text(item.record[f])) for f in self.spec.item_fields())
-        if context and chars > MAX_CHARS_PER_TOKEN * context:  # refused before tokenising it costs gigabytes
-            raise ItemError(item.id, f"its fields hold {chars} characters, far more than the model's context of "
-                                     f"{context} tokens")
+        if self.spec.choices:
+            chars += sum(len(option) for option in choice_list(item.record, self.spec.choices))
+        if chars > bound:
+            what = f"the model's context of {context} tokens" if context else f"any model's context ({UNKNOWN_CONTEXT} tokens)"
+            raise ItemError(item.id, f"its fields hold {chars} characters, far more than {what}")
         enc = self.builder.encode_item(item.record, item.id)
         if self.spec.choices:
             options = choice_list(item.record, self.spec.choices)
