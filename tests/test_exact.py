@@ -73,3 +73,23 @@ def test_exact_needs_a_low_precision_dtype_and_falls_back_without_bf16_hardware(
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["precision"] for r in records} == {"float32"}
     assert [r["logprobs"] for r in records] == [r["logprobs"] for r in fp32]
+
+
+def test_an_interrupted_and_resumed_exact_run_writes_the_uninterrupted_records(job, tmp_path):
+    import signal
+
+    from prefixcache.errors import Interrupted
+    from prefixcache.run.job import run_job
+    from prefixcache.run.options import RunOptions
+
+    spec, items, _ = job
+    _, whole = _exact_run(spec, items, tmp_path / "whole.jsonl")
+    out = tmp_path / "resumed.jsonl"
+    options = RunOptions(spec, str(items), output=str(out), batch_size=4, dtype="bfloat16", exact=True)
+    batches = iter(range(100))
+    with pytest.raises(Interrupted):
+        run_job(options, stop=lambda: signal.SIGINT if next(batches) == 2 else None)  # after 3 of 6 batches
+    assert 0 < len(out.read_text().splitlines()) < len(whole)
+    assert invoke("run", spec, items, "-o", out, "-b", 4, "--dtype", "bfloat16", "--exact", "--resume").exit_code == 0
+    drop = lambda r: {k: v for k, v in r.items() if k != "ms"}
+    assert [drop(json.loads(line)) for line in out.read_text().splitlines()] == [drop(r) for r in whole]

@@ -370,6 +370,8 @@ def read_fingerprint(output: str) -> dict[str, Any]:
 
 
 Named = Callable[[str, Any], Optional[str]]  # a fingerprint key and value -> the option that gives it, or None
+EXACT_BOUND = "exact_bound"  # --exact: the re-scoring bound reached, kept for a run that continues the output
+
 _THING_OF = {"spec": "another version of the spec file", "model": "another model",
              "of": "another number of items (--limit)"}
 

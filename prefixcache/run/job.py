@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional
 from .. import compat
 from ..data.items import Item
 from ..data.lock import output_lock
-from ..data.output import Start, checked_stream, continue_output, in_input_order, read_records, start_output
+from ..data.output import (EXACT_BOUND, Start, checked_stream, continue_output, in_input_order, read_fingerprint,
+                           read_records, start_output, write_fingerprint)
 from ..data.records import Record, id_text, ids_digest, is_error, item_sha
 from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted
 from ..model.load import pick_device
@@ -191,6 +192,25 @@ class Job:
             log.warning("%s", warning)
         self.progress(Event("loading", detail="model"))
         self.scorer = load_scorer(self.task, self.plan)
+        self._carry_bound()
+
+    def _carry_bound(self) -> None:
+        """--exact continuing an output: re-score close calls by the bound the output's earlier
+        run had reached (kept in its fingerprint), not one measured anew, so the records are those
+        of an uninterrupted run."""
+        if not self.plan.says_precision or not self.begun.appends or not hasattr(self.scorer, "bound"):
+            return
+        bound = read_fingerprint(self.plan.output.path).get(EXACT_BOUND)
+        if isinstance(bound, (int, float)) and bound > 0:
+            self.scorer.bound = self.fingerprint[EXACT_BOUND] = float(bound)
+
+    def _keep_bound(self) -> None:
+        """--exact: the re-scoring bound as it stands, in the output's fingerprint (see _carry_bound)."""
+        bound = getattr(self.scorer, "bound", None)
+        if bound is not None and bound != self.fingerprint.get(EXACT_BOUND) and self.begun.mode != "update" \
+                and self.plan.output.is_file:
+            self.fingerprint[EXACT_BOUND] = bound
+            write_fingerprint(self.plan.output.path, self.fingerprint)
 
     def bounds(self) -> None:
         """The items this process scores: all (up to --limit), or its shard's whole batches, so
@@ -261,6 +281,7 @@ class Job:
 
         def after_batch(n: int) -> None:
             log.debug("batch: %d records, %d written, %.1f items/s", n, stats.items, stats.items_per_second)
+            self._keep_bound()
             self.progress(Event("batch", stats.items, left, stats.items_per_second, already=len(done)))
             signum = self.stop()
             if signum:
