@@ -678,3 +678,43 @@ def test_an_endless_line_is_an_error_not_unbounded_memory(tmp_path, fmt):
 
     with pytest.raises(InputError, match="a line longer than 64 MiB"):
         next(read_items("/dev/zero", fmt))
+
+
+# -- what killed writers leave behind ---------------------------------------------------------
+def test_an_update_aside_left_by_kill_9_is_removed_by_the_next_run(tmp_path, tiny_model_dir):
+    spec, items, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), _items(tmp_path / "i.jsonl", 3), tmp_path / "out.jsonl"
+    assert invoke("run", spec, items, "-o", out, "-q").exit_code == 0
+    aside = tmp_path / ".out.jsonl.k2j3h4l5.jsonl"  # as an update killed mid-write leaves it
+    fingerprint_tmp = tmp_path / ".out.jsonl.prefixcache.json.a1b2c3d4"
+    mine = [tmp_path / ".out.jsonl.swp", tmp_path / ".out.jsonl.notes"]  # not prefixcache's: they stay
+    for path in [aside, fingerprint_tmp, *mine]:
+        path.write_text("x")
+    assert invoke("run", spec, items, "-o", out, "--update", "-q").exit_code == 0
+    assert not aside.exists() and not fingerprint_tmp.exists() and all(p.exists() for p in mine)
+
+
+def test_store_temporaries_are_swept_by_a_run_that_only_loads_and_by_cache_clear(tmp_path, tiny_model_dir):
+    import os
+    import time
+
+    spec, cache = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), tmp_path / "cache"
+    _scorer_source(spec, cache)
+    old, fresh = cache / "prefixes" / ".tmpab12cd34", cache / "prefixes" / ".tmp-x9y8z7w6.safetensors"
+    old.write_bytes(bytes(1000))
+    fresh.write_bytes(bytes(1000))
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert _scorer_source(spec, cache) == "loaded"
+    assert not old.exists() and fresh.exists()  # an hour old: gone; a writer may still own a fresh one
+    assert invoke("cache", "clear", "--cache-dir", cache).exit_code == 0
+    assert not fresh.exists()
+
+
+def test_cache_clear_models_removes_only_converted_models(tmp_path, chat_tokenizer):
+    target = _converted(tmp_path, chat_tokenizer)
+    models = target.parent
+    (models / "notes.txt").write_text("mine")
+    (models / "my-model").mkdir()
+    (models / "my-model" / "config.json").write_text("{}")
+    (models / ".tmp-killed").mkdir()
+    assert invoke("cache", "clear", "--models", "--cache-dir", tmp_path / "cache").exit_code == 0
+    assert sorted(p.name for p in models.iterdir()) == ["my-model", "notes.txt"]

@@ -16,11 +16,13 @@ The record itself (its fields, CSV columns) is records.py's.
 from __future__ import annotations
 
 import csv
+import glob
 import hashlib
 import io
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -581,6 +583,22 @@ class OutputFile:
         if start.mode == "update":
             os.replace(path, self.path)
             write_fingerprint(self.path, fingerprint)
+
+
+def remove_orphans(output: str) -> None:
+    """Remove what writers of `output` killed mid-write left beside it (`.OUT.*` asides and
+    fingerprint temporaries). Called with the output's lock held, so no live writer owns one."""
+    target = Path(output)
+    parent = target.parent if str(target.parent) else Path(".")
+    name, random = re.escape(target.name), "[a-z0-9_]{8}"  # tempfile's names: 8 of these characters
+    ours = re.compile(rf"\.{name}\.{random}{re.escape(target.suffix)}|\.{name}{re.escape(FINGERPRINT_SUFFIX)}\.{random}")
+    for orphan in parent.glob(f".{glob.escape(target.name)}.*"):
+        if not ours.fullmatch(orphan.name) or orphan.is_symlink() or not orphan.is_file():
+            continue
+        try:
+            orphan.unlink()
+        except OSError:
+            pass
 
 
 def _aside(output: str) -> str:

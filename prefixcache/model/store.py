@@ -125,6 +125,7 @@ class PrefixStore:
                 pass
             return None
         os.utime(path)  # last used
+        self.remove_stale()  # a run that only loads still sweeps what killed writers left
         return Prefix(ids, kv, tensors["logits"].to(device), (time.perf_counter() - start) * 1000)
 
     def save(self, key: str, prefix: Prefix, model: str) -> Prefix:
@@ -173,12 +174,7 @@ class PrefixStore:
     def evict(self, keep: str | None = None) -> list[str]:
         """Remove least recently used entries until the store fits in `max_bytes` (and the temporary
         files of writers killed mid-write, once they are an hour old)."""
-        for tmp in self.root.glob(".tmp-*") if self.root.is_dir() else ():
-            try:
-                if time.time() - tmp.stat().st_mtime > STALE_SECONDS:
-                    tmp.unlink()
-            except OSError:
-                pass  # another process is finishing or removing it
+        self.remove_stale()
         entries = sorted(self.entries(), key=lambda e: e.last_used)
         total = sum(e.size for e in entries)
         removed = []
@@ -192,13 +188,21 @@ class PrefixStore:
             removed.append(e.key)
         return removed
 
+    def remove_stale(self, age: float = STALE_SECONDS) -> None:
+        """Remove the temporary files of writers killed mid-write (`.tmp*`), once `age` seconds old."""
+        for tmp in self.root.glob(".tmp*") if self.root.is_dir() else ():
+            try:
+                if time.time() - tmp.stat().st_mtime >= age and tmp.is_file() and not tmp.is_symlink():
+                    tmp.unlink()
+            except OSError:
+                pass  # another process is finishing or removing it
+
     def clear(self) -> int:
         """Remove every stored prefix (and temporary files writers left); returns how many prefixes."""
         entries = self.entries()
         for e in entries:
             e.path.unlink(missing_ok=True)
-        for tmp in self.root.glob(".tmp-*") if self.root.is_dir() else ():
-            tmp.unlink(missing_ok=True)
+        self.remove_stale(age=0)
         return len(entries)
 
 
@@ -218,9 +222,23 @@ def clear_cache(cache_dir: Path, models: bool = False) -> tuple[int, bool]:
         removed = PrefixStore(Path(cache_dir) / "prefixes").clear()
         gone = models and models_dir(cache_dir).is_dir()
         if gone:
-            shutil.rmtree(models_dir(cache_dir))
+            _clear_models(models_dir(cache_dir))
     except ForeignCache as exc:
         raise OutputError(f"cannot clear the cache: {exc}")
     except OSError as exc:
         raise OutputError(f"{exc.filename or cache_dir}: cannot remove it: {exc.strerror}")
     return removed, gone
+
+
+def _clear_models(folder: Path) -> None:
+    """Remove the converted models (folders with a prefixcache.json) and conversions killed
+    mid-write (`.tmp-*`); anything else in the folder is not prefixcache's and stays."""
+    for entry in folder.iterdir():
+        if entry.is_symlink() or not entry.is_dir():
+            continue
+        if (entry / "prefixcache.json").is_file() or entry.name.startswith(".tmp-"):
+            shutil.rmtree(entry)
+    try:
+        folder.rmdir()  # only when nothing else is left
+    except OSError:
+        pass

@@ -27,7 +27,7 @@ from .. import compat
 from ..data.items import Item
 from ..data.lock import output_lock
 from ..data.output import (EXACT_BOUND, Start, checked_stream, continue_output, in_input_order, read_fingerprint,
-                           read_records, start_output, write_fingerprint)
+                           read_records, remove_orphans, start_output, write_fingerprint)
 from ..data.records import Record, id_text, ids_digest, is_error, item_sha
 from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted
 from ..model.load import pick_device
@@ -134,6 +134,8 @@ class Job:
     def run(self) -> RunResult:
         self.plan = make_plan(self.options)
         with output_lock(self.plan.output.path):  # one writer per output: an overlapping run is refused
+            if self.plan.output.is_file:
+                remove_orphans(self.plan.output.path)  # what a killed writer left (an update's aside)
             return self._run()
 
     def _run(self) -> RunResult:
