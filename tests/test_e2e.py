@@ -253,18 +253,14 @@ def test_real_model_tags_equal_full_reencode_per_label(cache_dir):
             assert abs(record["logprobs"][label] - want) < 1e-4, (item.id, label)
 
 
-def test_real_model_tune_picks_a_rule_and_run_reproduces_it(tmp_path):
+def test_real_model_tune_picks_a_rule_and_writes_it(tmp_path):
     """On the multiple-choice sample the spec's `mean` loses to `sum` by far more than noise: tune
-    names `sum`, writes it, and `run` on the tuned spec gives the figure tune reported."""
+    names `sum` and writes it (that `run` on a tuned spec gives tune's figures: test_tune.py)."""
     spec, items = ROOT / "configs" / "general-knowledge.yaml", ROOT / "data" / "samples" / "general_knowledge.jsonl"
     tuned = tmp_path / "tuned.yaml"
-    result = invoke("tune", spec, items, "-o", tuned, "--json", "--device", "cpu", "--limit", "40")
+    result = invoke("tune", spec, items, "-o", tuned, "--json", "--device", "cpu", "--limit", "30")
     assert result.exit_code == 0, result.output
     found = json.loads(result.stdout)
     assert found["verdict"] == "winner" and found["pick"]["normalize"] == "sum" and found["gain"]["low"] > 0
     assert "normalize: sum  # tuned, was: mean           # per-token log-prob" in tuned.read_text()
-    metrics = tmp_path / "metrics.json"
-    run = invoke("run", tuned, items, "-o", tmp_path / "out.jsonl", "--metrics", metrics, "-q", "--device", "cpu",
-                 "--limit", "40")
-    assert run.exit_code == 0, run.output
-    assert json.loads(metrics.read_text())["accuracy"] == found["pick"]["as_run"]["accuracy"]
+    assert load_spec(tuned).normalize == "sum"

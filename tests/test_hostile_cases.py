@@ -718,3 +718,29 @@ def test_cache_clear_models_removes_only_converted_models(tmp_path, chat_tokeniz
     (models / ".tmp-killed").mkdir()
     assert invoke("cache", "clear", "--models", "--cache-dir", tmp_path / "cache").exit_code == 0
     assert sorted(p.name for p in models.iterdir()) == ["my-model", "notes.txt"]
+
+
+@as_root
+def test_a_cache_folder_made_by_another_uid_is_not_used(tmp_path, tiny_model_dir):
+    """The folder is made by a process of the other uid (setpriv), as a local user would plant it."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    if not shutil.which("setpriv"):
+        pytest.skip("setpriv is not installed")
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        os.chmod(shared, 0o777)
+        planted = shared / "cache"
+        made = subprocess.run(["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups",
+                               "mkdir", "-m", "777", str(planted)], capture_output=True, text=True)
+        if made.returncode:
+            pytest.skip(f"setpriv cannot switch uid here: {made.stderr.strip()}")
+        spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3)
+        result = invoke("run", spec, _items(tmp_path / "i.jsonl", 2), "-o", tmp_path / "o.jsonl", "--cache-dir", planted)
+        assert result.exit_code == 0 and f"belongs to uid {OTHER_UID}" in result.output, result.output
+        assert list(planted.iterdir()) == []  # nothing of ours was written into their folder
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -18,6 +18,7 @@ import hmac
 import json
 import os
 import secrets
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ def private_folder(path: Path, tighten: bool = True) -> None:
     while not path.exists() and path != path.parent:
         missing.append(path)
         path = path.parent
+    if missing:
+        _safe_to_create_in(path)
     for folder in reversed(missing):
         try:
             folder.mkdir(mode=0o700)
@@ -51,6 +54,17 @@ def private_folder(path: Path, tighten: bool = True) -> None:
     st = target.stat()
     if tighten and st.st_mode & 0o077:
         os.chmod(target, 0o700)
+
+
+def _safe_to_create_in(folder: Path) -> None:
+    """A folder the cache may be created in: the user's own, or root's that no one else may
+    change (not writable by others, or sticky like /tmp). Raises ForeignCache otherwise."""
+    st = os.stat(folder)
+    if st.st_uid == os.getuid():
+        return
+    if st.st_uid == 0 and (not st.st_mode & 0o022 or st.st_mode & stat.S_ISVTX):
+        return
+    raise ForeignCache(f"{folder} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): no cache is made in it")
 
 
 def owned(path: Path) -> None:
