@@ -21,6 +21,7 @@ import os
 import stat
 import sys
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, IO, Any, Callable, Iterator, Mapping
@@ -78,14 +79,22 @@ def is_stream(path: str) -> bool:
 def _open_binary(path: str) -> IO[bytes]:
     if path == "-":
         return sys.stdin.buffer
-    try:
+    with opening(path, "input file not found", "is a directory, not an input file"):
         if path.lower().endswith(".gz"):
             return gzip.open(path, "rb")
         return open(path, "rb")
+
+
+@contextmanager
+def opening(path: str, missing: str, folder: str) -> Iterator[None]:
+    """Opening or reading `path`: its OS errors as one-line InputErrors (`missing` and `folder`
+    say what the path was meant to be)."""
+    try:
+        yield
     except FileNotFoundError:
-        raise InputError(f"{path}: input file not found")
+        raise InputError(f"{path}: {missing}")
     except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not an input file")
+        raise InputError(f"{path}: {folder}")
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror}")
 

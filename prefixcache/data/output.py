@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from ..errors import InputError, OutputError
-from .items import Item, is_stream
+from .items import Item, is_stream, opening
 from .records import Record, from_csv_row, id_text, item_sha, record_id, to_csv_row
 
 log = logging.getLogger("prefixcache")
@@ -142,14 +142,8 @@ def read_records(path: str, fmt: str | None = None, strict: bool = False) -> Wri
     """The complete records of an output file, in the JSONL layout; a partial trailing record is
     left out, and so is a damaged last line (what a crash leaves) unless `strict` (a file given
     to diff or report, which a run does not continue)."""
-    try:
+    with opening(path, "no such file", "is a directory, not an output of run"):
         data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file")
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not an output of run")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read it: {exc.strerror}")
     parse = _read_jsonl if file_format(path, fmt) == "jsonl" else _read_csv
     records, end = parse(data, path, strict)
     return Written(records, end, len(data))
