@@ -8,7 +8,6 @@ choice is written as a spec (tune/tuned.py). It never prints: progress goes thro
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
