@@ -658,7 +658,8 @@ def test_an_empty_model_is_refused_with_the_key(tmp_path):
 @pytest.mark.parametrize("command", [("render",), ("run", "--dry-run")])
 def test_an_item_far_longer_than_the_context_is_refused_before_tokenising(tmp_path, tiny_model_dir, command):
     spec, items = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), tmp_path / "i.jsonl"
-    items.write_text(json.dumps({"id": 1, "text": "refund " * 40_000}) + "\n")  # 280 000 characters, 1024 positions
+    ordinary = "".join(json.dumps({"id": k, "text": "refund"}) + "\n" for k in range(20))  # the dry run measures these
+    items.write_text(ordinary + json.dumps({"id": 99, "text": "refund " * 40_000}) + "\n")  # 280 000 characters
     result = invoke(*command[:1], spec, items, *command[1:])
     assert result.exit_code == 4 and "far more than the model's context of 1024 tokens" in result.output, result.output
 
