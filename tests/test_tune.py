@@ -242,3 +242,17 @@ def test_a_tuned_spec_written_elsewhere_keeps_finding_its_model(tmp_path, tiny_m
     assert yaml.safe_load((elsewhere / "tuned.yaml").read_text())["model"] == str((home / "models" / "tiny").resolve())
     result = invoke("run", elsewhere / "tuned.yaml", _items(tmp_path), "-q")
     assert result.exit_code == 0, result.output
+
+
+def test_a_spec_from_a_pipe_is_read_once(tmp_path, tiny_model_dir):
+    import os
+    import threading
+
+    text = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3).read_text()
+    fifo = tmp_path / "spec-pipe"
+    os.mkfifo(fifo)
+    threading.Thread(target=fifo.write_text, args=(text,), daemon=True).start()  # one reader gets it, once
+    tuned = tmp_path / "tuned.yaml"
+    found = _tune(fifo, _items(tmp_path), "--gold", "gold", "--system", "Route tickets.", "-o", tuned)
+    assert [v["name"] for v in found["variants"]] == ["as written", "system 1"]
+    assert yaml.safe_load(tuned.read_text())["labels"] == LABELS3  # written from the one read of the pipe

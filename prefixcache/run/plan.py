@@ -18,7 +18,7 @@ from ..errors import OutputError, SpecError, UsageError
 from ..model.load import model_identity, pick_device, pick_dtype
 from ..reports.evaluation import Gates
 from ..scoring.prepare import Batching, spec_model
-from ..task.spec import TaskSpec, load_spec
+from ..task.spec import SpecFile, TaskSpec, read_spec_file
 from .options import RunOptions, option_words
 from .shards import launch_state, parse_shard, part_path
 
@@ -98,9 +98,10 @@ def read_options_items(options: RunOptions, spec: TaskSpec) -> Iterator[Item]:
     return read_items(options.items, fmt, spec.id_field, options.delimiter, options.encoding)
 
 
-def load_options_spec(options: RunOptions) -> TaskSpec:
-    """The options' spec, with their overrides."""
-    return with_overrides(load_spec(options.spec), options.gold, options.model, options.revision, options.gold_sep)
+def load_options_spec(options: RunOptions, spec_file: Optional[SpecFile] = None) -> TaskSpec:
+    """The options' spec (from `spec_file` when it was read already), with their overrides."""
+    spec = (spec_file or read_spec_file(options.spec)).spec()
+    return with_overrides(spec, options.gold, options.model, options.revision, options.gold_sep)
 
 
 def make_plan(options: RunOptions) -> Plan:

@@ -534,16 +534,25 @@ def _tag_thresholds(value: Any, path: Path, labels: tuple[Label, ...]) -> tuple[
 def load_spec(path: str | Path, **keys: Any) -> TaskSpec:
     """Read and validate a task spec, with `keys` set over the file's. Raises `SpecError` naming
     the file and the key. The spec's `digest` is that of the bytes read (a spec from a pipe too)."""
-    data, digest = _spec_file(path)
-    return dataclasses.replace(spec_from_mapping({**data, **keys}, path), digest=digest)
+    return read_spec_file(path).spec(**keys)
 
 
-def spec_mapping(path: str | Path) -> Mapping[str, Any]:
-    """A spec file's keys as YAML reads them, not validated yet (see `spec_from_mapping`)."""
-    return _spec_file(path)[0]
+@dataclass(frozen=True)
+class SpecFile:
+    """A spec file as read, once (it may be a pipe): its text, its keys as YAML reads them (not
+    validated yet) and the sha256 of its bytes."""
+
+    path: Path
+    text: str
+    data: Mapping[str, Any]
+    digest: str
+
+    def spec(self, **keys: Any) -> TaskSpec:
+        """The validated spec, with `keys` set over the file's."""
+        return dataclasses.replace(spec_from_mapping({**self.data, **keys}, self.path), digest=self.digest)
 
 
-def _spec_file(path: str | Path) -> tuple[Mapping[str, Any], str]:
+def read_spec_file(path: str | Path) -> SpecFile:
     path = Path(path)
     suffix = Path(path.stem).suffix.lower() if path.suffix.lower() == ".gz" else path.suffix.lower()
     if suffix in ITEM_EXTENSIONS:
@@ -552,9 +561,7 @@ def _spec_file(path: str | Path) -> tuple[Mapping[str, Any], str]:
     data = _parse_yaml(raw, path)
     if not isinstance(data, Mapping):
         raise SpecError(f"{path}: a spec is a YAML mapping of keys (model, system, labels, ...)")
-    return data, digest
-
-
+    return SpecFile(path, raw, data, digest)
 
 
 def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> TaskSpec:

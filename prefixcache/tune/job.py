@@ -20,7 +20,7 @@ from ..errors import InputError, SpecError, UsageError
 from ..run.options import RunOptions
 from ..run.plan import load_options_spec
 from ..scoring.prepare import Batching
-from ..task.spec import TaskSpec, spec_mapping
+from ..task.spec import SpecFile, TaskSpec, read_spec_file
 from .rules import Decided, Gold, Rule, rules_for, spec_rule
 from .selection import Config, Goal, Search, Selection, cv_splits, select
 from .tuned import check_tuned_output, relocated, write_tuned
@@ -83,6 +83,7 @@ class TunePlan:
     """What the checks before any model settle."""
 
     spec: TaskSpec
+    spec_file: SpecFile  # read once: a spec from a pipe can be read only once
     variants: list[Variant]
     items: list[Item]
     test: list[Item]
@@ -96,7 +97,8 @@ def plan_tune(options: TuneOptions) -> TunePlan:
         raise UsageError(f"--metric must be one of {', '.join(METRICS)}, not {options.metric!r}")
     if options.folds < 2:
         raise UsageError("--folds must be 2 or more")
-    base = load_options_spec(o)
+    spec_file = read_spec_file(o.spec)
+    base = load_options_spec(o, spec_file)
     if not base.gold:
         raise SpecError("tune compares decisions with gold values: name the field with --gold FIELD (or 'gold' in the spec)")
     metric = options.metric if options.metric != "auto" else "macro-f1" if base.multi_label else "accuracy"
@@ -108,7 +110,7 @@ def plan_tune(options: TuneOptions) -> TunePlan:
     check_tuned_output(options.output, o.spec, options.overwrite)
     check_distinct({"-o": options.output}, {"LABELLED": o.items, "--test": options.test, "--variants": options.variants,
                                             **{f"--examples {p}": p for p in options.examples}})
-    found = variants(o.spec, base, options.variants, options.systems, options.examples, options.models, o.gold_sep)
+    found = variants(spec_file, base, options.variants, options.systems, options.examples, options.models, o.gold_sep)
     items = _labelled(o.items, o, found)
     test = _labelled(options.test, o, found) if options.test else []
     if options.test is None and len(items) < max(MIN_ITEMS, 2 * options.folds):
@@ -118,7 +120,7 @@ def plan_tune(options: TuneOptions) -> TunePlan:
         short = o.items if len(items) < MIN_ITEMS else options.test
         raise InputError(f"{short}: too few items to tune on or measure with; tune needs at least {MIN_ITEMS} in each")
     threshold = base.tag_thresholds if base.multi_label else base.threshold
-    return TunePlan(base, found, items, test, Goal(metric.replace("-", "_"), options.min_coverage, threshold))
+    return TunePlan(base, spec_file, found, items, test, Goal(metric.replace("-", "_"), options.min_coverage, threshold))
 
 
 def _labelled(path: str, o: RunOptions, found: list[Variant]) -> list[Item]:
@@ -155,9 +157,8 @@ def tune(options: TuneOptions, step: Step = lambda what, done, total: None, plan
                         len(plan.test) if options.test else None)
     result.chosen_keys = chosen_keys(result)
     if options.output is not None:
-        raw = spec_mapping(o.spec)
-        keys = {**relocated(raw, o.spec, options.output), **result.chosen_keys}
-        write_tuned(options.output, o.spec, raw, keys, header(result))
+        keys = {**relocated(plan.spec_file.data, o.spec, options.output), **result.chosen_keys}
+        write_tuned(options.output, plan.spec_file, keys, header(result))
         result.written = options.output
     return result
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import yaml
 
 from ..errors import OutputError
-from ..task.spec import spec_from_mapping
+from ..task.spec import SpecFile, spec_from_mapping
 
 log = logging.getLogger("prefixcache")
 _KEY = re.compile(r"^([A-Za-z_][\w-]*)\s*:(.*)$")
@@ -101,13 +101,12 @@ def relocated(raw: Mapping[str, Any], spec_path: Path, output: Path) -> dict[str
     return {"model": str(beside.resolve())}
 
 
-def write_tuned(path: Path, spec_path: Path, raw: Mapping[str, Any], keys: Mapping[str, Any], header: str) -> None:
+def write_tuned(path: Path, spec_file: SpecFile, keys: Mapping[str, Any], header: str) -> None:
     """Write the tuned spec: the spec file's text with `keys` set. Should an edit read back other
     than meant (a layout the line editor does not follow), the whole mapping is written instead,
     without the comments."""
-    original = spec_path.read_text(encoding="utf-8")
-    text = tuned_text(original, keys, header)
-    wanted = {**raw, **keys}
+    text = tuned_text(spec_file.text, keys, header)
+    wanted = {**spec_file.data, **keys}
     try:
         readable = yaml.safe_load(text) == wanted
     except yaml.YAMLError:
@@ -115,7 +114,7 @@ def write_tuned(path: Path, spec_path: Path, raw: Mapping[str, Any], keys: Mappi
     if not readable:
         log.warning("%s: could not keep the spec's layout; writing its keys without the comments", path)
         text = tuned_text("", {}, header) + yaml.safe_dump(dict(wanted), sort_keys=False, allow_unicode=True, width=10**6)
-    spec_from_mapping(yaml.safe_load(text), spec_path)  # it is a valid spec, or this is a bug
+    spec_from_mapping(yaml.safe_load(text), spec_file.path)  # it is a valid spec, or this is a bug
     try:
         temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
         temp.write_text(text, encoding="utf-8")

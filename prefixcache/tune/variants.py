@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from ..run.plan import with_overrides
-from ..task.spec import TaskSpec, load_yaml, spec_from_mapping, spec_mapping
+from ..task.spec import SpecFile, TaskSpec, load_yaml, spec_from_mapping
 
 # What a variant may set: the prompt and the model. The decision keys are what tune searches, and
 # the rest say what an item and its gold value are, which every variant must share.
@@ -44,13 +44,13 @@ class Variant:
         return not self.keys
 
 
-def variants(spec_path: Path, base: TaskSpec, variants_file: Path | None = None, systems: Sequence[str] = (),
+def variants(spec_file: SpecFile, base: TaskSpec, variants_file: Path | None = None, systems: Sequence[str] = (),
              examples: Sequence[Path] = (), models: Sequence[str] = (), gold_sep: str | None = None) -> list[Variant]:
     """Every variant to score: the prompts (the spec's; each of the variants file; each
     combination of the spec's and the given system prompts and example sets), each with the
     spec's model and every model of `models`. `base` is the spec with the command line's
     overrides (--gold, --revision). Raises SpecError naming the file and the variant."""
-    raw = spec_mapping(spec_path)
+    spec_path, raw = spec_file.path, spec_file.data
     prompts: list[tuple[str, dict[str, Any]]] = [(AS_WRITTEN, {})]
     if variants_file is not None:
         prompts += _from_file(variants_file)
