@@ -161,7 +161,7 @@ class Classifier:
                         ) if multi_label else dict(multi_label=False, tag_thresholds=())
             twin.spec = dataclasses.replace(self.spec, labels=spec_from_mapping({"labels": list(labels)}).labels,
                                             examples=(), gold=None, **mode)
-            twin.task = Task(twin.spec, self.task.source, self.task.tokenizer, context=self.task.context)
+            twin.task = self.task.with_spec(twin.spec)
             twin.scorer = Scorer.start(twin.task, self.scorer.engine)
             twin.scorer.prune("auto")
             twin.batching = dataclasses.replace(self.batching, pruned=twin.spec.prunes("auto"))

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,20 +102,30 @@ class Task:
     """
 
     def __init__(self, spec: TaskSpec, source: ModelSource, tokenizer: PreTrainedTokenizerBase, load_seconds: float = 0.0,
-                 context: int | None = None):
+                 cache_dir: Path | None = None):
         self.spec, self.source, self.tokenizer = spec, source, tokenizer
         self.builder = PromptBuilder(spec, tokenizer)
         self.load_seconds = load_seconds
-        self.context = context  # the model's limit on positions as its config says (None: not known)
+        self.cache_dir = cache_dir  # where converted GGUF models are looked for (None: unknown)
 
     @classmethod
     def from_spec(cls, spec: TaskSpec, cache_dir: Path) -> "Task":
         """Resolve the spec's model and load its tokenizer (converted GGUF models are looked for
-        under `cache_dir`) and its limit on positions."""
+        under `cache_dir`)."""
         source = spec_model(spec)
         start = time.perf_counter()
         tokenizer = load_tokenizer(source, cache_dir)
-        return cls(spec, source, tokenizer, time.perf_counter() - start, model_context(source, cache_dir))
+        return cls(spec, source, tokenizer, time.perf_counter() - start, cache_dir)
+
+    def with_spec(self, spec: TaskSpec) -> "Task":
+        """The same model and tokenizer for another spec (its prompt is built anew)."""
+        return Task(spec, self.source, self.tokenizer, cache_dir=self.cache_dir)
+
+    @functools.cached_property
+    def context(self) -> int | None:
+        """The model's limit on positions as its config says (None: not known), read on first use
+        only: a run passes the loaded model's own limit and never needs it."""
+        return model_context(self.source, self.cache_dir) if self.cache_dir is not None else None
 
     def prepare(self, item: Item, context: int | None = None) -> Prepared:
         """Tokens and candidates of one item; `context` is the model's limit on positions, when

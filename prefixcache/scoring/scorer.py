@@ -148,7 +148,7 @@ class Scorer:
         """This scorer deciding as `spec` says: its normalisation, calibration and threshold, on the
         same prompt (only those keys may differ from this task's spec), model and prefix. Label
         scores and content-free scores are shared, so `decide` gives what a run of `spec` gives."""
-        task = Task(spec, self.task.source, self.task.tokenizer, context=self.task.context)
+        task = self.task.with_spec(spec)
         if task.builder.prefix_ids != self.task.builder.prefix_ids:
             raise ValueError("under(): the spec's prompt differs from this scorer's")
         return Scorer(task, self.engine, self.prefix, self.prefix_source, unconditional=self._unconditional)

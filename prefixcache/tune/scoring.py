@@ -56,11 +56,9 @@ def score_variants(variants: Sequence[Variant], items: Sequence[Item], rules: Se
     for n, variant in enumerate(variants):
         models.setdefault((variant.spec.model, variant.spec.revision, variant.spec.trust_remote_code), []).append(n)
     for group in models.values():
-        tasks = {}
-        for n in group:
-            step(f"loading the tokenizer for {variants[n].name}", 0, 0)
-            tasks[n] = Task.from_spec(variants[n].spec, cache_dir)
-        first = tasks[group[0]]
+        step(f"loading the tokenizer for {variants[group[0]].name}", 0, 0)
+        first = Task.from_spec(variants[group[0]].spec, cache_dir)  # one tokenizer a model, like the model
+        tasks = {n: first if n == group[0] else first.with_spec(variants[n].spec) for n in group}
         step(f"loading the model {first.source.ref}", 0, 0)
         engine = Engine(load_model(first.source, first.tokenizer, cache_dir, dev, pick_dtype(dtype, dev)))
         for n in group:
