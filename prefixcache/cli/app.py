@@ -18,6 +18,7 @@ from .. import compat
 from ..data.output import check_distinct, check_output, check_report
 from ..errors import EXIT_GATE, EXIT_USAGE, OutputError
 from ..reports.diff import compare_outputs, write_diff_reports
+from ..reports.evaluation import write_report_file
 from ..run.dryrun import dry_run as check_run
 from ..run.job import RunResult, run_job
 from ..run.options import RunOptions
@@ -26,13 +27,15 @@ from ..run.shards import merge_parts
 from ..scoring.prepare import Batching, Task
 from .cache import cache_app
 from .options import (
-    BENCH_LIMIT_OPT, EXAMPLES_OPT, FOLDS_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT,
-    SEED_OPT, SYSTEM_OPT, TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
+    BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
+    EXAMPLES_OPT, FOLDS_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
+    TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
     VERSION_OPT, LogLevel, run_options, store_max_bytes,
 )
-from .show import rendered_text, print_tune, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench, print_summary
+from .show import (rendered_text, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench,
+                   print_summary, print_tune)
 from .terminal import Command, Commands, bench_step, err, say, errors, progress, reporting, setup_logging, signals, steps
 
 app = typer.Typer(
@@ -274,7 +277,7 @@ def tune(
         prefixcache tune spec.yaml dev.jsonl --test test.jsonl --system @terse.txt --examples more.yaml -m other-model
     """
     from ..tune import TuneOptions, plan_tune, tune as run_tune
-    from ..tune.leaderboard import append_markdown, to_json, to_markdown
+    from ..tune.leaderboard import to_json, to_markdown
 
     setup_logging(quiet or as_json)
     with errors(debug):
@@ -288,7 +291,7 @@ def tune(
             compat.quiet_libraries()
             result = run_tune(options, step, plan)
         if md:
-            append_markdown(md, to_markdown(result, top))
+            write_report_file(md, to_markdown(result, top), append=True)
         if as_json:
             print(json.dumps(to_json(result), indent=2))
         else:

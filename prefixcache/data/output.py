@@ -156,22 +156,23 @@ def _is_record(value: Any) -> bool:
 
 def _well_formed(record: Mapping[str, Any]) -> bool:
     """The fields every reader relies on have their types (fields a record lacks are not asked for)."""
-    def number(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-    if not isinstance(record["id"], (str, int)) or isinstance(record["id"], bool):
+    if not _is_id(record["id"]):
         return False
     if "error" in record:
         return isinstance(record["error"], str)
-    checks = [
-        record.get("label") is None or isinstance(record.get("label"), str),
-        not isinstance(record.get("labels"), (str, int, float, dict)),
-        record.get("prob") is None or number(record["prob"]),
-        all(number(v) for v in (record["probs"].values() if isinstance(record.get("probs"), dict) else
-                                record.get("probs") or ())) and isinstance(record.get("probs", {}), (dict, list)),
-        isinstance(record.get("labels", []), list) and all(isinstance(v, str) for v in record.get("labels", [])),
-    ]
-    return all(checks)
+    label, labels, prob, probs = record.get("label"), record.get("labels", []), record.get("prob"), record.get("probs", {})
+    values = probs.values() if isinstance(probs, dict) else probs if isinstance(probs, list) else None
+    return ((label is None or isinstance(label, str)) and isinstance(labels, list)
+            and all(isinstance(v, str) for v in labels) and (prob is None or _is_number(prob))
+            and values is not None and all(_is_number(v) for v in values))
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _read_jsonl(data: bytes, path: str, strict: bool = False) -> tuple[list[Record], int]:

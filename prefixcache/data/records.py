@@ -105,6 +105,9 @@ def error_record(item: Item, message: str, id_field: str = "id", keep: Keep = ()
     return {"id": item.id, **kept_fields(item, id_field, keep), "item_sha": item_sha(item.record), "error": message}
 
 
+_WARNED: set[str] = set()  # --keep-all field names already warned about
+
+
 def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
     """The item's fields a record carries: those named (missing ones as null), or with None all
     but the id and those named like the record's own fields (input read once is not scanned, so
@@ -117,9 +120,6 @@ def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
                 log.warning("--keep-all: the input field %r is named like a field of the record; it is left out", name)
         return {k: v for k, v in item.record.items() if k != id_field and k not in RECORD_FIELDS}
     return {k: item.record.get(k) for k in keep}
-
-
-_WARNED: set[str] = set()
 
 
 # Names a kept field may not take: the record's own fields (and, in CSV, its per-label columns).
@@ -216,9 +216,7 @@ def to_csv_row(record: Mapping[str, Any]) -> dict[str, Any]:
 def from_csv_row(row: Mapping[str, str]) -> Record:
     """A CSV row back in the JSONL layout (the inverse of `to_csv_row`, ids aside)."""
     if row.get("error"):  # an error row: its id, the kept fields, its digest and the error
-        prefixes = tuple(p for _, p in PER_LABEL)
-        kept = {k: v for k, v in row.items() if k not in RECORD_FIELDS and not k.startswith(prefixes)}
-        return {"id": row["id"], **kept, "item_sha": row.get("item_sha", ""), "error": row["error"]}
+        return {"id": row["id"], **input_fields(row), "item_sha": row.get("item_sha", ""), "error": row["error"]}
     record: Record = {}
     for key, cell in row.items():
         if key == "error":

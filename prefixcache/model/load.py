@@ -119,7 +119,7 @@ def converted_models(cache_dir: Path) -> list[dict[str, Any]]:
     """The converted models kept under `cache_dir`: their folder and what they were made from."""
     out = []
     folder = models_dir(cache_dir)
-    for marker in sorted(folder.glob("*/prefixcache.json")) if folder.is_dir() else ():
+    for marker in sorted(folder.glob(f"*/{SIGNED}")) if folder.is_dir() else ():
         try:
             info = json.loads(marker.read_text(encoding="utf-8"))
         except (OSError, ValueError):

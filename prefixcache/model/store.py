@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 from .engine import Prefix
 from ..errors import OutputError
 from .load import models_dir
-from .private import ForeignCache, cache_secret, owned
+from .private import SIGNED, ForeignCache, cache_secret, owned
 
 log = logging.getLogger(__name__)
 FORMAT = "prefixcache-prefix-1"
@@ -236,7 +236,7 @@ def _clear_models(folder: Path) -> None:
     for entry in folder.iterdir():
         if entry.is_symlink() or not entry.is_dir():
             continue
-        if (entry / "prefixcache.json").is_file() or entry.name.startswith(".tmp-"):
+        if (entry / SIGNED).is_file() or entry.name.startswith(".tmp-"):
             shutil.rmtree(entry)
     try:
         folder.rmdir()  # only when nothing else is left

@@ -329,7 +329,8 @@ def add_record(evaluation: Evaluation | TagEvaluation, record: Record) -> None:
         evaluation.bounded += bool(record.get("pruned"))
 
 
-def _write(path: Path, text: str, append: bool = False) -> None:
+def write_report_file(path: Path, text: str, append: bool = False) -> None:
+    """A report file written (or, with `append`, added to as CI step summaries are)."""
     try:
         with open(path, "a" if append else "w", encoding="utf-8") as f:
             f.write(text)
@@ -344,8 +345,8 @@ def write_reports(evaluation: Evaluation | TagEvaluation, metrics: Optional[Path
     if metrics:
         figures = {**evaluation.to_json(), "min_accuracy": gates.min_accuracy, "min_recall": gates.min_recall,
                    "gates_failed": evaluation.gate_failures(gates)}
-        _write(metrics, json.dumps(figures, indent=2) + "\n")
+        write_report_file(metrics, json.dumps(figures, indent=2) + "\n")
     if summary_md:
-        _write(summary_md, evaluation.to_markdown(gates, about=about), append=True)  # as CI step summaries do
+        write_report_file(summary_md, evaluation.to_markdown(gates, about=about), append=True)  # as CI step summaries do
     if junit:
-        _write(junit, evaluation.to_junit(gates, seconds=seconds))
+        write_report_file(junit, evaluation.to_junit(gates, seconds=seconds))

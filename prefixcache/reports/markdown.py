@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def cell(value: object) -> str:
     """A table cell that shows `value` as it is: a `|` does not end the cell, a line break does
@@ -15,18 +17,6 @@ def cell(value: object) -> str:
 def code(value: object) -> str:
     """`value` in a code span, whatever backticks it holds (one line)."""
     text = str(value).replace("\n", " ").replace("\r", " ")
-    longest = max((len(part) for part in _backtick_runs(text)), default=0)
-    fence = "`" * (longest + 1)
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _backtick_runs(text: str) -> list[str]:
-    runs, current = [], ""
-    for ch in text:
-        if ch == "`":
-            current += ch
-        elif current:
-            runs.append(current)
-            current = ""
-    return runs + ([current] if current else [])

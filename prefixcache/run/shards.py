@@ -19,6 +19,7 @@ from ..errors import InputError, OutputError, UsageError, first_line
 from ..data.lock import output_lock
 from ..data.output import FINGERPRINT_SUFFIX, fingerprint_path, read_records, write_aside, write_fingerprint
 from ..data.records import ids_digest, record_id
+from .options import flags
 
 if TYPE_CHECKING:
     from accelerate import PartialState
@@ -26,11 +27,11 @@ if TYPE_CHECKING:
 LAUNCH_TIMEOUT = 120  # seconds for every process of a launch to join
 
 # Fingerprint fields that must agree between the parts of one job (device may differ by host):
-# whatever shapes the records, or where each shard's items begin and end.
-SHARED_FIELDS = ("spec", "gold", "model", "input", "dtype", "keep", "batch_size", "batch_tokens", "exact", "gold_sep",
-                 "prune", "of")
-NAMES = {"of": "item count (--limit)", "keep": "--keep", "batch_size": "--batch-size", "batch_tokens": "--batch-tokens",
-         "exact": "--exact", "gold_sep": "--gold-sep", "prune": "--prune"}
+# whatever shapes the records, or where each shard's items begin and end. The options among them
+# are named in messages as the command line spells them.
+OPTION_FIELDS = ("keep", "batch_size", "batch_tokens", "exact", "gold_sep", "prune")
+SHARED_FIELDS = ("spec", "gold", "model", "input", "dtype", *OPTION_FIELDS, "of")
+NAMES = {"of": "item count (--limit)", **{f.name: flag.name for f, flag in flags() if f.name in OPTION_FIELDS}}
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from ..errors import OutputError
 from ..reports.markdown import cell, code
 from ..task.spec import DEFAULT_CONTENT_FREE
 from .job import TuneResult, describe, threshold_value
@@ -143,11 +141,3 @@ def shown(result: TuneResult, top: int) -> list[tuple[int, Row]]:
 
 
 
-
-def append_markdown(path: Path, text: str) -> None:
-    """--md: appended, as CI step summaries are."""
-    try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write the report: {exc.strerror}")

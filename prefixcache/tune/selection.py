@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -152,7 +152,6 @@ class Selection:
     held_out: int  # items the figures are measured on
     goal: Goal
     verdict: str = ""  # "winner", "spec" (the spec as written is the choice), "no winner"
-    rows_by_config: dict = field(default_factory=dict)
 
 
 def select(search: Search, splits: Sequence[tuple[np.ndarray, np.ndarray]], fit_all: np.ndarray,
@@ -181,7 +180,7 @@ def select(search: Search, splits: Sequence[tuple[np.ndarray, np.ndarray]], fit_
     by_config = {row.config: row for row in rows}
     gain = intervals["gain"]
     selection = Selection(rows, by_config[final], by_config[search.default], intervals["tuned"], gain, len(splits),
-                          len(held_out), search.goal, rows_by_config=by_config)
+                          len(held_out), search.goal)
     selection.verdict = "spec" if final == search.default else "winner" if gain.low > 0 else "no winner"
     selection.rows = sorted(rows, key=lambda r: (-_goal_value(r, search.goal), search.configs.index(r.config)))
     return selection
