@@ -74,3 +74,13 @@ def first_line(exc: BaseException) -> str:
     """An exception's message cut to its first line (its type's name when it has none)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)] if chr(c) not in "\t"}
+_CONTROL.update({c: f"\\u{c:04x}" for c in [0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
+
+
+def shown(text: object) -> str:
+    """Text another user or a data file may have written, fit to print on a terminal: control
+    characters (escape sequences, line ends, bidirectional overrides) written as escapes."""
+    return str(text).translate(_CONTROL)

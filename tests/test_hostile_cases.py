@@ -21,7 +21,7 @@ def test_a_stop_while_converted_weights_load_keeps_them(tmp_path, monkeypatch):
     converted = tmp_path / "models" / "abc"
     converted.mkdir(parents=True)
     (converted / "config.json").write_text("{}")
-    monkeypatch.setattr(load, "_usable", lambda path: True)
+    monkeypatch.setattr(load, "_usable", lambda path, source: True)
 
     def stopped(*args, **kwargs):
         raise Interrupted(signal.SIGINT, "interrupted by SIGINT: stopped before any record was written")
@@ -293,6 +293,13 @@ def test_a_store_key_another_user_owns_is_not_used(tmp_path, tiny_model_dir, cap
     assert _scorer_source(spec, cache) == "computed" and ".store-key belongs to uid" in caplog.text
 
 
+def _gguf():
+    """The GGUF file `_converted` stands for."""
+    from prefixcache.model import load
+
+    return load.ModelSource("m.gguf", "gguf", "m.gguf")
+
+
 def _converted(tmp_path: Path, chat_tokenizer) -> Path:
     """A converted model kept as prefixcache keeps one (the tiny model stands in for the GGUF's)."""
     from conftest import tiny_model
@@ -307,13 +314,13 @@ def test_converted_weights_changed_after_conversion_are_not_used(tmp_path, chat_
     from prefixcache.model import load
 
     target = _converted(tmp_path, chat_tokenizer)
-    assert load._usable(target)
+    assert load._usable(target, _gguf())
     load._TRUSTED.clear()
     weights = target / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-8:] = bytes(8)  # another model's numbers, the same size
     weights.write_bytes(bytes(data))
-    assert not load._usable(target)
+    assert not load._usable(target, _gguf())
     assert "model.safetensors is not the file converted" in caplog.text and not target.exists()
 
 
@@ -326,7 +333,7 @@ def test_converted_weights_restored_from_a_copy_are_checked_and_kept(tmp_path, c
     moved = target.with_name("moved")
     target.rename(moved)
     shutil.copytree(moved, target)  # new inodes and times, the same bytes
-    assert load._usable(target) and target.exists()
+    assert load._usable(target, _gguf()) and target.exists()
 
 
 def test_converted_weights_without_a_signature_are_converted_again(tmp_path, chat_tokenizer, caplog):
@@ -334,7 +341,7 @@ def test_converted_weights_without_a_signature_are_converted_again(tmp_path, cha
 
     target = _converted(tmp_path, chat_tokenizer)
     (target / "prefixcache.json").write_text(json.dumps({"source": "m.gguf", "created": 0}))
-    assert not load._usable(target) and "no signed record" in caplog.text
+    assert not load._usable(target, _gguf()) and "no signed record" in caplog.text
 
 
 @as_root
@@ -343,7 +350,7 @@ def test_converted_weights_another_user_owns_are_not_used_nor_removed(tmp_path, 
 
     target = _converted(tmp_path, chat_tokenizer)
     _chown_tree(target, OTHER_UID)
-    assert not load._usable(target) and target.exists() and f"belongs to uid {OTHER_UID}" in caplog.text
+    assert not load._usable(target, _gguf()) and target.exists() and f"belongs to uid {OTHER_UID}" in caplog.text
 
 
 def test_the_cache_is_private_under_any_umask(tmp_path, tiny_model_dir):
@@ -685,8 +692,8 @@ def test_an_endless_line_is_an_error_not_unbounded_memory(tmp_path, fmt):
 def test_an_update_aside_left_by_kill_9_is_removed_by_the_next_run(tmp_path, tiny_model_dir):
     spec, items, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), _items(tmp_path / "i.jsonl", 3), tmp_path / "out.jsonl"
     assert invoke("run", spec, items, "-o", out, "-q").exit_code == 0
-    aside = tmp_path / ".out.jsonl.k2j3h4l5.jsonl"  # as an update killed mid-write leaves it
-    fingerprint_tmp = tmp_path / ".out.jsonl.prefixcache.json.a1b2c3d4"
+    aside = tmp_path / ".out.jsonl.0f1e2d3c4b5a6978.part"  # as an update killed mid-write leaves it
+    fingerprint_tmp = tmp_path / ".out.jsonl.prefixcache.json.a1b2c3d4e5f60718.part"
     mine = [tmp_path / ".out.jsonl.swp", tmp_path / ".out.jsonl.notes"]  # not prefixcache's: they stay
     for path in [aside, fingerprint_tmp, *mine]:
         path.write_text("x")

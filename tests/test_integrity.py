@@ -205,7 +205,7 @@ def test_usage_errors_and_report_paths_are_one_line_before_the_run(spec_path, tm
     src.write_text('{"id": 1, "text": "x", "answer": "tech"}\n')
     missing = invoke("run", gold, src, "-o", tmp_path / "o.jsonl", "--metrics", tmp_path / "no" / "m.json")
     assert missing.exit_code == 2
-    assert missing.stderr == f"error: {tmp_path / 'no' / 'm.json'}: folder {tmp_path / 'no'} does not exist\n"
+    assert missing.stderr == f"error: --metrics {tmp_path / 'no' / 'm.json'}: folder {tmp_path / 'no'} does not exist\n"
     assert not (tmp_path / "o.jsonl").exists()
 
 

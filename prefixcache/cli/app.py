@@ -284,8 +284,8 @@ def tune(
         options = TuneOptions(RunOptions(spec, labelled, **given), test, variants, tuple(system), tuple(examples),
                               tuple(model), metric, min_coverage, folds, seed, output, overwrite)
         if md:
-            check_report(md)
-            check_distinct({"--md": md}, {"the spec": spec, "LABELLED": labelled, "--test": test, "-o": output})
+            check_report(md, "--md")
+            check_distinct({"--md": md, "-o": output}, {"the spec": spec, "LABELLED": labelled, "--test": test})
         plan = plan_tune(options)
         with steps(quiet or as_json, log_interval) as step:
             compat.quiet_libraries()

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..errors import shown
 from ..reports.evaluation import Evaluation, TagEvaluation
 
 if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only read their figures
@@ -65,7 +66,7 @@ def print_summary(console: Console, result: RunResult, stamped: bool = False) ->
 def _per_label_table(console: Console, evaluation: Evaluation | TagEvaluation) -> None:
     table = Table("label", "precision", "recall", "F1", "support")
     for label, st in evaluation.per_label().items():
-        table.add_row(escape(label), f"{st['precision']:.3f}", f"{st['recall']:.3f}", f"{st['f1']:.3f}", str(st["support"]))
+        table.add_row(_plain(label), f"{st['precision']:.3f}", f"{st['recall']:.3f}", f"{st['f1']:.3f}", str(st["support"]))
     print_table(console, table)
 
 
@@ -208,7 +209,7 @@ def print_diff(console: Console, cmp: Comparison, name_a: str, name_b: str, top:
         table = Table(*head, title="per label")
         for name, f in cmp.per_label.items():
             extra = [str(f["fixed"]), str(f["broken"]), f"{f['mcnemar_p']:.3g}"] if cmp.gold else []
-            table.add_row(escape(name), str(f["turned_on"]), str(f["turned_off"]), *extra)
+            table.add_row(_plain(name), str(f["turned_on"]), str(f["turned_off"]), *extra)
         console.print(table)
     if cmp.flips:
         shown = cmp.flips.most_common(top)
@@ -232,8 +233,9 @@ def print_diff(console: Console, cmp: Comparison, name_a: str, name_b: str, top:
 
 
 def _plain(value: object) -> str:
-    """A value from the data (an id, a label, a file name) shown as it is: never read as markup."""
-    return "-" if value is None else escape(str(value))
+    """A value from the data (an id, a label, a file name) shown as it is: never read as markup,
+    its control characters escaped (they could clear or recolour the terminal)."""
+    return "-" if value is None else escape(shown(value))
 
 
 def rendered_text(rendered: dict, decode: Callable[[list[int]], str]) -> str:

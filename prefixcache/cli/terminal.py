@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 from typer.core import TyperCommand, TyperGroup
 
 from .. import compat
-from ..errors import EXIT_INTERNAL, EXIT_USAGE, Interrupted, PrefixcacheError
+from ..errors import EXIT_INTERNAL, EXIT_USAGE, Interrupted, PrefixcacheError, shown
 from ..run.job import Event
 from .show import stamp
 
@@ -84,12 +84,12 @@ def errors(debug: bool) -> Iterator[None]:
     except typer.Exit:
         raise
     except Interrupted as exc:
-        err.print(str(exc), markup=False, soft_wrap=True)
+        err.print(shown(exc), markup=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code)
     except PrefixcacheError as exc:
         if debug:
             traceback.print_exc()
-        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        err.print(f"error: {shown(exc)}", markup=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
@@ -100,7 +100,8 @@ def errors(debug: bool) -> Iterator[None]:
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        err.print(f"internal error: {type(exc).__name__}: {exc} (run with --debug for a traceback)", markup=False, soft_wrap=True)
+        err.print(f"internal error: {type(exc).__name__}: {shown(exc)} (run with --debug for a traceback)", markup=False,
+                  soft_wrap=True)
         raise typer.Exit(EXIT_INTERNAL)
 
 
@@ -129,7 +130,7 @@ class _ConsoleHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            err.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
+            err.print(shown(self.format(record)), markup=False, highlight=False, soft_wrap=True)
         except BrokenPipeError:
             detach_closed_streams()
         except Exception:

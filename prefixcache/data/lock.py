@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
-from ..errors import OutputError
+from ..errors import OutputError, shown
+from ..safefile import lock_file, same_entry
 
 try:
     import fcntl
@@ -39,16 +40,25 @@ def output_lock(output: Optional[str], what: str = "run") -> Iterator[None]:
     path = lock_path(output)
     fd = _acquire(path, output)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: {_command(what)}\n".encode())
+        _say_who(fd, output, path, what)
         yield
     finally:
         try:
-            if _same_file(fd, path):
+            if same_entry(fd, path):
                 path.unlink()
         except OSError:
             pass
         os.close(fd)  # releases the lock
+
+
+def _say_who(fd: int, output: str, path: Path, what: str) -> None:
+    """Write who holds the lock into it (a full disk is the output's error, as writing it would be)."""
+    line = f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: {_command(what)}\n"
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, line.encode())
+    except OSError as exc:
+        raise OutputError(f"{output}: cannot write its lock file {path.name}: {exc.strerror or exc}")
 
 
 def _acquire(path: Path, output: str) -> int:
@@ -56,9 +66,9 @@ def _acquire(path: Path, output: str) -> int:
     removed it as it finished leaves a new one to lock)."""
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise OutputError(f"{output}: cannot create the lock file {path}: {exc.strerror}")
+            fd = lock_file(path)
+        except OutputError as exc:
+            raise OutputError(f"{output}: cannot lock it: {exc}")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -68,17 +78,9 @@ def _acquire(path: Path, output: str) -> int:
                               f"finish, or write to another file")
         except OSError:  # a file system without locks: go on unlocked, as before
             return fd
-        if _same_file(fd, path):
+        if same_entry(fd, path):
             return fd
         os.close(fd)
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        st, now = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
 
 
 def _holder(fd: int) -> str:
@@ -86,7 +88,7 @@ def _holder(fd: int) -> str:
         text = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
     except OSError:
         text = ""
-    return text.splitlines()[0] if text else "its lock file says no more"
+    return shown(text.splitlines()[0][:300]) if text else "its lock file says no more"
 
 
 def _command(what: str) -> str:

@@ -22,16 +22,16 @@ import io
 import json
 import logging
 import os
-import re
 import sys
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Optional, Sequence
 
+from .. import safefile
 from ..errors import InputError, OutputError
 from .items import Item, is_stream, opening
+from .lock import lock_path
 from .records import Record, from_csv_row, id_text, item_sha, record_id, to_csv_row
 
 log = logging.getLogger("prefixcache")
@@ -114,18 +114,18 @@ class RecordWriter:
 def open_writer(path: str | None, columns: Sequence[str] = (), append: bool = False, fmt: str | None = None,
                 id_column: str = "id") -> RecordWriter:
     """`path` None or '-' writes to stdout (JSONL unless `fmt` says csv); otherwise `fmt` or the
-    extension picks JSONL or CSV. With `append`, records go after what is there (a CSV header only
-    if the file is empty)."""
+    extension picks JSONL or CSV. With `append`, records go after what is there (a CSV header
+    only if that is nothing); else the file is new (safefile.py)."""
     if path is None or path == "-":
         if sys.stdout is None or sys.stdout.closed:
             raise OutputError("stdout is closed; give an output file with -o")
         return RecordWriter(sys.stdout, fmt or "jsonl", columns, id_column=id_column)
     fmt = fmt or file_format(path)
-    fresh = not append or not os.path.exists(path) or os.path.getsize(path) == 0
-    try:
-        stream = open(path, "a" if append else "w", encoding="utf-8", newline="")
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write output: {exc.strerror}")
+    if append:
+        stream = safefile.append(path, what="the output")
+        fresh = os.fstat(stream.fileno()).st_size == 0
+    else:
+        stream, fresh = safefile.create(path, what="the output"), True
     return RecordWriter(stream, fmt, columns, header=fresh, id_column=id_column)
 
 
@@ -259,11 +259,7 @@ def check_output(path: str | None, resume: bool = False, overwrite: bool = False
         return
     file_format(path, fmt)
     target = Path(path)
-    if target.is_symlink():
-        raise OutputError(f"{path}: is a symbolic link; name the file itself (prefixcache never writes through a link)")
-    if target.is_dir():
-        raise OutputError(f"{path}: is a directory")
-    _writable(target)
+    safefile.check_target(path)
     if target.exists() and target.stat().st_size > 0 and not (resume or overwrite):
         if not continuable:  # merge writes the whole output or nothing
             raise OutputError(f"{path}: already exists; use --overwrite to replace it")
@@ -271,20 +267,26 @@ def check_output(path: str | None, resume: bool = False, overwrite: bool = False
                           f"with the input, or --overwrite to replace it")
 
 
-def check_report(path: Path | None) -> None:
+def check_report(path: Path | None, what: str = "") -> None:
     """A report file asked for must be writable before the run, not found unwritable after it."""
-    if path is None:
-        return
-    if Path(path).is_dir():
-        raise OutputError(f"{path}: is a directory, not a report file")
-    _writable(Path(path))
+    if path is not None:
+        safefile.check_target(path, what)
 
 
-def check_distinct(writes: Mapping[str, Any], reads: Mapping[str, Any]) -> None:
+def check_distinct(writes: Mapping[str, Any], reads: Mapping[str, Any], outputs: Sequence[str] = ()) -> None:
     """Refuse a file that one option writes and another reads or writes (a report named like the
-    input, the spec or the output). Keys say how the user named each file ("--metrics", "the
-    input"); a value of None or "-" is no file."""
-    named = [(what, path, True) for what, path in writes.items()] + [(what, path, False) for what, path in reads.items()]
+    input, the spec or the output, or like one of the files the run keeps beside its output).
+    Keys say how the user named each file ("--metrics", "the input"); a value of None or "-" is
+    no file. `outputs`: the keys that name record outputs (their fingerprint and lock file are
+    theirs alone)."""
+    own = {}
+    for key in outputs:
+        path = writes.get(key, reads.get(key))
+        if path not in (None, "-", ""):
+            own[f"the fingerprint of {path}"] = fingerprint_path(str(path))
+            own[f"the lock file of {path}"] = lock_path(str(path))
+    named = [(what, path, True) for what, path in writes.items()] + \
+        [(what, path, False) for what, path in {**reads, **own}.items()]
     named = [(what, str(path), writes_it) for what, path, writes_it in named if path not in (None, "-", "")]
     for n, (what, path, writes_it) in enumerate(named):
         for other, other_path, other_writes in named[n + 1:]:
@@ -302,56 +304,13 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def _writable(target: Path) -> None:
-    """The file's folder exists and may be written to, and so may the file if it exists."""
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"{target}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise OutputError(f"{target}: not writable")
-
-
-def truncate_partial(path: str, done: Written) -> bool:
-    """Cut a partial trailing record off, so appending starts on a fresh line."""
-    if done.size > done.end:
-        with open(path, "r+b") as f:
-            f.truncate(done.end)
-        return True
-    return False
-
-
 def fingerprint_path(output: str) -> Path:
     return Path(output + FINGERPRINT_SUFFIX)
 
 
 def write_fingerprint(output: str, fingerprint: Mapping[str, Any]) -> None:
-    path = fingerprint_path(output)
-    try:
-        write_aside(path, (json.dumps(fingerprint, indent=2, sort_keys=True) + "\n").encode())
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write the run's fingerprint: {exc.strerror}")
-
-
-def write_aside(path: Path, data: bytes) -> None:
-    """Write `data` to a new file with an unpredictable name next to `path` (created exclusively,
-    so no planted link is followed), then rename it over `path`. The file gets the mode a plain
-    `open` would give it under the user's umask."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, default_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def default_mode() -> int:
-    """The mode `open` gives a new file under the user's umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+    safefile.replace(fingerprint_path(output), json.dumps(fingerprint, indent=2, sort_keys=True) + "\n",
+                     what="the run's fingerprint")
 
 
 def read_fingerprint(output: str) -> dict[str, Any]:
@@ -527,9 +486,11 @@ def checked_stream(items: Iterator[Item], name: str, written: Mapping[str, Recor
 
 
 def continue_output(output: str, fingerprint: Mapping[str, Any], fmt: str | None = None) -> None:
-    """Before appending to a resumed output: drop a partial last record, record the input now read."""
+    """Before appending to a resumed output: drop a partial last record (what an interrupted run
+    leaves), record the input now read."""
     done = read_records(output, fmt)
-    if truncate_partial(output, done):
+    if done.size > done.end:
+        safefile.append(output, keep=done.end, what="the output").close()
         log.warning("%s: dropped a partial last record left by an interrupted run", output)
     write_fingerprint(output, fingerprint)
 
@@ -551,55 +512,45 @@ class OutputFile:
 
     @contextmanager
     def writing(self, start: Start, fingerprint: Mapping[str, Any]) -> Iterator[RecordWriter]:
-        """A writer for this run's records. Fresh: the fingerprint, then the records (a run that
+        """A writer for this run's records. Fresh: the records, then the fingerprint (a run that
         fails before its first record leaves no output behind). Resumed: a partial last record
         dropped, the fingerprint renewed, records appended. Updated: written aside and renamed over
         the output only when complete (the output stays as it was if the run fails)."""
-        path = self.path
         if start.mode == "update":
-            path = _aside(self.path)
-        elif start.mode != "fresh":
+            with safefile.replacing(self.path, text=True, what="the output") as stream:
+                writer = RecordWriter(stream, self.fmt, self.columns, id_column=self.id_column)
+                yield writer
+            write_fingerprint(self.path, fingerprint)
+            return
+        if start.mode != "fresh":
             continue_output(self.path, fingerprint, self.fmt)
             log.info("%s: %d records already written; resuming", self.path, len(start.records))
-        writer = open_writer(path, self.columns, append=start.appends, fmt=self.fmt, id_column=self.id_column)
+        writer = open_writer(self.path, self.columns, append=start.appends, fmt=self.fmt, id_column=self.id_column)
         if start.mode == "fresh" and self.is_file:
-            write_fingerprint(path, fingerprint)
+            write_fingerprint(self.path, fingerprint)
         try:
             yield writer
         except BaseException:
             writer.close(failing=True)
-            if start.mode == "update":
-                Path(path).unlink(missing_ok=True)  # the output stays as it was
-            elif start.mode == "fresh" and self.is_file and not writer.written:
-                Path(path).unlink(missing_ok=True)  # nothing was written: nothing to refuse the next run with
-                fingerprint_path(path).unlink(missing_ok=True)
+            if start.mode == "fresh" and self.is_file and not writer.written:
+                Path(self.path).unlink(missing_ok=True)  # nothing was written: nothing to refuse the next run with
+                fingerprint_path(self.path).unlink(missing_ok=True)
             raise
         writer.close()
-        if start.mode == "update":
-            os.replace(path, self.path)
-            write_fingerprint(self.path, fingerprint)
 
 
 def remove_orphans(output: str) -> None:
-    """Remove what writers of `output` killed mid-write left beside it (`.OUT.*` asides and
-    fingerprint temporaries). Called with the output's lock held, so no live writer owns one."""
+    """Remove what writers of `output` killed mid-write left beside it (an update's aside, a
+    fingerprint's temporary). Called with the output's lock held, so no live writer owns one."""
     target = Path(output)
-    parent = target.parent if str(target.parent) else Path(".")
-    name, random = re.escape(target.name), "[a-z0-9_]{8}"  # tempfile's names: 8 of these characters
-    ours = re.compile(rf"\.{name}\.{random}{re.escape(target.suffix)}|\.{name}{re.escape(FINGERPRINT_SUFFIX)}\.{random}")
+    parent = safefile.folder_of(target)
+    names = (target.name, fingerprint_path(target.name).name)
     for orphan in parent.glob(f".{glob.escape(target.name)}.*"):
-        if not ours.fullmatch(orphan.name) or orphan.is_symlink() or not orphan.is_file():
+        if not any(safefile.is_temporary_of(orphan.name, name) for name in names):
+            continue
+        if orphan.is_symlink() or not orphan.is_file():
             continue
         try:
             orphan.unlink()
         except OSError:
             pass
-
-
-def _aside(output: str) -> str:
-    """A new, unpredictable file next to `output`, to be renamed over it."""
-    target = Path(output)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
-    os.close(fd)
-    os.chmod(tmp, default_mode())  # the replaced output keeps the mode a new output would have
-    return tmp

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import compat
 from ..errors import ModelError, UsageError, first_line
-from .private import SIGNED, ForeignCache, cache_secret, owned, private_folder, sign_folder, verify_folder
+from .private import (SIGNED, ForeignCache, cache_secret, owned, private_folder, sign_folder, unswappable,
+                      verify_folder)
 
 if TYPE_CHECKING:  # types only: torch and transformers are imported where a model is loaded
     import torch
@@ -133,21 +135,41 @@ def _complete(directory: Path) -> bool:
 
 
 _TRUSTED: set[Path] = set()  # converted folders this process verified
+_FOREIGN: dict[Path, str] = {}  # cache folders this process found it must not use, and why
 
 
-def _usable(converted: Path) -> bool:
-    """A converted copy that is complete, the user's own and signed by this cache, with every file
-    as converted (model/private.py). One that fails is not used: removed when it is the user's,
-    left alone when it is another user's."""
+def _foreign(cache_dir: Path) -> str | None:
+    """Why the cache folder must not be used (another user's, or under a folder others can
+    change), or None; found once per process, and said once."""
+    if cache_dir not in _FOREIGN:
+        try:
+            for folder in (cache_dir, models_dir(cache_dir)):
+                if folder.exists():
+                    owned(folder)
+            unswappable(cache_dir if cache_dir.exists() else cache_dir.parent)
+            _FOREIGN[cache_dir] = ""
+        except ForeignCache as exc:
+            _FOREIGN[cache_dir] = str(exc)
+            log.warning("the cache %s is not used: %s; converting the model in memory", cache_dir, exc)
+        except OSError:
+            _FOREIGN[cache_dir] = ""  # not there yet: made safely when it is first written
+    return _FOREIGN[cache_dir] or None
+
+
+def _usable(converted: Path, source: ModelSource) -> bool:
+    """A converted copy that is complete, the user's own and signed by this cache, converted from
+    `source`, with every file as converted, under folders no other user can change
+    (model/private.py). One that fails is not used: removed when it is the user's, left alone in
+    a cache that is not."""
     if converted in _TRUSTED:
         return True
-    if not _complete(converted):
-        return False
     cache_dir = converted.parent.parent
+    if _foreign(cache_dir) or not _complete(converted):
+        return False
     try:
-        for folder in (cache_dir, converted.parent, converted):
+        for folder in (converted.parent, converted):
             owned(folder)
-        why = verify_folder(converted, cache_secret(cache_dir / "prefixes"))
+        why = verify_folder(converted, cache_secret(cache_dir / "prefixes"), source.path)
     except ForeignCache as exc:
         log.warning("the converted weights in %s are not used: %s; converting in memory", converted, exc)
         return False
@@ -161,13 +183,24 @@ def _usable(converted: Path) -> bool:
     return True
 
 
+def remove_stale_conversions(folder: Path, age: float = 3600) -> None:
+    """Remove conversions killed mid-write (`.tmp-*` folders of the user's), once `age` seconds old."""
+    for stale in folder.glob(".tmp-*") if folder.is_dir() else ():
+        try:
+            st = stale.lstat()
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and time.time() - st.st_mtime >= age:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass  # another process removed it
+
+
 def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     try:
         if source.kind == "gguf":
             converted = _converted_dir(source, cache_dir)
-            if _usable(converted):
+            if _usable(converted, source):
                 return AutoTokenizer.from_pretrained(str(converted))
             path = Path(source.path)
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -258,10 +291,14 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: PreTrainedTokeni
     import torch
 
     path = Path(source.path)
-    log.info("converting %s to float weights once (takes a while); later runs load them from %s", path.name, target)
+    foreign = _foreign(target.parent.parent)
+    if foreign is None:
+        log.info("converting %s to float weights once (takes a while); later runs load them from %s", path.name, target)
     with compat.gguf_progress_bar(compat.progress_bars_enabled()):
         model = _from_pretrained(str(path.parent), torch.float32, gguf_file=path.name)
     compat.drop_quantizer(model)  # the weights are plain floats now
+    if foreign is not None:
+        return model  # said once, by `_foreign`
     try:
         _keep_converted(model, tokenizer, path, target)
     except Exception as exc:  # a full disk, a read-only or foreign cache: this run goes on, the next converts again
@@ -276,10 +313,8 @@ def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     private_folder(target.parent.parent, tighten=False)  # the cache folder, when prefixcache creates it
     private_folder(target.parent)
     secret = cache_secret(target.parent.parent / "prefixes")
-    for stale in target.parent.glob(".tmp-*"):  # conversions killed mid-write, an hour or more ago
-        if time.time() - stale.stat().st_mtime > 3600:
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    remove_stale_conversions(target.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))  # 0700, made exclusively: files go in by name
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
@@ -297,7 +332,9 @@ def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
 def _load_gguf(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted: Path, dtype: torch.dtype
                ) -> PreTrainedModel:
     """The converted copy when there is a good one; a damaged copy is removed and made again."""
-    if _usable(converted):
+    if not _foreign(converted.parent.parent):
+        remove_stale_conversions(converted.parent)  # what killed conversions left, on every load
+    if _usable(converted, source):
         try:
             return _from_pretrained(str(converted), dtype)
         except Exception as exc:

@@ -19,9 +19,11 @@ import json
 import os
 import secrets
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from ..errors import OutputError
+from ..safefile import create_once, replace
 
 KEY_NAME = ".store-key"
 SIGNED = "prefixcache.json"  # a converted model's record: its source and its files' digests, signed
@@ -54,6 +56,28 @@ def private_folder(path: Path, tighten: bool = True) -> None:
     st = target.stat()
     if tighten and st.st_mode & 0o077:
         os.chmod(target, 0o700)
+    unswappable(target.parent)
+
+
+def unswappable(folder: Path) -> None:
+    """Raise ForeignCache unless no other user can rename, replace or relink `folder` or any
+    folder above it: each is the user's or root's, and none is writable by others (nor by a group
+    not the user's own) unless sticky, like /tmp. Checked on the path as written (its links
+    included) and on the path they lead to. A cache under such a folder is loaded by path after
+    it is checked, so nothing between the check and the load can swap it."""
+    written = Path(os.path.abspath(folder))
+    for chain, look in ((written, os.lstat), (written.resolve(), os.stat)):
+        for step in [*reversed(chain.parents), chain]:
+            st = look(step)
+            if st.st_uid not in (os.getuid(), 0):
+                raise ForeignCache(f"{step} belongs to uid {st.st_uid}, so a cache under it is not trusted: "
+                                   f"keep the cache in a folder of your own (--cache-dir)")
+            if stat.S_ISLNK(st.st_mode) or st.st_mode & stat.S_ISVTX:
+                continue
+            if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getgid()):
+                raise ForeignCache(f"{step} may be changed by other users (mode {stat.S_IMODE(st.st_mode):o}), so a "
+                                   f"cache under it could be swapped under a run: keep the cache in a folder only you "
+                                   f"can write (--cache-dir)")
 
 
 def _safe_to_create_in(folder: Path) -> None:
@@ -80,15 +104,7 @@ def cache_secret(root: Path) -> bytes:
     private_folder(root)
     path = root / KEY_NAME
     if not path.exists():  # written whole, then linked in: a racing writer sees all of it or none
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-key-", dir=root)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(32))
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
+        create_once(path, secrets.token_bytes(32), 0o600)
     if path.is_symlink():
         raise ForeignCache(f"{path} is a symbolic link: not used")
     owned(path)
@@ -108,19 +124,31 @@ def sign_folder(folder: Path, secret: bytes, source: str, created: float) -> Non
     record = {"source": source, "created": created, "files": files}
     record["hmac"] = sign(secret, {"source": source, "files": files})
     record["stat"] = sign(secret, _stats(folder, files))
-    (folder / SIGNED).write_text(json.dumps(record))
-    os.chmod(folder / SIGNED, 0o600)
+    replace(folder / SIGNED, json.dumps(record), what="the converted model's record", mode=0o600)
 
 
-def verify_folder(folder: Path, secret: bytes) -> str | None:
-    """Why `folder`'s files are not the ones signed, or None when they are (see the module)."""
+def signed_by(folder: Path, secret: bytes) -> bool:
+    """Whether `folder` holds a record signed with `secret`: prefixcache made it, in this cache."""
     try:
         record = json.loads((folder / SIGNED).read_text(encoding="utf-8"))
-        files, source = record["files"], record["source"]
+        expected = sign(secret, {"source": record["source"], "files": record["files"]})
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return hmac.compare_digest(str(record.get("hmac", "")), expected)
+
+
+def verify_folder(folder: Path, secret: bytes, source: str | None = None) -> str | None:
+    """Why `folder`'s files are not the ones signed (or, given `source`, not converted from that
+    file), or None when they are (see the module)."""
+    try:
+        record = json.loads((folder / SIGNED).read_text(encoding="utf-8"))
+        files, made_from = record["files"], record["source"]
     except (OSError, ValueError, KeyError, TypeError):
         return "it has no signed record of its files (converted by an older version?)"
-    if not hmac.compare_digest(str(record.get("hmac", "")), sign(secret, {"source": source, "files": files})):
+    if not hmac.compare_digest(str(record.get("hmac", "")), sign(secret, {"source": made_from, "files": files})):
         return "its record is not signed by this cache"
+    if source is not None and os.path.realpath(str(made_from)) != os.path.realpath(source):
+        return f"it was converted from {made_from}, not from {source} (moved or restored into another's place?)"
     present = {p.name for p in folder.iterdir() if p.is_file() and p.name != SIGNED}
     if present != set(files):
         return f"its files are not the ones converted ({', '.join(sorted(present ^ set(files))[:3])})"
@@ -131,8 +159,8 @@ def verify_folder(folder: Path, secret: bytes) -> str | None:
             return f"{name} is not the file converted"
     record["stat"] = sign(secret, _stats(folder, files))  # the same bytes, copied or restored: trust them again
     try:
-        (folder / SIGNED).write_text(json.dumps(record))
-    except OSError:
+        replace(folder / SIGNED, json.dumps(record), what="the converted model's record", mode=0o600)
+    except OutputError:  # a read-only cache: checked again next time
         pass
     return None
 

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +25,13 @@ from typing import Any, Sequence
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from .engine import Prefix
+from .. import safefile
 from ..errors import OutputError
-from .load import models_dir
-from .private import SIGNED, ForeignCache, cache_secret, owned
+from .load import models_dir, remove_stale_conversions
+from .private import ForeignCache, cache_secret, owned, signed_by
 
 log = logging.getLogger(__name__)
 FORMAT = "prefixcache-prefix-1"
@@ -124,7 +124,11 @@ class PrefixStore:
             except OSError:  # a read-only cache: it stays, unused
                 pass
             return None
-        os.utime(path)  # last used
+        try:
+            os.utime(path)  # last used
+        except OSError as exc:  # a read-only cache: the prefix is used all the same
+            log.warning("prefix store: cannot mark %s as used (%s); the store may evict it first", path.name,
+                        exc.strerror or exc)
         self.remove_stale()  # a run that only loads still sweeps what killed writers left
         return Prefix(ids, kv, tensors["logits"].to(device), (time.perf_counter() - start) * 1000)
 
@@ -139,15 +143,9 @@ class PrefixStore:
         }
         try:
             meta["hmac"] = _signature(self._key(), meta)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=self.root)
-            os.close(fd)
-            try:
-                save_file(tensors, tmp, metadata=meta)
-                os.replace(tmp, self._path(key))
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+            safefile.replace(self._path(key), save(tensors, metadata=meta), what="the stored prefix", mode=0o600)
             self.evict(keep=key)
-        except (OSError, SafetensorError) as exc:  # a full disk, a read-only or foreign cache
+        except (OSError, OutputError, SafetensorError) as exc:  # a full disk, a read-only or foreign cache
             log.warning("prefix store: cannot write %s (%s); continuing without it", self.root,
                         getattr(exc, "strerror", None) or exc)
         return prefix
@@ -189,8 +187,10 @@ class PrefixStore:
         return removed
 
     def remove_stale(self, age: float = STALE_SECONDS) -> None:
-        """Remove the temporary files of writers killed mid-write (`.tmp*`), once `age` seconds old."""
-        for tmp in self.root.glob(".tmp*") if self.root.is_dir() else ():
+        """Remove the temporary files of writers killed mid-write, once `age` seconds old."""
+        for tmp in self.root.glob(".*") if self.root.is_dir() else ():
+            if not (tmp.name.startswith(".tmp") or tmp.name.endswith(safefile.TEMP_SUFFIX)):
+                continue
             try:
                 if time.time() - tmp.stat().st_mtime >= age and tmp.is_file() and not tmp.is_symlink():
                     tmp.unlink()
@@ -198,12 +198,22 @@ class PrefixStore:
                 pass  # another process is finishing or removing it
 
     def clear(self) -> int:
-        """Remove every stored prefix (and temporary files writers left); returns how many prefixes."""
-        entries = self.entries()
+        """Remove every stored prefix this store signed (and temporary files writers left); a file
+        it did not sign is not its to remove. Returns how many prefixes."""
+        entries = [e for e in self.entries() if self.signed(e.path)]
         for e in entries:
             e.path.unlink(missing_ok=True)
         self.remove_stale(age=0)
         return len(entries)
+
+    def signed(self, path: Path) -> bool:
+        """Whether the file's header is signed by this store (its tensors are not read)."""
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+            return hmac.compare_digest(meta.get("hmac", ""), _signature(self._key(), meta))
+        except Exception:  # unreadable, or not a safetensors file at all
+            return False
 
 
 def describe(entry: Entry) -> dict[str, Any]:
@@ -219,10 +229,11 @@ def clear_cache(cache_dir: Path, models: bool = False) -> tuple[int, bool]:
     try:
         if Path(cache_dir).exists():
             owned(Path(cache_dir))  # never another user's files
-        removed = PrefixStore(Path(cache_dir) / "prefixes").clear()
+        store = PrefixStore(Path(cache_dir) / "prefixes")
+        removed = store.clear() if store.root.is_dir() else 0
         gone = models and models_dir(cache_dir).is_dir()
         if gone:
-            _clear_models(models_dir(cache_dir))
+            _clear_models(models_dir(cache_dir), store._key())
     except ForeignCache as exc:
         raise OutputError(f"cannot clear the cache: {exc}")
     except OSError as exc:
@@ -230,13 +241,15 @@ def clear_cache(cache_dir: Path, models: bool = False) -> tuple[int, bool]:
     return removed, gone
 
 
-def _clear_models(folder: Path) -> None:
-    """Remove the converted models (folders with a prefixcache.json) and conversions killed
-    mid-write (`.tmp-*`); anything else in the folder is not prefixcache's and stays."""
+def _clear_models(folder: Path, secret: bytes) -> None:
+    """Remove the converted models (folders whose record this cache signed) and conversions
+    killed mid-write (`.tmp-*` folders of the user's); anything else in the folder is not
+    prefixcache's and stays."""
+    remove_stale_conversions(folder, age=0)
     for entry in folder.iterdir():
         if entry.is_symlink() or not entry.is_dir():
             continue
-        if (entry / SIGNED).is_file() or entry.name.startswith(".tmp-"):
+        if signed_by(entry, secret):
             shutil.rmtree(entry)
     try:
         folder.rmdir()  # only when nothing else is left

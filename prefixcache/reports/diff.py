@@ -17,7 +17,8 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import InputError, OutputError, UsageError
 from ..data.records import Record, input_fields, is_error, record_id
-from ..data.output import check_distinct, read_records
+from ..data.output import check_distinct, check_report, read_records
+from .evaluation import write_report_file
 from .markdown import cell, code
 
 ERROR = "(error)"
@@ -263,12 +264,10 @@ def write_diff_reports(cmp: Comparison, name_a: str, name_b: str, md: Path | Non
                        top: int = 10) -> None:
     """--md (appended) and --json, each listing `top` changed items (and shifts); neither may be
     one of the outputs compared."""
-    check_distinct({"--md": md, "--json": as_json}, {"A": name_a, "B": name_b})
-    try:
-        if md:
-            with open(md, "a", encoding="utf-8") as f:
-                f.write(cmp.to_markdown(name_a, name_b, top))
-        if as_json:
-            Path(as_json).write_text(json.dumps(cmp.to_json(top), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise OutputError(f"{exc.filename}: cannot write the report: {exc.strerror}")
+    check_distinct({"--md": md, "--json": as_json}, {"A": name_a, "B": name_b}, outputs=("A", "B"))
+    check_report(md, "--md")
+    check_report(as_json, "--json")
+    if md:
+        write_report_file(Path(md), cmp.to_markdown(name_a, name_b, top), append=True)
+    if as_json:
+        write_report_file(Path(as_json), json.dumps(cmp.to_json(top), indent=2, ensure_ascii=False) + "\n")

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Optional, Sequence
 import re
 from xml.sax.saxutils import escape, quoteattr
 
+from .. import safefile
 from ..errors import OutputError
 from ..data.records import Record, is_error
 from ..task.spec import TaskSpec
@@ -331,11 +332,15 @@ def add_record(evaluation: Evaluation | TagEvaluation, record: Record) -> None:
 
 def write_report_file(path: Path, text: str, append: bool = False) -> None:
     """A report file written (or, with `append`, added to as CI step summaries are)."""
+    if not append:
+        safefile.replace(path, text, what="the report")
+        return
+    stream = safefile.append(path, what="the report")
     try:
-        with open(path, "a" if append else "w", encoding="utf-8") as f:
-            f.write(text)
+        with stream:
+            stream.write(text)
     except OSError as exc:
-        raise OutputError(f"{path}: cannot write report: {exc.strerror}")
+        raise OutputError(f"{path}: cannot write the report: {exc.strerror}")
 
 
 def write_reports(evaluation: Evaluation | TagEvaluation, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .diff import Comparison, compare
+from .. import safefile
 from ..errors import InputError
 from .evaluation import Evaluation, TagEvaluation, evaluate
 from ..data.output import check_distinct, read_records
@@ -287,11 +288,10 @@ def _compare_section(cmp: Comparison, before: str, top: int) -> str:
 def write_report(output: str, target: str, compare_with: str | None = None, overwrite: bool = False) -> None:
     """Write the page to `target`; an existing file is refused unless `overwrite`, and so is
     `target` naming an output it reads (whatever `overwrite`)."""
-    check_distinct({"-o": target}, {"the output": output, "--compare": compare_with})
+    check_distinct({"-o": target}, {"the output": output, "--compare": compare_with},
+                   outputs=("the output", "--compare"))
+    safefile.check_target(target, "-o")
     if Path(target).exists() and not overwrite:
         raise InputError(f"{target}: already exists; give --overwrite to replace it, or another -o")
     page = build_report(output, compare_with)
-    try:
-        Path(target).write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{target}: cannot write the report: {exc.strerror}")
+    safefile.replace(target, page, what="the report")

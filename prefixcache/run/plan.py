@@ -132,10 +132,11 @@ def make_plan(options: RunOptions) -> Plan:
     out_fmt = output_format(options.output, options.output_format)
     keep = _keep(options, spec, fields, out_fmt, stream)
     check_output(options.output, options.resume or options.update, options.overwrite, out_fmt)
-    for report in (options.metrics, options.summary_md, options.junit):
-        check_report(report)
+    for what, report in (("--metrics", options.metrics), ("--summary-md", options.summary_md), ("--junit", options.junit)):
+        check_report(report, what)
     check_distinct({"--metrics": options.metrics, "--summary-md": options.summary_md, "--junit": options.junit,
-                    "-o": options.output}, {"the input": None if stream else options.items, "the spec": options.spec})
+                    "-o": options.output}, {"the input": None if stream else options.items, "the spec": options.spec},
+                   outputs=("-o",))
     path = part_path(options.output, *part) if launched else options.output
     if launched:
         check_output(path, options.resume or options.update, options.overwrite, out_fmt)

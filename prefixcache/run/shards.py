@@ -15,9 +15,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import InputError, OutputError, UsageError, first_line
+from .. import safefile
+from ..errors import InputError, UsageError, first_line
 from ..data.lock import output_lock
-from ..data.output import FINGERPRINT_SUFFIX, fingerprint_path, read_records, write_aside, write_fingerprint
+from ..data.output import FINGERPRINT_SUFFIX, check_distinct, fingerprint_path, read_records, write_fingerprint
 from ..data.records import ids_digest, record_id
 from .options import flags
 
@@ -76,6 +77,8 @@ def merge_parts(parts: Sequence[str], output: str) -> int:
     formats = {Path(p).suffix.lower() for p in [*parts, output]}
     if len(formats) > 1:
         raise InputError(f"the parts and the output must all be .jsonl or all .csv (got {', '.join(sorted(formats))})")
+    named = {f"part {part}": part for part in parts}
+    check_distinct({"-o": output}, named, outputs=("-o", *named))
     infos = {part: _part_info(part) for part in parts}
     by_shard = _by_shard(infos)
     seen: dict[str, str] = {}
@@ -138,10 +141,7 @@ def _part_records(part: str, k: int, n: int, info: dict[str, Any], seen: dict[st
 
 
 def _write_atomically(output: str, data: bytes) -> None:
-    try:
-        write_aside(Path(output), data)
-    except OSError as exc:
-        raise OutputError(f"{output}: cannot write the merged output: {exc.strerror}")
+    safefile.replace(output, data, what="the merged output")
 
 
 def merge_launched(state: PartialState, output: str) -> int | None:

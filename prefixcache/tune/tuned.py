@@ -6,13 +6,13 @@ comment, which may describe the old value); keys the file lacks are added at the
 from __future__ import annotations
 
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
+from .. import safefile
 from ..errors import OutputError
 from ..task.spec import SpecFile, spec_from_mapping
 
@@ -24,17 +24,9 @@ def check_tuned_output(path: Path | None, spec: Path, overwrite: bool) -> None:
     """Refuse, before any scoring, a tuned spec that cannot be written or would replace a file."""
     if path is None:
         return
-    if path.is_symlink():
-        raise OutputError(f"{path}: is a symbolic link; name the file itself")
-    if path.is_dir():
-        raise OutputError(f"{path}: is a directory")
+    safefile.check_target(path)
     if path.exists() and spec.exists() and path.samefile(spec):
         raise OutputError(f"{path}: is the spec itself; write the tuned spec to another file")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"{path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise OutputError(f"{path}: not writable")
     if path.exists() and not overwrite:
         raise OutputError(f"{path}: already exists; use --overwrite to replace it")
 
@@ -115,9 +107,4 @@ def write_tuned(path: Path, spec_file: SpecFile, keys: Mapping[str, Any], header
         log.warning("%s: could not keep the spec's layout; writing its keys without the comments", path)
         text = tuned_text("", {}, header) + yaml.safe_dump(dict(wanted), sort_keys=False, allow_unicode=True, width=10**6)
     spec_from_mapping(yaml.safe_load(text), spec_file.path)  # it is a valid spec, or this is a bug
-    try:
-        temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        temp.write_text(text, encoding="utf-8")
-        os.replace(temp, path)
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write the tuned spec: {exc.strerror}")
+    safefile.replace(path, text, what="the tuned spec")
