@@ -369,3 +369,39 @@ def test_a_converted_folder_under_a_folder_another_user_swaps_is_never_loaded(tm
         assert _prefix_source(spec, cache) == "computed"
     finally:
         shutil.rmtree(shared)
+
+
+# -- an input rewritten while the run reads it --------------------------------------------------
+@pytest.mark.parametrize("rewrite, message", [
+    (lambda lines: lines[:2], "the check before the run found 6 items, the run read 2 (the last was item 1)"),
+    (lambda lines: [lines[0].replace("refund", "crash"), *lines[1:]], "its items are not the ones the check"),
+])
+def test_an_input_rewritten_under_the_run_is_not_exit_0_and_update_finishes_it(tmp_path, tiny_model_dir,
+                                                                               monkeypatch, rewrite, message):
+    from prefixcache.run import job as job_module
+
+    spec, items, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), tmp_path / "i.jsonl", tmp_path / "o.jsonl"
+    whole = _items(items, 6).read_text()
+    loading = job_module.load_scorer
+
+    def regenerated(*args):  # the export is written again in place after the check, as the run starts
+        items.write_text("".join(rewrite(whole.splitlines(keepends=True))))
+        return loading(*args)
+
+    monkeypatch.setattr(job_module, "load_scorer", regenerated)
+    result = invoke("run", spec, items, "-o", out, "-q")
+    assert result.exit_code == 2 and f"{items}: changed while it was read" in result.output, result.output
+    assert message in result.output and "--update" in result.output
+    monkeypatch.undo()
+    items.write_text(whole)
+    assert invoke("run", spec, items, "-o", out, "--update", "-q").exit_code == 0
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == list(range(6))
+
+
+def test_resuming_with_another_pruning_mode_is_refused(tmp_path, tiny_model_dir):
+    spec, items, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3), _items(tmp_path / "i.jsonl", 6), tmp_path / "o.jsonl"
+    assert invoke("run", spec, items, "-o", out, "--limit", "3", "-q").exit_code == 0  # auto: 3 labels, not pruned
+    before = out.read_bytes()
+    result = invoke("run", spec, items, "-o", out, "--resume", "--prune", "on")
+    assert result.exit_code == 2 and "it was written with --prune off" in result.output, result.output
+    assert out.read_bytes() == before

@@ -13,6 +13,7 @@ import csv
 import datetime
 import decimal
 import gzip
+import hashlib
 import io
 import itertools
 import json
@@ -401,14 +402,45 @@ def _delimiter_hint(header: list[str], delimiter: str | None = None) -> str:
     return ""
 
 
+def item_sha(fields: Mapping[str, Any]) -> str:
+    """A short digest of an item's fields (names and values, in any order)."""
+    text = json.dumps(fields, sort_keys=True, ensure_ascii=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class ItemsDigest:
+    """What a run of items is, in order (each one's id and fields), and how many: the items the
+    check before a run read, to compare with those the run then read (a file rewritten in place
+    between the two, or while the run reads it, differs)."""
+
+    def __init__(self, limit: int | None = None):
+        self.count, self.limit, self._h = 0, limit, hashlib.sha256()
+        self.last: Any = None  # the id of the last item added
+
+    def add(self, item: Item) -> None:
+        if self.limit is None or self.count < self.limit:
+            self._h.update(f"{item.id!r}\0{item_sha(item.record)}\n".encode())
+            self.count += 1
+            self.last = item.id
+
+    def follow(self, items: Iterable[Item]) -> Iterator[Item]:
+        """`items`, each added as it passes."""
+        for item in items:
+            self.add(item)
+            yield item
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
 def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mapping[str, Any]], None],
                id_required: bool = False, fields: dict[str, None] | None = None, delimiter: str | None = None,
-               encoding: str | None = None) -> int:
+               encoding: str | None = None, digest: ItemsDigest | None = None) -> int:
     """Read the whole input once before the model loads: syntax, unique ids (compared as the text
     they are written as, so 1 and "1" collide), and `check` (which raises ValueError with what is
     wrong). With `id_required`, an input where no item has `id_field` is an error (a misspelt
     field would otherwise number the items). `fields` collects every field name, in order of
-    first appearance. Returns the number of items."""
+    first appearance; `digest` every item. Returns the number of items."""
     seen: dict[str, tuple[int, bool]] = {}  # id text -> (line, whether the id was given or is the item's number)
     name = "<stdin>" if path == "-" else path
     count, with_id, first_fields = 0, 0, None
@@ -423,6 +455,8 @@ def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mappi
             raise InputError(f"{name}:{item.line}: {duplicate_message(item.id, given, seen[key], id_field)}")
         seen[key] = (item.line, given)
         count += 1
+        if digest is not None:
+            digest.add(item)
         with_id += id_field in item.record
         first_fields = first_fields or list(item.record)
         if fields is not None:

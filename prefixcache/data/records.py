@@ -25,7 +25,7 @@ import json
 import logging
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from .items import Item
+from .items import Item, item_sha
 from ..task.decision import Bounded, Decision, Tags
 from ..task.spec import TaskSpec, gold_tags, gold_value, option_of
 
@@ -144,12 +144,6 @@ def keep_clash(spec: TaskSpec, name: str, csv: bool = False) -> str | None:
         if name.startswith(prefix) and (csv or name[len(prefix):] in spec.label_names):
             return f"{name!r} is named like the record's per-label CSV columns"
     return None
-
-
-def item_sha(fields: Mapping[str, Any]) -> str:
-    """A short digest of an item's fields (names and values, in any order)."""
-    text = json.dumps(fields, sort_keys=True, ensure_ascii=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def is_error(record: Mapping[str, Any]) -> bool:

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from .. import compat
-from ..data.items import Item
+from ..data.items import Item, ItemsDigest
 from ..data.lock import output_lock
 from ..data.output import (EXACT_BOUND, Start, checked_stream, continue_output, in_input_order, read_fingerprint,
                            read_records, remove_orphans, start_output, write_fingerprint)
 from ..data.records import Record, id_text, ids_digest, is_error, item_sha
-from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, Interrupted
+from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted
 from ..model.load import pick_device
 from ..reports.evaluation import Evaluation, Gates, add_record, evaluation_for, write_reports
 from ..scoring.prepare import Task, spec_model
@@ -130,6 +130,7 @@ class Job:
         self.scorer: ItemScorer
         self.first, self.last = 0, None
         self.written: Counter = Counter()  # every record this run writes, by label (kept ones too)
+        self.reading: Optional[ItemsDigest] = None  # the items this run read, to compare with the plan's
 
     def run(self) -> RunResult:
         self.plan = make_plan(self.options)
@@ -151,6 +152,7 @@ class Job:
             self.begun = self.start()
         self.result = self.new_result()
         self.write()
+        self.check_read_all()
         self.result.rescored = self.scorer.rescoring()
         self.warn_if_collapsed()
         if self.plan.launched:
@@ -262,6 +264,23 @@ class Job:
                 raise
             raise Interrupted(exc.signum, f"{exc}; {self._go_on()}") from None
 
+    def check_read_all(self) -> None:
+        """The run read the items the check before it read: an input rewritten in place between
+        the two, or while the run read it, must not end in exit 0 with a part of its records."""
+        planned, read = self.plan.scanned, self.reading
+        if planned is None or read is None:
+            return
+        name, kept = self.options.items, "the records written are kept"
+        if read.count < planned.count:
+            last = f" (the last was item {read.last!r})" if read.count else ""
+            raise InputError(f"{name}: changed while it was read: the check before the run found {planned.count} "
+                             f"items, the run read {read.count}{last}; {kept}: when the file is complete again, run "
+                             f"the same command with --update to score the {planned.count - read.count} missing items "
+                             f"and any that changed")
+        if read.count != planned.count or read.hexdigest() != planned.hexdigest():
+            raise InputError(f"{name}: changed while it was read: its items are not the ones the check before the "
+                             f"run read; {kept}: run the same command with --update to score the changed items again")
+
     def records(self) -> Iterator[Record]:
         """The records to write, in input order: for a fresh or resumed output those not written
         yet; for an update, every item's (an unchanged item's kept record, a new or changed one's
@@ -271,6 +290,9 @@ class Job:
         self.progress(Event("scoring", 0, left, detail=self._describe(done), updating=self.begun.mode == "update",
                             already=len(done)))
         items = islice(self.plan.read_input(), self.first, self.last)
+        if self.plan.scanned is not None and not self.plan.part:
+            self.reading = ItemsDigest()
+            items = self.reading.follow(items)
         if self.plan.stream:  # read once, never scanned: check it as it streams
             items = checked_stream(items, self.options.items, done)
         if self.begun.mode != "update":

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from ..data.items import Item, detect_format, is_stream, read_items, scan_items
+from ..data.items import Item, ItemsDigest, detect_format, is_stream, read_items, scan_items
 from ..data.output import OutputFile, check_distinct, check_output, check_report, file_digest, output_format
 from ..data.records import Keep, columns, keep_clash
 from ..errors import OutputError, SpecError, UsageError
@@ -43,6 +43,7 @@ class Plan:
     gates: Gates
     says_precision: bool  # records name their precision (--exact: a run that may mix two)
     device: str  # as asked ("auto", "cpu", ...): a launch's own device when launched
+    scanned: Optional[ItemsDigest] = None  # the items the check read (up to --limit); None for a stream
 
     def read_input(self) -> Iterator[Item]:
         """The input's items, read afresh (a stream: the one read there is)."""
@@ -62,12 +63,16 @@ class Plan:
             "keep": "all" if self.keep is None else list(self.keep), "exact": o.exact,
             **({"gold_sep": self.spec.gold_sep} if self.spec.multi_label and self.spec.gold else {}),
             **({"prune": o.prune} if self.spec.prunes("on") and (o.prune != "auto" or self.spec.prunes("auto")) else {}),
+            # whether records are pruned, whatever the words that said so: a resume never mixes the two
+            **({"pruned": self.spec.prunes(o.prune, o.exact)} if self.spec.prunes("on") else {}),
         }
 
 
 def refusal_words(key: str, value: Any) -> Optional[str]:
     """The option that gives a fingerprint's value ("--keep id,text", "--keep-all", "no --exact"),
     or None when the key is not an option's (the spec, the model)."""
+    if key == "pruned":
+        return "--prune on" if value else "--prune off"
     if key == "keep":
         return option_words("keep_all", True) if value == "all" else option_words("keep", tuple(value or ()))
     return None if key == "model" else option_words(key, value)
@@ -123,11 +128,12 @@ def make_plan(options: RunOptions) -> Plan:
         raise SpecError("--metrics, --summary-md, --junit, --min-accuracy and --min-recall need a gold field "
                         "('gold' in the spec, or --gold)")
     fmt = detect_format(options.items, options.input_format)
-    total, fields = None, {}
+    total, fields, scanned = None, {}, None
     if not stream:  # validate the whole input before the model loads
         check = spec.check_record if options.on_error == "fail" else (lambda record: None)
+        scanned = ItemsDigest(options.limit)
         total = scan_items(options.items, fmt, spec.id_field, check, spec.id_field_given, fields, options.delimiter,
-                           options.encoding)
+                           options.encoding, scanned)
         total = min(total, options.limit) if options.limit else total
     out_fmt = output_format(options.output, options.output_format)
     keep = _keep(options, spec, fields, out_fmt, stream)
@@ -146,7 +152,7 @@ def make_plan(options: RunOptions) -> Plan:
     device = str(launched.device) if launched and options.device == "auto" else options.device
     return Plan(options, spec, fmt, stream, total, output, part, launched, keep,
                 Batching(options.batch_size, options.batch_tokens, options.on_error,
-                         spec.prunes(options.prune, options.exact)), gates, options.exact, device)
+                         spec.prunes(options.prune, options.exact)), gates, options.exact, device, scanned)
 
 
 def _check_combinations(options: RunOptions) -> None:
