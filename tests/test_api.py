@@ -29,6 +29,11 @@ def setup(tmp_path_factory, tiny_model_dir):
     return spec, items, records(out), clf
 
 
+@pytest.fixture()
+def tiny_clf(setup):
+    return setup[3]
+
+
 def _close(got, want):
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -110,7 +115,7 @@ def test_errors_are_typed_and_nothing_exits(setup, tiny_model_dir):
     with pytest.raises(InputError, match="a string item fills one template field"):
         list(two_fields.classify(["just text"]))
     with pytest.raises(InputError, match="already has column"):
-        clf.batch_fn({"text": ["x"], "label": ["y"]})
+        clf.batch_fn({"text": ["x"], "label": ["y"]}, prefix="")
 
 
 def test_the_ray_callable_adds_predictions_to_each_batch(setup):
@@ -181,3 +186,66 @@ def test_multi_label_call_and_table_columns(setup):
     table = twin.classify_df(pd.DataFrame({"text": ["refund please", "crash"]}))
     assert list(table.columns) == ["text", "labels", "prob_bug", "prob_money", "prob_login"]
     assert all(isinstance(v, list) for v in table["labels"])
+
+
+# -- one bad row, missing text, odd inputs ------------------------------------------------------
+def test_blank_rows_get_an_error_and_the_others_their_predictions(tiny_clf):
+    pd = pytest.importorskip("pandas")
+    pa = pytest.importorskip("pyarrow")
+
+    texts = ["I was charged twice", None, "", "The app crashes", float("nan")]
+    df = pd.DataFrame({"text": texts})
+    out = tiny_clf.classify_df(df)
+    assert list(out["error"].notna()) == [False, True, True, False, True]
+    assert out["label"].notna().tolist() == [True, False, False, True, False]
+    assert "nothing to classify" in out["error"][2] and "missing value" in out["error"][4]
+    scored = list(tiny_clf.classify(["I was charged twice", "The app crashes"]))
+    assert [out["label"][0], out["label"][3]] == [r["label"] for r in scored]
+    table = tiny_clf.classify_df(pa.table({"text": [t if isinstance(t, str) else None for t in texts]}))
+    assert "has no value in field 'text'" in table.column("error").to_pylist()[1]
+    batch = tiny_clf.batch_fn({"text": texts})
+    assert [e is not None for e in batch["error"]] == [True if t in (None, "") or t != t else False for t in texts]
+
+
+def test_a_string_is_one_text_everywhere(tiny_clf):
+    records = list(tiny_clf.classify("hello"))
+    assert len(records) == 1 and records[0]["label"] == tiny_clf("hello")["labels"][0]
+
+
+def test_a_gold_label_column_is_kept_and_the_predictions_prefixed(tiny_clf):
+    pd = pytest.importorskip("pandas")
+
+    out = tiny_clf.classify_df(pd.DataFrame({"text": ["I was charged twice"], "label": [2]}))
+    assert out["label"].tolist() == [2] and out["pred_label"].tolist()[0] in tiny_clf.labels
+    batch = tiny_clf.batch_fn({"text": ["a b"], "label": [0]})
+    assert batch["label"] == [0] and "pred_prob" in batch
+    with pytest.raises(InputError, match="give another prefix"):
+        tiny_clf.classify_df(pd.DataFrame({"text": ["x"], "label": [1], "pred_label": [1]}), prefix="pred_")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda clf: list(clf.classify([{"id": 1, "text": "a"}, {"id": 1, "text": "b"}])), "is given twice"),
+    (lambda clf: list(clf.classify([{"text": "a", 0: "b"}])), "field names must be strings"),
+    (lambda clf: list(clf.classify([{"text": b"bytes"}])), "bytes in field 'text'"),
+    (lambda clf: list(clf.classify(["a\ud800b"])), "unpaired surrogate"),
+    (lambda clf: clf.batch_fn({"text": ["a", "b"], "id": [1]}), "not all as long"),
+    (lambda clf: clf.classify_df(__import__("pandas").DataFrame([["a", "b"]], columns=["text", "text"])),
+     "two columns named 'text'"),
+    (lambda clf: clf.classify_df(__import__("pandas").DataFrame({0: ["a"]})), "column names must be strings"),
+])
+def test_odd_inputs_are_typed_errors(tiny_clf, call, message):
+    from prefixcache.errors import PrefixcacheError
+
+    with pytest.raises(PrefixcacheError, match=message):
+        call(tiny_clf)
+
+
+@pytest.mark.parametrize("spec, kwargs, message", [
+    (["labels", "a"], {}, "not list"), (None, {"labels": ["a", "b"], "batch_size": 0}, "batch_size"),
+])
+def test_a_bad_spec_or_size_is_a_typed_error(spec, kwargs, message):
+    from prefixcache import Classifier
+    from prefixcache.errors import PrefixcacheError
+
+    with pytest.raises(PrefixcacheError, match=message):
+        Classifier(spec, **kwargs)

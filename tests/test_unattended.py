@@ -202,7 +202,8 @@ def test_killed_run_resumes_to_the_uninterrupted_output(spec_path, tmp_path, how
         ("bad.jsonl", b'{"id": 1, "text": "a"}\n{"id": 1, "text": "b"}\n', "{path}:2: duplicate id 1 (first on line 1)"),
         ("bad.csv", b"id,text\n1,a,b\n", "{path}:2: expected 2 columns, found 3"),
         ("bad.csv", b'id,text\nc1,"never closed\nc2,x\nc3,y\n', "{path}:2: a quoted field opened in this row is never closed"),
-        ("bad.jsonl", b'{"id": "n", "text": null}\n', "{path}:1: item 'n' has field 'text' (used by the template) set to null"),
+        ("bad.jsonl", b'{"id": "n", "text": null}\n', "{path}:1: item 'n' has no value in field 'text' (used by the template): null"),
+        ("blank.csv", b'id,text\nc1,hello\nc2,\n', "{path}:3: item 'c2' has nothing to classify: its 'text' is empty"),
         ("bad.jsonl", b'{"id": 1, "text": "a"}\n{"id": "1", "text": "b"}\n', "{path}:2: duplicate id '1' (first on line 1)"),
     ],
 )

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, Se
 from .. import compat
 from ..data.items import Item, items_of
 from ..data.records import Record
-from ..errors import InputError, UsageError
+from ..errors import InputError, SpecError, UsageError
 from ..model.load import default_cache_dir
 from ..run.job import open_scorer
 from ..run.pipeline import RunStats, classify
@@ -37,6 +37,17 @@ if TYPE_CHECKING:
 SpecLike = Union[str, Path, Mapping[str, Any], TaskSpec, None]
 
 
+def unique(items: Iterable[Item]) -> Iterator[Item]:
+    """`items`, refusing an id met twice (as the command line refuses it in a file)."""
+    seen: dict[str, int] = {}
+    for item in items:
+        key = str(item.id)
+        if key in seen:
+            raise InputError(f"item {item.id!r} is given twice (items {seen[key]} and {item.line}); ids must be unique")
+        seen[key] = item.line
+        yield item
+
+
 def _spec_of(spec: SpecLike, keys: Mapping[str, Any]) -> TaskSpec:
     """A `TaskSpec` from a YAML path, a mapping of spec keys or a spec, with `keys` set over it."""
     if isinstance(spec, TaskSpec):
@@ -45,6 +56,8 @@ def _spec_of(spec: SpecLike, keys: Mapping[str, Any]) -> TaskSpec:
         return spec
     if spec is None or isinstance(spec, Mapping):
         return spec_from_mapping({**(spec or {}), **keys})
+    if not isinstance(spec, (str, os.PathLike)):
+        raise SpecError(f"a spec is a YAML file's path, a mapping of spec keys or a TaskSpec, not {type(spec).__name__}")
     return load_spec(spec, **keys)  # the file's keys, those given here set anew
 
 
@@ -68,6 +81,8 @@ class Classifier:
     def __init__(self, spec: SpecLike = None, *, model: Optional[str] = None, device: str = "auto",
                  dtype: str = "auto", cache_dir: Optional[Union[str, Path]] = None, batch_size: int = 64,
                  batch_tokens: int = 768, exact: bool = False, progress: bool = True, **keys: Any):
+        if batch_size < 1 or batch_tokens < 1:
+            raise UsageError(f"batch_size and batch_tokens must be 1 or more (got {batch_size} and {batch_tokens})")
         self.spec = with_overrides(_spec_of(spec, keys), model=model)
         cache_dir = cache_dir or os.environ.get("PREFIXCACHE_CACHE_DIR")  # as the command line reads it
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
@@ -85,22 +100,34 @@ class Classifier:
         return list(self.spec.label_names)
 
     # -- records ----------------------------------------------------------------------------
-    def classify(self, items: Iterable[Union[str, Mapping[str, Any]]], total: Optional[int] = None) -> Iterator[Record]:
+    def classify(self, items: Union[str, Iterable[Union[str, Mapping[str, Any]]]], total: Optional[int] = None,
+                 on_error: str = "fail") -> Iterator[Record]:
         """One record per item, in order, as `run` writes them. `items`: strings (the template's
         one field) or dicts of fields (the id from the spec's `id_field`, else the position, from
-        1). A generator in gives a generator out: items are read as batches fill."""
+        1); a single string is one item. A generator in gives a generator out: items are read as
+        batches fill. An item that cannot be scored (no text, too long for the model) raises
+        `ItemError`, or with `on_error="skip"` gives a record with an `error` field instead."""
+        if on_error not in ("fail", "skip"):
+            raise UsageError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
+        if isinstance(items, str):
+            items = [items]
         stats = RunStats()
         count = total if total is not None else (len(items) if hasattr(items, "__len__") else None)
+        batching = dataclasses.replace(self.batching, on_error=on_error)
         with bar_for(self.progress, count) as bar:
-            for record in classify(self.scorer, self._items(items), self.batching, stats, None, bar.advance):
+            for record in classify(self.scorer, self._items(items), batching, stats, None, bar.advance):
                 yield record
 
     def _items(self, items: Iterable[Union[str, Mapping[str, Any]]]) -> Iterator[Item]:
         fields = self.spec.item_fields()
-        return items_of((self._fields(x, fields) for x in items), self.spec.id_field, "<python>")
+        return unique(items_of((self._fields(x, fields) for x in items), self.spec.id_field, "<python>"))
 
     def _fields(self, item: Union[str, Mapping[str, Any]], fields: Sequence[str]) -> Mapping[str, Any]:
         if isinstance(item, Mapping):
+            odd = next((key for key in item if not isinstance(key, str)), None)
+            if odd is not None:
+                raise InputError(f"field names must be strings, not {odd!r} ({type(odd).__name__}): "
+                                 f"rename the field or column")
             return item
         if isinstance(item, str):
             if len(fields) != 1:
@@ -110,23 +137,26 @@ class Classifier:
         raise InputError(f"an item must be a string or a dict of fields, not {type(item).__name__}")
 
     # -- tables -----------------------------------------------------------------------------
-    def classify_df(self, table: Any) -> Any:
+    def classify_df(self, table: Any, prefix: Optional[str] = None) -> Any:
         """A pandas DataFrame or a pyarrow Table with the prediction columns added: `label`,
-        `prob`, `margin` and `prob_<label>` per label (for multiple choice, `index` and `probs`);
-        the input columns are kept and the row order is the input's."""
+        `prob`, `margin` and `prob_<label>` per label (for multiple choice, `index` and `probs`),
+        and `error` for rows that could not be scored (no text, too long); the input columns are
+        kept and the row order is the input's. `prefix` goes before each prediction column's name;
+        None: none, or "pred_" when the table has a column of one of those names (a gold `label`)."""
         from .tables import add_predictions, rows_of
 
         rows = rows_of(table)
-        return add_predictions(table, list(self.classify(rows, total=len(rows))), self.spec)
+        records = list(self.classify(rows, total=len(rows), on_error="skip"))
+        return add_predictions(table, records, self.spec, prefix)
 
-    def batch_fn(self, batch: Mapping[str, list]) -> dict[str, list]:
+    def batch_fn(self, batch: Mapping[str, list], prefix: Optional[str] = None) -> dict[str, list]:
         """For Hugging Face `datasets`: `ds.map(clf.batch_fn, batched=True)` (a dict of columns in,
-        the same with the prediction columns added out)."""
-        from .tables import add_predictions_to_columns
+        the same with the prediction columns added out; `prefix` as `classify_df`'s)."""
+        from .tables import add_predictions_to_columns, rows_of_columns
 
-        names = list(batch)
-        rows = [dict(zip(names, values)) for values in zip(*(batch[n] for n in names))]
-        return add_predictions_to_columns(dict(batch), list(self.classify(rows, total=len(rows))), self.spec)
+        rows = rows_of_columns(batch)
+        records = list(self.classify(rows, total=len(rows), on_error="skip"))
+        return add_predictions_to_columns(dict(batch), records, self.spec, prefix)
 
     # -- zero-shot pipeline style ---------------------------------------------------------------
     def __call__(self, sequences: Any, candidate_labels: Optional[Sequence[str]] = None,

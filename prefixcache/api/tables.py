@@ -14,16 +14,38 @@ from ..task.spec import TaskSpec
 
 
 def rows_of(table: Any) -> list[dict[str, Any]]:
-    """The rows of a DataFrame or a Table, as dicts of their columns."""
+    """The rows of a DataFrame or a Table, as dicts of their columns (named once each, by strings)."""
     if hasattr(table, "to_pylist"):  # pyarrow.Table
+        _names_ok(list(table.column_names))
         return table.to_pylist()
     if hasattr(table, "to_dict") and hasattr(table, "columns"):  # pandas.DataFrame
+        _names_ok(list(table.columns))
         return table.to_dict("records")
     raise InputError(f"a table must be a pandas DataFrame or a pyarrow Table, not {type(table).__name__}")
 
 
-def prediction_columns(records: Sequence[Record], spec: TaskSpec) -> dict[str, list[Any]]:
-    """The columns the records add, in order, one value per record."""
+def rows_of_columns(batch: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """The rows of a dict of columns (a `datasets` batch), which must all be as long."""
+    names = list(batch)
+    _names_ok(names)
+    lengths = {name: len(batch[name]) for name in names}
+    if len(set(lengths.values())) > 1:
+        raise InputError("the columns are not all as long: " + ", ".join(f"{n!r} has {k}" for n, k in lengths.items()))
+    return [dict(zip(names, values)) for values in zip(*(batch[n] for n in names))]
+
+
+def _names_ok(names: Sequence[Any]) -> None:
+    odd = next((name for name in names if not isinstance(name, str)), None)
+    if odd is not None:
+        raise InputError(f"column names must be strings, not {odd!r} ({type(odd).__name__}): rename the column")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise InputError(f"the table has two columns named {twice[0]!r}: rename one")
+
+
+def prediction_columns(records: Sequence[Record], spec: TaskSpec, error: bool = False) -> dict[str, list[Any]]:
+    """The columns the records add, in order, one value per record; `error` only when a record
+    is one (always with `error`: batches of one dataset must all have the same columns)."""
     heads = ("labels",) if spec.multi_label else ("label", "prob", "margin")
     cols: dict[str, list[Any]] = {name: [] for name in heads}
     if spec.choices:
@@ -38,36 +60,43 @@ def prediction_columns(records: Sequence[Record], spec: TaskSpec) -> dict[str, l
         for name in spec.label_names if not spec.choices else ():
             cols[f"prob_{name}"].append(None if failed else r["probs"][name])
         cols["error"].append(r.get("error"))
-    if not any(cols["error"]):
+    if not any(cols["error"]) and not error:
         del cols["error"]
     return cols
 
 
-def _clash(existing: Sequence[str], added: Mapping[str, Any]) -> None:
-    taken = [name for name in added if name in existing]
+AUTO_PREFIX = "pred_"  # when the table has a column the predictions would add (a gold `label`)
+
+
+def _named(existing: Sequence[str], cols: dict[str, list[Any]], prefix: str | None) -> dict[str, list[Any]]:
+    """The prediction columns under their names: `prefix` before each; None: none, or
+    AUTO_PREFIX when a name is taken. A name still taken is an error."""
+    if prefix is None:
+        prefix = AUTO_PREFIX if any(name in existing for name in cols) else ""
+    named = {prefix + name: values for name, values in cols.items()}
+    taken = [name for name in named if name in existing]
     if taken:
         raise InputError(f"the table already has column(s) {', '.join(map(repr, taken))} that the predictions "
-                         f"add; rename them first")
+                         f"add; rename them, or give another prefix")
+    return named
 
 
-def add_predictions(table: Any, records: Sequence[Record], spec: TaskSpec) -> Any:
-    """`table` (same type) with the prediction columns after its own."""
-    cols = prediction_columns(records, spec)
+def add_predictions(table: Any, records: Sequence[Record], spec: TaskSpec, prefix: str | None = None) -> Any:
+    """`table` (same type) with the prediction columns after its own (see `_named`)."""
+    existing = list(table.column_names) if hasattr(table, "append_column") else list(table.columns)
+    cols = _named(existing, prediction_columns(records, spec), prefix)
     if hasattr(table, "append_column"):  # pyarrow.Table
         import pyarrow as pa
 
-        _clash(table.column_names, cols)
         for name, values in cols.items():
             table = table.append_column(name, pa.array(values))
         return table
-    _clash(list(table.columns), cols)
     out = table.copy()
     for name, values in cols.items():
         out[name] = values
     return out
 
 
-def add_predictions_to_columns(batch: dict[str, list], records: Sequence[Record], spec: TaskSpec) -> dict[str, list]:
-    cols = prediction_columns(records, spec)
-    _clash(list(batch), cols)
-    return {**batch, **cols}
+def add_predictions_to_columns(batch: dict[str, list], records: Sequence[Record], spec: TaskSpec,
+                               prefix: str | None = None) -> dict[str, list]:
+    return {**batch, **_named(list(batch), prediction_columns(records, spec, error=True), prefix)}

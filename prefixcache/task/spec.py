@@ -86,6 +86,23 @@ class Template:
         return "".join(out)
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def is_missing(value: Any) -> bool:
+    """A missing value: None, or what pandas and NumPy write for one (NaN, pd.NA, NaT)."""
+    if value is None:
+        return True
+    if isinstance(value, float):
+        return value != value  # NaN
+    return type(value).__name__ in ("NAType", "NaTType")
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     path: str
@@ -148,11 +165,21 @@ class TaskSpec:
 
     def check_record(self, record: Mapping[str, Any]) -> None:
         """Raise ValueError (a message to follow the item's id) if `record` cannot be scored."""
-        for name in self.item_fields():
+        fields = self.item_fields()
+        for name in fields:
             if name not in record:
                 raise ValueError(f"lacks field {name!r} used by the template")
-            if record[name] is None:
-                raise ValueError(f"has field {name!r} (used by the template) set to null")
+            if is_missing(record[name]):
+                raise ValueError(f"has no value in field {name!r} (used by the template): "
+                                 f"{'null' if record[name] is None else 'a missing value'}")
+            if isinstance(record[name], (bytes, bytearray)):
+                raise ValueError(f"has bytes in field {name!r}, not text: decode them first")
+            if isinstance(record[name], str) and not _encodable(record[name]):
+                raise ValueError(f"has an unpaired surrogate (like \\ud800) in field {name!r}, which is not text")
+        texts = [record[name] for name in fields if name != self.choices]
+        if texts and all(isinstance(v, str) and not v.strip() for v in texts):
+            raise ValueError(f"has nothing to classify: {'every field the template uses is' if len(texts) > 1 else f'its {fields[0]!r} is'} "
+                             f"empty")
         options = choice_list(record, self.choices) if self.choices else None
         if options is not None and (self.lettered or self.score_by == "letter") and len(options) > len(LETTERS):
             raise ValueError(f"has {len(options)} options; lettered options go up to {len(LETTERS)}")
