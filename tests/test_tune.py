@@ -176,6 +176,20 @@ def test_tuned_text_keeps_comments_and_sets_keys():
     assert tuned_text(original, {"normalize": "sum", "calibrate": True}) == original  # unchanged keys: untouched
 
 
+@pytest.mark.parametrize("original, keys", [
+    ('"normalize": mean\nlabels: [a, b]\n', {"normalize": "sum"}),  # a quoted key the line editor does not follow
+    ("labels: [a, b]\nsystem: old\n", {"system": "Be terse.\x85Very."}),  # YAML 1.1 reads U+0085 as a line break
+])
+def test_a_tuned_spec_reads_back_as_the_spec_that_was_scored(tmp_path, original, keys):
+    from prefixcache.task.spec import read_spec_file
+    from prefixcache.tune.tuned import write_tuned
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(original, encoding="utf-8")
+    write_tuned(tmp_path / "tuned.yaml", read_spec_file(spec), keys, "chosen by tune")
+    assert dict(read_spec_file(tmp_path / "tuned.yaml").data) == {**read_spec_file(spec).data, **keys}
+
+
 def test_tuned_text_replaces_block_values():
     original = "examples:\n  - text: a\n    label: x\n  - text: b\n    label: y\ntemplate: '{text}'  # the item\n"
     text = tuned_text(original, {"examples": [{"text": "c", "label": "x"}], "template": "{text}"})
@@ -207,14 +221,24 @@ def test_variants_from_a_file_and_the_command_line(tmp_path, tiny_model_dir):
     (("--gold", "gold", "--variants", "VARIANTS"), "sets 'normalize', which tune searches itself"),
     (("--gold", "gold", "--variants", "RENAMED"), "not the spec's"),
     (("--gold", "gold", "-o", "SPEC"), "is the spec itself"),
+    (("--gold", "gold", "--test", "ITEMS"), "is LABELLED itself"),
+    (("--gold", "gold", "--test", "OVERLAP"), "12 of its 20 items are also in"),
+    (("--gold", "gold", "--variants", "TWINS"), "is named 'terse' like another"),
+    (("--gold", "one"), "every labelled item has the gold 'billing' (one)"),
 ])
 def test_tune_refuses_before_loading_a_model(tmp_path, args, message):
     spec = write_spec(tmp_path, model=str(tmp_path / "no-model-here"), labels=LABELS3)
     (tmp_path / "v.yaml").write_text("- normalize: mean\n")
     (tmp_path / "r.yaml").write_text("- labels: [billing, tech, account]\n")
-    args = [str(tmp_path / "v.yaml") if a == "VARIANTS" else str(tmp_path / "r.yaml") if a == "RENAMED"
-            else str(spec) if a == "SPEC" else a for a in args]
-    result = invoke("tune", spec, _items(tmp_path), *args)
+    (tmp_path / "t.yaml").write_text("- {name: terse, system: a}\n- {name: terse, system: b}\n")
+    overlap = _items(tmp_path, 20, name="test.jsonl", start=18)
+    if "one" in args:
+        _items(tmp_path, labels=["billing"], field="one")
+    files = {"VARIANTS": tmp_path / "v.yaml", "RENAMED": tmp_path / "r.yaml", "SPEC": spec, "TWINS": tmp_path / "t.yaml",
+             "ITEMS": tmp_path / "items.jsonl", "OVERLAP": overlap}
+    args = [str(files.get(a, a)) for a in args]
+    items = tmp_path / "items.jsonl" if (tmp_path / "items.jsonl").exists() else _items(tmp_path)
+    result = invoke("tune", spec, items, *args)
     assert result.exit_code == 2 and message in result.output, result.output
 
 

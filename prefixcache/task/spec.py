@@ -381,6 +381,11 @@ def load_yaml(path: Path, what: str = "spec") -> Any:
     return _parse_yaml(_read_text(path, what)[0], path)
 
 
+def spec_text_data(raw: str, path: str | Path = "<spec>") -> Any:
+    """What a spec's text holds, read exactly as `run` reads a spec file (SpecError otherwise)."""
+    return _parse_yaml(raw, Path(path))
+
+
 def _parse_yaml(raw: str, path: Path) -> Any:
     try:
         return yaml.load(raw, Loader=_SpecLoader)

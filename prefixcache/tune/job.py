@@ -8,19 +8,20 @@ choice is written as a spec (tune/tuned.py). It never prints: progress goes thro
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..data.items import Item, detect_format, read_items, scan_items
+from ..data.items import Item, detect_format, item_sha, read_items, scan_items
 from ..data.output import check_distinct
 from ..errors import InputError, SpecError, UsageError
 from ..run.options import RunOptions
 from ..run.plan import load_options_spec
 from ..scoring.prepare import Batching
-from ..task.spec import SpecFile, TaskSpec, read_spec_file
+from ..task.spec import SpecFile, TaskSpec, gold_value, read_spec_file
 from .rules import Decided, Gold, Rule, rules_for, spec_rule
 from .selection import Config, Goal, Search, Selection, cv_splits, select
 from .tuned import check_tuned_output, relocated, write_tuned
@@ -119,8 +120,32 @@ def plan_tune(options: TuneOptions) -> TunePlan:
     if options.test is not None and min(len(items), len(test)) < MIN_ITEMS:
         short = o.items if len(items) < MIN_ITEMS else options.test
         raise InputError(f"{short}: too few items to tune on or measure with; tune needs at least {MIN_ITEMS} in each")
+    _held_out(o.items, options.test, items, test)
+    if not base.multi_label:
+        classes = {str(gold_value(item.record, base.gold)) for item in items}
+        if len(classes) < 2:
+            raise InputError(f"{o.items}: every labelled item has the gold {next(iter(classes))!r} ({base.gold}); "
+                             f"with one class every rule scores the same: tune needs items of two classes or more")
     threshold = base.tag_thresholds if base.multi_label else base.threshold
     return TunePlan(base, spec_file, found, items, test, Goal(metric.replace("-", "_"), options.min_coverage, threshold))
+
+
+def _held_out(labelled: str, test_path: Optional[str], items: list[Item], test: list[Item]) -> None:
+    """`--test` items are held out: not the labelled file, and none of its items among them."""
+    if test_path is None:
+        return
+    try:
+        same = os.path.samefile(labelled, test_path)
+    except OSError:
+        same = False
+    if same:
+        raise UsageError(f"--test {test_path}: is LABELLED itself; its figures would not be held out: "
+                         f"give a file of other items, or leave --test out to cross-validate")
+    seen = {item_sha(item.record) for item in items}
+    shared = [item for item in test if item_sha(item.record) in seen]
+    if shared:
+        raise InputError(f"--test {test_path}: {len(shared)} of its {len(test)} items are also in {labelled} (first: "
+                         f"item {shared[0].id!r}); figures on them would not be held out: remove them from one file")
 
 
 def _labelled(path: str, o: RunOptions, found: list[Variant]) -> list[Item]:

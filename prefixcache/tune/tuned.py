@@ -13,8 +13,8 @@ from typing import Any, Mapping
 import yaml
 
 from .. import safefile
-from ..errors import OutputError
-from ..task.spec import SpecFile, spec_from_mapping
+from ..errors import OutputError, SpecError
+from ..task.spec import SpecFile, spec_from_mapping, spec_text_data
 
 log = logging.getLogger("prefixcache")
 _KEY = re.compile(r"^([A-Za-z_][\w-]*)\s*:(.*)$")
@@ -97,14 +97,22 @@ def write_tuned(path: Path, spec_file: SpecFile, keys: Mapping[str, Any], header
     """Write the tuned spec: the spec file's text with `keys` set. Should an edit read back other
     than meant (a layout the line editor does not follow), the whole mapping is written instead,
     without the comments."""
-    text = tuned_text(spec_file.text, keys, header)
     wanted = {**spec_file.data, **keys}
-    try:
-        readable = yaml.safe_load(text) == wanted
-    except yaml.YAMLError:
-        readable = False
-    if not readable:
+    text = tuned_text(spec_file.text, keys, header)
+    if not _reads_back(text, wanted, spec_file.path):
         log.warning("%s: could not keep the spec's layout; writing its keys without the comments", path)
         text = tuned_text("", {}, header) + yaml.safe_dump(dict(wanted), sort_keys=False, allow_unicode=True, width=10**6)
-    spec_from_mapping(yaml.safe_load(text), spec_file.path)  # it is a valid spec, or this is a bug
+    if not _reads_back(text, wanted, spec_file.path):  # a character YAML reads as another (U+0085): escape them
+        text = tuned_text("", {}, header) + yaml.safe_dump(dict(wanted), sort_keys=False, allow_unicode=False, width=10**6)
+    if not _reads_back(text, wanted, spec_file.path):
+        raise OutputError(f"{path}: the tuned spec would not read back as the spec that was scored; not written")
+    spec_from_mapping(spec_text_data(text, spec_file.path), spec_file.path)  # it is a valid spec, or this is a bug
     safefile.replace(path, text, what="the tuned spec")
+
+
+def _reads_back(text: str, wanted: Mapping[str, Any], path: Path) -> bool:
+    """`text`, read as `run` reads a spec (a key given twice refused), holds `wanted`."""
+    try:
+        return spec_text_data(text, path) == wanted
+    except SpecError:
+        return False

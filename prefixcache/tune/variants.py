@@ -110,6 +110,8 @@ def _from_file(path: Path) -> list[tuple[str, dict[str, Any]]]:
             raise SpecError(f"{path}: variant {n} sets no key")
         if not isinstance(name, str) or not name.strip():
             raise SpecError(f"{path}: variant {n}: 'name' must be a non-empty string")
+        if any(name.strip() == other for other, _ in out):
+            raise SpecError(f"{path}: variant {n} is named {name.strip()!r} like another; give each its own name")
         out.append((name.strip(), keys))
     return out
 
