@@ -126,7 +126,7 @@ def _jsonl_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[
         if not text.strip():
             continue
         try:
-            record = json.loads(text, parse_constant=_not_json)
+            record = json.loads(text, parse_constant=_not_json, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             raise InputError(f"{name}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})")
         except ValueError as exc:  # NaN / Infinity, a number of thousands of digits
@@ -137,6 +137,15 @@ def _jsonl_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[
             raise InputError(f"{name}:{lineno}: expected a JSON object, got {type(record).__name__}")
         _check_text(record, name, lineno)
         yield lineno, record
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (Python's json keeps the last of two silently)."""
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        twice = next(key for n, (key, _) in enumerate(pairs) if any(key == k for k, _ in pairs[:n]))
+        raise ValueError(f"key {twice!r} is given twice in one object")
+    return out
 
 
 def _not_json(constant: str) -> Any:
@@ -187,6 +196,9 @@ def _csv_records(stream: IO[bytes], name: str, delimiter: str = ",", encoding: s
             start = reader.line_num + 1
     except UnicodeDecodeError:
         raise InputError(f"{name}:{reader.line_num + 1}: not valid {encoding or 'UTF-8'} (see --encoding)")
+    except UnicodeError as exc:  # UTF-16/32 without a byte-order mark
+        raise InputError(f"{name}: not readable as {encoding}: {first_line(exc)}; give the byte order "
+                         f"(--encoding {encoding}-le or {encoding}-be)")
     except csv.Error as exc:
         if "end of data" in str(exc):
             raise InputError(f"{name}:{start}: a quoted field opened in this row is never closed")
@@ -218,7 +230,7 @@ def _decoded(stream: IO[bytes], name: str, codec: str, asked: str | None) -> Ite
 def _json_array_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
     """The objects of one top-level JSON array, decoded one at a time as the file is read; the
     array is strict JSON: values separated by commas, closed, nothing after it."""
-    decoder = json.JSONDecoder(parse_constant=_not_json)
+    decoder = json.JSONDecoder(parse_constant=_not_json, object_pairs_hook=_unique_keys)
     text = io.TextIOWrapper(stream, encoding="utf-8-sig")
     buffer, pos, line, eof = "", 0, 1, False
 
@@ -325,6 +337,18 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _check_encoding(encoding: str, fmt: str) -> None:
+    """--encoding names a text encoding (not rot13 or hex), and the input is one it applies to."""
+    try:
+        name = codecs.lookup(encoding).name
+        "x".encode(encoding)  # a codec that is no text encoding refuses this
+    except LookupError:
+        raise UsageError(f"--encoding {encoding!r}: no such text encoding (e.g. utf-8, latin-1, cp1252, utf-16)")
+    if fmt not in ("csv", "tsv") and name not in ("utf-8", "utf-8-sig"):
+        raise UsageError(f"--encoding {encoding}: applies to CSV and TSV inputs; JSON, JSONL and Parquet are read as "
+                         f"UTF-8")
+
+
 def read_items(path: str, fmt: str | None = None, id_field: str = "id", delimiter: str | None = None,
                encoding: str | None = None) -> Iterator[Item]:
     """Yield items lazily from a file (any format of INPUT_FORMATS, text ones optionally .gz) or
@@ -335,10 +359,7 @@ def read_items(path: str, fmt: str | None = None, id_field: str = "id", delimite
     if delimiter is not None and len(delimiter) != 1:
         raise UsageError(f"--delimiter must be one character, not {delimiter!r}")
     if encoding is not None:
-        try:
-            codecs.lookup(encoding)
-        except LookupError:
-            raise UsageError(f"--encoding {encoding!r}: no such text encoding (e.g. utf-8, latin-1, cp1252, utf-16)")
+        _check_encoding(encoding, fmt)
     if fmt == "parquet":
         if path == "-" or is_stream(path):
             raise InputError("Parquet is read from a file, not a stream")

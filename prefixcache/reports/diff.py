@@ -252,11 +252,18 @@ def compare_outputs(path_a: str, path_b: str) -> Comparison:
     runs = []
     for path in (path_a, path_b):
         try:
-            runs.append(read_records(path, strict=True).records)
+            records = read_records(path, strict=True).records
         except FileNotFoundError:
             raise InputError(f"{path}: no such file")
         except OutputError as exc:
             raise InputError(str(exc))
+        seen: set[str] = set()
+        for record in records:
+            if record_id(record) in seen:
+                raise InputError(f"{path}: holds two records for item {record['id']!r}; it was changed after "
+                                 f"it was written (or joined twice): compare outputs of one run each")
+            seen.add(record_id(record))
+        runs.append(records)
     return compare(*runs)
 
 

@@ -94,6 +94,11 @@ def with_overrides(spec: TaskSpec, gold: Optional[str] = None, model: Optional[s
         spec = dataclasses.replace(spec, model=str(Path(model).expanduser().absolute()) if Path(model).exists() else model)
     if revision:
         spec = dataclasses.replace(spec, revision=revision)
+    if spec.multi_label and spec.gold:
+        holding = [name for name in spec.label_names if spec.gold_sep in name]
+        if holding:
+            raise SpecError(f"{spec.path}: label {holding[0]!r} holds the gold separator {spec.gold_sep!r}, so no gold "
+                            f"value could name it: choose another separator (gold_sep, --gold-sep)")
     return spec
 
 
