@@ -76,6 +76,7 @@ def test_top_cuts_every_listing_and_says_so(tmp_path):
     assert len(data["largest_shifts"]) == 2
     text = md.read_text()
     assert "| i2 |" in text and "| i3 |" not in text and "4 more changed items (--top 2 listed)" in text
+    assert "the first 2 of 6: --top N lists more" in result.stdout  # the terminal's tables say so too
 
 
 def test_quiet_prints_only_the_gates_verdict(tmp_path):

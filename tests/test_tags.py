@@ -325,3 +325,20 @@ def test_tag_report_has_per_label_tables_and_calibration(tmp_path):
     assert "exact-set accuracy" in page and "Hamming loss" in page and "<h2>per label</h2>" in page
     assert "billing · ECE" in page and "refund · ECE" in page  # a reliability diagram per label
     assert "<h2>label set wrong</h2>" in page
+
+
+@pytest.mark.parametrize("threshold, words", [(0.999999, "got no tag"), (1e-12, "got every tag (all 3)")])
+def test_tags_piled_on_none_or_all_are_warned_about(tmp_path, tiny_model_dir, threshold, words):
+    import json
+
+    from helpers import invoke, write_spec
+
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["billing", "technical", "account"],
+                      multi_label=True, threshold=threshold)
+    items = tmp_path / "i.jsonl"
+    items.write_text("".join(json.dumps({"id": n, "text": f"ticket {n}"}) + "\n" for n in range(24)))
+    result = invoke("run", spec, items, "-o", tmp_path / "o.jsonl")
+    assert result.exit_code == 0 and f"100% of the items (24 of 24) {words}" in result.stderr, result.stderr
+    few = tmp_path / "few.jsonl"
+    few.write_text("".join(json.dumps({"id": n, "text": f"ticket {n}"}) + "\n" for n in range(5)))
+    assert words not in invoke("run", spec, few, "-o", tmp_path / "f.jsonl").stderr  # too few to tell

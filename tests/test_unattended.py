@@ -241,3 +241,32 @@ def test_bad_spec_is_one_line_and_exit_2(tmp_path, text, message):
     result = invoke("run", path, items)
     assert result.exit_code == 2
     assert result.stderr == "error: " + message.format(path=path) + "\n"
+
+
+def test_a_resume_with_nothing_to_do_loads_no_model_stack(tmp_path, tiny_model_dir):
+    """A cron `--resume` of a finished output answers before torch or transformers load."""
+    import subprocess
+    import sys
+
+    spec, items, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=["a", "b"]), tmp_path / "i.jsonl", tmp_path / "o.jsonl"
+    items.write_text("".join(json.dumps({"id": k, "text": f"t{k}"}) + "\n" for k in range(3)))
+    assert invoke("run", spec, items, "-o", out, "-q").exit_code == 0
+    code = ("import sys\nfrom prefixcache.cli import main\n"
+            f"sys.argv = ['prefixcache', 'run', {str(spec)!r}, {str(items)!r}, '-o', {str(out)!r}, '--resume']\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+            "print(code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PREFIXCACHE_DEVICE": "cpu"})
+    assert done.stdout.strip() == "0 []" and "nothing to do" in done.stderr, (done.stdout, done.stderr[-2000:])
+
+
+def test_a_stream_that_breaks_off_says_the_records_are_kept_and_how_to_resume(tmp_path, tiny_model_dir):
+    spec, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=["a", "b"]), tmp_path / "o.jsonl"
+    good = "".join(json.dumps({"id": k, "text": f"t{k}"}) + "\n" for k in range(5))
+    result = invoke("run", spec, "-", "--input-format", "jsonl", "-o", out, "-b", "2", input=good + '{"id": 9, oops}\n')
+    assert result.exit_code == 2, result.output
+    assert "<stdin>:6: malformed JSON" in result.output and "the 4 records before it are kept in" in result.output
+    assert "resume with: prefixcache run" in result.output and "--resume" in result.output
+    assert len(out.read_text().splitlines()) == 4
+    again = invoke("run", spec, "-", "--input-format", "jsonl", "-o", out, "-b", "2", "--resume", input=good)
+    assert again.exit_code == 0 and [json.loads(line)["id"] for line in out.read_text().splitlines()] == list(range(5))

@@ -218,12 +218,14 @@ def print_diff(console: Console, cmp: Comparison, name_a: str, name_b: str, top:
         for (a, b), n in shown:
             flips.add_row(_plain(a), _plain(b), str(n))
         console.print(flips)
-    for title, rows in (("changed items", cmp.changed[:top]), ("largest confidence shifts", cmp.shifts[:top])):
+    for title, every in (("changed items", cmp.changed), ("largest confidence shifts", cmp.shifts)):
+        rows = every[:top]
         if not rows:
             continue
         kept = list(rows[0].kept)[:3]
+        more = f"the first {top} of {len(every)}: --top N lists more" if len(every) > top else None
         table = Table("id", _plain(name_a), _plain(name_b), f"p({_plain(name_a)}'s label)", "shift", *map(_plain, kept),
-                      title=title)
+                      title=title, caption=more)
         for c in rows:
             after = None if c.prob_a is None else c.prob_a + c.shift
             table.add_row(_plain(c.id), _plain(c.label_a), _plain(c.label_b),

@@ -180,9 +180,9 @@ class Reporter:
             self.quiet = True
 
     def _show(self, event: Event) -> None:
-        if event.phase == "checked":
-            compat.quiet_libraries()
-        elif event.phase == "loading":
+        if event.phase == "loading":
+            if self.task is None:  # the libraries load with the model, not before: a run with nothing to do skips them
+                compat.quiet_libraries()
             self._loading(event.detail)
         elif event.phase == "scoring":
             self._scoring(event)

@@ -14,8 +14,10 @@ import json
 import logging
 import os
 import re
+import glob
 import shutil
 import stat
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -242,11 +244,21 @@ def _hub_hint(source: ModelSource) -> str:
     return " (without network access, set HF_HUB_OFFLINE=1 to fail at once, or point 'model' at a local folder)"
 
 
-def pick_device(device: str = "auto") -> str:
-    import torch
+def _no_accelerator() -> bool:
+    """Surely no CUDA (or ROCm) device, known without importing torch (seconds): Linux without a
+    GPU driver's device files. Elsewhere, or with them, torch is asked."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd") or os.path.exists("/dev/dxg"))
 
+
+def pick_device(device: str = "auto") -> str:
     if not re.fullmatch(r"auto|(cpu|mps|cuda)(:\d+)?", device):
         raise UsageError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps")
+    if device == "cpu" or (device == "auto" and _no_accelerator()):
+        return "cpu"
+    import torch
+
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -259,6 +271,20 @@ def pick_device(device: str = "auto") -> str:
     if device == "mps" and not torch.backends.mps.is_available():
         raise ModelError("--device mps was asked for but MPS is not available")
     return device
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def dtype_name(dtype: str, device: str) -> str:
+    """The name of the dtype `pick_dtype` gives, without importing torch where it is not needed."""
+    if dtype == "auto" and device.startswith("cuda"):
+        return str(pick_dtype(dtype, device)).removeprefix("torch.")
+    if dtype == "auto":
+        return "float32"
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    return dtype
 
 
 def pick_dtype(dtype: str, device: str) -> torch.dtype:

@@ -130,6 +130,7 @@ class Job:
         self.scorer: ItemScorer
         self.first, self.last = 0, None
         self.written: Counter = Counter()  # every record this run writes, by label (kept ones too)
+        self.tag_shapes: Counter = Counter()  # multi-label: records with no tag, every tag or some
         self.reading: Optional[ItemsDigest] = None  # the items this run read, to compare with the plan's
 
     def run(self) -> RunResult:
@@ -252,6 +253,8 @@ class Job:
                     writer.write(record)
                     labels = _labels_of(record)
                     self.written.update(labels)
+                    if "labels" in record:
+                        self.tag_shapes[_tag_shape(record, len(self.plan.spec.labels))] += 1
                     if record is not self.begun.records.get(id_text(record["id"])):  # scored by this run
                         result.labels.update(labels)
                     result.first_record = result.first_record or time.perf_counter() - self.started
@@ -259,6 +262,12 @@ class Job:
                         add_record(result.evaluation, record)
         except _Stopped:
             raise
+        except InputError as exc:  # a bad line met while streaming: what was written before it stays
+            written = self.result.stats.items
+            if not self.plan.output.is_file or not written or self.begun.mode == "update":
+                raise
+            raise InputError(f"{exc}; the {written} records before it are kept in {self.options.output}: fix the "
+                             f"input, then {self._go_on()}") from None
         except Interrupted as exc:  # a stop from outside the batch loop (a batch abandoned, a second Ctrl-C)
             if self.options.output in (None, "-"):
                 raise
@@ -368,13 +377,34 @@ class Job:
         counts = {k: n for k, n in whole.items() if not k.startswith("(")}
         total = sum(counts.values())
         spec = self.plan.spec
-        if spec.choices or spec.multi_label or len(spec.labels) < 2 or total < COLLAPSE_MIN_ITEMS:
+        if spec.multi_label:
+            self._warn_if_tags_collapsed()
+            return
+        if spec.choices or len(spec.labels) < 2 or total < COLLAPSE_MIN_ITEMS:
             return
         label, n = max(counts.items(), key=lambda kv: kv[1])
         if n / total >= COLLAPSE_SHARE:
             log.warning("%.0f%% of the items (%d of %d) got the label %r: unless the data is that skewed, the model "
                         "favours it whatever the item; try 'calibrate: true' or 'normalize: pmi' in the spec, and "
                         "check on labelled items with --gold", 100 * n / total, n, total, label)
+
+    def _warn_if_tags_collapsed(self) -> None:
+        """Multi-label: no tag, or every tag, on most items usually means thresholds that do not
+        fit this model, not such data."""
+        every = len(self.plan.spec.labels)
+        shapes = Counter(self.tag_shapes)
+        for r in self.begun.done.values():
+            if not is_error(r):
+                shapes[_tag_shape(r, every)] += 1
+        total = sum(shapes.values())
+        if total < COLLAPSE_MIN_ITEMS:
+            return
+        for shape, words in (("none", "no tag"), ("all", f"every tag (all {every})")):
+            if shapes[shape] / total >= COLLAPSE_SHARE:
+                fix = "lower" if shape == "none" else "raise"
+                log.warning("%.0f%% of the items (%d of %d) got %s: unless the data is like that, the thresholds do "
+                            "not fit this model; %s 'threshold' in the spec or try 'calibrate: true', and check on "
+                            "labelled items with --gold", 100 * shapes[shape] / total, shapes[shape], total, words, fix)
 
     def join(self) -> None:
         """After every process of a launch wrote its part: rank 0 joins them into the output and
@@ -400,6 +430,12 @@ class Job:
 
 class _Stopped(Interrupted):
     """A stop the job itself raised between batches: its message already says how to go on."""
+
+
+def _tag_shape(record: Record, every: int) -> str:
+    """A multi-label record's tags: "none", "all" of the `every` labels, or "some"."""
+    n = len(record.get("labels") or ())
+    return "none" if n == 0 else "all" if n == every else "some"
 
 
 def _labels_of(record: Record) -> list[str]:

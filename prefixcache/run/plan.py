@@ -15,7 +15,7 @@ from ..data.items import Item, ItemsDigest, detect_format, is_stream, read_items
 from ..data.output import OutputFile, check_distinct, check_output, check_report, file_digest, output_format
 from ..data.records import Keep, columns, keep_clash
 from ..errors import OutputError, SpecError, UsageError
-from ..model.load import model_identity, pick_device, pick_dtype
+from ..model.load import dtype_name, model_identity, pick_device
 from ..reports.evaluation import Gates
 from ..scoring.prepare import Batching, spec_model
 from ..task.spec import SpecFile, TaskSpec, read_spec_file
@@ -58,7 +58,7 @@ class Plan:
             "spec": self.spec.digest or file_digest(str(o.spec)), "gold": self.spec.gold,
             "model": model_identity(spec_model(self.spec)),
             "input": file_digest(o.items), "input_bytes": None if self.stream else os.path.getsize(o.items),
-            "device": device.split(":")[0], "dtype": str(pick_dtype(o.dtype, device)).removeprefix("torch."),
+            "device": device.split(":")[0], "dtype": dtype_name(o.dtype, device),
             "batch_size": o.batch_size, "batch_tokens": o.batch_tokens,
             "keep": "all" if self.keep is None else list(self.keep), "exact": o.exact,
             **({"gold_sep": self.spec.gold_sep} if self.spec.multi_label and self.spec.gold else {}),
