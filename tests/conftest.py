@@ -133,7 +133,11 @@ def cache_dir(tmp_path_factory) -> Path:
     conversion. The CLI finds it through PREFIXCACHE_CACHE_DIR, as a user would set it; runs
     started from Python without a cache folder use the default, under XDG_CACHE_HOME, which points
     into the session's temporary folder too."""
-    base = tmp_path_factory.mktemp("xdg-cache")
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # one cache for the session's workers: the embedded model is converted once
+    base = shared / "xdg-cache"
+    base.mkdir(exist_ok=True)
     kept = os.environ.get("PREFIXCACHE_TEST_CACHE")
     root = Path(kept) if kept else base / "prefixcache"
     root.mkdir(parents=True, exist_ok=True)

@@ -97,6 +97,20 @@ def test_real_model_gold_evaluation_cli(tmp_path):
     assert missed.exit_code == 5 and "gate failed: accuracy" in missed.stderr
 
 
+@pytest.fixture(scope="module", autouse=True)
+def converted_once(cache_dir):
+    """The session's workers share its cache: the first to get here converts the embedded model
+    while the others wait for it, instead of each converting it on the same two cores."""
+    import fcntl
+
+    from prefixcache.model.load import load_model, resolve_model
+
+    with open(cache_dir / ".tests-convert.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        source = resolve_model(None)
+        load_model(source, load_tokenizer(source, cache_dir), cache_dir)
+
+
 @pytest.fixture()
 def quick_conversion(cache_dir, monkeypatch):
     """The session converted the embedded model once (its first test); a test of what happens
@@ -157,7 +171,7 @@ def test_real_model_lettered_layout_equals_full_reencode(cache_dir, tmp_path, sc
     spec = write_spec(tmp_path, labels=None, system="Answer the question with one of the options.",
                       choices="choices", gold="answer", template="{text}\n{options}", score_by=score_by)
     scorer = _scorer(spec, cache_dir)
-    items = list(read_items(str(ROOT / "data" / "samples" / "general_knowledge.jsonl")))[:5]
+    items = list(read_items(str(ROOT / "data" / "samples" / "general_knowledge.jsonl")))[:3]
     for item, record in zip(items, classify(scorer, items, Batching(size=3))):
         prep = scorer.task.prepare(item)
         want = score_naive(scorer.engine.model, prep.enc.ids, list(prep.candidates.values()))

@@ -60,3 +60,25 @@ def test_diff_refuses_an_output_holding_an_item_twice(tmp_path):
     write_records(twice, A + A)
     result = invoke("diff", a, twice)
     assert result.exit_code == 2 and f"{twice}: holds two records for item" in result.output, result.output
+
+
+def test_two_labels_scored_by_the_same_words_are_refused(tmp_path):
+    from prefixcache.errors import SpecError
+    from prefixcache.task.spec import load_spec
+
+    spec = write_spec(tmp_path, labels={"refund": {"words": ["refund", "money back"]},
+                                        "billing": {"words": ["money back", "refund"]}})
+    with pytest.raises(SpecError, match="labels 'refund' and 'billing' are scored by the same words"):
+        load_spec(spec)
+
+
+def test_an_answer_prefix_the_chat_layout_does_not_use_is_warned_about(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["a", "b"], answer_prefix="Category:")
+    items = tmp_path / "i.jsonl"
+    items.write_text(json.dumps({"id": 1, "text": "x"}) + "\n")
+    result = invoke("run", spec, items, "-o", tmp_path / "o.jsonl")
+    assert result.exit_code == 0 and "'answer_prefix' is not used" in result.stderr, result.stderr
+    plain = write_spec(tmp_path, name="plain.yaml", model=str(tiny_model_dir), labels=["a", "b"],
+                       answer_prefix="Category:", format="plain")
+    result = invoke("run", plain, items, "-o", tmp_path / "p.jsonl")
+    assert result.exit_code == 0 and "'answer_prefix' is not used" not in result.stderr, result.stderr

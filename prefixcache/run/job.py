@@ -33,7 +33,7 @@ from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted
 from ..model.load import pick_device
 from ..reports.evaluation import Evaluation, Gates, add_record, evaluation_for, write_reports
 from ..scoring.prepare import Task, spec_model
-from ..task.lint import lint_labels
+from ..task.lint import lint_labels, lint_layout
 from ..task.spec import LETTERS
 from .options import RunOptions, command_line
 from .pipeline import RunStats, classify
@@ -193,7 +193,7 @@ class Job:
         """The tokenizer (and label lint), then the model and its prefilled prefix."""
         self.progress(Event("loading", detail="tokenizer"))
         self.task = Task.from_spec(self.plan.spec, self.options.cache_dir)
-        for warning in lint_labels(self.task.builder) if self.plan.spec.labels else ():
+        for warning in [*lint_layout(self.task.builder), *(lint_labels(self.task.builder) if self.plan.spec.labels else ())]:
             log.warning("%s", warning)
         self.progress(Event("loading", detail="model"))
         self.scorer = load_scorer(self.task, self.plan)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import SpecError
 from .prompt import PromptBuilder
+from .spec import DEFAULT_ANSWER_PREFIX
 
 
 SHARED_SHOWN = 3  # groups of labels sharing a first token listed one a line; more are summed up in one
@@ -26,6 +27,14 @@ def _owners(builder: PromptBuilder) -> dict[str, list[str]]:
 def _what(owner: dict[str, list[str]], text: str, word: str = "label ") -> str:
     """'label x' (`word` before a label's name), or 'form y of label x'."""
     return f"{word}{text!r}" if owner[text] == [text] else f"form {text!r} of label {owner[text][0]!r}"
+
+
+def lint_layout(builder: PromptBuilder) -> list[str]:
+    """Warnings about spec keys the prompt's layout does not use."""
+    if builder.mode == "chat" and builder.spec.answer_prefix != DEFAULT_ANSWER_PREFIX:
+        return ["'answer_prefix' is not used: the model's chat template puts the answer in the assistant's turn; "
+                "give 'format: plain' to use it"]
+    return []
 
 
 def lint_labels(builder: PromptBuilder) -> list[str]:

@@ -48,6 +48,7 @@ KNOWN_KEYS = (
 DEFAULT_QUESTION = "Is this about {label}?"
 DEFAULT_ANSWERS = ("yes", "no")
 DEFAULT_GOLD_SEP = ","
+DEFAULT_ANSWER_PREFIX = "Answer:"  # the plain layout's line before the answer
 PRUNE_AUTO = 24  # labels from which pruned label scoring is on by default (see docs/performance.md)
 
 
@@ -115,7 +116,7 @@ class TaskSpec:
     id_field_given: bool = False  # the spec names id_field (then items must carry it)
     format: str = "auto"
     normalize: str = "sum"
-    answer_prefix: str = "Answer:"
+    answer_prefix: str = DEFAULT_ANSWER_PREFIX
     trust_remote_code: bool = False
     choices: str | None = None  # item field holding the item's own options (multiple choice)
     gold: str | None = None  # item field holding the expected label or option text
@@ -445,7 +446,12 @@ def _labels(value: Any, path: Path, choices: str | None) -> tuple[Label, ...]:
             raise SpecError(f"{path}: description of label {name!r} must be a string, or a mapping with "
                             f"'description' and 'words'")
         seen.add(name)
-        labels.append(Label(name, desc.strip() if desc else None, words))
+        label = Label(name, desc.strip() if desc else None, words)
+        twin = next((other for other in labels if set(other.forms) == set(label.forms)), None)
+        if twin is not None:  # the same words score the same: the second could never win
+            raise SpecError(f"{path}: labels {twin.name!r} and {name!r} are scored by the same words "
+                            f"({', '.join(map(repr, sorted(label.forms)))}), so {name!r} could never win: give each its own")
+        labels.append(label)
     return tuple(labels)
 
 
@@ -638,7 +644,7 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
         id_field_given="id_field" in data,
         format=fmt,
         normalize=norm,
-        answer_prefix=_want_str(data, "answer_prefix", path, "Answer:"),
+        answer_prefix=_want_str(data, "answer_prefix", path, DEFAULT_ANSWER_PREFIX),
         trust_remote_code=trust,
         choices=choices,
         gold=_want_str(data, "gold", path),
