@@ -10,7 +10,11 @@ ranking key) bounds its final key from above. Per batch:
 2. the few labels with the highest bounds are scored to the end;
 3. every other label whose bound is below the best complete key can never win: it is pruned;
    the labels still in the race are scored one token deeper (labels sharing leading tokens share
-   the trie nodes), which tightens their bounds, and pruned again, until none is left;
+   the trie nodes), which tightens their bounds, and pruned again, until none is left. Each step
+   scores a label's tokens so far again, so a race that prunes little would cost far more than
+   scoring every label once: as soon as the tokens of the steps taken and the next one reach what
+   scoring the labels still in the race to the end costs, they are scored to the end instead
+   (at most about twice what that would have cost from the start, and never quadratic);
 4. with a `threshold`, the winner's probability is checked against it with the pruned labels at
    their bounds (a lower bound of the probability); when that cannot settle abstention, the
    pruned labels are scored to the end too.
@@ -40,12 +44,18 @@ def score_pruned(engine: Engine, prefix: Prefix, preps: Sequence[Prepared], scal
     opened = open_items(engine, prefix, [p.row for p in preps])
     race = _Race(opened, [list(p.candidates.values()) for p in preps], scales, offsets)
     race.deepen({b: race.top(b, FIRST) for b in race.items}, full=True)
+    spent = 0  # label tokens the deepening steps scored
     while True:  # best-first: every label still in the race one token deeper, until none is left
         racing = {b: race.in_race(b) for b in race.items}
         racing = {b: idx for b, idx in racing.items() if idx}
         if not racing:
             break
+        step, finish = race.step_cost(racing), race.finish_cost(racing)
+        if spent + step >= finish:  # deepening would cost more than finishing: finish
+            race.deepen(racing, full=True)
+            break
         race.deepen(racing)
+        spent += step
     if threshold is not None:
         race.deepen({b: race.open_labels(b) for b in race.items if race.winner_prob_floor(b) < threshold + SLACK},
                     full=True)
@@ -86,6 +96,14 @@ class _Race:
         for b, idx in chosen.items():
             for i, d, value in zip(idx, until[b], scored[b]):
                 self.lps[b][i], self.depth[b][i] = value, d
+
+    def step_cost(self, which: dict[int, Sequence[int]]) -> int:
+        """Label tokens one step deeper scores (each label's tokens so far, and one more)."""
+        return sum(self.depth[b][i] + 1 for b, idx in which.items() for i in idx)
+
+    def finish_cost(self, which: dict[int, Sequence[int]]) -> int:
+        """Label tokens scoring the named labels to the end costs."""
+        return sum(len(self.cands[b][i]) for b, idx in which.items() for i in idx)
 
     def best(self, b: int) -> tuple[int, float] | None:
         """The complete label with the highest key (ties: the first), and its key."""
