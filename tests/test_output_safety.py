@@ -405,3 +405,12 @@ def test_resuming_with_another_pruning_mode_is_refused(tmp_path, tiny_model_dir)
     result = invoke("run", spec, items, "-o", out, "--resume", "--prune", "on")
     assert result.exit_code == 2 and "it was written with --prune off" in result.output, result.output
     assert out.read_bytes() == before
+
+
+def test_no_cache_is_made_under_a_folder_others_can_change(tmp_path, tiny_model_dir, caplog):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3)
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    os.chmod(pub, 0o777)
+    assert _prefix_source(spec, pub / "pc") == "computed"
+    assert not (pub / "pc").exists() and "may be changed by other users" in caplog.text

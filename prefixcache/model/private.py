@@ -45,6 +45,7 @@ def private_folder(path: Path, tighten: bool = True) -> None:
         path = path.parent
     if missing:
         _safe_to_create_in(path)
+        unswappable(path)  # nothing is made under a folder others can change
     for folder in reversed(missing):
         try:
             folder.mkdir(mode=0o700)
