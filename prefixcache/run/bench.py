@@ -161,6 +161,19 @@ def _quiet(text: str) -> None:
     pass
 
 
+WARM_ITEMS = 4  # items the pipeline's warm-up scores
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device, step: Step = _quiet) -> ModeResult:
     step(f"timing {name} on {n} items")
     _sync(device)
@@ -294,9 +307,14 @@ def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepa
         scorer.clear()  # the warm-up's scores must not be reused
         return [record_prediction(r) for r in classify(scorer, its, batching)]
 
-    # Warm-ups: first calls pay for allocations and kernel set-up.
-    step("warming up")
-    naive(few[:1]), naive_per_label(few[:1]), cached_single(prepared[:1]), pipeline(items[:batching.size])
+    # Warm-ups: first calls pay for allocations and kernel set-up. A few items are enough (a batch
+    # of 64 items with many labels would take minutes); their times give the estimate said next.
+    step(f"warming up each mode on one item (with {len(scorer.task.spec.labels) or 'its'} labels)")
+    warm = items[:min(batching.size, WARM_ITEMS)]
+    seconds = [_seconds(lambda: naive(few[:1])), _seconds(lambda: naive_per_label(few[:1])),
+               _seconds(lambda: cached_single(prepared[:1])), _seconds(lambda: pipeline(warm)) / max(len(warm), 1)]
+    left = sum(s * n for s, n in zip(seconds, (len(few), len(few), len(prepared), len(items))))
+    step(f"timing every mode: about {_duration(left)} from the warm-up (first calls are slower, so likely less)")
     pipeline_name = f"run pipeline (<= {batching.size} items, ~{batching.tokens} tokens a batch)"
     return [
         _timed("naive: full re-encode per item", len(few), naive, device, step),
