@@ -270,3 +270,14 @@ def test_a_stream_that_breaks_off_says_the_records_are_kept_and_how_to_resume(tm
     assert len(out.read_text().splitlines()) == 4
     again = invoke("run", spec, "-", "--input-format", "jsonl", "-o", out, "-b", "2", "--resume", input=good)
     assert again.exit_code == 0 and [json.loads(line)["id"] for line in out.read_text().splitlines()] == list(range(5))
+
+
+def test_resuming_from_a_shorter_stream_is_refused(tmp_path, tiny_model_dir):
+    spec, out = write_spec(tmp_path, model=str(tiny_model_dir), labels=["a", "b"]), tmp_path / "o.jsonl"
+    lines = [json.dumps({"id": k, "text": f"t{k}"}) + "\n" for k in range(5)]
+    assert invoke("run", spec, "-", "--input-format", "jsonl", "-o", out, input="".join(lines)).exit_code == 0
+    before = out.read_bytes()
+    result = invoke("run", spec, "-", "--input-format", "jsonl", "-o", out, "--resume", input="".join(lines[:3]))
+    assert result.exit_code == 2, result.output
+    assert "<stdin>: ended after 3 items, but the output already holds 5 records (the next: item '3')" in result.output
+    assert out.read_bytes() == before

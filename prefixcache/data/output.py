@@ -483,6 +483,10 @@ def checked_stream(items: Iterator[Item], name: str, written: Mapping[str, Recor
             raise InputError(f"{label}:{item.line}: item {item.id!r} differs from the one already written to the "
                              f"output; this is not the input the output was started with")
         yield item
+    if len(seen) < len(order):  # the records of items no longer in the input would stay
+        raise InputError(f"{label}: ended after {len(seen)} items, but the output already holds {len(order)} "
+                         f"records (the next: item {order[len(seen)]!r}); this is not the input the output was "
+                         f"started with: give the whole input, or --update to rewrite the output from this one")
 
 
 def continue_output(output: str, fingerprint: Mapping[str, Any], fmt: str | None = None) -> None:
