@@ -229,6 +229,7 @@ def test_bench_table(spec_path, items_path):
     assert re.fullmatch(r"bench: timing every mode: about \d+ s from the warm-up .*", steps[warm + 1]), steps
     assert "run pipeline" in result.stdout and "matmul peak" in result.stdout
     assert "same labels in every mode: yes" in result.stdout
+    assert "the default (--prune auto) does not prune 6 labels: 1.00x the time of scoring every label" in result.stdout
 
 
 def test_duplicate_items_are_scored_once(spec_path, tmp_path):

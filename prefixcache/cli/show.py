@@ -17,6 +17,7 @@ from rich.table import Table
 
 from ..errors import shown
 from ..reports.evaluation import Evaluation, TagEvaluation
+from ..task.spec import PRUNE_AUTO
 
 if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only read their figures
     from ..reports.diff import Comparison
@@ -143,6 +144,10 @@ def print_bench(report: BenchReport) -> None:
         out.print(table)
         out.print("same labels both ways: " + ("yes" if p.same_labels else f"NO ({p.items_differing} items differ)"),
                   soft_wrap=True)
+        auto = p.labels >= PRUNE_AUTO
+        out.print(f"the default (--prune auto) {'prunes' if auto else 'does not prune'} {p.labels} labels: "
+                  f"{p.pruned_ms / p.full_ms if auto else 1.0:.2f}x the time of scoring every label"
+                  + ("; --prune off is faster here" if auto and p.pruned_ms > p.full_ms else ""), soft_wrap=True)
 
 
 def print_cache(root: Path, prefixes: list[dict], models: list[dict]) -> None:
