@@ -115,11 +115,7 @@ def replacing(path: PathLike, text: bool = False, what: str = "the file", mode: 
     new file beside it (`mode` cut by the umask), flushed to disk, renamed over it. On an error,
     `path` is as it was."""
     target = Path(path)
-    _refuse_special(target)
-    try:
-        fd, temp = new_beside(target, mode)
-    except OSError as exc:
-        raise OutputError(f"{target}: cannot write {what}: {exc.strerror or exc}")
+    fd, temp = _temporary(target, what, mode)
     stream: IO = os.fdopen(fd, "wb")
     stream.raw.name = str(target)  # type: ignore[attr-defined]  # messages name the target
     if text:
@@ -137,6 +133,15 @@ def replacing(path: PathLike, text: bool = False, what: str = "the file", mode: 
     except BaseException:
         _discard(stream, temp)
         raise
+
+
+def _temporary(target: Path, what: str, mode: int = 0o666) -> tuple[int, Path]:
+    """`new_beside(target)`, for a target that may be replaced."""
+    _refuse_special(target)
+    try:
+        return new_beside(target, mode)
+    except OSError as exc:
+        raise OutputError(f"{target}: cannot write {what}: {exc.strerror or exc}")
 
 
 def _discard(stream: IO, temp: Path) -> None:
@@ -174,24 +179,18 @@ def create(path: PathLike, what: str = "the output") -> IO[str]:
     """A new, empty text file put in place at `path` at once (replacing what was there), open
     for writing: for a file written record by record, which a crash must leave where it is."""
     target = Path(path)
-    _refuse_special(target)
+    fd, temp = _temporary(target, what)
+    stream = _text(fd, target)
     try:
-        fd, temp = new_beside(target)
-    except OSError as exc:
-        raise OutputError(f"{target}: cannot write {what}: {exc.strerror or exc}")
-    try:
-        _refuse_special(target)
+        _refuse_special(target)  # planted meanwhile: refused, not replaced
         os.replace(temp, target)
-    except BaseException as exc:
-        os.close(fd)
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise OutputError(f"{target}: cannot write {what}: {exc.strerror or exc}")
+    except OSError as exc:
+        _discard(stream, temp)
+        raise OutputError(f"{target}: cannot write {what}: {exc.strerror or exc}")
+    except BaseException:
+        _discard(stream, temp)
         raise
-    return _text(fd, target)
+    return stream
 
 
 def _text(fd: int, path: Path) -> IO[str]:

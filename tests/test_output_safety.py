@@ -28,6 +28,21 @@ def _items(path: Path, n: int, **extra) -> Path:
     return path
 
 
+def _theirs(path: Path, text: str) -> Path:
+    """A file another user wrote (as root: handed to their uid)."""
+    path.write_text(text)
+    os.lchown(path, OTHER_UID, OTHER_UID)
+    return path
+
+
+def _two_shards(spec: Path, items: Path, tmp_path: Path) -> list[Path]:
+    """The two parts of `run --shard K/2`."""
+    parts = [tmp_path / f"p{k}.jsonl" for k in (1, 2)]
+    for k, part in enumerate(parts, 1):
+        assert invoke("run", spec, items, "-o", part, "--shard", f"{k}/2", "-q").exit_code == 0
+    return parts
+
+
 @pytest.fixture()
 def job(tmp_path, tiny_model_dir):
     """A spec on the tiny model, three items with gold, the output's path."""
@@ -143,9 +158,7 @@ def test_a_fifo_planted_as_the_lock_is_refused_without_blocking(job, tmp_path):
 
 def test_a_link_planted_as_the_merged_outputs_lock_is_refused(job, tmp_path):
     spec, items, _ = job
-    parts = [tmp_path / f"p{k}.jsonl" for k in (1, 2)]
-    for k, part in enumerate(parts, 1):
-        assert invoke("run", spec, items, "-o", part, "--shard", f"{k}/2", "-q").exit_code == 0
+    parts = _two_shards(spec, items, tmp_path)
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     (tmp_path / ".merged.jsonl.lock").symlink_to(victim)
@@ -156,9 +169,7 @@ def test_a_link_planted_as_the_merged_outputs_lock_is_refused(job, tmp_path):
 @as_root
 def test_a_lock_file_of_another_user_is_refused_and_its_bytes_never_reach_the_terminal(job, tmp_path):
     spec, items, out = job
-    lock = tmp_path / ".out.jsonl.lock"
-    lock.write_text("\x1b[2J\x1b[31mSECURITY: run rm -rf\n")
-    os.lchown(lock, OTHER_UID, OTHER_UID)
+    _theirs(tmp_path / ".out.jsonl.lock", "\x1b[2J\x1b[31mSECURITY: run rm -rf\n")
     result = invoke("run", spec, items, "-o", out)
     assert result.exit_code == 2 and f"belongs to another user (uid {OTHER_UID})" in result.output
     assert "\x1b" not in result.output and "SECURITY" not in result.output
@@ -218,9 +229,7 @@ def test_a_report_may_not_be_one_of_the_runs_own_files(job, tmp_path, name):
 @as_root
 def test_a_summary_of_another_user_is_not_appended_to(job, tmp_path):
     spec, items, out = job
-    summary = tmp_path / "summary.md"
-    summary.write_text("theirs\n")
-    os.lchown(summary, OTHER_UID, OTHER_UID)
+    summary = _theirs(tmp_path / "summary.md", "theirs\n")
     result = invoke("run", spec, items, "-o", out, "--summary-md", summary)
     assert result.exit_code == 2 and f"belongs to another user (uid {OTHER_UID})" in result.output, result.output
     assert summary.read_text() == "theirs\n"
@@ -255,9 +264,7 @@ def test_diff_shows_ids_with_their_control_characters_escaped(tmp_path):
 # -- merge ----------------------------------------------------------------------------------
 def test_merge_refuses_an_output_that_is_one_of_its_parts(job, tmp_path):
     spec, items, _ = job
-    parts = [tmp_path / f"p{k}.jsonl" for k in (1, 2)]
-    for k, part in enumerate(parts, 1):
-        assert invoke("run", spec, items, "-o", part, "--shard", f"{k}/2", "-q").exit_code == 0
+    parts = _two_shards(spec, items, tmp_path)
     before = parts[0].read_bytes()
     result = invoke("merge", *parts, "-o", parts[0], "--overwrite")
     assert result.exit_code == 2 and "write it to another file" in result.output, result.output

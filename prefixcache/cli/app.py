@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 
 from .. import compat
+from ..data.items import check_item, detect_format
 from ..data.output import check_distinct, check_output, check_report
-from ..errors import EXIT_GATE, EXIT_USAGE, InputError, OutputError
+from ..errors import EXIT_GATE, EXIT_USAGE, OutputError
 from ..reports.diff import compare_outputs, write_diff_reports
 from ..reports.evaluation import write_report_file
 from ..run.dryrun import dry_run as check_run
@@ -134,12 +135,9 @@ def render(spec: Path = SPEC_ARG, items: str = ITEMS_ARG, text: bool = RENDER_TE
         task_spec = load_options_spec(options)
         compat.quiet_libraries()
         task = Task.from_spec(task_spec, options.cache_dir)
-        source = "<stdin>" if items == "-" else items
+        source, fmt = "<stdin>" if items == "-" else items, detect_format(items, options.input_format)
         for item in islice(read_options_items(options, task_spec), options.limit):
-            try:  # as run's check before the model: exit 2 naming the line, not an item error
-                task_spec.check_record(item.record)
-            except ValueError as exc:
-                raise InputError(f"{source}:{item.line}: item {item.id!r} {exc}")
+            check_item(item, task_spec.check_record, source, fmt)  # as run's check: exit 2 naming the line
             rendered = task.render(item)
             sys.stdout.write(rendered_text(rendered, task.tokenizer.decode) if text
                              else json.dumps(rendered, ensure_ascii=False) + "\n")

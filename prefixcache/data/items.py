@@ -454,6 +454,16 @@ class ItemsDigest:
         return self._h.hexdigest()
 
 
+def check_item(item: Item, check: Callable[[Mapping[str, Any]], None], name: str, fmt: str | None = None) -> None:
+    """`check` (which raises ValueError with what is wrong) on one item of `name`: InputError
+    naming its line, with the item's fields when it lacks one."""
+    try:
+        check(item.record)
+    except ValueError as exc:
+        shown = _fields_hint(item.record, fmt) if str(exc).startswith("lacks field") else ""
+        raise InputError(f"{name}:{item.line}: item {item.id!r} {exc}{shown}")
+
+
 def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mapping[str, Any]], None],
                id_required: bool = False, fields: dict[str, None] | None = None, delimiter: str | None = None,
                encoding: str | None = None, digest: ItemsDigest | None = None) -> int:
@@ -466,11 +476,7 @@ def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mappi
     name = "<stdin>" if path == "-" else path
     count, with_id, first_fields = 0, 0, None
     for item in read_items(path, fmt, id_field, delimiter, encoding):
-        try:
-            check(item.record)
-        except ValueError as exc:
-            shown = _fields_hint(item.record, fmt) if str(exc).startswith("lacks field") else ""
-            raise InputError(f"{name}:{item.line}: item {item.id!r} {exc}{shown}")
+        check_item(item, check, name, fmt)
         key, given = str(item.id), item.record.get(id_field) not in (None, "")
         if key in seen:
             raise InputError(f"{name}:{item.line}: {duplicate_message(item.id, given, seen[key], id_field)}")

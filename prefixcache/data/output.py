@@ -32,7 +32,7 @@ from .. import safefile
 from ..errors import InputError, OutputError
 from .items import Item, is_stream, opening
 from .lock import lock_path
-from .records import Record, from_csv_row, id_text, item_sha, record_id, to_csv_row
+from .records import Record, from_csv_row, id_text, item_sha, record_id, repeated, to_csv_row
 
 log = logging.getLogger("prefixcache")
 
@@ -432,11 +432,11 @@ def start_output(output: str | None, fingerprint: Mapping[str, Any], resume: boo
     if change == "changed" and fingerprint.get("shard"):
         raise OutputError(f"{output}: a shard can only be continued on the same input; {items} changed")
     done = read_records(output, fmt)
-    records = {record_id(r): r for r in done.records}
-    if len(records) < len(done.records):
-        twice = next(r for i, r in enumerate(done.records) if record_id(r) in map(record_id, done.records[:i]))
+    twice = repeated(done.records)
+    if twice is not None:
         raise OutputError(f"{output}: holds two records for item {twice.get('id')!r}; it was changed after it was "
                           f"written: choose another output file, or --overwrite to start it again")
+    records = {record_id(r): r for r in done.records}
     return Start("update" if change == "changed" else "resume" if change == "same" else "grown", records)
 
 

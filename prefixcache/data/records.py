@@ -167,6 +167,17 @@ def record_id(record: Mapping[str, Any]) -> str:
     return id_text(record.get("id"))
 
 
+def repeated(records: Iterable[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+    """The first record whose item an earlier one already holds, or None."""
+    seen: set[str] = set()
+    for record in records:
+        key = record_id(record)
+        if key in seen:
+            return record
+        seen.add(key)
+    return None
+
+
 def logprobs_in_order(record: Mapping[str, Any], names: Sequence[str]) -> list[float]:
     """The raw log-probs a record holds, in the order of `names` (its candidates' texts)."""
     value = record["logprobs"]

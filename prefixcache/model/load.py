@@ -278,7 +278,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def dtype_name(dtype: str, device: str) -> str:
     """The name of the dtype `pick_dtype` gives, without importing torch where it is not needed."""
-    if dtype == "auto" and device.startswith("cuda"):
+    if dtype == "auto" and device == "cuda":
         return str(pick_dtype(dtype, device)).removeprefix("torch.")
     if dtype == "auto":
         return "float32"
@@ -290,14 +290,9 @@ def dtype_name(dtype: str, device: str) -> str:
 def pick_dtype(dtype: str, device: str) -> torch.dtype:
     import torch
 
-    if dtype == "auto":
-        if device == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    except KeyError:
-        raise UsageError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    if dtype == "auto" and device == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return getattr(torch, dtype_name(dtype, device))
 
 
 def _from_pretrained(path: str, dtype: torch.dtype, **kwargs: Any) -> PreTrainedModel:
@@ -339,7 +334,6 @@ def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     private_folder(target.parent.parent, tighten=False)  # the cache folder, when prefixcache creates it
     private_folder(target.parent)
     secret = cache_secret(target.parent.parent / "prefixes")
-    remove_stale_conversions(target.parent)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))  # 0700, made exclusively: files go in by name
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)

@@ -45,7 +45,7 @@ def private_folder(path: Path, tighten: bool = True) -> None:
         path = path.parent
     if missing:
         _safe_to_create_in(path)
-        unswappable(path)  # nothing is made under a folder others can change
+    unswappable(path if missing else path.parent)  # before anything is made: nothing under a folder others can change
     for folder in reversed(missing):
         try:
             folder.mkdir(mode=0o700)
@@ -57,7 +57,6 @@ def private_folder(path: Path, tighten: bool = True) -> None:
     st = target.stat()
     if tighten and st.st_mode & 0o077:
         os.chmod(target, 0o700)
-    unswappable(target.parent)
 
 
 def unswappable(folder: Path) -> None:
@@ -128,25 +127,34 @@ def sign_folder(folder: Path, secret: bytes, source: str, created: float) -> Non
     replace(folder / SIGNED, json.dumps(record), what="the converted model's record", mode=0o600)
 
 
-def signed_by(folder: Path, secret: bytes) -> bool:
-    """Whether `folder` holds a record signed with `secret`: prefixcache made it, in this cache."""
+def _record(folder: Path) -> dict | None:
+    """`folder`'s record (its source and files), or None when it has none that reads as one."""
     try:
         record = json.loads((folder / SIGNED).read_text(encoding="utf-8"))
-        expected = sign(secret, {"source": record["source"], "files": record["files"]})
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and {"files", "source"} <= record.keys() else None
+
+
+def _signed(record: dict, secret: bytes) -> bool:
+    expected = sign(secret, {"source": record["source"], "files": record["files"]})
     return hmac.compare_digest(str(record.get("hmac", "")), expected)
+
+
+def signed_by(folder: Path, secret: bytes) -> bool:
+    """Whether `folder` holds a record signed with `secret`: prefixcache made it, in this cache."""
+    record = _record(folder)
+    return record is not None and _signed(record, secret)
 
 
 def verify_folder(folder: Path, secret: bytes, source: str | None = None) -> str | None:
     """Why `folder`'s files are not the ones signed (or, given `source`, not converted from that
     file), or None when they are (see the module)."""
-    try:
-        record = json.loads((folder / SIGNED).read_text(encoding="utf-8"))
-        files, made_from = record["files"], record["source"]
-    except (OSError, ValueError, KeyError, TypeError):
+    record = _record(folder)
+    if record is None:
         return "it has no signed record of its files (converted by an older version?)"
-    if not hmac.compare_digest(str(record.get("hmac", "")), sign(secret, {"source": made_from, "files": files})):
+    files, made_from = record["files"], record["source"]
+    if not _signed(record, secret):
         return "its record is not signed by this cache"
     if source is not None and os.path.realpath(str(made_from)) != os.path.realpath(source):
         return f"it was converted from {made_from}, not from {source} (moved or restored into another's place?)"

@@ -110,7 +110,7 @@ class PrefixStore:
                 tensors = {name: f.get_tensor(name) for name in f.keys()}
             if meta.get("format") != FORMAT or meta.get("key") != key or _digest(tensors) != meta.get("sha256"):
                 raise ValueError("checksum or header mismatch")
-            if not hmac.compare_digest(meta.get("hmac", ""), _signature(self._key(), meta)):
+            if not self._signed(meta):
                 raise ValueError("not signed by this store")
             layers = int(meta["layers"])
             kv = tuple((tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(layers))
@@ -211,9 +211,12 @@ class PrefixStore:
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
-            return hmac.compare_digest(meta.get("hmac", ""), _signature(self._key(), meta))
+            return self._signed(meta)
         except Exception:  # unreadable, or not a safetensors file at all
             return False
+
+    def _signed(self, meta: dict[str, str]) -> bool:
+        return hmac.compare_digest(meta.get("hmac", ""), _signature(self._key(), meta))
 
 
 def describe(entry: Entry) -> dict[str, Any]:

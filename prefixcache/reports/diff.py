@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import InputError, OutputError, UsageError
-from ..data.records import Record, input_fields, is_error, record_id
+from ..data.records import Record, input_fields, is_error, record_id, repeated
 from ..data.output import check_distinct, check_report, read_records
 from .evaluation import write_report_file
 from .markdown import cell, code
@@ -257,12 +257,10 @@ def compare_outputs(path_a: str, path_b: str) -> Comparison:
             raise InputError(f"{path}: no such file")
         except OutputError as exc:
             raise InputError(str(exc))
-        seen: set[str] = set()
-        for record in records:
-            if record_id(record) in seen:
-                raise InputError(f"{path}: holds two records for item {record['id']!r}; it was changed after "
-                                 f"it was written (or joined twice): compare outputs of one run each")
-            seen.add(record_id(record))
+        twice = repeated(records)
+        if twice is not None:
+            raise InputError(f"{path}: holds two records for item {twice['id']!r}; it was changed after it was "
+                             f"written (or joined twice): compare outputs of one run each")
         runs.append(records)
     return compare(*runs)
 
