@@ -281,3 +281,23 @@ def test_resuming_from_a_shorter_stream_is_refused(tmp_path, tiny_model_dir):
     assert result.exit_code == 2, result.output
     assert "<stdin>: ended after 3 items, but the output already holds 5 records (the next: item '3')" in result.output
     assert out.read_bytes() == before
+
+
+def test_a_second_ctrl_c_while_the_first_stop_unwinds_prints_no_traceback(tmp_path):
+    """The first Ctrl-C stops the run and says so; the signal handler is gone then, so a second one
+    raises KeyboardInterrupt wherever the unwinding is, even outside the command's own handling
+    (seen in typer's main): it ends with exit 130 and one line, never a Python traceback."""
+    import subprocess
+    import sys
+
+    code = ("import sys, typer.core\n"
+            "def unwinding(self, *args, **kwargs):\n"
+            "    print('interrupted by SIGINT: stopped before any record was written', file=sys.stderr)\n"
+            "    raise KeyboardInterrupt\n"
+            "typer.core.TyperGroup.main = unwinding\n"
+            "from prefixcache.cli import main\n"
+            "sys.argv = ['prefixcache', 'cache', 'list']\n"
+            "main()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.splitlines() == ["interrupted by SIGINT: stopped before any record was written", "interrupted"]

@@ -61,6 +61,9 @@ class Commands(_Plain, TyperGroup):
             code = EXIT_USAGE
         except typer.Abort:
             code = 130
+        except KeyboardInterrupt:  # a second Ctrl-C while the first stop unwinds: the stop stands, no traceback
+            print("interrupted", file=sys.stderr)
+            code = 130
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
