@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from helpers import TEXTS, invoke, write_spec
+from helpers import TEXTS, invoke, make_spec, write_spec
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prefixcache import __version__
@@ -230,6 +230,31 @@ def test_bench_table(spec_path, items_path):
     assert "run pipeline" in result.stdout and "matmul peak" in result.stdout
     assert "same labels in every mode: yes" in result.stdout
     assert "the default (--prune auto) does not prune 6 labels: 1.00x the time of scoring every label" in result.stdout
+    assert "bench: timing 4 items, the naive modes on 2" in steps
+
+
+def test_bench_estimates_the_per_label_naive_mode_when_it_would_take_minutes(spec_path, items_path, monkeypatch):
+    import prefixcache.run.bench
+
+    monkeypatch.setattr(prefixcache.run.bench, "NAIVE_SECONDS", 0.0)  # as if one item took minutes
+    result = invoke("bench", spec_path, items_path, "--max-items", 4, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [m["estimated"] for m in report["modes"]] == [False, True, False, False]
+    assert report["modes"][1]["ms_per_item"] > 0 and report["same_labels"]
+    assert "not timing naive: full forward per item and label: about" in result.stderr
+    timed = invoke("bench", spec_path, items_path, "--max-items", 4, "--limit", 1, "--json")  # asked for: timed
+    assert not any(m["estimated"] for m in json.loads(timed.stdout)["modes"])
+
+
+def test_bench_sizes_itself_by_the_labels_unless_told(tmp_path):
+    from prefixcache.run.options import bench_sizes
+
+    assert bench_sizes(make_spec(tmp_path, labels=["a", "b", "c"])) == (16, 256)
+    many = make_spec(tmp_path, labels=[f"intent {n}" for n in range(59)])
+    assert bench_sizes(many) == (2, 34)  # a naive mode runs a forward per item and label
+    assert bench_sizes(make_spec(tmp_path, labels=[f"intent {n}" for n in range(300)])) == (1, 16)
+    assert bench_sizes(many, naive=5, cached=100) == (5, 100)
 
 
 def test_duplicate_items_are_scored_once(spec_path, tmp_path):

@@ -628,12 +628,16 @@ def test_update_tries_error_items_again_and_csv_error_rows_keep_their_fields(tmp
 
 def test_keep_all_on_stdin_never_lets_a_field_override_the_record(tmp_path, tiny_model_dir):
     spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS3, id_field="ticket")
-    line = json.dumps({"ticket": "t1", "text": "refund", "id": "spoof", "error": "fake", "label": "billing", "x": 1})
-    result = invoke("run", spec, "-", "--format", "jsonl", "--keep-all", input=line + "\n")
-    assert result.exit_code == 0, result.output
-    record = json.loads(result.stdout)
-    assert record["id"] == "t1" and "error" not in record and record["x"] == 1 and record["label"] in LABELS3
-    assert "'error' is named like a field of the record" in result.stderr
+    good = json.dumps({"ticket": "t0", "text": "refund", "x": 1})
+    line = json.dumps({"ticket": "t1", "text": "refund", "error": "fake", "label": "billing", "x": 1})
+    result = invoke("run", spec, "-", "--format", "jsonl", "--keep-all", input=good + "\n" + line + "\n")
+    assert result.exit_code == 2, result.output  # refused, as the same field in a file is refused before the run
+    record, = [json.loads(x) for x in result.stdout.splitlines()]
+    assert record["id"] == "t0" and record["x"] == 1 and "error" not in record
+    assert "item t1: --keep-all cannot keep the input field 'error'" in result.stderr
+    file = tmp_path / "i.jsonl"
+    file.write_text(line + "\n")
+    assert invoke("run", spec, file, "--keep-all").exit_code == 2
 
 
 # -- messages that say what happened ---------------------------------------------------------

@@ -114,6 +114,27 @@ def test_pruning_is_exact_under_every_decision_rule(keys, chat_tokenizer, tmp_pa
     _compare(spec, chat_tokenizer, tiny_model("qwen2", len(chat_tokenizer), seed=5), TEXTS)
 
 
+def test_an_items_race_is_its_own_whatever_its_batch(chat_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    from prefixcache.run.pipeline import classify
+    from prefixcache.scoring.prepare import Batching
+
+    rng = random.Random(40)
+    labels = sorted({" ".join(rng.sample(WORDS, rng.randint(1, 3))) for _ in range(60)})[:40]
+    spec = make_spec(tmp_path, labels=labels)
+    model = tiny_model("llama", len(chat_tokenizer), seed=40, init=1.0, positions=4096)
+    want, got, pruned, full = _compare(spec, chat_tokenizer, model, TEXTS, batch=len(TEXTS))
+    alone = _scorer(spec, chat_tokenizer, model)
+    assert alone.prune("on")
+    one_by_one = list(classify(alone, _items(TEXTS), Batching(size=1)))
+    assert sum(len(g["pruned"]) for g in got) > len(TEXTS) * len(labels) / 2  # most labels left at a bound
+    for a, g in zip(one_by_one, got, strict=True):  # the same labels pruned, the same bounds
+        assert a["pruned"] == g["pruned"] and a["label"] == g["label"]
+        assert all(_close(a["logprobs"][k], v) for k, v in g["logprobs"].items())
+    assert alone.engine.label_tokens == pruned.engine.label_tokens < full.engine.label_tokens / 2
+
+
 def test_property_random_label_sets_and_items_find_no_difference(chat_tokenizer, plain_tokenizer, tmp_path):
     from conftest import tiny_model
 
@@ -132,13 +153,14 @@ def test_property_random_label_sets_and_items_find_no_difference(chat_tokenizer,
         _compare(spec, tokenizer, model, texts, batch=rng.randint(1, 6))
 
 
-def test_cli_prunes_from_24_labels_and_says_which_labels_are_bounds(tmp_path, tiny_model_dir):
+def test_cli_prunes_a_spec_with_examples_by_default_and_says_which_labels_are_bounds(tmp_path, tiny_model_dir):
     import json
 
     from helpers import invoke, records, write_spec
 
     labels = [f"{w} {v}" for w in WORDS[:6] for v in WORDS[6:11]]  # 30 labels
-    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=labels)
+    shots = [{"text": "refund me", "label": labels[0]}, {"text": "it crashed", "label": labels[7]}]
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=labels, examples=shots)
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS)))
     auto, off = tmp_path / "auto.jsonl", tmp_path / "off.jsonl"
@@ -154,8 +176,10 @@ def test_cli_prunes_from_24_labels_and_says_which_labels_are_bounds(tmp_path, ti
     from prefixcache.data.output import read_records
 
     assert [r["pruned"] for r in read_records(str(csv)).records] == [r["pruned"] for r in pruned]
-    few = write_spec(tmp_path, name="few.yaml", model=str(tiny_model_dir), labels=labels[:5])
-    assert "pruned" not in records_of(invoke, few, items, tmp_path)[0]  # auto: off below 24 labels
+    few = write_spec(tmp_path, name="few.yaml", model=str(tiny_model_dir), labels=labels[:9], examples=shots[:1])
+    assert "pruned" not in records_of(invoke, few, items, tmp_path)[0]  # auto: off below 10 labels
+    zero_shot = write_spec(tmp_path, name="zero.yaml", model=str(tiny_model_dir), labels=labels)
+    assert "pruned" not in records_of(invoke, zero_shot, items, tmp_path)[0]  # auto: off without examples
 
 
 def records_of(invoke, spec, items, tmp_path):

@@ -92,7 +92,7 @@ class Classifier:
         with compat.quietly():  # transformers' loading bars: the caller asked for records, not those
             self.task = Task.from_spec(self.spec, self.cache_dir)
             self.scorer: ItemScorer = open_scorer(self.task, self.cache_dir, device, dtype, exact)
-            self.scorer.prune("auto", exact)  # as `run` does: from 24 labels up
+            self.scorer.prune("auto", exact)  # as `run` does
         self._zero_shot: dict[tuple[str, ...], Classifier] = {}
 
     @property

@@ -22,7 +22,7 @@ from ..reports.diff import compare_outputs, write_diff_reports
 from ..reports.evaluation import write_report_file
 from ..run.dryrun import dry_run as check_run
 from ..run.job import RunResult, run_job
-from ..run.options import RunOptions
+from ..run.options import RunOptions, bench_sizes
 from ..run.plan import load_options_spec, read_options_items
 from ..run.shards import merge_parts
 from ..scoring.prepare import Batching, Task
@@ -147,8 +147,8 @@ def render(spec: Path = SPEC_ARG, items: str = ITEMS_ARG, text: bool = RENDER_TE
 @app.command(cls=Command)
 @run_options(INPUT, MODEL, DEVICE, "batch_size", "batch_tokens", "exact")
 def bench(
-    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, limit: int = BENCH_LIMIT_OPT, max_items: Optional[int] = MAX_ITEMS_OPT,
-    as_json: bool = JSON_OPT, debug: bool = DEBUG_OPT, **given: Any,
+    spec: Path = SPEC_ARG, items: str = ITEMS_ARG, limit: Optional[int] = BENCH_LIMIT_OPT,
+    max_items: Optional[int] = MAX_ITEMS_OPT, as_json: bool = JSON_OPT, debug: bool = DEBUG_OPT, **given: Any,
 ) -> None:
     """Time the naive baselines, cached one-at-a-time scoring and the run pipeline on the same items.
 
@@ -169,7 +169,8 @@ def bench(
     with errors(debug):
         options = RunOptions(spec, items, **given)
         task_spec = load_options_spec(options)
-        records = list(islice(read_options_items(options, task_spec), max_items))
+        naive, cached = bench_sizes(task_spec, limit, max_items)
+        records = list(islice(read_options_items(options, task_spec), cached))
         if not records:
             raise OutputError(f"{items}: no items to benchmark")
         compat.quiet_libraries()
@@ -182,7 +183,9 @@ def bench(
             return
         step("loading the model")
         scorer = Scorer.load(task, options.cache_dir, options.device, options.dtype)
-        report = run_bench(scorer, records, min(limit, len(records)), batching, step)
+        step(f"timing {len(records)} items, the naive modes on {min(naive, len(records))}"
+             + (" (--max-items and --limit change that)" if limit is None or max_items is None else ""))
+        report = run_bench(scorer, records, min(naive, len(records)), batching, step, estimate_slow=limit is None)
         if as_json:
             print(json.dumps(report.to_json(), indent=2))
         else:

@@ -39,8 +39,10 @@ LOG_INTERVAL_OPT = typer.Option(30.0, "--log-interval", min=1.0, envvar="PREFIXC
 LOG_LEVEL_OPT = typer.Option("info", "--log-level", envvar="PREFIXCACHE_LOG_LEVEL", help="How much to log on stderr.")
 
 
-BENCH_LIMIT_OPT = typer.Option(16, "--limit", "-n", min=1, help="Items for the naive modes (they are slow).")
-MAX_ITEMS_OPT = typer.Option(None, "--max-items", min=1, help="Items for the cached modes (default: all).")
+BENCH_LIMIT_OPT = typer.Option(None, "--limit", "-n", min=1, show_default=False,
+                               help="Items for the naive modes, which are slow (default: 16, fewer with many labels).")
+MAX_ITEMS_OPT = typer.Option(None, "--max-items", min=1, show_default=False,
+                             help="Items for the cached modes (default: all up to 256, fewer with many labels).")
 JSON_OPT = typer.Option(False, "--json", metavar="", help="Print the figures as JSON instead of a table.")
 PARTS_ARG = typer.Argument(..., metavar="PART...", help="The part files written with --shard K/N (any order).", show_default=False)
 MERGED_OPT = typer.Option(..., "--output", "-o", help="The joined .jsonl or .csv.")

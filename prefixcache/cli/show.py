@@ -17,7 +17,6 @@ from rich.table import Table
 
 from ..errors import shown
 from ..reports.evaluation import Evaluation, TagEvaluation
-from ..task.spec import PRUNE_AUTO
 
 if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only read their figures
     from ..reports.diff import Comparison
@@ -115,16 +114,19 @@ def print_bench(report: BenchReport) -> None:
     for col in ("mode", "items", "ms/item", "items/s", "speed-up", "efficiency", "peak RSS MB"):
         table.add_column(col, justify="left" if col == "mode" else "right")
     for m in report.modes:
+        about = "~" if m.estimated else ""
         table.add_row(
-            m.mode, str(m.items), f"{m.ms_per_item:.1f}", f"{m.items_per_second:.1f}", f"{m.speedup:.1f}x",
-            f"{m.efficiency:.2f}", "-" if m.peak_rss_mb is None else f"{m.peak_rss_mb:.0f}",
+            m.mode + (" (estimated)" if m.estimated else ""), str(m.items), f"{about}{m.ms_per_item:.1f}",
+            f"{about}{m.items_per_second:.1f}", f"{about}{m.speedup:.1f}x", f"{about}{m.efficiency:.2f}",
+            "-" if m.peak_rss_mb is None else f"{m.peak_rss_mb:.0f}",
         )
     out.print(table)
     out.print(
         f"matmul peak {report.peak_gflops:.0f} GFLOP/s · unavoidable work {report.unavoidable_gflop:.2f} GFLOP/item "
         f"({report.item_tokens:.1f} item tokens + {report.candidate_tokens:.1f} label tokens) · "
         f"prefix {report.prefix_tokens} tokens, prefill {report.prefill_ms:.0f} ms · load {report.load_seconds:.1f} s\n"
-        f"run pipeline vs one full forward per item and label: {report.modes[1].ms_per_item / report.modes[3].ms_per_item:.0f}x · "
+        f"run pipeline vs one full forward per item and label: {'~' if report.modes[1].estimated else ''}"
+        f"{report.modes[1].ms_per_item / report.modes[3].ms_per_item:.0f}x · "
         f"scoring every label costs {report.option_cost_ratio:.2f}x scoring the item alone "
         f"(unavoidable work: {report.option_cost_floor:.2f}x) · "
         f"same labels in every mode: "
@@ -144,10 +146,11 @@ def print_bench(report: BenchReport) -> None:
         out.print(table)
         out.print("same labels both ways: " + ("yes" if p.same_labels else f"NO ({p.items_differing} items differ)"),
                   soft_wrap=True)
-        auto = p.labels >= PRUNE_AUTO
+        auto = p.auto
         out.print(f"the default (--prune auto) {'prunes' if auto else 'does not prune'} {p.labels} labels: "
                   f"{p.pruned_ms / p.full_ms if auto else 1.0:.2f}x the time of scoring every label"
-                  + ("; --prune off is faster here" if auto and p.pruned_ms > p.full_ms else ""), soft_wrap=True)
+                  + ("; --prune off is faster here" if auto and p.pruned_ms > p.full_ms else "")
+                  + ("; --prune on is faster here" if not auto and p.pruned_ms < p.full_ms else ""), soft_wrap=True)
 
 
 def print_cache(root: Path, prefixes: list[dict], models: list[dict]) -> None:

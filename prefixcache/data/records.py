@@ -25,6 +25,7 @@ import json
 import logging
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from ..errors import InputError
 from .items import Item, item_sha
 from ..task.decision import Bounded, Decision, Tags
 from ..task.spec import TaskSpec, gold_tags, gold_value, option_of
@@ -105,20 +106,17 @@ def error_record(item: Item, message: str, id_field: str = "id", keep: Keep = ()
     return {"id": item.id, **kept_fields(item, id_field, keep), "item_sha": item_sha(item.record), "error": message}
 
 
-_WARNED: set[str] = set()  # --keep-all field names already warned about
-
-
 def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
     """The item's fields a record carries: those named (missing ones as null), or with None all
-    but the id and those named like the record's own fields (input read once is not scanned, so
-    such a field is left out with a warning instead of refused before the run)."""
+    but the id (input read once is not scanned before the run: a field named like one of the
+    record's own is refused at the item that has it, as a scanned input is refused before)."""
     if keep is None:
         clashes = [k for k in item.record if k in RECORD_FIELDS and k != id_field]
-        for name in clashes:
-            if name not in _WARNED:
-                _WARNED.add(name)
-                log.warning("--keep-all: the input field %r is named like a field of the record; it is left out", name)
-        return {k: v for k, v in item.record.items() if k != id_field and k not in RECORD_FIELDS}
+        if clashes:
+            raise InputError(f"item {item.id}: --keep-all cannot keep the input field {clashes[0]!r}: it is named "
+                             f"like a field of the record; rename it in the input, or name the fields to keep "
+                             f"with --keep")
+        return {k: v for k, v in item.record.items() if k != id_field}
     return {k: item.record.get(k) for k in keep}
 
 

@@ -48,6 +48,7 @@ class ModeResult:
     peak_rss_mb: float | None
     efficiency: float | None = None
     speedup: float | None = None
+    estimated: bool = False  # not timed: one forward's time times the forwards (too slow to run unasked)
     labels: list[str | None] = field(default_factory=list, repr=False)
 
 
@@ -174,8 +175,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device, step: Step = _quiet) -> ModeResult:
-    step(f"timing {name} on {n} items")
+def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device, step: Step = _quiet,
+           about: float | None = None) -> ModeResult:
+    step(f"timing {name} on {n} items" + (f" (about {_duration(about)})" if about is not None and about >= 10 else ""))
     _sync(device)
     with _PeakRSS() as rss:
         start = time.perf_counter()
@@ -210,6 +212,7 @@ class PruningResult:
     pruned_label_tokens: float
     pruned_labels: float  # labels left at their bound, per item
     labels: int  # the task's labels
+    auto: bool  # whether the default, --prune auto, prunes this task
     same_labels: bool
     items_differing: int
 
@@ -220,9 +223,11 @@ def time_pruning(scorer: Scorer, items: Sequence[Item], batching: Batching, step
     for mode in ("off", "on"):
         scorer.prune(mode)
         batching = dataclasses.replace(batching, pruned=mode == "on")  # as `run` forms its batches
-        list(classify(scorer, items[: batching.size], batching))  # warm-up
+        warm = items[: batching.size]
+        about = _seconds(lambda: list(classify(scorer, warm, batching))) / len(warm) * len(items)  # warm-up
         scorer.clear()
-        step(f"timing pruned label scoring {mode} on {len(items)} items")
+        step(f"timing pruned label scoring {mode} on {len(items)} items" + (f" (about {_duration(about)})"
+                                                                           if about >= 10 else ""))
         fed, start = scorer.engine.label_tokens, time.perf_counter()
         records = list(classify(scorer, items, batching))
         ms = 1000 * (time.perf_counter() - start) / len(items)
@@ -231,8 +236,9 @@ def time_pruning(scorer: Scorer, items: Sequence[Item], batching: Batching, step
     (full_ms, full_tokens, full), (pruned_ms, pruned_tokens, pruned) = runs
     differing = sum(record_prediction(a) != record_prediction(b) for a, b in zip(full, pruned))
     left = sum(len(r.get("pruned") or ()) for r in pruned) / len(items)
-    return PruningResult(len(items), full_ms, pruned_ms, full_tokens, pruned_tokens, left, len(scorer.task.spec.labels),
-                         differing == 0, differing)
+    spec = scorer.task.spec
+    return PruningResult(len(items), full_ms, pruned_ms, full_tokens, pruned_tokens, left, len(spec.labels),
+                         spec.prunes("auto"), differing == 0, differing)
 
 
 def _option_cost_ratio(scorer: Scorer, items: Sequence[Item], batching: Batching) -> float:
@@ -277,9 +283,13 @@ def _unavoidable_work(model: torch.nn.Module, prepared: Sequence[Prepared]) -> t
     return own, nodes, gflop, (2 * body * own + 2 * head) / 1e9
 
 
+NAIVE_SECONDS = 60.0  # longer than this, the per-label naive mode is estimated unless asked for
+
+
 def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepared], naive_limit: int,
-                 batching: Batching, step: Step = _quiet) -> list[ModeResult]:
-    """The four ways of getting the same scores, each timed after a warm-up on the same items."""
+                 batching: Batching, step: Step = _quiet, estimate_slow: bool = False) -> list[ModeResult]:
+    """The four ways of getting the same scores, each timed after a warm-up on the same items
+    (`estimate_slow`: the per-label naive mode estimated when it would take over NAIVE_SECONDS)."""
     engine, prefix = scorer.engine, scorer.prefix
     model, device = engine.model, engine.device
     few = prepared[:naive_limit]
@@ -307,33 +317,47 @@ def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepa
         scorer.clear()  # the warm-up's scores must not be reused
         return [record_prediction(r) for r in classify(scorer, its, batching)]
 
-    # Warm-ups: first calls pay for allocations and kernel set-up. A few items are enough (a batch
-    # of 64 items with many labels would take minutes); their times give the estimate said next.
-    step(f"warming up each mode on one item (with {len(scorer.task.spec.labels) or 'its'} labels)")
-    warm = items[:min(batching.size, WARM_ITEMS)]
-    seconds = [_seconds(lambda: naive(few[:1])), _seconds(lambda: naive_per_label(few[:1])),
+    # Warm-ups: first calls pay for allocations and kernel set-up. One item (one of its labels for
+    # the per-label mode: each label is a forward of its own) and a few items of the pipeline are
+    # enough; their times give the estimate said next, before the long part starts.
+    labels = len(scorer.task.spec.labels)
+    step(f"warming up each mode on one item (with {labels or 'its'} labels)")
+    first, warm = few[0], items[:min(batching.size, WARM_ITEMS)]
+    per_label = _seconds(lambda: score_naive(model, first.enc.ids, cands(first)[:1])) * len(cands(first))
+    seconds = [_seconds(lambda: naive(few[:1])), per_label,
                _seconds(lambda: cached_single(prepared[:1])), _seconds(lambda: pipeline(warm)) / max(len(warm), 1)]
-    left = sum(s * n for s, n in zip(seconds, (len(few), len(few), len(prepared), len(items))))
+    each = [s * n for s, n in zip(seconds, (len(few), len(few), len(prepared), len(items)))]
+    per_label_name = "naive: full forward per item and label"
+    estimated = estimate_slow and each[1] > NAIVE_SECONDS  # minutes per item: said from its first forward, not run
+    left = sum(each) - (each[1] if estimated else 0)
     step(f"timing every mode: about {_duration(left)} from the warm-up (first calls are slower, so likely less)")
+    first_mode = _timed("naive: full re-encode per item", len(few), naive, device, step, each[0])
+    if estimated:
+        step(f"not timing {per_label_name}: about {_duration(each[1])}; its time is estimated from one forward "
+             f"(give --limit to time it)")
+        slow = ModeResult(per_label_name, len(few), 1000 * per_label, 1 / per_label, None, estimated=True)
+    else:
+        slow = _timed(per_label_name, len(few), naive_per_label, device, step, each[1])
     pipeline_name = f"run pipeline (<= {batching.size} items, ~{batching.tokens} tokens a batch)"
     return [
-        _timed("naive: full re-encode per item", len(few), naive, device, step),
-        _timed("naive: full forward per item and label", len(few), naive_per_label, device, step),
-        _timed("cached, one item at a time", len(prepared), cached_single, device, step),
-        _timed(pipeline_name, len(items), pipeline, device, step),
+        first_mode,
+        slow,
+        _timed("cached, one item at a time", len(prepared), cached_single, device, step, each[2]),
+        _timed(pipeline_name, len(items), pipeline, device, step, each[3]),
     ]
 
 
 def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching: Batching = Batching(),
-              step: Step = _quiet) -> BenchReport:
+              step: Step = _quiet, estimate_slow: bool = False) -> BenchReport:
     """Time every mode on `items` (the naive ones on the first `naive_limit`) and measure the
     unavoidable work, the cost of scoring every label, and the prefix store. `step` is told what
-    is measured as it starts."""
+    is measured as it starts; `estimate_slow`: see `_timed_modes`."""
     engine, prefix, task = scorer.engine, scorer.prefix, scorer.task
     prepared = [task.prepare(item, scorer.context) for item in items]
-    modes = _timed_modes(scorer, items, prepared, naive_limit, batching, step)
+    modes = _timed_modes(scorer, items, prepared, naive_limit, batching, step, estimate_slow)
     # Option cost: the same pipeline scoring one one-token candidate instead of every label.
-    step("timing every label against the item alone")
+    about = 2 * modes[3].ms_per_item * len(items) / 1000  # every label twice (warm-up, timed); the item alone is less
+    step("timing every label against the item alone" + (f" (about {_duration(about)})" if about >= 10 else ""))
     option_ratio = _option_cost_ratio(scorer, items, batching)
     pruning = time_pruning(scorer, items, batching, step) if task.spec.prunes("on") else None
     step("timing the prefix store")
@@ -346,7 +370,7 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
         m.speedup = modes[0].ms_per_item / m.ms_per_item
         m.efficiency = gflop / (m.ms_per_item / 1000) / peak
     n = min(naive_limit, len(prepared))
-    differing = sum(any(m.labels[i] != modes[0].labels[i] for m in modes) for i in range(n))
+    differing = sum(any(m.labels[i] != modes[0].labels[i] for m in modes if not m.estimated) for i in range(n))
     return BenchReport(
         device=str(engine.device), dtype=str(engine.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
         peak_gflops=peak, load_seconds=task.load_seconds + scorer.load_seconds, prefill_ms=prefix.prefill_ms,

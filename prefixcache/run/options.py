@@ -17,6 +17,7 @@ from typing import Any, Callable, Literal, Optional
 
 from ..errors import EXIT_GATE
 from ..model.load import default_cache_dir
+from ..task.spec import TaskSpec
 
 # Values an option may take: shown in --help, checked before the command runs.
 Format = Literal["jsonl", "csv", "tsv", "json", "parquet"]
@@ -136,7 +137,8 @@ class RunOptions:
         "yours."))
     prune: str = _opt("auto", "--prune", cli_type=Prune, help=(
         "Label tasks: score the labels best-first and stop scoring those that can no longer win (the same "
-        "labels, the winner's score exact; records list the labels left at a bound). auto: from 24 labels up."))
+        "labels, the winner's score exact; records list the labels left at a bound). auto: a spec with examples and "
+        "10 labels or more (where it was measured to pay; see bench)."))
     cache_dir: Path = _opt(
         None, "--cache-dir", group="model", factory=default_cache_dir, envvar="PREFIXCACHE_CACHE_DIR",
         cli_type=Optional[Path], parse=lambda path: path.expanduser() if path else default_cache_dir(),
@@ -187,3 +189,14 @@ def command_line(options: RunOptions) -> str:
             words += _words(f.name, value)
     words.append("--update" if options.update else "--resume")
     return shlex.join(words)
+
+
+BENCH_NAIVE_ITEMS, BENCH_ITEMS = 16, 256  # bench's sizes for a task of up to 8 labels
+
+
+def bench_sizes(spec: TaskSpec, naive: Optional[int] = None, cached: Optional[int] = None) -> tuple[int, int]:
+    """How many items `bench` times in its naive modes and in the others, where not given: the
+    naive modes run a full forward per item and label, so with many labels fewer items keep each
+    mode to about what 16 (naive) and 256 items of an 8-label task cost."""
+    labels = max(len(spec.labels), 8)
+    return (naive or max(1, BENCH_NAIVE_ITEMS * 8 // labels), cached or max(16, BENCH_ITEMS * 8 // labels))

@@ -11,10 +11,10 @@ ranking key) bounds its final key from above. Per batch:
 3. every other label whose bound is below the best complete key can never win: it is pruned;
    the labels still in the race are scored one token deeper (labels sharing leading tokens share
    the trie nodes), which tightens their bounds, and pruned again, until none is left. Each step
-   scores a label's tokens so far again, so a race that prunes little would cost far more than
-   scoring every label once: as soon as the tokens of the steps taken and the next one reach what
-   scoring the labels still in the race to the end costs, they are scored to the end instead
-   (at most about twice what that would have cost from the start, and never quadratic);
+   scores a label's tokens so far again, so an item's race is scored to the end instead as soon
+   as the steps taken and the next one would cost what that costs (a race that prunes little
+   costs at most about twice that, never a multiple of it). Every decision is the item's own:
+   its values do not depend on the batch it is scored in;
 4. with a `threshold`, the winner's probability is checked against it with the pruned labels at
    their bounds (a lower bound of the probability); when that cannot settle abstention, the
    pruned labels are scored to the end too.
@@ -31,6 +31,7 @@ from typing import Sequence
 
 from ..model.branches import open_items
 from ..model.engine import Engine, Prefix
+from ..model.rows import trie
 from ..task.decision import Bounded
 from .prepare import Prepared
 
@@ -43,22 +44,16 @@ def score_pruned(engine: Engine, prefix: Prefix, preps: Sequence[Prepared], scal
     """Each item's label log-probs (pruned ones as bounds)."""
     opened = open_items(engine, prefix, [p.row for p in preps])
     race = _Race(opened, [list(p.candidates.values()) for p in preps], scales, offsets)
-    race.deepen({b: race.top(b, FIRST) for b in race.items}, full=True)
-    spent = 0  # label tokens the deepening steps scored
-    while True:  # best-first: every label still in the race one token deeper, until none is left
+    race.deepen({b: race.top(b, FIRST) for b in race.items}, full=set(race.items))
+    while True:  # best-first: each item's labels still in the race one token deeper, or to the end
         racing = {b: race.in_race(b) for b in race.items}
         racing = {b: idx for b, idx in racing.items() if idx}
         if not racing:
             break
-        step, finish = race.step_cost(racing), race.finish_cost(racing)
-        if spent + step >= finish:  # deepening would cost more than finishing: finish
-            race.deepen(racing, full=True)
-            break
-        race.deepen(racing)
-        spent += step
+        race.deepen(racing, full={b for b, idx in racing.items() if race.finishes(b, idx)})
     if threshold is not None:
         race.deepen({b: race.open_labels(b) for b in race.items if race.winner_prob_floor(b) < threshold + SLACK},
-                    full=True)
+                    full=set(race.items))
     return [race.result(b) for b in race.items]
 
 
@@ -71,6 +66,7 @@ class _Race:
         self.items = range(len(cands))
         self.lps = [[float(opened.first[b, c[0]]) for c in row] for b, row in enumerate(cands)]
         self.depth = [[1] * len(row) for row in cands]
+        self.stepped = [0] * len(cands)  # label tokens the steps one token deeper have run, per item
 
     def key(self, i: int, lp: float) -> float:
         return self.scales[i] * lp + self.offsets[i]
@@ -84,26 +80,28 @@ class _Race:
     def top(self, b: int, n: int) -> list[int]:
         return sorted(range(len(self.cands[b])), key=lambda i: -self.key(i, self.lps[b][i]))[:n]
 
-    def deepen(self, which: dict[int, Sequence[int]], full: bool = False) -> None:
-        """Score the named labels one token deeper (`full`: to the end), in one forward pass."""
+    def deepen(self, which: dict[int, Sequence[int]], full: set[int] | frozenset = frozenset()) -> None:
+        """Score the named labels one token deeper (items in `full`: to the end), in one forward pass."""
         chosen = {b: [i for i in idx if not self.complete(b, i)] for b, idx in which.items()}
         chosen = {b: idx for b, idx in chosen.items() if idx}
         if not chosen:
             return
-        until = {b: [len(self.cands[b][i]) if full else self.depth[b][i] + 1 for i in idx] for b, idx in chosen.items()}
-        scored = self.opened.branches({b: [self.cands[b][i][:d] for i, d in zip(idx, until[b])]
-                                       for b, idx in chosen.items()})
+        until = {b: [len(self.cands[b][i]) if b in full else self.depth[b][i] + 1 for i in idx]
+                 for b, idx in chosen.items()}
+        cut = {b: [self.cands[b][i][:d] for i, d in zip(idx, until[b])] for b, idx in chosen.items()}
+        scored = self.opened.branches(cut)
         for b, idx in chosen.items():
+            if b not in full:
+                self.stepped[b] += len(trie(cut[b]))
             for i, d, value in zip(idx, until[b], scored[b]):
                 self.lps[b][i], self.depth[b][i] = value, d
 
-    def step_cost(self, which: dict[int, Sequence[int]]) -> int:
-        """Label tokens one step deeper scores (each label's tokens so far, and one more)."""
-        return sum(self.depth[b][i] + 1 for b, idx in which.items() for i in idx)
-
-    def finish_cost(self, which: dict[int, Sequence[int]]) -> int:
-        """Label tokens scoring the named labels to the end costs."""
-        return sum(len(self.cands[b][i]) for b, idx in which.items() for i in idx)
+    def finishes(self, b: int, idx: Sequence[int]) -> bool:
+        """Whether item b's labels still in the race (`idx`) are scored to the end now rather than
+        one token deeper: once the steps taken and the next one would cost what finishing them
+        costs (so a race that prunes little costs at most about twice that, never a multiple)."""
+        step = len(trie([self.cands[b][i][:self.depth[b][i] + 1] for i in idx]))
+        return self.stepped[b] + step >= len(trie([self.cands[b][i] for i in idx]))
 
     def best(self, b: int) -> tuple[int, float] | None:
         """The complete label with the highest key (ties: the first), and its key."""
