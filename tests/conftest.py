@@ -150,3 +150,16 @@ def cache_dir(tmp_path_factory) -> Path:
         else:
             os.environ[key] = value
 
+
+@pytest.fixture(scope="module")
+def converted_once(cache_dir):
+    """The session's workers share its cache: the first to get here converts the embedded model
+    while the others wait for it, instead of each converting it on the same two cores."""
+    import fcntl
+
+    from prefixcache.model.load import load_model, load_tokenizer, resolve_model
+
+    with open(cache_dir / ".tests-convert.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        source = resolve_model(None)
+        load_model(source, load_tokenizer(source, cache_dir), cache_dir)

@@ -132,7 +132,7 @@ def test_the_ray_callable_adds_predictions_to_each_batch(setup):
 
 @pytest.mark.slow
 def test_ray_data_on_a_local_cluster_equals_the_cli(tmp_path, tiny_model_dir, monkeypatch, cache_dir):
-    """200 items from Parquet through `map_batches` on two actors: item for item the CLI's records."""
+    """48 items from Parquet in two files through `map_batches` on two actors: item for item the CLI's records."""
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'prefixcache[ray]')")
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -141,17 +141,22 @@ def test_ray_data_on_a_local_cluster_equals_the_cli(tmp_path, tiny_model_dir, mo
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local, private cluster
     spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS)
-    texts = [f"{TICKETS[n % len(TICKETS)]} (case {n})" for n in range(200)]
-    items = tmp_path / "items.parquet"
-    pq.write_table(pa.table({"id": [f"i{n}" for n in range(200)], "text": texts}), items)
-    out = tmp_path / "cli.jsonl"
-    assert invoke("run", spec, items, "-o", out, "-q").exit_code == 0
+    texts = [f"{TICKETS[n % len(TICKETS)]} (case {n})" for n in range(48)]
+    folder = tmp_path / "items"
+    folder.mkdir()
+    for part in range(2):  # two blocks: one for each actor
+        rows = range(part * 24, part * 24 + 24)
+        pq.write_table(pa.table({"id": [f"i{n}" for n in rows], "text": [texts[n] for n in rows]}),
+                       folder / f"part{part}.parquet")
+    whole, out = tmp_path / "all.parquet", tmp_path / "cli.jsonl"
+    pq.write_table(pa.table({"id": [f"i{n}" for n in range(48)], "text": texts}), whole)
+    assert invoke("run", spec, whole, "-o", out, "-q").exit_code == 0
     want = {r["id"]: r for r in records(out)}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        ds = ray.data.read_parquet(str(items))
+        ds = ray.data.read_parquet(str(folder))
         got = ds.map_batches(prefixcache.ray.Classify, fn_constructor_kwargs={"spec": str(spec), "cache_dir": str(cache_dir)},
-                             compute=ray.data.ActorPoolStrategy(size=2), num_cpus=0.5, batch_size=64,
+                             compute=ray.data.ActorPoolStrategy(size=2), num_cpus=0.5, batch_size=16,
                              batch_format="pandas").to_pandas()
     finally:
         ray.shutdown()

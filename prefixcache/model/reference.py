@@ -20,8 +20,8 @@ def score_naive(model: PreTrainedModel, prompt_ids: Sequence[int], candidates: S
     scores = []
     for cand in candidates:
         ids = torch.tensor([list(prompt_ids) + list(cand)], device=device)  # [1, T]
-        logits = model(input_ids=ids, use_cache=False).logits[0].float()  # [T, V]
+        # logits at the last len(cand) + 1 positions only (the rest are not read): [len(cand) + 1, V]
+        logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(cand) + 1).logits[0].float()
         logprobs = torch.log_softmax(logits, dim=-1)
-        start = len(prompt_ids)
-        scores.append(float(sum(logprobs[start - 1 + k, tok] for k, tok in enumerate(cand))))
+        scores.append(float(sum(logprobs[k, tok] for k, tok in enumerate(cand))))  # position k predicts cand[k]
     return scores

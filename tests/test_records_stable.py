@@ -1,0 +1,37 @@
+"""Records of the shipped samples stay exactly as stored (tests/golden): a change of layout or
+naming must not change what a run writes. One task of each kind: labels, multiple choice,
+multi-label and many labels (pruned)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import invoke
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+CASES = [("support-tickets", "tickets.jsonl"), ("general-knowledge", "general_knowledge.jsonl"),
+         ("review-aspects", "review_aspects.jsonl"), ("banking-intents", "banking_intents.jsonl")]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("converted_once")]
+
+
+def _without_timing(text: str) -> list[str]:
+    lines = []
+    for line in text.splitlines():
+        record = json.loads(line)
+        assert isinstance(record.pop("ms"), (int, float))
+        lines.append(json.dumps(record, ensure_ascii=False))
+    return lines
+
+
+@pytest.mark.parametrize("config,sample", CASES, ids=[c for c, _ in CASES])
+def test_a_shipped_sample_gives_the_stored_records(config, sample, tmp_path):
+    out = tmp_path / "out.jsonl"
+    result = invoke("run", ROOT / "configs" / f"{config}.yaml", ROOT / "data" / "samples" / sample, "--limit", 2,
+                    "-o", out, "--device", "cpu", "--dtype", "float32", "-q")
+    assert result.exit_code == 0, result.output
+    assert _without_timing(out.read_text(encoding="utf-8")) == (GOLDEN / f"{config}.jsonl").read_text(
+        encoding="utf-8").splitlines()
