@@ -1,34 +1,5 @@
-"""Ray Data: prefixcache over many machines, one model per actor.
+"""`import prefixcache.ray`: the Ray Data recipe's import path (the class lives in api/ray.py)."""
 
-    import ray
-    import prefixcache.ray
+from .api.ray import Classify
 
-    ds = ray.data.read_parquet("items.parquet")
-    out = ds.map_batches(prefixcache.ray.Classify, fn_constructor_kwargs={"spec": "spec.yaml"},
-                         concurrency=4, batch_size=256, batch_format="pandas")
-    out.write_parquet("predictions/")
-
-Each actor builds one `Classifier` (the model loaded once, the prefix from the prefix store when
-`cache_dir` is shared) and adds the prediction columns to every batch. Ray is an optional extra
-(`pip install 'prefixcache[ray]'`); this module does not import it.
-"""
-
-from __future__ import annotations
-
-from typing import Any
-
-from .api.classifier import Classifier
-
-
-class Classify:
-    """A callable class for `Dataset.map_batches`: `Classifier(**kwargs)` once per actor, then
-    each batch (a pandas DataFrame, a pyarrow Table, or a dict of columns) with its predictions."""
-
-    def __init__(self, spec: Any = None, **kwargs: Any):
-        kwargs.setdefault("progress", False)  # actors' stderr is a log, not a terminal
-        self.classifier = Classifier(spec, **kwargs)
-
-    def __call__(self, batch: Any) -> Any:
-        if isinstance(batch, dict):
-            return self.classifier.batch_fn({k: list(v) for k, v in batch.items()})
-        return self.classifier.classify_df(batch)
+__all__ = ["Classify"]

@@ -154,7 +154,7 @@ def test_ray_data_on_a_local_cluster_equals_the_cli(tmp_path, tiny_model_dir, mo
     want = {r["id"]: r for r in records(out)}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        ds = ray.data.read_parquet(str(folder))
+        ds = ray.data.read_parquet(str(folder), override_num_blocks=2)
         got = ds.map_batches(prefixcache.ray.Classify, fn_constructor_kwargs={"spec": str(spec), "cache_dir": str(cache_dir)},
                              compute=ray.data.ActorPoolStrategy(size=2), num_cpus=0.5, batch_size=16,
                              batch_format="pandas").to_pandas()

@@ -120,7 +120,7 @@ def quick_conversion(cache_dir, monkeypatch):
 def test_a_damaged_converted_model_is_rebuilt_with_a_warning(quick_conversion, tmp_path, caplog):
     import shutil
 
-    from prefixcache.model.load import models_dir
+    from prefixcache.model.cache import models_dir
 
     copy = models_dir(tmp_path) / quick_conversion.name
     shutil.copytree(quick_conversion, copy)

@@ -304,8 +304,9 @@ def _converted(tmp_path: Path, chat_tokenizer) -> Path:
     """A converted model kept as prefixcache keeps one (the tiny model stands in for the GGUF's)."""
     from conftest import tiny_model
     from prefixcache.model import load
+    from prefixcache.model.cache import models_dir
 
-    target = load.models_dir(tmp_path / "cache") / "abc"
+    target = models_dir(tmp_path / "cache") / "abc"
     load._keep_converted(tiny_model("llama", len(chat_tokenizer)), chat_tokenizer, Path("m.gguf"), target)
     return target
 

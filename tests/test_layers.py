@@ -103,3 +103,59 @@ def test_the_command_line_imports_no_torch_until_a_model_is_needed():
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+# The run layer's public entry points: all the library's face may use of it.
+RUN_PUBLIC = {"pipeline": {"classify", "RunStats"}}
+
+
+def _from_imports(path: Path) -> list[tuple[str, str]]:
+    """(module path under prefixcache, name) of every `from ... import name` in a module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    layer = list(path.relative_to(PACKAGE).parts[:-1])
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = layer[: len(layer) - node.level + 1]
+            module = ".".join(base + (node.module.split(".") if node.module else []))
+            found += [(module, alias.name) for alias in node.names]
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "api").glob("*.py")), ids=lambda p: p.name)
+def test_the_face_uses_run_only_through_its_public_entry_points(path):
+    for module, name in _from_imports(path):
+        if module == "run" or module.startswith("run."):
+            sub = module.removeprefix("run.")
+            assert name in RUN_PUBLIC.get(sub, set()), (
+                f"api/{path.name} imports {name} from {module}: the face may use only {RUN_PUBLIC}")
+
+
+def test_a_face_reaching_into_run_is_caught(tmp_path, monkeypatch):
+    (tmp_path / "prefixcache" / "api").mkdir(parents=True)
+    bad = tmp_path / "prefixcache" / "api" / "bad.py"
+    bad.write_text("from ..run.job import load_scorer\nfrom ..run.pipeline import classify\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "prefixcache")
+    with pytest.raises(AssertionError, match="imports load_scorer from run.job"):
+        test_the_face_uses_run_only_through_its_public_entry_points(bad)
+
+
+def test_scorers_are_built_in_one_place():
+    """`scoring/build.py` builds every scorer the program uses (bench's --exact pair apart: it
+    measures the pair even where `run` would not make one); pruning is decided there."""
+    makers = ("Scorer.load(", "Scorer.on(", "Scorer.start(", ".prune(")
+    for path in PACKAGE.rglob("*.py"):
+        where = path.relative_to(PACKAGE)
+        if where.parts[0] == "scoring":
+            continue
+        text = path.read_text(encoding="utf-8")
+        for maker in makers:
+            if maker in text:
+                assert str(where) == "run/bench.py" and maker in (".prune(",), f"{where} calls {maker}: use scoring/build.py"
+
+
+def test_every_module_is_listed_in_its_folders_docstring():
+    for folder in [p for p in PACKAGE.iterdir() if (p / "__init__.py").exists()]:
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8"))) or ""
+        missing = [p.name for p in folder.glob("*.py") if p.name != "__init__.py" and p.name not in doc]
+        assert not missing, f"prefixcache/{folder.name}/__init__.py does not list {missing}"

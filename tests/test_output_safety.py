@@ -298,8 +298,9 @@ def test_a_cache_under_a_folder_others_can_change_is_not_trusted(tmp_path, tiny_
 def _converted(cache: Path, chat_tokenizer, source: str, name: str) -> Path:
     from conftest import tiny_model
     from prefixcache.model import load
+    from prefixcache.model.cache import models_dir
 
-    target = load.models_dir(cache) / name
+    target = models_dir(cache) / name
     load.private_folder(target.parent)
     load._keep_converted(tiny_model("llama", len(chat_tokenizer)), chat_tokenizer, Path(source), target)
     return target

@@ -23,11 +23,10 @@ from .. import compat
 from ..data.items import Item, items_of
 from ..data.records import Record
 from ..errors import InputError, SpecError, UsageError
-from ..model.load import default_cache_dir
-from ..run.job import open_scorer
 from ..run.pipeline import RunStats, classify
-from ..run.plan import with_overrides
+from ..scoring.options import ScoringOptions
 from ..scoring.prepare import Batching, Task
+from ..task.overrides import with_overrides
 from ..task.spec import TaskSpec, load_spec, spec_from_mapping
 from .progress import bar_for
 
@@ -83,16 +82,17 @@ class Classifier:
                  batch_tokens: int = 768, exact: bool = False, progress: bool = True, **keys: Any):
         if batch_size < 1 or batch_tokens < 1:
             raise UsageError(f"batch_size and batch_tokens must be 1 or more (got {batch_size} and {batch_tokens})")
+        from ..scoring.build import build_scorer  # torch: once the spec is known to be good
+
         self.spec = with_overrides(_spec_of(spec, keys), model=model)
-        cache_dir = cache_dir or os.environ.get("PREFIXCACHE_CACHE_DIR")  # as the command line reads it
-        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-        self.device, self.dtype, self.exact = device, dtype, exact
-        self.batching = Batching(batch_size, batch_tokens, pruned=self.spec.prunes("auto", exact))
+        # as the command line reads them: PREFIXCACHE_CACHE_DIR, PREFIXCACHE_STORE_MAX_MB
+        self.options = ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype, exact=exact)
+        self.cache_dir, self.device, self.dtype, self.exact = self.options.cache_dir, device, dtype, exact
         self.progress = progress
         with compat.quietly():  # transformers' loading bars: the caller asked for records, not those
             self.task = Task.from_spec(self.spec, self.cache_dir)
-            self.scorer: ItemScorer = open_scorer(self.task, self.cache_dir, device, dtype, exact)
-            self.scorer.prune("auto", exact)  # as `run` does
+            self.scorer: ItemScorer = build_scorer(self.task, self.options)
+        self.batching = Batching(batch_size, batch_tokens, pruned=self.scorer.pruning)
         self._zero_shot: dict[tuple[str, ...], Classifier] = {}
 
     @property
@@ -179,7 +179,7 @@ class Classifier:
         return out[0] if one else out
 
     def _for_labels(self, labels: Optional[Sequence[str]], multi_label: bool) -> "Classifier":
-        from ..scoring.scorer import Scorer
+        from ..scoring.build import build_on
 
         if (labels is None or list(labels) == self.labels) and multi_label == self.spec.multi_label:
             return self
@@ -192,9 +192,8 @@ class Classifier:
             twin.spec = dataclasses.replace(self.spec, labels=spec_from_mapping({"labels": list(labels)}).labels,
                                             examples=(), gold=None, **mode)
             twin.task = self.task.with_spec(twin.spec)
-            twin.scorer = Scorer.start(twin.task, self.scorer.engine)
-            twin.scorer.prune("auto")
-            twin.batching = dataclasses.replace(self.batching, pruned=twin.spec.prunes("auto"))
+            twin.scorer = build_on(twin.task, self.scorer.engine, self.options.replace(cache_store=False, exact=False))
+            twin.batching = dataclasses.replace(self.batching, pruned=twin.scorer.pruning)
             twin._zero_shot = {}
             self._zero_shot[key] = twin
         return self._zero_shot[key]

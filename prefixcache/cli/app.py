@@ -33,7 +33,7 @@ from .options import (
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
-    VERSION_OPT, LogLevel, run_options, store_max_bytes,
+    VERSION_OPT, LogLevel, run_options,
 )
 from .show import (rendered_text, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench,
                    print_summary, print_tune)
@@ -85,7 +85,7 @@ def run(
     """
     setup_logging(quiet, log_level)
     with errors(debug):
-        options = RunOptions(spec, items, store_max_bytes=store_max_bytes(), **given)
+        options = RunOptions(spec, items, **given)
         if dry_run:
             _dry_run(options, quiet, log_interval)
         with progress(quiet, log_interval) as reporter, signals(reporter) as stopped:
@@ -163,7 +163,7 @@ def bench(
         prefixcache bench configs/news-topics.yaml data/samples/headlines.jsonl --dtype bfloat16 --exact
     """
     from ..run.bench import bench_exact, run_bench  # torch: only for this command
-    from ..scoring.scorer import Scorer
+    from ..scoring.build import build_scorer
 
     setup_logging(as_json)
     with errors(debug):
@@ -178,11 +178,11 @@ def bench(
         batching = Batching(options.batch_size, options.batch_tokens)  # bench times pruned scoring on its own
         step = bench_step()
         if options.exact:
-            precision = bench_exact(task, records, options.cache_dir, options.device, options.dtype, batching, step)
+            precision = bench_exact(task, records, options.scoring(), batching, step)
             print(json.dumps(precision.to_json(), indent=2)) if as_json else print_precision_bench(precision)
             return
-        step("loading the model")
-        scorer = Scorer.load(task, options.cache_dir, options.device, options.dtype)
+        step("loading the model")  # its prefix prefilled here (bench times that), every label scored: pruning is timed apart
+        scorer = build_scorer(task, options.scoring(prune="off", cache_store=False))
         step(f"timing {len(records)} items, the naive modes on {min(naive, len(records))}"
              + (" (--max-items and --limit change that)" if limit is None or max_items is None else ""))
         report = run_bench(scorer, records, min(naive, len(records)), batching, step, estimate_slow=limit is None)

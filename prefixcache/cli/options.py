@@ -10,15 +10,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
-import os
 import typing
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal
 
 import typer
 
 from .. import __version__
-from ..errors import EXIT_GATE, UsageError
+from ..errors import EXIT_GATE
 from ..run.options import Flag, RunOptions, flags
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -134,17 +132,3 @@ def run_options(*chosen: str) -> Callable[[Callable[..., Any]], Callable[..., An
 
 def _value(flag: Flag, value: Any) -> Any:
     return flag.parse(value) if flag.parse is not None else value
-
-
-def store_max_bytes() -> Optional[int]:
-    """PREFIXCACHE_STORE_MAX_MB: the prefix store's bound (default 2048)."""
-    limit = os.environ.get("PREFIXCACHE_STORE_MAX_MB")
-    if not limit:
-        return None
-    try:
-        megabytes = float(limit)
-    except ValueError:
-        megabytes = float("nan")
-    if not math.isfinite(megabytes) or megabytes < 0:
-        raise UsageError(f"PREFIXCACHE_STORE_MAX_MB must be a number of megabytes (0 or more), not {limit!r}")
-    return int(megabytes * 2**20)

@@ -5,7 +5,8 @@
 - records.py: the record: one per item, its fields and its CSV cells (the only place that knows
   the record's layout);
 - output.py: the output file: format, writer, reader, the checks before a run, the fingerprint,
-  resume and update, writing aside and renaming (the only place that writes an output).
+  resume and update, writing aside and renaming (the only place that writes an output);
+- lock.py: one writer per output, an exclusive lock beside it for as long as a run writes it.
 
 May import: task, errors. Imported by scoring, reports, run and cli.
 """

@@ -5,6 +5,9 @@
 - engine.py: prefills the static prefix once and scores batches of rows and their candidates
   against it in one forward pass;
 - attention.py: the cascade attention kernel that reads the shared prefix once per layer;
+- branches.py: pruned scoring's passes: items run once and kept, then candidates' branches after them;
+- cache.py: the cache's layout (where it is, models/ and prefixes/) and its environment variables;
+- private.py: the cache is the user's alone: its folders, the signing secret, signatures;
 - store.py: prefilled prefixes kept on disk across runs, verified;
 - rows.py: what the engine scores (rows, candidates, their token trie);
 - reference.py: the slow, obviously correct scorer the engine is tested against.

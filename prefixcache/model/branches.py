@@ -56,7 +56,7 @@ class OpenItems:
         """Each candidate's log-probability after its first token: its trie nodes through the model."""
         lay, key_gather, sizes = self._layout(chosen)
         dev = self.engine.device
-        logits = self.engine._forward_shared(self.prefix, lay, carried=self.kept, key_gather=key_gather.to(dev))
+        logits = self.engine.forward_shared(self.prefix, lay, carried=self.kept, key_gather=key_gather.to(dev))
         self.engine.label_tokens += len(lay.ids)
         lse = torch.logsumexp(logits.float(), dim=-1)
         rows_, toks = lay.term_rows.to(logits.device), lay.term_toks.to(logits.device)
@@ -119,7 +119,7 @@ def open_items(engine: Engine, prefix: Prefix, rows: Sequence[Row]) -> OpenItems
     bare = [Row(r.ids, r.prefix_len, ()) for r in rows]
     lay = layout(len(prefix.ids), bare)
     capture: dict = {}
-    logits = engine._forward_shared(prefix, lay, capture=capture)  # [B, V]: each item's last token
+    logits = engine.forward_shared(prefix, lay, capture=capture)  # [B, V]: each item's last token
     kept = tuple(capture[layer] for layer in range(len(capture)))
     starts, at = [], 0
     for r in rows:

@@ -231,9 +231,14 @@ class Engine:
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min).to(self.device)
 
-    def _forward_shared(self, prefix: Prefix, lay: Layout, **two_pass) -> torch.Tensor:
-        """Packed tokens through the model; returns logits at the kept positions, [R, V].
-        `two_pass`: `capture`, or `carried` and `key_gather` (see attention.SharedPrefixState)."""
+    def forward_shared(self, prefix: Prefix, lay: Layout, capture: dict | None = None,
+                       carried: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None,
+                       key_gather: torch.Tensor | None = None) -> torch.Tensor:
+        """Packed tokens through the model on the shared prefix (the "shared" backend); returns
+        logits at the kept positions, [R, V]. Two passes over the same rows (pruned scoring,
+        model/branches.py): the first fills `capture` with each layer's keys and values of its
+        tokens; a later one attends to them as `carried`, `key_gather` indexing carried + new keys
+        (see attention.SharedPrefixState)."""
         dev, P = self.device, len(prefix.ids)
         built: dict[int | None, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
@@ -250,7 +255,8 @@ class Engine:
             return built[window]
 
         gather = lay.gather.masked_fill(lay.gather == lay.ids.shape[0], 0).to(dev)  # padding -> token 0
-        state = attention.SharedPrefixState(prefix.kv, gather, lay.slots.to(dev), mask_for, **two_pass)
+        state = attention.SharedPrefixState(prefix.kv, gather, lay.slots.to(dev), mask_for, capture=capture,
+                                            carried=carried, key_gather=key_gather)
         with compat.attention_implementation(self.model.config, attention.NAME), attention.scoring():
             out = self.model(
                 input_ids=lay.ids[None].to(dev),  # [1, T]
@@ -326,7 +332,7 @@ class Engine:
         logits = None
         if self.backend == "shared":
             try:
-                logits = self._forward_shared(prefix, lay)
+                logits = self.forward_shared(prefix, lay)
                 if self.unchecked:
                     self._check_shared(logits, self._standard_or_unsupported(prefix, lay))
             except attention.UnsupportedAttention as exc:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import compat
+from .cache import models_dir, prefixes_dir
 from ..errors import ModelError, UsageError, first_line
 from .private import (SIGNED, ForeignCache, cache_secret, owned, private_folder, sign_folder, unswappable,
                       verify_folder)
@@ -46,12 +47,6 @@ class ModelSource:
     path: str  # file, directory or hub id
     trust_remote_code: bool = False
     revision: str | None = None  # a hub model's branch, tag or commit
-
-
-def default_cache_dir() -> Path:
-    """Where converted models and prefilled prefixes are kept unless told otherwise."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "prefixcache"
 
 
 def embedded_model_file() -> Path:
@@ -114,11 +109,6 @@ def _converted_dir(source: ModelSource, cache_dir: Path) -> Path:
     return models_dir(cache_dir) / hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
-def models_dir(cache_dir: Path) -> Path:
-    """Converted (dequantised GGUF) models, one folder each, under the cache directory."""
-    return Path(cache_dir) / "models"
-
-
 def converted_models(cache_dir: Path) -> list[dict[str, Any]]:
     """The converted models kept under `cache_dir`: their folder and what they were made from."""
     out = []
@@ -171,7 +161,7 @@ def _usable(converted: Path, source: ModelSource) -> bool:
     try:
         for folder in (converted.parent, converted):
             owned(folder)
-        why = verify_folder(converted, cache_secret(cache_dir / "prefixes"), source.path)
+        why = verify_folder(converted, cache_secret(prefixes_dir(cache_dir)), source.path)
     except ForeignCache as exc:
         log.warning("the converted weights in %s are not used: %s; converting in memory", converted, exc)
         return False
@@ -333,7 +323,7 @@ def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     of it."""
     private_folder(target.parent.parent, tighten=False)  # the cache folder, when prefixcache creates it
     private_folder(target.parent)
-    secret = cache_secret(target.parent.parent / "prefixes")
+    secret = cache_secret(prefixes_dir(target.parent.parent))
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))  # 0700, made exclusively: files go in by name
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)

@@ -30,7 +30,8 @@ from safetensors.torch import save
 from .engine import Prefix
 from .. import safefile
 from ..errors import OutputError
-from .load import models_dir, remove_stale_conversions
+from .cache import models_dir, prefixes_dir
+from .load import remove_stale_conversions
 from .private import ForeignCache, cache_secret, owned, signed_by
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
 
 class PrefixStore:
     """Example:
-        store = PrefixStore(cache_dir / "prefixes")
+        store = PrefixStore(prefixes_dir(cache_dir))
         prefix = store.load(key, device) or store.save(key, engine.prefill(ids), model="...")
     """
 
@@ -232,7 +233,7 @@ def clear_cache(cache_dir: Path, models: bool = False) -> tuple[int, bool]:
     try:
         if Path(cache_dir).exists():
             owned(Path(cache_dir))  # never another user's files
-        store = PrefixStore(Path(cache_dir) / "prefixes")
+        store = PrefixStore(prefixes_dir(cache_dir))
         removed = store.clear() if store.root.is_dir() else 0
         gone = models and models_dir(cache_dir).is_dir()
         if gone:

@@ -3,7 +3,8 @@
 - evaluation.py: gold-label evaluation accumulated record by record, the gates, and the report
   files (--metrics JSON, --summary-md Markdown, --junit XML);
 - diff.py: two runs joined by id: flips, shifts, fixed and broken items, McNemar;
-- htmlpage.py: `prefixcache report`, one self-contained HTML page (matplotlib, an optional extra).
+- htmlpage.py: `prefixcache report`, one self-contained HTML page (matplotlib, an optional extra);
+- markdown.py: text from the data (ids, labels, file names) made safe in Markdown.
 
 May import: data, task, errors. Imported by run and cli. The terminal's tables are cli/show.py.
 """

@@ -20,7 +20,6 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -34,6 +33,8 @@ from ..task.decision import Decision, Tags
 from ..model.reference import score_naive
 from ..model.rows import Row, trie
 from .pipeline import classify
+from ..scoring.build import build_scorer
+from ..scoring.options import ScoringOptions
 from ..scoring.scorer import Scorer
 from ..model.store import PrefixStore
 from ..scoring.prepare import Batching, Prepared, Task
@@ -420,12 +421,16 @@ def run_precision_bench(fp32: Scorer, fast: Scorer, checked: CheckedScorer, item
     )
 
 
-def bench_exact(task: Task, items: Sequence[Item], cache_dir: Path, device: str, dtype: str,
-                batching: Batching = Batching(), step: Step = _quiet) -> PrecisionReport:
-    """Load the float32 and the low-precision models and time the three ways of scoring."""
-    if dtype not in ("bfloat16", "float16"):
+def bench_exact(task: Task, items: Sequence[Item], options: ScoringOptions, batching: Batching = Batching(),
+                step: Step = _quiet) -> PrecisionReport:
+    """Load the float32 and the low-precision models and time the three ways of scoring (each
+    prefix prefilled, every label scored: precision is what is compared)."""
+    if options.dtype not in ("bfloat16", "float16"):
         raise UsageError("bench --exact compares float32 with a low precision: give --dtype bfloat16 (or float16)")
     step("loading the float32 and the low-precision models")
-    fp32, fast = Scorer.load(task, cache_dir, device, "float32"), Scorer.load(task, cache_dir, device, dtype)
-    checked = CheckedScorer.pair(task, cache_dir, device, dtype)
+    plain = options.replace(prune="off", cache_store=False, exact=False)
+    fp32, fast = build_scorer(task, plain.replace(dtype="float32")), build_scorer(task, plain)
+    # the pair itself, even where `run --exact` would score in float32 alone (no bfloat16 matrix
+    # instructions): what it would cost there is what this measures
+    checked = CheckedScorer.pair(task, options.cache_dir, options.device, options.dtype)
     return run_precision_bench(fp32, fast, checked, items, batching, step)

@@ -20,17 +20,14 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from itertools import islice
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
-from .. import compat
 from ..data.items import Item, ItemsDigest
 from ..data.lock import output_lock
 from ..data.output import (EXACT_BOUND, Start, checked_stream, continue_output, in_input_order, read_fingerprint,
                            read_records, remove_orphans, start_output, write_fingerprint)
 from ..data.records import Record, id_text, ids_digest, is_error, item_sha
 from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted
-from ..model.load import pick_device
 from ..reports.evaluation import Evaluation, Gates, add_record, evaluation_for, write_reports
 from ..scoring.prepare import Task, spec_model
 from ..task.lint import lint_labels, lint_layout
@@ -119,7 +116,7 @@ class Job:
     this process scores), `result`."""
 
     def __init__(self, options: RunOptions, progress: Optional[Progress] = None, stop: Optional[Stop] = None):
-        self.options = options
+        self._given = options
         self.progress: Progress = progress or (lambda event: None)
         self.stop: Stop = stop or (lambda: None)
         self.started = time.perf_counter()
@@ -133,8 +130,14 @@ class Job:
         self.tag_shapes: Counter = Counter()  # multi-label: records with no tag, every tag or some
         self.reading: Optional[ItemsDigest] = None  # the items this run read, to compare with the plan's
 
+    @property
+    def options(self) -> RunOptions:
+        """The run's options: the plan's once it is made (one copy, never two)."""
+        plan = getattr(self, "plan", None)
+        return plan.options if plan is not None else self._given
+
     def run(self) -> RunResult:
-        self.plan = make_plan(self.options)
+        self.plan = make_plan(self._given)
         with output_lock(self.plan.output.path):  # one writer per output: an overlapping run is refused
             if self.plan.output.is_file:
                 remove_orphans(self.plan.output.path)  # what a killed writer left (an update's aside)
@@ -203,15 +206,15 @@ class Job:
         """--exact continuing an output: re-score close calls by the bound the output's earlier
         run had reached (kept in its fingerprint), not one measured anew, so the records are those
         of an uninterrupted run."""
-        if not self.plan.says_precision or not self.begun.appends or not hasattr(self.scorer, "bound"):
+        if not self.plan.says_precision or not self.begun.appends:
             return
         bound = read_fingerprint(self.plan.output.path).get(EXACT_BOUND)
-        if isinstance(bound, (int, float)) and bound > 0:
-            self.scorer.bound = self.fingerprint[EXACT_BOUND] = float(bound)
+        if isinstance(bound, (int, float)) and bound > 0 and self.scorer.carry_bound(float(bound)):
+            self.fingerprint[EXACT_BOUND] = float(bound)
 
     def _keep_bound(self) -> None:
         """--exact: the re-scoring bound as it stands, in the output's fingerprint (see _carry_bound)."""
-        bound = getattr(self.scorer, "bound", None)
+        bound = self.scorer.exact_bound()
         if bound is not None and bound != self.fingerprint.get(EXACT_BOUND) and self.begun.mode != "update" \
                 and self.plan.output.is_file:
             self.fingerprint[EXACT_BOUND] = bound
@@ -451,29 +454,7 @@ def _labels_of(record: Record) -> list[str]:
 
 
 def load_scorer(task: Task, plan: Plan) -> ItemScorer:
-    """The plan's scorer (see `open_scorer`)."""
-    o = plan.options
-    scorer = open_scorer(task, o.cache_dir, plan.device, o.dtype, plan.says_precision, o.cache_store, o.store_max_bytes)
-    scorer.prune(o.prune, plan.says_precision)
-    return scorer
+    """The plan's scorer, built whole (scoring/build.py) on the plan's device and precision."""
+    from ..scoring.build import build_scorer  # the torch side: imported once a model is needed
 
-
-def open_scorer(task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto", exact: bool = False,
-                cache_store: bool = True, store_max_bytes: Optional[int] = None) -> ItemScorer:
-    """A task's scorer, its prefix from the prefix store under `cache_dir` when `cache_store`: with
-    `exact`, a low-precision one whose close calls a float32 twin scores again (or float32 alone on
-    hardware without bfloat16 matrix instructions)."""
-    from ..model.store import PrefixStore  # the torch side: imported once a model is needed
-    from ..scoring.exact import CheckedScorer
-    from ..scoring.scorer import Scorer
-
-    store = None
-    if cache_store:
-        root = cache_dir / "prefixes"
-        store = PrefixStore(root) if store_max_bytes is None else PrefixStore(root, store_max_bytes)
-    if exact and not compat.bf16_matmul(pick_device(device)):
-        log.warning("this %s has no bfloat16 matrix instructions, so --exact would gain nothing: scoring in float32",
-                    pick_device(device))
-    elif exact:
-        return CheckedScorer.pair(task, cache_dir, device, dtype, store)
-    return Scorer.load(task, cache_dir, device, "float32" if exact else dtype, store, says_precision=exact)
+    return build_scorer(task, plan.options.scoring(device=plan.device, exact=plan.says_precision))

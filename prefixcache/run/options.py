@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 from ..errors import EXIT_GATE
-from ..model.load import default_cache_dir
+from ..model.cache import default_cache_dir, store_max_bytes
+from ..scoring.options import ScoringOptions
 from ..task.spec import TaskSpec
 
 # Values an option may take: shown in --help, checked before the command runs.
@@ -147,9 +148,16 @@ class RunOptions:
     cache_store: bool = _opt(True, "--no-cache-store", metavar="", cli_type=bool, parse=lambda no: not no,
                              words=lambda store: [] if store else ["--no-cache-store"],
                              help="Neither load nor keep the prefilled prefix on disk.")
-    store_max_bytes: Optional[int] = None  # the prefix store's bound (None: its default); env PREFIXCACHE_STORE_MAX_MB
+    store_max_bytes: Optional[int] = field(default_factory=store_max_bytes)  # env PREFIXCACHE_STORE_MAX_MB (None: default)
     shard: Optional[str] = _opt(None, "--shard", help=(
         "Run only shard K of N (K/N, 1-based), e.g. one CI matrix job; join the parts with `prefixcache merge`."))
+
+    def scoring(self, **changes: object) -> ScoringOptions:
+        """The scoring slice of these options, shared with `Classifier` and `tune` (`changes` set
+        over it)."""
+        mine = ScoringOptions(self.cache_dir, self.device, self.dtype, self.exact, self.prune, self.cache_store,
+                              self.store_max_bytes)
+        return mine.replace(**changes)
 
 
 def flags(group: Optional[str] = None) -> list[tuple[dataclasses.Field, Flag]]:

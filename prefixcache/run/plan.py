@@ -5,7 +5,6 @@ whole input, the output, the fields to keep), and everything those checks settle
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from ..errors import OutputError, SpecError, UsageError
 from ..model.load import dtype_name, model_identity, pick_device
 from ..reports.evaluation import Gates
 from ..scoring.prepare import Batching, spec_model
+from ..task.overrides import with_overrides
 from ..task.spec import SpecFile, TaskSpec, read_spec_file
 from .options import RunOptions, option_words
 from .shards import launch_state, parse_shard, part_path
@@ -76,30 +76,6 @@ def refusal_words(key: str, value: Any) -> Optional[str]:
     if key == "keep":
         return option_words("keep_all", True) if value == "all" else option_words("keep", tuple(value or ()))
     return None if key == "model" else option_words(key, value)
-
-
-def with_overrides(spec: TaskSpec, gold: Optional[str] = None, model: Optional[str] = None,
-                   revision: Optional[str] = None, gold_sep: Optional[str] = None) -> TaskSpec:
-    """The spec with what the command line (or environment) sets instead. A model given there is
-    a path relative to the current folder, not the spec's."""
-    if gold:
-        spec = dataclasses.replace(spec, gold=gold)
-    if gold_sep is not None:
-        if not spec.multi_label:
-            raise SpecError(f"{spec.path}: --gold-sep applies to multi_label tasks")
-        if not gold_sep:
-            raise SpecError("--gold-sep must not be empty")
-        spec = dataclasses.replace(spec, gold_sep=gold_sep)
-    if model:
-        spec = dataclasses.replace(spec, model=str(Path(model).expanduser().absolute()) if Path(model).exists() else model)
-    if revision:
-        spec = dataclasses.replace(spec, revision=revision)
-    if spec.multi_label and spec.gold:
-        holding = [name for name in spec.label_names if spec.gold_sep in name]
-        if holding:
-            raise SpecError(f"{spec.path}: label {holding[0]!r} holds the gold separator {spec.gold_sep!r}, so no gold "
-                            f"value could name it: choose another separator (gold_sep, --gold-sep)")
-    return spec
 
 
 def read_options_items(options: RunOptions, spec: TaskSpec) -> Iterator[Item]:

@@ -5,7 +5,11 @@
 - scorer.py: `Scorer`: the engine and the prefilled prefix of one task; scores batches, reuses
   duplicates' scores, and decides (normalisation, calibration, PMI) through task/decision.py;
 - exact.py: `CheckedScorer` (--exact): a low-precision scorer whose close calls are scored again
-  in float32.
+  in float32;
+- pruning.py: pruned label scoring, the argmax of many labels at the cost of a few, exactly;
+- options.py: `ScoringOptions`, what every entry point may choose about scoring (no torch);
+- build.py: `build_scorer`, the one place a scorer is built whole (model, prefix, pruning), and
+  the scorer's contract.
 
-May import: model, data (items), task, compat, errors. Imported by run and cli.
+May import: model, data (items), task, compat, errors. Imported by run, tune, api and cli.
 """

@@ -24,51 +24,18 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Optional, Union
 
 from .. import compat
-from ..model.load import pick_device
-from ..model.store import PrefixStore, cache_root, store_max_bytes
+from ..model.cache import prefixes_dir
+from ..model.engine import Engine
+from ..model.load import load_model, pick_device, pick_dtype
+from ..model.store import PrefixStore
+from .options import ScoringOptions
 from .prepare import Task
 from .scorer import ItemScorer, Scorer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ScoringOptions:
-    """What an entry point may choose about scoring; `run`'s options carry the same values.
-
-    Attributes:
-        cache_dir: converted models and stored prefixes.
-        device, dtype: "auto" (CUDA when present, float32 on the CPU) or a name.
-        exact: --exact: low precision with close calls scored again in float32.
-        prune: "auto", "on" or "off" (--prune).
-        cache_store: keep and reuse prefilled prefixes in the prefix store.
-        store_max_bytes: the prefix store's bound (None: its default).
-    """
-
-    cache_dir: Path
-    device: str = "auto"
-    dtype: str = "auto"
-    exact: bool = False
-    prune: str = "auto"
-    cache_store: bool = True
-    store_max_bytes: Optional[int] = None
-
-    @classmethod
-    def from_environment(cls, cache_dir: Union[str, Path, None] = None, **given) -> "ScoringOptions":
-        """Options as the command line reads them: `cache_dir` (else PREFIXCACHE_CACHE_DIR, else
-        ~/.cache/prefixcache) and PREFIXCACHE_STORE_MAX_MB, with `given` set over them."""
-        given.setdefault("store_max_bytes", store_max_bytes())
-        return cls(cache_root(cache_dir), **given)
-
-    def replace(self, **changes) -> "ScoringOptions":
-        return dataclasses.replace(self, **changes)
 
 
 def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
@@ -78,10 +45,7 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
     instructions, where that would gain nothing)."""
     from .exact import CheckedScorer
 
-    store = None
-    if options.cache_store:
-        root = options.cache_dir / "prefixes"
-        store = PrefixStore(root) if options.store_max_bytes is None else PrefixStore(root, options.store_max_bytes)
+    store = prefix_store(options)
     device = pick_device(options.device)
     if options.exact and not compat.bf16_matmul(device):
         log.warning("this %s has no bfloat16 matrix instructions, so --exact would gain nothing: scoring in float32",
@@ -94,3 +58,26 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
         scorer = Scorer.load(task, options.cache_dir, options.device, options.dtype, store)
     scorer.prune(options.prune, options.exact)
     return scorer
+
+
+def load_engine(task: Task, options: ScoringOptions) -> Engine:
+    """The task's model, loaded on the options' device and precision, as an engine (for
+    `build_on`: one model for several tasks)."""
+    device = pick_device(options.device)
+    return Engine(load_model(task.source, task.tokenizer, options.cache_dir, device, pick_dtype(options.dtype, device)))
+
+
+def build_on(task: Task, engine: Engine, options: ScoringOptions) -> Scorer:
+    """The task's scorer on a model already loaded (several tasks of one model: `tune`'s
+    variants, `Classifier`'s zero-shot label sets), its prefix as `build_scorer` gets it."""
+    scorer = Scorer.on(task, engine, prefix_store(options))
+    scorer.prune(options.prune, options.exact)
+    return scorer
+
+
+def prefix_store(options: ScoringOptions) -> PrefixStore | None:
+    """The prefix store the options ask for (None: --no-cache-store)."""
+    if not options.cache_store:
+        return None
+    root = prefixes_dir(options.cache_dir)
+    return PrefixStore(root) if options.store_max_bytes is None else PrefixStore(root, options.store_max_bytes)

@@ -59,6 +59,13 @@ class CheckedScorer(Scorer):
     def rescoring(self) -> Rescoring:
         return Rescoring(self.rescored, self.checked, self.bound or 0.0)
 
+    def exact_bound(self) -> float | None:
+        return self.bound
+
+    def carry_bound(self, bound: float) -> bool:
+        self.bound = bound
+        return True
+
     def clear(self) -> None:
         """Forget earlier items' scores and the measured bound: the next batch is measured anew."""
         super().clear()

@@ -86,6 +86,10 @@ class ItemScorer(Protocol):
 
     def rescoring(self) -> Rescoring | None: ...
 
+    def exact_bound(self) -> float | None: ...
+
+    def carry_bound(self, bound: float) -> bool: ...
+
 
 class Scorer:
     """Scores prepared items of one task against its cached prefix.
@@ -213,6 +217,16 @@ class Scorer:
     def rescoring(self) -> Rescoring | None:
         """What a scorer that scores close calls again in float32 did (None: this one does not)."""
         return None
+
+    def exact_bound(self) -> float | None:
+        """--exact: the gap under which calls are scored again in float32, as it stands (None:
+        this scorer re-scores nothing, or has measured nothing yet)."""
+        return None
+
+    def carry_bound(self, bound: float) -> bool:
+        """--exact continuing an output: start from the bound its earlier run had reached, not one
+        measured anew. Returns whether this scorer takes one (one that re-scores nothing does not)."""
+        return False
 
     def score_unconditional(self, candidates: Sequence[Candidate]) -> None:
         """Score the candidates not seen yet after the content-free prompt (every template field

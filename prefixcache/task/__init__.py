@@ -4,7 +4,8 @@
   multiple choice, normalisation, calibration, threshold);
 - prompt.py: the prompt around an item, the token-clean static prefix, the candidates' tokens;
 - decision.py: from summed log-probabilities to a decision (normalisation, calibration, abstention);
-- lint.py: label sets that first-token scoring would get wrong.
+- lint.py: label sets that first-token scoring would get wrong;
+- overrides.py: the spec with what the command line or `Classifier` sets instead (-m, --gold).
 
 May import: errors. Imported by every layer above it.
 """

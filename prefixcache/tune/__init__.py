@@ -4,8 +4,9 @@
 - rules.py: decision rules, and what they decide as arrays over the items (no torch);
 - selection.py: held-out judging (cross-validation or a test file), bootstrap intervals, the
   verdict (no torch);
-- scoring.py: each variant's one scoring pass (the torch side);
+- passes.py: each variant's one scoring pass over the items (the torch side);
 - tuned.py: the chosen spec, written with the user's comments kept;
+- leaderboard.py: the findings as words, JSON and Markdown (no torch);
 - job.py: `tune(TuneOptions)` from checks to `TuneResult`.
 
 May import: run, reports, scoring, model, data, task, compat, errors. Never prints; imported by cli.

@@ -2,7 +2,7 @@
 
 Every check that needs no model comes first (the spec and its gold field, the variants, both item
 files against every variant, the tuned spec's path); then each variant scores the items once
-(tune/scoring.py), every configuration is judged on held-out items (tune/selection.py), and the
+(tune/passes.py), every configuration is judged on held-out items (tune/selection.py), and the
 choice is written as a spec (tune/tuned.py). It never prints: progress goes through `step`.
 """
 
@@ -57,7 +57,7 @@ class TuneResult:
     options: TuneOptions
     spec: TaskSpec
     variants: list[Variant]
-    scored: list[Any]  # tune/scoring.py `Scored`
+    scored: list[Any]  # tune/passes.py `Scored`
     selection: Selection
     items: int
     test_items: Optional[int] = None
@@ -168,14 +168,13 @@ def _labelled(path: str, o: RunOptions, found: list[Variant]) -> list[Item]:
 def tune(options: TuneOptions, step: Step = lambda what, done, total: None, plan: Optional[TunePlan] = None
          ) -> TuneResult:
     """Plan, score every variant, choose, and write the tuned spec when asked."""
-    from .scoring import score_variants  # torch: once the checks have passed
+    from .passes import score_variants  # torch: once the checks have passed
 
     plan = plan or plan_tune(options)
     o = options.run
     rules = rules_for(plan.spec)
     everything = plan.items + plan.test
-    scored = score_variants(plan.variants, everything, rules, o.cache_dir, o.device, o.dtype,
-                            Batching(o.batch_size, o.batch_tokens), o.cache_store, step)
+    scored = score_variants(plan.variants, everything, rules, o.scoring(), Batching(o.batch_size, o.batch_tokens), step)
     step("choosing", 0, 0)
     selection = choose(plan, [s.decided for s in scored], options)
     result = TuneResult(options, plan.spec, plan.variants, scored, selection, len(plan.items),

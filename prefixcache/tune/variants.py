@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
-from ..run.plan import with_overrides
+from ..task.overrides import with_overrides
 from ..task.spec import SpecFile, TaskSpec, load_yaml, spec_from_mapping
 
 # What a variant may set: the prompt and the model. The decision keys are what tune searches, and

@@ -11,15 +11,13 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..data.items import Item
-from ..model.engine import Engine
-from ..model.load import load_model, pick_device, pick_dtype
-from ..model.store import PrefixStore
+from ..scoring.build import build_on, load_engine
+from ..scoring.options import ScoringOptions
 from ..scoring.prepare import Batching, Prepared, Task
 from ..scoring.scorer import Scorer
 from .rules import Decided, Rule
@@ -45,25 +43,25 @@ class Scored:
 Step = Callable[[str, int, int], None]  # (what, done, total): progress
 
 
-def score_variants(variants: Sequence[Variant], items: Sequence[Item], rules: Sequence[Rule], cache_dir: Path,
-                   device: str, dtype: str, batching: Batching, store: bool = True,
-                   step: Step = lambda what, done, total: None) -> list[Scored]:
-    """Every variant's `Scored`, in order; each model loaded once, for its variants in a row."""
-    store_ = PrefixStore(cache_dir / "prefixes") if store else None
-    dev = pick_device(device)
+def score_variants(variants: Sequence[Variant], items: Sequence[Item], rules: Sequence[Rule],
+                   options: ScoringOptions, batching: Batching, step: Step = lambda what, done, total: None
+                   ) -> list[Scored]:
+    """Every variant's `Scored`, in order; each model loaded once, for its variants in a row.
+    Every label is scored to the end (the rules compare them all): never pruned, never --exact."""
+    options = options.replace(prune="off", exact=False)
     out: dict[int, Scored] = {}
     models: dict[tuple, list[int]] = {}
     for n, variant in enumerate(variants):
         models.setdefault((variant.spec.model, variant.spec.revision, variant.spec.trust_remote_code), []).append(n)
     for group in models.values():
         step(f"loading the tokenizer for {variants[group[0]].name}", 0, 0)
-        first = Task.from_spec(variants[group[0]].spec, cache_dir)  # one tokenizer a model, like the model
+        first = Task.from_spec(variants[group[0]].spec, options.cache_dir)  # one tokenizer a model, like the model
         tasks = {n: first if n == group[0] else first.with_spec(variants[n].spec) for n in group}
         step(f"loading the model {first.source.ref}", 0, 0)
-        engine = Engine(load_model(first.source, first.tokenizer, cache_dir, dev, pick_dtype(dtype, dev)))
+        engine = load_engine(first, options)
         for n in group:
             what = f"variant {n + 1}/{len(variants)}: {variants[n].name}"
-            scorer = Scorer.on(tasks[n], engine, store_)
+            scorer = build_on(tasks[n], engine, options)
             out[n] = score_variant(scorer, items, rules, batching, lambda done: step(what, done, len(items)))
         del engine, scorer
         gc.collect()

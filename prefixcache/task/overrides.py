@@ -1,0 +1,35 @@
+"""A spec with what the command line, `Classifier` or the environment sets instead of its own
+keys (`--gold`, `--gold-sep`, `-m`, `--revision`), checked as the spec's own keys are."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+from ..errors import SpecError
+from .spec import TaskSpec
+
+
+def with_overrides(spec: TaskSpec, gold: Optional[str] = None, model: Optional[str] = None,
+                   revision: Optional[str] = None, gold_sep: Optional[str] = None) -> TaskSpec:
+    """The spec with what the command line (or environment) sets instead. A model given there is
+    a path relative to the current folder, not the spec's."""
+    if gold:
+        spec = dataclasses.replace(spec, gold=gold)
+    if gold_sep is not None:
+        if not spec.multi_label:
+            raise SpecError(f"{spec.path}: --gold-sep applies to multi_label tasks")
+        if not gold_sep:
+            raise SpecError("--gold-sep must not be empty")
+        spec = dataclasses.replace(spec, gold_sep=gold_sep)
+    if model:
+        spec = dataclasses.replace(spec, model=str(Path(model).expanduser().absolute()) if Path(model).exists() else model)
+    if revision:
+        spec = dataclasses.replace(spec, revision=revision)
+    if spec.multi_label and spec.gold:
+        holding = [name for name in spec.label_names if spec.gold_sep in name]
+        if holding:
+            raise SpecError(f"{spec.path}: label {holding[0]!r} holds the gold separator {spec.gold_sep!r}, so no gold "
+                            f"value could name it: choose another separator (gold_sep, --gold-sep)")
+    return spec
