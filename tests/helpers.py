@@ -11,7 +11,8 @@ from typing import Any
 
 import yaml
 
-from prefixcache.task.spec import TaskSpec, load_spec
+from prefixcache.task.spec import TaskSpec
+from prefixcache.task.specfile import load_spec
 
 # Labels chosen to break first-token scoring on the test tokenizer: `tech` is a token-prefix of
 # `technical`, `bill`/`billing` share their first tokens, `account access` is long.

@@ -192,7 +192,7 @@ def test_cli_gold_errors_before_the_model_loads(mc_spec, tmp_path, tiny_model_di
 
 def test_spec_rules_for_choices_and_calibration(tmp_path):
     from prefixcache.errors import SpecError
-    from prefixcache.task.spec import load_spec
+    from prefixcache.task.specfile import load_spec
 
     with pytest.raises(SpecError, match="give 'labels' or 'choices', not both"):
         load_spec(write_spec(tmp_path, choices="choices"))
@@ -231,7 +231,7 @@ def test_lettered_layout_scores_equal_a_full_forward(chat_tokenizer, tmp_path, s
 
 def test_score_by_letter_needs_choices(tmp_path):
     from prefixcache.errors import SpecError
-    from prefixcache.task.spec import load_spec
+    from prefixcache.task.specfile import load_spec
 
     with pytest.raises(SpecError, match="'score_by: letter' is for multiple choice"):
         load_spec(write_spec(tmp_path, score_by="letter"))

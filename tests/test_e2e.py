@@ -13,7 +13,7 @@ from prefixcache.data.items import read_items
 from prefixcache.model.reference import score_naive
 from prefixcache.run.pipeline import classify
 from prefixcache.scoring.scorer import Scorer
-from prefixcache.task.spec import load_spec
+from prefixcache.task.specfile import load_spec
 from prefixcache.scoring.prepare import Batching, Task, spec_model
 from prefixcache.model.load import load_tokenizer
 

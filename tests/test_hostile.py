@@ -18,7 +18,7 @@ from helpers import invoke, records as _no_ms, write_spec
 
 from prefixcache.errors import InputError, SpecError
 from prefixcache.data.items import scan_items
-from prefixcache.task.spec import load_spec
+from prefixcache.task.specfile import load_spec
 
 
 @pytest.fixture()

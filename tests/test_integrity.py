@@ -14,7 +14,7 @@ import pytest
 from helpers import free_port, invoke, write_spec
 
 from prefixcache.errors import Interrupted, SpecError
-from prefixcache.task.spec import load_spec
+from prefixcache.task.specfile import load_spec
 
 
 @pytest.fixture()

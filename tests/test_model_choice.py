@@ -47,7 +47,7 @@ def test_another_model_is_in_the_fingerprint(tmp_path, tiny_model_dir, items):
 def test_revision_pins_a_hub_model(tmp_path):
     spec = write_spec(tmp_path, model="org/name", revision="v1.2")
     from prefixcache.scoring.prepare import spec_model
-    from prefixcache.task.spec import load_spec
+    from prefixcache.task.specfile import load_spec
 
     source = spec_model(load_spec(spec))
     assert (source.kind, source.revision) == ("hub", "v1.2")

@@ -276,7 +276,7 @@ def _prefix_source(spec: Path, cache: Path) -> str:
     from prefixcache.model.store import PrefixStore
     from prefixcache.scoring.prepare import Task
     from prefixcache.scoring.scorer import Scorer
-    from prefixcache.task.spec import load_spec
+    from prefixcache.task.specfile import load_spec
 
     task = Task.from_spec(load_spec(spec), cache)
     return Scorer.load(task, cache, "cpu", "float32", PrefixStore(cache / "prefixes")).prefix_source

@@ -64,7 +64,7 @@ def test_diff_refuses_an_output_holding_an_item_twice(tmp_path):
 
 def test_two_labels_scored_by_the_same_words_are_refused(tmp_path):
     from prefixcache.errors import SpecError
-    from prefixcache.task.spec import load_spec
+    from prefixcache.task.specfile import load_spec
 
     spec = write_spec(tmp_path, labels={"refund": {"words": ["refund", "money back"]},
                                         "billing": {"words": ["money back", "refund"]}})

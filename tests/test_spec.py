@@ -6,7 +6,7 @@ import pytest
 from helpers import write_spec
 
 from prefixcache.errors import SpecError
-from prefixcache.task.spec import load_spec
+from prefixcache.task.specfile import load_spec
 
 
 def _error(path) -> str:

@@ -181,7 +181,7 @@ def test_tuned_text_keeps_comments_and_sets_keys():
     ("labels: [a, b]\nsystem: old\n", {"system": "Be terse.\x85Very."}),  # YAML 1.1 reads U+0085 as a line break
 ])
 def test_a_tuned_spec_reads_back_as_the_spec_that_was_scored(tmp_path, original, keys):
-    from prefixcache.task.spec import read_spec_file
+    from prefixcache.task.specfile import read_spec_file
     from prefixcache.tune.tuned import write_tuned
 
     spec = tmp_path / "spec.yaml"

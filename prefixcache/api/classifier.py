@@ -27,7 +27,9 @@ from ..run.pipeline import RunStats, classify
 from ..scoring.options import ScoringOptions
 from ..scoring.prepare import Batching, Task
 from ..task.overrides import with_overrides
-from ..task.spec import TaskSpec, load_spec, spec_from_mapping
+from ..task.keys import spec_from_mapping
+from ..task.spec import TaskSpec
+from ..task.specfile import load_spec
 from .progress import bar_for
 
 if TYPE_CHECKING:

@@ -124,8 +124,16 @@ def reporting() -> Iterator[None]:
     stdout must not turn a finished run into an error, or change its exit code."""
     try:
         yield
-    except (BrokenPipeError, ValueError, AttributeError):  # ValueError: I/O on a closed file
+    except BrokenPipeError:
         detach_closed_streams()
+    except (ValueError, AttributeError):  # I/O on a closed file, or a stream Python set to None (`>&-`)
+        if not _a_stream_is_closed():
+            raise  # a mistake of ours, not a closed stream
+        detach_closed_streams()
+
+
+def _a_stream_is_closed() -> bool:
+    return any(stream is None or stream.closed for stream in (sys.stdout, sys.stderr))
 
 
 class _ConsoleHandler(logging.Handler):

@@ -230,69 +230,78 @@ def _decoded(stream: IO[bytes], name: str, codec: str, asked: str | None) -> Ite
 def _json_array_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
     """The objects of one top-level JSON array, decoded one at a time as the file is read; the
     array is strict JSON: values separated by commas, closed, nothing after it."""
-    decoder = json.JSONDecoder(parse_constant=_not_json, object_pairs_hook=_unique_keys)
-    text = io.TextIOWrapper(stream, encoding="utf-8-sig")
-    buffer, pos, line, eof = "", 0, 1, False
-
-    def more() -> bool:
-        nonlocal buffer, eof
-        chunk = text.read(1 << 16)
-        eof = not chunk
-        buffer += chunk
-        return bool(chunk)
-
-    def next_char() -> str:
-        """The next character that is not white space ("" at the end of the file)."""
-        nonlocal pos, line
-        while True:
-            while pos < len(buffer) and buffer[pos] in " \t\r\n":
-                line += buffer[pos] == "\n"
-                pos += 1
-            if pos < len(buffer) or not more():
-                return buffer[pos:pos + 1]
-
+    reader = _JsonArray(stream)
     try:
-        if next_char() != "[":
-            raise InputError(f"{name}:{line}: a .json input is one JSON array of objects ([{{...}}, ...])")
-        pos += 1
-        if next_char() == "]":
-            pos += 1
+        if reader.next_char() != "[":
+            raise InputError(f"{name}:{reader.line}: a .json input is one JSON array of objects ([{{...}}, ...])")
+        reader.pos += 1
+        if reader.next_char() == "]":
+            reader.pos += 1
         else:
             while True:
-                if not next_char():
-                    raise InputError(f"{name}:{line}: the array is never closed (no ']')")
-                while True:
-                    try:
-                        record, end = decoder.raw_decode(buffer, pos)
-                        break
-                    except json.JSONDecodeError as exc:
-                        if len(buffer) - pos > MAX_LINE_BYTES:
-                            raise InputError(f"{name}:{line}: an object longer than {MAX_LINE_BYTES >> 20} MiB")
-                        if not more():
-                            raise InputError(f"{name}:{line}: malformed JSON: {exc.msg}")
-                if not isinstance(record, dict):
-                    raise InputError(f"{name}:{line}: expected a JSON object, got {type(record).__name__}")
+                line, record = reader.value(name)
                 _check_text(record, name, line)
                 yield line, record
-                line += buffer.count("\n", pos, end)
-                buffer, pos = buffer[end:], 0
-                after = next_char()
-                pos += 1
+                after = reader.next_char()
+                reader.pos += 1
                 if after == "]":
                     break
                 if after != ",":
-                    raise InputError(f"{name}:{line}: expected ',' or ']' after an object"
+                    raise InputError(f"{name}:{reader.line}: expected ',' or ']' after an object"
                                      + (", found the end of the file" if not after else f", found {after!r}"))
-        if next_char():
-            raise InputError(f"{name}:{line}: data after the end of the array")
+        if reader.next_char():
+            raise InputError(f"{name}:{reader.line}: data after the end of the array")
     except UnicodeDecodeError:
-        raise InputError(f"{name}:{line}: not valid UTF-8")
+        raise InputError(f"{name}:{reader.line}: not valid UTF-8")
     except ValueError as exc:  # NaN / Infinity, a number of thousands of digits
-        raise InputError(f"{name}:{line}: {_bad_value(exc)}")
+        raise InputError(f"{name}:{reader.line}: {_bad_value(exc)}")
     except RecursionError:
-        raise InputError(f"{name}:{line}: JSON nested too deeply")
+        raise InputError(f"{name}:{reader.line}: JSON nested too deeply")
     finally:
-        text.detach()
+        reader.text.detach()
+
+
+class _JsonArray:
+    """A JSON array's text, read 64 KiB at a time: the position in it and the line there."""
+
+    def __init__(self, stream: IO[bytes]):
+        self.decoder = json.JSONDecoder(parse_constant=_not_json, object_pairs_hook=_unique_keys)
+        self.text = io.TextIOWrapper(stream, encoding="utf-8-sig")
+        self.buffer, self.pos, self.line = "", 0, 1
+
+    def more(self) -> bool:
+        chunk = self.text.read(1 << 16)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def next_char(self) -> str:
+        """The next character that is not white space ("" at the end of the file)."""
+        while True:
+            while self.pos < len(self.buffer) and self.buffer[self.pos] in " \t\r\n":
+                self.line += self.buffer[self.pos] == "\n"
+                self.pos += 1
+            if self.pos < len(self.buffer) or not self.more():
+                return self.buffer[self.pos:self.pos + 1]
+
+    def value(self, name: str) -> tuple[int, dict]:
+        """The object that starts here and the line it starts on; the position moves past it."""
+        if not self.next_char():
+            raise InputError(f"{name}:{self.line}: the array is never closed (no ']')")
+        while True:
+            try:
+                record, end = self.decoder.raw_decode(self.buffer, self.pos)
+                break
+            except json.JSONDecodeError as exc:
+                if len(self.buffer) - self.pos > MAX_LINE_BYTES:
+                    raise InputError(f"{name}:{self.line}: an object longer than {MAX_LINE_BYTES >> 20} MiB")
+                if not self.more():
+                    raise InputError(f"{name}:{self.line}: malformed JSON: {exc.msg}")
+        if not isinstance(record, dict):
+            raise InputError(f"{name}:{self.line}: expected a JSON object, got {type(record).__name__}")
+        line = self.line
+        self.line += self.buffer.count("\n", self.pos, end)
+        self.buffer, self.pos = self.buffer[end:], 0
+        return line, record
 
 
 def _parquet_records(path: str, name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:

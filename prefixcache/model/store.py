@@ -35,6 +35,9 @@ from .load import remove_stale_conversions
 from .private import ForeignCache, cache_secret, owned, signed_by
 
 log = logging.getLogger(__name__)
+
+# What reading a damaged, truncated or foreign file raises: the file is then unusable, never an error.
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError)
 FORMAT = "prefixcache-prefix-1"
 DEFAULT_MAX_BYTES = 2 * 1024**3
 STALE_SECONDS = 3600  # a temporary file this old belongs to a writer that is gone
@@ -118,7 +121,7 @@ class PrefixStore:
             ids = tuple(json.loads(meta["ids"]))
             if any(k.shape[-2] != len(ids) or v.shape[-2] != len(ids) for k, v in kv):
                 raise ValueError("a layer does not hold every prefix position")  # e.g. a sliding-window cache
-        except Exception as exc:  # a torn, truncated or foreign file: rebuild it
+        except UNREADABLE as exc:  # a torn, truncated or foreign file: rebuild it
             log.warning("prefix store: %s is unusable (%s); computing the prefix again", path.name, exc)
             try:
                 path.unlink(missing_ok=True)
@@ -163,7 +166,7 @@ class PrefixStore:
                         meta = f.metadata() or {}
                     model, tokens = meta.get("model", "?"), len(json.loads(meta.get("ids", "[]")))
                     prefill_ms = float(meta.get("prefill_ms", 0))
-                except Exception:
+                except UNREADABLE:
                     model, tokens, prefill_ms = "(unreadable)", 0, 0.0
                 out.append(Entry(path.stem, path, st.st_size, st.st_mtime, model, tokens, prefill_ms))
             except FileNotFoundError:
@@ -213,7 +216,7 @@ class PrefixStore:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
             return self._signed(meta)
-        except Exception:  # unreadable, or not a safetensors file at all
+        except UNREADABLE:  # unreadable, or not a safetensors file at all
             return False
 
     def _signed(self, meta: dict[str, str]) -> bool:

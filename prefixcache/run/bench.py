@@ -287,64 +287,81 @@ def _unavoidable_work(model: torch.nn.Module, prepared: Sequence[Prepared]) -> t
 NAIVE_SECONDS = 60.0  # longer than this, the per-label naive mode is estimated unless asked for
 
 
+class _Modes:
+    """The four ways of getting the same scores, each a function of the items it runs on that
+    returns what each item is predicted."""
+
+    def __init__(self, scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepared], naive_limit: int,
+                 batching: Batching):
+        self.scorer, self.items, self.prepared, self.batching = scorer, items, prepared, batching
+        self.few = prepared[:naive_limit]
+        self.full = Engine(scorer.engine.model, "standard")
+        self.empty = Prefix((), (), torch.empty(0), 0.0)
+
+    def _pick(self, prep: Prepared, scores: list[float]) -> str | None:
+        """The decision `run` would make from these candidate scores (forms combined,
+        normalisation, calibration, threshold)."""
+        return prediction(self.scorer.decide(prep, prep.groups.combine(scores)), prep.texts)
+
+    def naive(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
+        return [self._pick(p, self.full.score(self.empty, [Row(p.enc.ids, 0, _cands(p))])[0])
+                for p in (self.few if rows is None else rows)]
+
+    def naive_per_label(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
+        return [self._pick(p, score_naive(self.scorer.engine.model, p.enc.ids, _cands(p)))
+                for p in (self.few if rows is None else rows)]
+
+    def cached_single(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
+        engine, prefix = self.scorer.engine, self.scorer.prefix
+        return [self._pick(p, engine.score(prefix, [p.row])[0]) for p in (self.prepared if rows is None else rows)]
+
+    def pipeline(self, items: Sequence[Item] | None = None) -> list[str | None]:
+        self.scorer.clear()  # the warm-up's scores must not be reused
+        return [record_prediction(r) for r in classify(self.scorer, self.items if items is None else items,
+                                                       self.batching)]
+
+    def warm_up(self) -> tuple[list[float], float]:
+        """Each mode's estimated seconds on its items, from a warm-up (first calls pay for
+        allocations and kernel set-up) on one item, one label of one item for the per-label mode
+        (each label is a forward of its own), and a few items of the pipeline; and the seconds of
+        one item of the per-label mode."""
+        first, warm = self.few[0], self.items[:min(self.batching.size, WARM_ITEMS)]
+        model = self.scorer.engine.model
+        per_label = _seconds(lambda: score_naive(model, first.enc.ids, _cands(first)[:1])) * len(_cands(first))
+        seconds = [_seconds(lambda: self.naive(self.few[:1])), per_label, _seconds(lambda: self.cached_single(
+            self.prepared[:1])), _seconds(lambda: self.pipeline(warm)) / max(len(warm), 1)]
+        counts = (len(self.few), len(self.few), len(self.prepared), len(self.items))
+        return [s * n for s, n in zip(seconds, counts)], per_label
+
+
+def _cands(prep: Prepared) -> list[tuple[int, ...]]:
+    return list(prep.candidates.values())
+
+
 def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepared], naive_limit: int,
                  batching: Batching, step: Step = _quiet, estimate_slow: bool = False) -> list[ModeResult]:
     """The four ways of getting the same scores, each timed after a warm-up on the same items
     (`estimate_slow`: the per-label naive mode estimated when it would take over NAIVE_SECONDS)."""
-    engine, prefix = scorer.engine, scorer.prefix
-    model, device = engine.model, engine.device
-    few = prepared[:naive_limit]
-    full = Engine(model, "standard")
-    empty = Prefix((), (), torch.empty(0), 0.0)
-
-    def pick(prep: Prepared, scores: list[float]) -> str | None:
-        """The decision `run` would make from these candidate scores (forms combined,
-        normalisation, calibration, threshold)."""
-        return prediction(scorer.decide(prep, prep.groups.combine(scores)), prep.texts)
-
-    def cands(prep: Prepared) -> list[tuple[int, ...]]:
-        return list(prep.candidates.values())
-
-    def naive(rows=few) -> list[str]:
-        return [pick(p, full.score(empty, [Row(p.enc.ids, 0, cands(p))])[0]) for p in rows]
-
-    def naive_per_label(rows=few) -> list[str]:
-        return [pick(p, score_naive(model, p.enc.ids, cands(p))) for p in rows]
-
-    def cached_single(rows=prepared) -> list[str]:
-        return [pick(p, engine.score(prefix, [p.row])[0]) for p in rows]
-
-    def pipeline(its=items) -> list[str]:
-        scorer.clear()  # the warm-up's scores must not be reused
-        return [record_prediction(r) for r in classify(scorer, its, batching)]
-
-    # Warm-ups: first calls pay for allocations and kernel set-up. One item (one of its labels for
-    # the per-label mode: each label is a forward of its own) and a few items of the pipeline are
-    # enough; their times give the estimate said next, before the long part starts.
-    labels = len(scorer.task.spec.labels)
-    step(f"warming up each mode on one item (with {labels or 'its'} labels)")
-    first, warm = few[0], items[:min(batching.size, WARM_ITEMS)]
-    per_label = _seconds(lambda: score_naive(model, first.enc.ids, cands(first)[:1])) * len(cands(first))
-    seconds = [_seconds(lambda: naive(few[:1])), per_label,
-               _seconds(lambda: cached_single(prepared[:1])), _seconds(lambda: pipeline(warm)) / max(len(warm), 1)]
-    each = [s * n for s, n in zip(seconds, (len(few), len(few), len(prepared), len(items)))]
+    modes, device = _Modes(scorer, items, prepared, naive_limit, batching), scorer.engine.device
+    step(f"warming up each mode on one item (with {len(scorer.task.spec.labels) or 'its'} labels)")
+    each, per_label = modes.warm_up()
     per_label_name = "naive: full forward per item and label"
     estimated = estimate_slow and each[1] > NAIVE_SECONDS  # minutes per item: said from its first forward, not run
-    left = sum(each) - (each[1] if estimated else 0)
-    step(f"timing every mode: about {_duration(left)} from the warm-up (first calls are slower, so likely less)")
-    first_mode = _timed("naive: full re-encode per item", len(few), naive, device, step, each[0])
+    step(f"timing every mode: about {_duration(sum(each) - (each[1] if estimated else 0))} from the warm-up "
+         f"(first calls are slower, so likely less)")
+    first_mode = _timed("naive: full re-encode per item", len(modes.few), modes.naive, device, step, each[0])
     if estimated:
         step(f"not timing {per_label_name}: about {_duration(each[1])}; its time is estimated from one forward "
              f"(give --limit to time it)")
-        slow = ModeResult(per_label_name, len(few), 1000 * per_label, 1 / per_label, None, estimated=True)
+        slow = ModeResult(per_label_name, len(modes.few), 1000 * per_label, 1 / per_label, None, estimated=True)
     else:
-        slow = _timed(per_label_name, len(few), naive_per_label, device, step, each[1])
+        slow = _timed(per_label_name, len(modes.few), modes.naive_per_label, device, step, each[1])
     pipeline_name = f"run pipeline (<= {batching.size} items, ~{batching.tokens} tokens a batch)"
     return [
         first_mode,
         slow,
-        _timed("cached, one item at a time", len(prepared), cached_single, device, step, each[2]),
-        _timed(pipeline_name, len(items), pipeline, device, step, each[3]),
+        _timed("cached, one item at a time", len(prepared), modes.cached_single, device, step, each[2]),
+        _timed(pipeline_name, len(items), modes.pipeline, device, step, each[3]),
     ]
 
 

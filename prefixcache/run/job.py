@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from ..data.items import Item, ItemsDigest
 from ..data.lock import output_lock
-from ..data.output import (EXACT_BOUND, Start, checked_stream, continue_output, in_input_order, read_fingerprint,
-                           read_records, remove_orphans, start_output, write_fingerprint)
+from ..data.output import read_fingerprint, read_records, write_fingerprint
+from ..data.resume import (EXACT_BOUND, Start, checked_stream, continue_output, in_input_order, remove_orphans,
+                           start_output)
 from ..data.records import Record, id_text, ids_digest, is_error, item_sha
 from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted
 from ..reports.evaluation import Evaluation, Gates, add_record, evaluation_for, write_reports

@@ -11,14 +11,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..data.items import Item, ItemsDigest, detect_format, is_stream, read_items, scan_items
-from ..data.output import OutputFile, check_distinct, check_output, check_report, file_digest, output_format
+from ..data.output import check_distinct, check_output, check_report, output_format
+from ..data.resume import file_digest, OutputFile
 from ..data.records import Keep, columns, keep_clash
 from ..errors import OutputError, SpecError, UsageError
 from ..model.load import dtype_name, model_identity, pick_device
 from ..reports.evaluation import Gates
 from ..scoring.prepare import Batching, spec_model
 from ..task.overrides import with_overrides
-from ..task.spec import SpecFile, TaskSpec, read_spec_file
+from ..task.spec import TaskSpec
+from ..task.specfile import read_spec_file, SpecFile
 from .options import RunOptions, option_words
 from .shards import launch_state, parse_shard, part_path
 

@@ -1,7 +1,9 @@
 """The task: what is asked and how the answer is decided. No torch, no model, no files but the spec.
 
-- spec.py: the YAML task spec in, a frozen, validated `TaskSpec` out (labels, template, examples,
-  multiple choice, normalisation, calibration, threshold);
+- spec.py: `TaskSpec`, frozen and validated (labels, template, examples, multiple choice,
+  normalisation, calibration, threshold), and what an item's fields mean to it (options, gold);
+- keys.py: each key of a spec read into its typed value and checked; `spec_from_mapping`;
+- specfile.py: the spec file: strict YAML, its text and digest (`SpecFile`), `load_spec`;
 - prompt.py: the prompt around an item, the token-clean static prefix, the candidates' tokens;
 - decision.py: from summed log-probabilities to a decision (normalisation, calibration, abstention);
 - lint.py: label sets that first-token scoring would get wrong;

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from jinja2 import TemplateError
+
 from ..errors import ItemError, ModelError, SpecError
 from .decision import Groups
 from .spec import (
@@ -29,10 +31,14 @@ from .spec import (
     option_of,
 )
 
-# Field values used to find where item text starts and which prefix tokens never merge with it.
+# What a model's chat template raises on messages it refuses (jinja's raise_exception, a role it
+# lacks) or when there is no template.
+TEMPLATE_ERRORS = (TemplateError, ValueError, TypeError, KeyError)
+
 if TYPE_CHECKING:  # any Hugging Face tokenizer
     from transformers import PreTrainedTokenizerBase
 
+# Field values used to find where item text starts and which prefix tokens never merge with it.
 _PROBES = ("A", "a", "1", " ", "  x", "\n", "\t", ".", ",", ":", "'s", '"', "-", "<", "é", "中", "x y", "")
 _SENTINEL = "\u2063PREFIXCACHE\u2063"
 ASK_SEP = "\n"  # multi-label: between the item's text and the question about a label
@@ -150,7 +156,7 @@ class PromptBuilder:
     def _apply(self, messages: list[dict[str, str]], generation: bool) -> str:
         try:
             return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
-        except Exception as exc:  # jinja raises its own types; the template is the model's
+        except TEMPLATE_ERRORS as exc:  # the template is the model's
             raise ModelError(f"the model's chat template failed: {exc}")
 
     def _render_chat(self, body: str) -> str:
@@ -159,7 +165,7 @@ class PromptBuilder:
                 return self.tok.apply_chat_template(
                     self._messages(body), tokenize=False, add_generation_prompt=True
                 )
-            except Exception:
+            except TEMPLATE_ERRORS:  # e.g. "System role not supported": the text opens the first turn
                 self._system_role = False
         return self._apply(self._messages(body), generation=True)
 

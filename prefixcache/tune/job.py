@@ -21,7 +21,8 @@ from ..errors import InputError, SpecError, UsageError
 from ..run.options import RunOptions
 from ..run.plan import load_options_spec
 from ..scoring.prepare import Batching
-from ..task.spec import SpecFile, TaskSpec, gold_value, read_spec_file
+from ..task.spec import gold_value, TaskSpec
+from ..task.specfile import read_spec_file, SpecFile
 from .rules import Decided, Gold, Rule, rules_for, spec_rule
 from .selection import Config, Goal, Search, Selection, cv_splits, select
 from .tuned import check_tuned_output, relocated, write_tuned

@@ -14,7 +14,8 @@ import yaml
 
 from .. import safefile
 from ..errors import OutputError, SpecError
-from ..task.spec import SpecFile, spec_from_mapping, spec_text_data
+from ..task.keys import spec_from_mapping
+from ..task.specfile import spec_text_data, SpecFile
 
 log = logging.getLogger("prefixcache")
 _KEY = re.compile(r"^([A-Za-z_][\w-]*)\s*:(.*)$")

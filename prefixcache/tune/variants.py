@@ -20,7 +20,9 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from ..task.overrides import with_overrides
-from ..task.spec import SpecFile, TaskSpec, load_yaml, spec_from_mapping
+from ..task.keys import spec_from_mapping
+from ..task.spec import TaskSpec
+from ..task.specfile import load_yaml, SpecFile
 
 # What a variant may set: the prompt and the model. The decision keys are what tune searches, and
 # the rest say what an item and its gold value are, which every variant must share.
