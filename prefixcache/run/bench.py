@@ -224,7 +224,8 @@ def time_pruning(scorer: Scorer, items: Sequence[Item], batching: Batching, step
     for mode in ("off", "on"):
         scorer.prune(mode)
         batching = dataclasses.replace(batching, pruned=mode == "on")  # as `run` forms its batches
-        warm = items[: batching.size]
+        warm = items[: min(batching.size, WARM_ITEMS)]  # a few items: their time gives the estimate
+        scorer.clear()  # scores kept from an earlier mode would make the warm-up (and the estimate) free
         about = _seconds(lambda: list(classify(scorer, warm, batching))) / len(warm) * len(items)  # warm-up
         scorer.clear()
         step(f"timing pruned label scoring {mode} on {len(items)} items" + (f" (about {_duration(about)})"
