@@ -24,7 +24,11 @@ import functools
 import inspect
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+if TYPE_CHECKING:  # imported when a model is at hand, never on import
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
 
 
 @functools.cache
@@ -43,13 +47,13 @@ def sdpa_forward() -> Callable:
     return sdpa_attention_forward
 
 
-def can_set_attention(model: Any) -> bool:
+def can_set_attention(model: PreTrainedModel) -> bool:
     """Whether the model dispatches attention through transformers' AttentionInterface."""
     return bool(getattr(model, "_can_set_attn_implementation", lambda: False)())
 
 
 @contextmanager
-def attention_implementation(config: Any, name: str) -> Iterator[None]:
+def attention_implementation(config: PretrainedConfig, name: str) -> Iterator[None]:
     """Run the model's forwards with the registered attention `name`, then restore it."""
     previous = config._attn_implementation
     config._attn_implementation = name
@@ -69,12 +73,12 @@ def hub_revision(repo_id: str, cache_dir: str | None = None) -> str | None:
     return parts[parts.index("snapshots") + 1] if "snapshots" in parts[:-1] else None
 
 
-def cache_kwarg(model: Any) -> str:
+def cache_kwarg(model: PreTrainedModel) -> str:
     """The forward's name for the KV cache argument: `cache` in newer releases."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def cache_from(kv: Sequence[tuple[Any, Any]]) -> Any:
+def cache_from(kv: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
     """A DynamicCache holding these per-layer (keys, values); empty for an empty sequence."""
     from transformers import DynamicCache
 
@@ -112,7 +116,7 @@ def progress_bars_enabled() -> bool:
     return logging.is_progress_bar_enabled()
 
 
-def drop_quantizer(model: Any) -> None:
+def drop_quantizer(model: PreTrainedModel) -> None:
     """Mark dequantised GGUF weights as plain floats, so a saved copy loads as such."""
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

@@ -163,3 +163,47 @@ def converted_once(cache_dir):
         fcntl.flock(lock, fcntl.LOCK_EX)
         source = resolve_model(None)
         load_model(source, load_tokenizer(source, cache_dir), cache_dir)
+
+
+# -- a full disk -----------------------------------------------------------------------------------
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 48 KiB file system, mounted for the test (skipped where mounting is not allowed)."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small file system here")
+    yield mount
+    subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+@pytest.fixture()
+def spec_file(tmp_path, tiny_model_dir):
+    """A factory of spec files for the tiny model: `spec_file(labels=[...], template=...)` (any
+    spec keys; `name=` the file's name)."""
+    from helpers import write_spec
+
+    def make(name: str = "spec.yaml", **keys: Any) -> Path:
+        return write_spec(tmp_path, name=name, model=str(tiny_model_dir), **keys)
+
+    return make
+
+
+@pytest.fixture()
+def spec_path(spec_file):
+    """The plainest spec: two labels, tech and billing."""
+    return spec_file(labels=["tech", "billing"])
+
+
+@pytest.fixture()
+def spec_three_labels(spec_file):
+    """Two labels that share a first token (tech, technical) and billing, no gold."""
+    return spec_file(labels=["tech", "technical", "billing"], gold=None)
+
+
+@pytest.fixture()
+def spec_four_labels(spec_file):
+    """tech, technical, billing and a two-word label."""
+    return spec_file(labels=["tech", "technical", "billing", "account access"])

@@ -4,6 +4,7 @@ free ports. One place, so tests never copy helpers from file to file."""
 from __future__ import annotations
 
 import json
+import random
 import socket
 import weakref
 from pathlib import Path
@@ -13,6 +14,8 @@ import yaml
 
 from prefixcache.task.spec import TaskSpec
 from prefixcache.task.specfile import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: configs/, data/samples/, docs/
 
 # Labels chosen to break first-token scoring on the test tokenizer: `tech` is a token-prefix of
 # `technical`, `bill`/`billing` share their first tokens, `account access` is long.
@@ -140,3 +143,74 @@ def naive_yes_logprob(model, tokenizer, spec, record, label: str) -> float:
     shared = common_prefix_len(yes_ids, no_ids)
     lp_yes, lp_no = naive_scores(model, yes_ids[:shared], [yes_ids[shared:], no_ids[shared:]])
     return -math.log1p(math.exp(lp_no - lp_yes))
+
+
+# -- helpers shared by the topic files (run/, data/, model/, cli/) --
+
+
+# -- two processes on one output ---------------------------------------------------------------
+LABELS3 = ["billing", "technical", "account"]
+
+
+WORDS = "crash refund password invoice login error slow payment account screen update billing".split()
+
+
+# -- damaged outputs and parts: resume and merge either finish correctly or refuse in one line ----------
+def damage(data: bytes, rng: random.Random) -> bytes:
+    lines = data.split(b"\n")[:-1]
+    kind = rng.choice(["truncate", "garbage-tail", "garbage-line", "duplicate", "delete", "foreign", "swap"])
+    if kind == "truncate":
+        return data[: rng.randint(0, len(data))]
+    if kind == "garbage-tail":
+        return data + bytes(rng.randint(0, 255) for _ in range(rng.randint(1, 40)))
+    k = rng.randrange(len(lines))
+    if kind == "garbage-line":
+        lines.insert(k, bytes(rng.choice(b'{}[]":,ab\\ 01') for _ in range(rng.randint(1, 30))))
+    elif kind == "duplicate":
+        lines.insert(k, lines[k])
+    elif kind == "delete":
+        del lines[k]
+    elif kind == "foreign":
+        lines.insert(k, b'{"name": "not a record"}')
+    else:
+        j = rng.randrange(len(lines))
+        lines[k], lines[j] = lines[j], lines[k]
+    return b"\n".join(lines) + b"\n"
+
+
+def items_file(tmp_path, n=3, name="in.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"id": f"i{k}", "text": f"ticket {k}"}) + "\n" for k in range(n)))
+    return path
+
+
+def jsonl_of_ids(path: Path, ids) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "text": f"ticket {i!s}"}) + "\n" for i in ids))
+    return path
+
+
+def json_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def ticket_rows(ids) -> list[dict]:
+    return [{"id": f"t{n}", "text": f"{WORDS[n % 12]} {WORDS[(n * 5) % 12]} ticket {n}", "cat": "tech"} for n in ids]
+
+
+def ticket_texts(n: int) -> list[str]:
+    return [f"{WORDS[i % 12]} {WORDS[(i * 7) % 12]} number {i} " + "again " * (i % 5) for i in range(n)]
+
+
+def refund_items_file(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps({"id": k, "text": f"ticket number {k} about a refund"}) + "\n" for k in range(n)))
+    return path
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def write_texts(path: Path, texts) -> Path:
+    path.write_text("".join(json.dumps({"id": f"i{n}", "text": t}) + "\n" for n, t in enumerate(texts)))
+    return path

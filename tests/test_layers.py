@@ -159,3 +159,39 @@ def test_every_module_is_listed_in_its_folders_docstring():
         doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8"))) or ""
         missing = [p.name for p in folder.glob("*.py") if p.name != "__init__.py" and p.name not in doc]
         assert not missing, f"prefixcache/{folder.name}/__init__.py does not list {missing}"
+
+
+def _private_uses(path: Path) -> list[str]:
+    """`module._name` and `from prefixcache... import _name` in a test file, for names bound to
+    prefixcache modules or objects."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    bound, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prefixcache"):
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"from {node.module} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            bound.update(a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("prefixcache"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound:
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_tests_use_only_public_names_of_the_package():
+    """A test that reaches a private name breaks on a rename that changes no behaviour."""
+    tests = PACKAGE.parent / "tests"
+    offenders = {str(p.relative_to(tests)): _private_uses(p) for p in tests.rglob("*.py")}
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_a_test_reaching_a_private_name_is_caught(tmp_path):
+    bad = tmp_path / "test_bad.py"
+    bad.write_text("from prefixcache.model import load\nfrom prefixcache.errors import _x\nload._usable(1)\n")
+    assert sorted(_private_uses(bad)) == ["from prefixcache.errors import _x", "load._usable"]

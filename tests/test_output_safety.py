@@ -302,7 +302,7 @@ def _converted(cache: Path, chat_tokenizer, source: str, name: str) -> Path:
 
     target = models_dir(cache) / name
     load.private_folder(target.parent)
-    load._keep_converted(tiny_model("llama", len(chat_tokenizer)), chat_tokenizer, Path(source), target)
+    load.keep_converted(tiny_model("llama", len(chat_tokenizer)), chat_tokenizer, Path(source), target)
     return target
 
 
@@ -316,7 +316,7 @@ def test_converted_folders_swapped_into_each_others_place_are_not_used(tmp_path,
     b.rename(a)
     (tmp_path / "swap").rename(b)
     source_b = load.ModelSource("b.gguf", "gguf", str(tmp_path / "b.gguf"))
-    assert not load._usable(b, source_b)
+    assert not load.converted_usable(b, source_b)
     assert f"it was converted from {tmp_path / 'a.gguf'}, not from {tmp_path / 'b.gguf'}" in caplog.text
 
 

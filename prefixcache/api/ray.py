@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .classifier import Classifier
+from .classifier import Classifier, SpecLike
 
 
 class Classify:
     """A callable class for `Dataset.map_batches`: `Classifier(**kwargs)` once per actor, then
     each batch (a pandas DataFrame, a pyarrow Table, or a dict of columns) with its predictions."""
 
-    def __init__(self, spec: Any = None, **kwargs: Any):
+    def __init__(self, spec: SpecLike = None, **kwargs: Any):
         kwargs.setdefault("progress", False)  # actors' stderr is a log, not a terminal
         self.classifier = Classifier(spec, **kwargs)
 

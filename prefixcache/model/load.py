@@ -148,7 +148,7 @@ def _foreign(cache_dir: Path) -> str | None:
     return _FOREIGN[cache_dir] or None
 
 
-def _usable(converted: Path, source: ModelSource) -> bool:
+def converted_usable(converted: Path, source: ModelSource) -> bool:
     """A converted copy that is complete, the user's own and signed by this cache, converted from
     `source`, with every file as converted, under folders no other user can change
     (model/private.py). One that fails is not used: removed when it is the user's, left alone in
@@ -175,6 +175,12 @@ def _usable(converted: Path, source: ModelSource) -> bool:
     return True
 
 
+def forget_verified() -> None:
+    """Forget which converted folders this process verified: the next load checks them again
+    (a long-lived process that knows a folder was changed under it)."""
+    _TRUSTED.clear()
+
+
 def remove_stale_conversions(folder: Path, age: float = 3600) -> None:
     """Remove conversions killed mid-write (`.tmp-*` folders of the user's), once `age` seconds old."""
     for stale in folder.glob(".tmp-*") if folder.is_dir() else ():
@@ -192,7 +198,7 @@ def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerB
     try:
         if source.kind == "gguf":
             converted = _converted_dir(source, cache_dir)
-            if _usable(converted, source):
+            if converted_usable(converted, source):
                 return AutoTokenizer.from_pretrained(str(converted))
             path = Path(source.path)
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -285,7 +291,7 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
     return getattr(torch, dtype_name(dtype, device))
 
 
-def _from_pretrained(path: str, dtype: torch.dtype, **kwargs: Any) -> PreTrainedModel:
+def load_weights(path: str, dtype: torch.dtype, **kwargs: Any) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     try:
@@ -306,19 +312,19 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: PreTrainedTokeni
     if foreign is None:
         log.info("converting %s to float weights once (takes a while); later runs load them from %s", path.name, target)
     with compat.gguf_progress_bar(compat.progress_bars_enabled()):
-        model = _from_pretrained(str(path.parent), torch.float32, gguf_file=path.name)
+        model = load_weights(str(path.parent), torch.float32, gguf_file=path.name)
     compat.drop_quantizer(model)  # the weights are plain floats now
     if foreign is not None:
         return model  # said once, by `_foreign`
     try:
-        _keep_converted(model, tokenizer, path, target)
+        keep_converted(model, tokenizer, path, target)
     except Exception as exc:  # a full disk, a read-only or foreign cache: this run goes on, the next converts again
         log.warning("cannot keep the converted weights in %s (%s); the next run converts again", target.parent,
                     getattr(exc, "strerror", None) or first_line(exc)[:160])
     return model
 
 
-def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: Path, target: Path) -> None:
+def keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: Path, target: Path) -> None:
     """Write the converted model aside, signed, and rename it into place, so no reader sees half
     of it."""
     private_folder(target.parent.parent, tighten=False)  # the cache folder, when prefixcache creates it
@@ -339,14 +345,14 @@ def _keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load_gguf(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted: Path, dtype: torch.dtype
+def load_gguf(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted: Path, dtype: torch.dtype
                ) -> PreTrainedModel:
     """The converted copy when there is a good one; a damaged copy is removed and made again."""
     if not _foreign(converted.parent.parent):
         remove_stale_conversions(converted.parent)  # what killed conversions left, on every load
-    if _usable(converted, source):
+    if converted_usable(converted, source):
         try:
-            return _from_pretrained(str(converted), dtype)
+            return load_weights(str(converted), dtype)
         except Exception as exc:
             log.warning("the converted weights in %s are unusable (%s); converting again", converted, first_line(exc)[:160])
             shutil.rmtree(converted, ignore_errors=True)
@@ -361,9 +367,9 @@ def load_model(source: ModelSource, tokenizer: PreTrainedTokenizerBase, cache_di
     dtype = dtype or torch.float32
     try:
         if source.kind == "gguf":
-            model = _load_gguf(source, tokenizer, _converted_dir(source, cache_dir), dtype)
+            model = load_gguf(source, tokenizer, _converted_dir(source, cache_dir), dtype)
         else:
-            model = _from_pretrained(source.path, dtype, trust_remote_code=source.trust_remote_code, **_revision(source))
+            model = load_weights(source.path, dtype, trust_remote_code=source.trust_remote_code, **_revision(source))
     except ModelError:
         raise
     except Exception as exc:

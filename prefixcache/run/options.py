@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 from ..errors import EXIT_GATE
-from ..model.cache import default_cache_dir, store_max_bytes
+from ..model.cache import cache_root, store_max_bytes
 from ..scoring.options import ScoringOptions
 from ..task.spec import TaskSpec
 
@@ -141,8 +141,8 @@ class RunOptions:
         "labels, the winner's score exact; records list the labels left at a bound). auto: a spec with examples and "
         "10 labels or more (where it was measured to pay; see bench)."))
     cache_dir: Path = _opt(
-        None, "--cache-dir", group="model", factory=default_cache_dir, envvar="PREFIXCACHE_CACHE_DIR",
-        cli_type=Optional[Path], parse=lambda path: path.expanduser() if path else default_cache_dir(),
+        None, "--cache-dir", group="model", factory=cache_root, envvar="PREFIXCACHE_CACHE_DIR",
+        cli_type=Optional[Path], parse=lambda path: path.expanduser() if path else cache_root(),
         help="Where converted models and prefilled prefixes are kept (env PREFIXCACHE_CACHE_DIR; default "
              "~/.cache/prefixcache).")
     cache_store: bool = _opt(True, "--no-cache-store", metavar="", cli_type=bool, parse=lambda no: not no,

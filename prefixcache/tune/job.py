@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Mapping
 
 import numpy as np
 
@@ -156,7 +156,7 @@ def _labelled(path: str, o: RunOptions, found: list[Variant]) -> list[Item]:
     fmt = detect_format(path, o.input_format)
     specs = list({id(v.spec): v.spec for v in found}.values())
 
-    def check(record: Any) -> None:
+    def check(record: Mapping[str, Any]) -> None:
         for spec in specs:
             spec.check_record(record)
 

@@ -9,7 +9,7 @@ import pytest
 from helpers import invoke, records, write_spec
 
 from prefixcache import Classifier
-from prefixcache.errors import InputError, SpecError
+from prefixcache.errors import InputError, SpecError, UsageError
 
 TICKETS = ["The app crashes when I open a project.", "I was charged twice, please refund.", "Hi",
            "I forgot my password and cannot sign in.", "Error 502 from the API", "refund my invoice",
@@ -36,7 +36,7 @@ def tiny_clf(setup):
 
 def _close(got, want):
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         g = {k: v for k, v in g.items() if k != "ms"}
         assert g.keys() == w.keys() and g["label"] == w["label"] and g["id"] == w["id"]
         assert all(abs(g["logprobs"][k] - w["logprobs"][k]) < 1e-6 for k in w["logprobs"])
@@ -254,3 +254,20 @@ def test_a_bad_spec_or_size_is_a_typed_error(spec, kwargs, message):
 
     with pytest.raises(PrefixcacheError, match=message):
         Classifier(spec, **kwargs)
+
+
+def test_the_cache_and_its_bound_reach_the_classifier_as_they_reach_run(tmp_path, tiny_model_dir, monkeypatch):
+    """PREFIXCACHE_CACHE_DIR and PREFIXCACHE_STORE_MAX_MB are read by every entry point in one place."""
+    from prefixcache.run.options import RunOptions
+
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PREFIXCACHE_STORE_MAX_MB", "3")
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS)
+    clf = Classifier(spec, progress=False)
+    assert clf.options.cache_dir == tmp_path / "cache" and clf.options.store_max_bytes == 3 * 2**20
+    assert list((tmp_path / "cache" / "prefixes").glob("*.safetensors"))  # its prefix kept in that cache
+    run = RunOptions(spec, "items.jsonl", cache_dir=tmp_path / "cache").scoring()  # what run and tune build from
+    assert run.replace(device="auto") == clf.options.replace(device="auto")
+    monkeypatch.setenv("PREFIXCACHE_STORE_MAX_MB", "lots")
+    with pytest.raises(UsageError, match="PREFIXCACHE_STORE_MAX_MB"):
+        Classifier(spec, progress=False)

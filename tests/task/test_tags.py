@@ -44,7 +44,7 @@ def test_tag_probabilities_equal_a_full_forward_per_label(mode, chat_tokenizer, 
     texts = TEXTS[:6]
     got = list(classify(_scorer(spec, tokenizer, model), _items(texts), Batching(size=4)))
     worst, spread = 0.0, []
-    for record, text in zip(got, texts):
+    for record, text in zip(got, texts, strict=True):
         for label in TAGS:
             want = naive_yes_logprob(model, tokenizer, spec, {"text": text}, label)
             worst = max(worst, abs(record["logprobs"][label] - want), abs(record["probs"][label] - math.exp(want)))
@@ -63,7 +63,7 @@ def test_verbalizer_scores_equal_the_summed_probability_of_the_forms(chat_tokeni
     spec = make_spec(tmp_path, labels=labels)
     scorer = _scorer(spec, chat_tokenizer, model)
     builder = scorer.task.builder
-    for record, text in zip(classify(scorer, _items(TEXTS[:5]), Batching(size=3)), TEXTS[:5]):
+    for record, text in zip(classify(scorer, _items(TEXTS[:5]), Batching(size=3)), TEXTS[:5], strict=True):
         ids = builder.encode_item({"text": text}).ids
         want = {}
         for name, forms in (("billing", ["billing", "payment", "invoice"]), ("technical", ["tech", "technical"]),

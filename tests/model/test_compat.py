@@ -84,7 +84,7 @@ def test_cache_kwarg_and_cache_round_trip(llama):
     assert len(kv) == llama.config.num_hidden_layers, "the returned cache no longer has .layers[i].keys/.values"
     assert all(k.shape[-2] == 4 and v.shape[-2] == 4 for k, v in kv)
     again = compat.cache_layers(compat.cache_from(kv))
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(kv, again)), \
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(kv, again, strict=True)), \
         "DynamicCache(list of (keys, values)) no longer holds what it is given"
 
 

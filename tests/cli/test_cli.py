@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from helpers import TEXTS, invoke, make_spec, write_spec
+from helpers import LABELS, TEXTS, invoke, make_spec, write_spec
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prefixcache import __version__
@@ -24,8 +24,8 @@ def quick_bench(monkeypatch):
     monkeypatch.setattr(bench, "PEAK_SECONDS", 0.05)
 
 @pytest.fixture()
-def spec_path(tmp_path, tiny_model_dir):
-    return write_spec(tmp_path, model=str(tiny_model_dir), examples=[{"text": "refund me", "label": "billing"}])
+def spec_path(spec_file):
+    return spec_file(labels=LABELS, examples=[{"text": "refund me", "label": "billing"}])
 
 
 @pytest.fixture()
@@ -81,13 +81,13 @@ def test_run_writes_records_equal_to_naive_scoring(spec_path, items_path, tmp_pa
     lines = [json.loads(line) for line in rendered.stdout.splitlines()]
     prefix = lines[0]["prompt_ids"][: lines[0]["prefix_len"]]  # every item starts with the same cached ids
     assert len(prefix) > 10
-    for record, r in zip(records, lines):
+    for record, r in zip(records, lines, strict=True):
         assert r["id"] == record["id"]
         assert r["prompt_ids"][: r["prefix_len"]] == prefix[: r["prefix_len"]] and r["prefix_len"] >= len(prefix) - 1
         names = list(r["candidates"])
         want = score_naive(model, r["prompt_ids"], list(r["candidates"].values()))
         got = [record["logprobs"][n] for n in names]
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
         assert record["label"] == names[max(range(len(names)), key=want.__getitem__)]
         assert abs(sum(record["probs"].values()) - 1) < 1e-4
         assert record["item_tokens"] == len(r["prompt_ids"]) - r["prefix_len"]

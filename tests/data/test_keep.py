@@ -22,9 +22,8 @@ def reviews(tmp_path):
 
 
 @pytest.fixture()
-def spec_path(tmp_path, tiny_model_dir):
-    return write_spec(tmp_path, model=str(tiny_model_dir), labels=["positive", "negative"], template="{title}. {body}",
-                      id_field="review_id")
+def spec_path(spec_file):
+    return spec_file(labels=["positive", "negative"], template="{title}. {body}", id_field="review_id")
 
 
 def test_kept_columns_in_csv_need_no_join(spec_path, reviews, tmp_path):

@@ -22,7 +22,7 @@ def _batched(engine, prefix, rows, batch_size):
 
 
 def _max_diff(a, b):
-    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_shared_prefix_is_never_mutated(chat_tokenizer, tmp_path, backend):
     first = engine.score(prefix, rows)
     second = engine.score(prefix, rows)
     assert first == second
-    for (k0, v0), (k1, v1) in zip(before, prefix.kv):
+    for (k0, v0), (k1, v1) in zip(before, prefix.kv, strict=True):
         assert torch.equal(k0, k1) and torch.equal(v0, v1) and k1.shape[0] == 1
     assert torch.equal(logits, prefix.last_logits)
 

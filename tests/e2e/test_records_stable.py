@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
-from helpers import invoke
+from helpers import ROOT, invoke
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = ROOT / "tests" / "golden"
 CASES = [("support-tickets", "tickets.jsonl"), ("general-knowledge", "general_knowledge.jsonl"),
          ("review-aspects", "review_aspects.jsonl"), ("banking-intents", "banking_intents.jsonl")]
 

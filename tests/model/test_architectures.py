@@ -55,7 +55,7 @@ def _score(chat_tokenizer, tmp_path, model, backend):
 
 
 def _max_diff(a, b):
-    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
 
 
 @pytest.mark.parametrize("backend", ["auto", "standard"])

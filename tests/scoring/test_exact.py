@@ -35,7 +35,7 @@ def test_everything_under_the_bound_is_a_float32_run(job, tmp_path, monkeypatch)
     monkeypatch.setattr(exact, "FLOOR", 1e9)  # every item is a close call
     result, records = _exact_run(spec, items, tmp_path / "exact.jsonl")
     assert f"{len(fp32)} of {len(fp32)} items re-scored in float32 (100%" in result.stderr
-    for got, want in zip(records, fp32):
+    for got, want in zip(records, fp32, strict=True):
         assert got["precision"] == "float32" and got["label"] == want["label"]
         assert max(abs(got["logprobs"][k] - want["logprobs"][k]) for k in want["logprobs"]) < 1e-5
 
@@ -54,7 +54,8 @@ def test_labels_equal_a_float32_run_and_rescored_records_are_float32_records(job
     spec, items, fp32 = job
     result, records = _exact_run(spec, items, tmp_path / "exact.jsonl")
     assert [r["label"] for r in records] == [r["label"] for r in fp32]
-    for got, want in zip(records, fp32):
+    assert sum(r["precision"] == "float32" for r in records) >= 4  # the first batch at least was scored again
+    for got, want in zip(records, fp32, strict=True):
         if got["precision"] == "float32":
             assert max(abs(got["logprobs"][k] - want["logprobs"][k]) for k in want["logprobs"]) < 1e-5
             assert got["probs"] == pytest.approx(want["probs"], abs=1e-5)

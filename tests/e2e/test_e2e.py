@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import invoke
+from helpers import ROOT, invoke
 
 from prefixcache.data.items import read_items
 from prefixcache.model.reference import score_naive
@@ -17,7 +17,6 @@ from prefixcache.task.specfile import load_spec
 from prefixcache.scoring.prepare import Batching, Task, spec_model
 from prefixcache.model.load import load_tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "configs" / "support-tickets.yaml"
 TICKETS = ROOT / "data" / "samples" / "tickets.jsonl"
 
@@ -50,7 +49,7 @@ def test_real_model_cached_scores_equal_full_reencode(scorer):
         assert enc.prefix_len == len(scorer.prefix.ids)  # the whole prefix is reused
         want = score_naive(model, enc.ids, list(builder.candidates.values()))
         got = [record["logprobs"][n] for n in names]
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
         assert record["label"] == names[max(range(3), key=want.__getitem__)]
 
 
@@ -73,7 +72,7 @@ def test_real_model_multiple_choice_equals_full_reencode(cache_dir):
         prep = scorer.task.prepare(item)
         assert list(prep.candidates) == item.record["choices"]
         want = score_naive(scorer.engine.model, prep.enc.ids, list(prep.candidates.values()))
-        assert max(abs(a - b) for a, b in zip(record["logprobs"], want)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(record["logprobs"], want, strict=True)) < 1e-4
         assert record["gold"] == item.record["answer"] and record["correct"] == (record["label"] == record["gold"])
 
 
@@ -106,14 +105,14 @@ def quick_conversion(cache_dir, monkeypatch):
 
     _scorer(SPEC, cache_dir)  # the converted copy exists in the session's cache
     [kept] = [m for m in load.converted_models(cache_dir) if m["source"].endswith(".gguf")][:1]
-    real = load._from_pretrained
+    real = load.load_weights
 
-    def from_pretrained(path, dtype, **kwargs):
+    def load_weights(path, dtype, **kwargs):
         if kwargs.pop("gguf_file", None):
             return real(kept["path"], dtype, **kwargs)
         return real(path, dtype, **kwargs)
 
-    monkeypatch.setattr(load, "_from_pretrained", from_pretrained)
+    monkeypatch.setattr(load, "load_weights", load_weights)
     return Path(kept["path"])
 
 

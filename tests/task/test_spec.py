@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import write_spec
+from helpers import ROOT, write_spec
 
 from prefixcache.errors import SpecError
 from prefixcache.task.specfile import load_spec
@@ -100,19 +100,17 @@ SHIPPED = [
 @pytest.mark.parametrize("config,sample,count", SHIPPED)
 def test_shipped_configs_accept_their_samples(config, sample, count):
     """What `run` checks before loading a model, on every config and sample the project ships."""
-    from pathlib import Path
 
     from prefixcache.data.items import scan_items
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     spec = load_spec(root / "configs" / f"{config}.yaml")
     assert scan_items(str(root / "data" / "samples" / sample), None, spec.id_field, spec.check_record) == count
 
 
 def test_every_shipped_config_is_covered():
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     assert {p.stem for p in (root / "configs").glob("*.yaml")} == {c for c, _, _ in SHIPPED}
 
 

@@ -48,12 +48,12 @@ def test_options_scored_like_a_full_forward_per_option(chat_tokenizer, tmp_path,
     clf = _scorer(spec, chat_tokenizer, arch)
     items = list(read_items(str(_items(tmp_path))))
     records = list(classify(clf, items, Batching(size=batch_size)))
-    for item, record in zip(items, records):
+    for item, record in zip(items, records, strict=True):
         prep = clf.task.prepare(item)
         assert list(prep.candidates) == item.record["choices"]
         want = score_naive(clf.engine.model, prep.enc.ids, list(prep.candidates.values()))
         assert len(record["logprobs"]) == len(want)
-        assert max(abs(a - b) for a, b in zip(record["logprobs"], want)) < TOL
+        assert max(abs(a - b) for a, b in zip(record["logprobs"], want, strict=True)) < TOL
         best = max(range(len(want)), key=want.__getitem__)
         assert record["index"] == best and record["label"] == item.record["choices"][best]
         assert sum(record["probs"]) == pytest.approx(1, abs=1e-5)
@@ -68,7 +68,7 @@ def test_normalisations_in_records(chat_tokenizer, tmp_path, how):
     items = list(read_items(str(_items(tmp_path))))
     model = clf.engine.model
     cf = clf.task.content_free("")
-    for item, record in zip(items, classify(clf, items, Batching(size=2))):
+    for item, record in zip(items, classify(clf, items, Batching(size=2)), strict=True):
         prep = clf.task.prepare(item)
         texts, ids = list(prep.candidates), list(prep.candidates.values())
         lps = score_naive(model, prep.enc.ids, ids)
@@ -215,13 +215,13 @@ def test_lettered_layout_scores_equal_a_full_forward(chat_tokenizer, tmp_path, s
     rows = [dict(q, answer="B" if q["id"] == 1 else q["answer"]) for q in QUESTIONS]  # a gold letter, too
     items = list(read_items(str(_items(tmp_path, rows))))
     records = list(classify(clf, items, Batching(size=2)))
-    for item, record in zip(items, records):
+    for item, record in zip(items, records, strict=True):
         prep = clf.task.prepare(item)
         options = item.record["choices"]
         assert "\n".join(f"{'ABCDE'[i]}. {o}" for i, o in enumerate(options)) in prep.enc.text
         assert list(prep.candidates) == (list("ABCDE"[: len(options)]) if score_by == "letter" else options)
         want = score_naive(clf.engine.model, prep.enc.ids, list(prep.candidates.values()))
-        assert max(abs(a - b) for a, b in zip(record["logprobs"], want)) < TOL
+        assert max(abs(a - b) for a, b in zip(record["logprobs"], want, strict=True)) < TOL
         assert record["label"] == options[record["index"]] and record["scored"] == score_by
         gold = item.record["answer"]
         assert record["correct"] == (record["label"] == (options["ABCDE".index(gold)] if gold == "B" else gold))

@@ -25,7 +25,7 @@ def prefilled(chat_tokenizer, tmp_path):
 
 def _same(a, b) -> bool:
     return a.ids == b.ids and torch.equal(a.last_logits, b.last_logits) and all(
-        torch.equal(k1, k2) and torch.equal(v1, v2) for (k1, v1), (k2, v2) in zip(a.kv, b.kv))
+        torch.equal(k1, k2) and torch.equal(v1, v2) for (k1, v1), (k2, v2) in zip(a.kv, b.kv, strict=True))
 
 
 def test_hit_returns_the_same_tensors(prefilled, tmp_path):
