@@ -195,3 +195,11 @@ def test_a_test_reaching_a_private_name_is_caught(tmp_path):
     bad = tmp_path / "test_bad.py"
     bad.write_text("from prefixcache.model import load\nfrom prefixcache.errors import _x\nload._usable(1)\n")
     assert sorted(_private_uses(bad)) == ["from prefixcache.errors import _x", "load._usable"]
+
+
+def test_no_function_of_the_package_is_over_50_lines():
+    """A function longer than a screen does several things: give each its name."""
+    long = [f"{p.relative_to(PACKAGE)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for p in PACKAGE.rglob("*.py") for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 50]
+    assert not long

@@ -245,15 +245,20 @@ def _tag_thresholds(value: Any, path: Path, labels: tuple[Label, ...]) -> tuple[
     return tuple(_threshold(value[name], path) if name in value else 0.5 for name in names)
 
 
-def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> TaskSpec:
-    """Validate the keys of a spec given as a mapping (what a spec file holds); `path` names it in
-    errors, and a relative model path is taken from its folder."""
-    path = Path(path)
+def _known_keys(data: Mapping[str, Any], path: Path) -> None:
+    """Refuse a key no spec has, naming the closest known one."""
     for key in data:
         if key not in KNOWN_KEYS:
             hint = difflib.get_close_matches(str(key), KNOWN_KEYS, n=1)
             extra = f"; did you mean '{hint[0]}'?" if hint else f"; known keys: {', '.join(KNOWN_KEYS)}"
             raise SpecError(f"{path}: unknown key '{key}'{extra}")
+
+
+def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> TaskSpec:
+    """Validate the keys of a spec given as a mapping (what a spec file holds); `path` names it in
+    errors, and a relative model path is taken from its folder."""
+    path = Path(path)
+    _known_keys(data, path)
     template = parse_template(_want_str(data, "template", path, "{text}"), f"{path}: 'template'")
     choices = _want_str(data, "choices", path)
     labels = _labels(data.get("labels"), path, choices)

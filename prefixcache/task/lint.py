@@ -68,6 +68,11 @@ def lint_labels(builder: PromptBuilder) -> list[str]:
                 )
     if not builder.groups.plain:
         return warnings  # forms: the checks below are about one text per label
+    return warnings + _shared_first_tokens(builder, bare) + _length_spread(spec.normalize, cands)
+
+
+def _shared_first_tokens(builder: PromptBuilder, bare: dict[str, tuple[int, ...]]) -> list[str]:
+    """Labels that share their first token: harmless here, fatal for first-token scoring."""
     firsts: dict[int, list[str]] = {}
     for name, ids in bare.items():
         firsts.setdefault(ids[0], []).append(name)
@@ -75,19 +80,17 @@ def lint_labels(builder: PromptBuilder) -> list[str]:
     if len(shared) > SHARED_SHOWN:  # many labels: one line, not one per group
         examples = "; ".join(f"{', '.join(map(repr, group[:3]))}{' ...' if len(group) > 3 else ''}"
                              for _, group in shared[:2])
-        warnings.append(f"{len(shared)} groups of labels share their first token ({examples}; ...): fine for "
-                        "whole-sequence scoring (used here), fatal for first-token scoring")
-        shared = []
-    for tok, group in shared:
-        warnings.append(
-            f"labels {', '.join(map(repr, group))} share their first token {_show(builder, (tok,))!r}: "
-            "fine for whole-sequence scoring (used here), fatal for first-token scoring"
-        )
+        return [f"{len(shared)} groups of labels share their first token ({examples}; ...): fine for "
+                "whole-sequence scoring (used here), fatal for first-token scoring"]
+    return [f"labels {', '.join(map(repr, group))} share their first token {_show(builder, (tok,))!r}: "
+            "fine for whole-sequence scoring (used here), fatal for first-token scoring" for tok, group in shared]
+
+
+def _length_spread(normalize: str, cands: dict[str, tuple[int, ...]]) -> list[str]:
+    """Label lengths far apart under `normalize: sum`, which penalises the long ones."""
     lengths = {name: len(ids) for name, ids in cands.items()}
-    if spec.normalize == "sum" and max(lengths.values()) >= 3 * min(lengths.values()):
-        longest, shortest = max(lengths, key=lengths.get), min(lengths, key=lengths.get)
-        warnings.append(
-            f"label lengths differ a lot ({longest!r}: {lengths[longest]} tokens, {shortest!r}: "
-            f"{lengths[shortest]}); with normalize: sum long labels are penalised, consider mean, pmi or calibrate"
-        )
-    return warnings
+    if normalize != "sum" or max(lengths.values()) < 3 * min(lengths.values()):
+        return []
+    longest, shortest = max(lengths, key=lengths.get), min(lengths, key=lengths.get)
+    return [f"label lengths differ a lot ({longest!r}: {lengths[longest]} tokens, {shortest!r}: "
+            f"{lengths[shortest]}); with normalize: sum long labels are penalised, consider mean, pmi or calibrate"]
