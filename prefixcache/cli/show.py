@@ -176,7 +176,8 @@ def print_dry_run(console: Console, dry: DryRun) -> None:
         f"{dry.prefix_tokens} tokens, encoded once · {dry.item_tokens} item tokens ({dry.item_tokens / max(n, 1):.1f} "
         f"per item) + {dry.label_tokens} label tokens to score\n"
         f"measured on {dry.measured} items: {dry.ms_per_item:.1f} ms/item · estimated {_duration(dry.estimate_seconds)} "
-        f"for all {n} (plus about {dry.load_seconds:.0f} s to load) · nothing was written",
+        f"for all {n} (plus about {dry.load_seconds:.0f} s to load) · nothing was written"
+        + (f"\n{dry.pruning}" if dry.pruning else ""),
         markup=False, soft_wrap=True,
     )
 

@@ -9,6 +9,7 @@ from typing import Any, Iterator, Optional
 from ..data.items import Item
 from ..model.rows import trie
 from ..scoring.prepare import Prepared, Task
+from ..task.spec import TaskSpec
 from .job import Event, Progress, load_scorer
 from .options import RunOptions
 from .pipeline import RunStats, classify
@@ -25,6 +26,7 @@ class DryRun:
     measured: int  # items scored to time the run
     ms_per_item: float
     load_seconds: float
+    pruning: str = ""  # what --prune does on this task, in words ("": it does not apply)
 
     @property
     def item_tokens(self) -> int:
@@ -68,7 +70,18 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
     for _ in classify(scorer, sample, plan.batching, stats):
         pass
     return DryRun(len(scorer.prefix.ids), items, failed, stats.items, stats.ms_per_item,
-                  task.load_seconds + scorer.load_seconds)
+                  task.load_seconds + scorer.load_seconds, _pruning_words(plan.spec, plan.options.prune, scorer.pruning))
+
+
+def _pruning_words(spec: TaskSpec, mode: str, pruned: bool) -> str:
+    """What --prune does on this task, for the dry run's summary."""
+    if pruned:
+        return (f"labels pruned (--prune {mode}{': a spec with examples and 10 labels or more' if mode == 'auto' else ''};"
+                f" the label tokens above are those of scoring every label, the time is measured pruned)")
+    if spec.prunes("on") and mode == "auto" and not spec.auto_prunes:
+        return ("every label scored to the end (--prune auto prunes a spec with examples and 10 labels or more; "
+                "--prune on prunes this one)")
+    return ""
 
 
 def _keeping(items: Iterator[Item], kept: list[Item], n: int) -> Iterator[Item]:

@@ -196,3 +196,21 @@ def records_of(invoke, spec, items, tmp_path):
     out = tmp_path / "few.jsonl"
     assert invoke("run", spec, items, "-o", out, "--overwrite").exit_code == 0
     return records(out)
+
+
+def test_the_dry_run_says_what_pruning_does(tmp_path, spec_file):
+    import json
+
+    from helpers import invoke
+
+    labels = [f"{w} {v}" for w in WORDS[:3] for v in WORDS[3:7]]  # 12 labels
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS[:3])))
+    zero = invoke("run", spec_file(labels=labels), items, "--dry-run")
+    assert "every label scored to the end (--prune auto prunes a spec with examples and 10 labels" in zero.stderr
+    shots = spec_file(name="shots.yaml", labels=labels, examples=[{"text": "refund me", "label": labels[0]}])
+    pruned = invoke("run", shots, items, "--dry-run")
+    assert "labels pruned (--prune auto: a spec with examples and 10 labels or more;" in pruned.stderr
+    assert "labels pruned (--prune on;" in invoke("run", spec_file(labels=labels), items, "--dry-run", "--prune", "on").stderr
+    few = invoke("run", spec_file(name="few.yaml", labels=labels[:3]), items, "--dry-run", "--prune", "off")
+    assert "pruned" not in few.stderr and "to the end" not in few.stderr
