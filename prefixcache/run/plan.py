@@ -66,7 +66,7 @@ class Plan:
             **({"gold_sep": self.spec.gold_sep} if self.spec.multi_label and self.spec.gold else {}),
             **({"prune": o.prune} if self.spec.prunes("on") and (o.prune != "auto" or self.spec.prunes("auto")) else {}),
             # whether records are pruned, whatever the words that said so: a resume never mixes the two
-            **({"pruned": self.spec.prunes(o.prune, o.exact)} if self.spec.prunes("on") else {}),
+            **({"pruned": self.batching.pruned} if self.spec.prunes("on") else {}),
         }
 
 
@@ -129,13 +129,13 @@ def make_plan(options: RunOptions) -> Plan:
     path = part_path(options.output, *part) if launched else options.output
     if launched:
         check_output(path, options.resume or options.update, options.overwrite, out_fmt)
-    output = OutputFile(path, out_fmt, columns(spec, keep or (), precision=options.exact,
-                                               pruned=spec.prunes(options.prune, options.exact)),
+    pruned = spec.prunes(options.prune, options.exact)  # decided once: the scorer is built by the same rule
+    output = OutputFile(path, out_fmt, columns(spec, keep or (), precision=options.exact, pruned=pruned),
                         spec.id_field if spec.id_field_given else "id")
     device = str(launched.device) if launched and options.device == "auto" else options.device
     return Plan(options, spec, fmt, stream, total, output, part, launched, keep,
                 Batching(options.batch_size, options.batch_tokens, options.on_error,
-                         spec.prunes(options.prune, options.exact)), gates, options.exact, device, scanned)
+                         pruned), gates, options.exact, device, scanned)
 
 
 def _check_combinations(options: RunOptions) -> None:
