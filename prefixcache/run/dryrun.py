@@ -9,7 +9,7 @@ from typing import Any, Iterator, Optional
 from ..data.items import Item
 from ..model.rows import trie
 from ..scoring.prepare import Prepared, Task
-from ..task.spec import TaskSpec
+from ..task.spec import PRUNE_AUTO, TaskSpec
 from .job import Event, Progress, load_scorer
 from .options import RunOptions
 from .pipeline import RunStats, classify
@@ -78,7 +78,7 @@ def _pruning_words(spec: TaskSpec, mode: str, pruned: bool) -> str:
     if pruned:
         return (f"labels pruned (--prune {mode}{': a spec with examples and 10 labels or more' if mode == 'auto' else ''};"
                 f" the label tokens above are those of scoring every label, the time is measured pruned)")
-    if spec.prunes("on") and mode == "auto" and not spec.auto_prunes:
+    if spec.prunes("on") and mode == "auto" and not spec.auto_prunes and len(spec.labels) >= PRUNE_AUTO:
         return ("every label scored to the end (--prune auto prunes a spec with examples and 10 labels or more; "
                 "--prune on prunes this one)")
     return ""
