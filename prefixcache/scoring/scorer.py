@@ -1,8 +1,8 @@
 """A task's model at work: the engine, the prefilled prefix, and the scores and decisions of
-prepared items. The public scoring API that `run` and `bench` share.
+prepared items. The scoring API every entry point shares; scorers are built by build.py.
 
 Example:
-    scorer = Scorer.load(task, cache_dir, device="cpu", dtype="float32")
+    scorer = build_scorer(task, ScoringOptions.from_environment(device="cpu", dtype="float32"))
     for batch in task.batches(items, Batching(), scorer.context):
         preps = [p for p in batch if isinstance(p, Prepared)]
         for prep, logprobs in zip(preps, scorer.score(preps)):
