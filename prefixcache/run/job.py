@@ -117,7 +117,7 @@ class Job:
     this process scores), `result`."""
 
     def __init__(self, options: RunOptions, progress: Optional[Progress] = None, stop: Optional[Stop] = None):
-        self._given = options
+        self.options = options  # the plan holds this same object
         self.progress: Progress = progress or (lambda event: None)
         self.stop: Stop = stop or (lambda: None)
         self.started = time.perf_counter()
@@ -131,14 +131,8 @@ class Job:
         self.tag_shapes: Counter = Counter()  # multi-label: records with no tag, every tag or some
         self.reading: Optional[ItemsDigest] = None  # the items this run read, to compare with the plan's
 
-    @property
-    def options(self) -> RunOptions:
-        """The run's options: the plan's once it is made (one copy, never two)."""
-        plan = getattr(self, "plan", None)
-        return plan.options if plan is not None else self._given
-
     def run(self) -> RunResult:
-        self.plan = make_plan(self._given)
+        self.plan = make_plan(self.options)
         with output_lock(self.plan.output.path):  # one writer per output: an overlapping run is refused
             if self.plan.output.is_file:
                 remove_orphans(self.plan.output.path)  # what a killed writer left (an update's aside)

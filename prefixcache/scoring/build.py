@@ -1,6 +1,5 @@
-"""Building a task's scorer whole: `ScoringOptions` (what every entry point may choose about
-scoring) and `build_scorer`, the one place a scorer is made for `run`, `tune`, `bench`,
-`render`, `Classifier` and Ray.
+"""Building a task's scorer whole, from `ScoringOptions` (options.py): `build_scorer` and
+`build_on`, the one place a scorer is made for `run`, `tune`, `bench`, `Classifier` and Ray.
 
 The scorer's contract (`scorer.ItemScorer`), as a pipeline uses it:
 
@@ -29,11 +28,12 @@ import logging
 from .. import compat
 from ..model.cache import prefixes_dir
 from ..model.engine import Engine
-from ..model.load import load_model, pick_device, pick_dtype
+from ..model.load import pick_device
 from ..model.store import PrefixStore
 from .options import ScoringOptions
 from .prepare import Task
 from .scorer import ItemScorer, Scorer
+from .scorer import load_engine as scorer_engine
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,7 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
 def load_engine(task: Task, options: ScoringOptions) -> Engine:
     """The task's model, loaded on the options' device and precision, as an engine (for
     `build_on`: one model for several tasks)."""
-    device = pick_device(options.device)
-    return Engine(load_model(task.source, task.tokenizer, options.cache_dir, device, pick_dtype(options.dtype, device)))
+    return scorer_engine(task, options.cache_dir, options.device, options.dtype)
 
 
 def build_on(task: Task, engine: Engine, options: ScoringOptions) -> Scorer:

@@ -32,6 +32,13 @@ from .pruning import score_pruned
 
 log = logging.getLogger(__name__)
 
+
+def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto") -> Engine:
+    """The task's model on `device` in `dtype` ("auto": see model/load.py), as an engine."""
+    dev = pick_device(device)
+    return Engine(load_model(task.source, task.tokenizer, cache_dir, dev, pick_dtype(dtype, dev)))
+
+
 class ScoreCache:
     """The most recently used prompts' scores, so duplicate items are scored once."""
 
@@ -125,8 +132,7 @@ class Scorer:
         prefilling (and then keeping it there). `says_precision`: records name the precision that
         scored them."""
         start = time.perf_counter()
-        dev = pick_device(device)
-        engine = Engine(load_model(task.source, task.tokenizer, cache_dir, dev, pick_dtype(dtype, dev)))
+        engine = load_engine(task, cache_dir, device, dtype)
         return cls.on(task, engine, store, time.perf_counter() - start, says_precision)
 
     @classmethod
