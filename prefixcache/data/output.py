@@ -26,7 +26,7 @@ from .. import safefile
 from ..errors import OutputError
 from .items import opening
 from .lock import lock_path
-from .records import Record, from_csv_row, to_csv_row
+from .records import TYPE_COLUMN, Record, from_csv_row, to_csv_row
 
 log = logging.getLogger("prefixcache")
 
@@ -201,8 +201,10 @@ def _read_csv(data: bytes, path: str, strict: bool = False) -> tuple[list[Record
     if first is None:
         return [], 0
     header, offset = first
-    if not header or "error" not in header or not {"label", "labels"} & set(header):
-        raise OutputError(f"{path}: its header has no label and error columns; is this a prefixcache output?")
+    questions = any(h.endswith(TYPE_COLUMN) for h in header)
+    if not header or "error" not in header or not ({"label", "labels"} & set(header) or questions):
+        raise OutputError(f"{path}: its header has no label (or question) and error columns; is this a prefixcache "
+                          f"output?")
     header[0] = "id"  # written under the input's name for the id
     records = []
     for row, size in rows:

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from ..errors import InputError
 from .items import Item, item_sha
 from ..task.decision import Bounded, Decision, Tags
+from ..task.questions import Answers, Question
 from ..task.spec import TaskSpec, gold_tags, gold_value, option_of
 
 Record = dict[str, Any]
@@ -48,13 +49,16 @@ def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequ
     """The record of a scored item. `names`: its candidates' texts (labels or options), in order;
     `keep`: the item's fields to copy in after the id (None: all of them); `pruned` (a run with
     pruned label scoring): the labels whose log-prob is a bound."""
-    if isinstance(decision, Tags):
+    if isinstance(decision, Answers):
+        record = _questions_record(spec, item, decision, keep)
+    elif isinstance(decision, Tags):
         record = _tags_record(spec, item, names, logprobs, decision, keep)
     else:
         record = _label_record(spec, item, names, logprobs, decision, keep)
     if pruned is not None:
         record["pruned"] = list(pruned)
-    record["normalize"] = spec.normalize + ("+calibrated" if decision.raw is not None else "")
+    if not isinstance(decision, Answers):  # a question's answer says how it was decided
+        record["normalize"] = spec.normalize + ("+calibrated" if decision.raw is not None else "")
     if precision is not None:  # a run mixing precisions says which made each record
         record["precision"] = precision
     record.update(
@@ -77,6 +81,18 @@ def _tags_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Seq
     if spec.gold:
         gold = gold_tags(item.record, spec.gold, spec.label_names, spec.gold_sep)
         record.update(gold=gold, correct=gold == record["labels"])
+    return record
+
+
+def _questions_record(spec: TaskSpec, item: Item, answers: Answers, keep: Keep) -> Record:
+    """A typed-questions record: question id -> answer (System One shape), and with gold
+    questions, each one's expected answer and whether it was right."""
+    record: Record = {"id": item.id, **kept_fields(item, spec.id_field, keep), "answers": answers.answers()}
+    golds = {q.id: q.kind.option_of(q, item.record[q.gold]) for q in spec.questions if q.gold}
+    if golds:
+        record["gold"] = golds
+        record["correct"] = {qid: spec.question_named(qid).kind.correct(spec.question_named(qid), record["answers"][qid], gold)
+                             for qid, gold in golds.items()}
     return record
 
 
@@ -121,7 +137,7 @@ def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
 
 
 # Names a kept field may not take: the record's own fields (and, in CSV, its per-label columns).
-RECORD_FIELDS = ("id", "label", "labels", "index", "scored", "prob", "margin", "probs", "logprobs", "raw_probs", "pruned", "gold",
+RECORD_FIELDS = ("id", "answers", "label", "labels", "index", "scored", "prob", "margin", "probs", "logprobs", "raw_probs", "pruned", "gold",
                  "correct",
                  "normalize", "precision", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
 
@@ -138,6 +154,8 @@ def keep_clash(spec: TaskSpec, name: str, csv: bool = False) -> str | None:
     read back as one."""
     if name in RECORD_FIELDS:
         return f"{name!r} is a field of the record itself"
+    if any(name == q.id or name.startswith(f"{q.id}{SEP}") for q in spec.questions) and csv:
+        return f"{name!r} is named like a question's CSV columns"
     for _, prefix in PER_LABEL:
         if name.startswith(prefix) and (csv or name[len(prefix):] in spec.label_names):
             return f"{name!r} is named like the record's per-label CSV columns"
@@ -176,8 +194,15 @@ def repeated(records: Iterable[Mapping[str, Any]]) -> Optional[Mapping[str, Any]
     return None
 
 
-def logprobs_in_order(record: Mapping[str, Any], names: Sequence[str]) -> list[float]:
-    """The raw log-probs a record holds, in the order of `names` (its candidates' texts)."""
+def logprobs_in_order(record: Mapping[str, Any], names: Sequence[str], spec: TaskSpec | None = None
+                      ) -> list[float] | None:
+    """The raw log-probs a record holds, in the order of `names` (its candidates' texts); for
+    typed questions (`spec` given), None when an option scored several words (the record holds
+    their combined log-probability only)."""
+    if spec is not None and spec.questions:
+        if any(len(said) > 1 for q in spec.questions for said in q.said):
+            return None
+        return [float(record["answers"][q.id]["x_logprobs"][option]) for q in spec.questions for option in q.options]
     value = record["logprobs"]
     if isinstance(value, list):
         return [float(v) for v in value]
@@ -189,6 +214,8 @@ def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False, p
     """CSV columns: the id, the kept input fields, the record's scalar fields, and one
     prob_/logprob_ column per label (for multiple choice, `probs` and `logprobs` are JSON lists in
     one cell each)."""
+    if spec.questions:
+        return ["id", *keep, *question_columns(spec.questions), "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
     head = ["id", *keep, "label"] + (["index", "scored"] if spec.choices else []) + ["prob", "margin"]
     if spec.multi_label:
         head = ["id", *keep, "labels"]
@@ -208,7 +235,9 @@ def to_csv_row(record: Mapping[str, Any]) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in record.items():
         prefix = dict(PER_LABEL).get(key)
-        if prefix is not None and isinstance(value, dict):
+        if key in ("answers", "gold", "correct") and "answers" in record:
+            flat.update(_flat_answers(record) if key == "answers" else {})
+        elif prefix is not None and isinstance(value, dict):
             flat.update({f"{prefix}{name}": v for name, v in value.items()})
         else:
             flat[key] = value
@@ -220,6 +249,9 @@ def from_csv_row(row: Mapping[str, str]) -> Record:
     """A CSV row back in the JSONL layout (the inverse of `to_csv_row`, ids aside)."""
     if row.get("error"):  # an error row: its id, the kept fields, its digest and the error
         return {"id": row["id"], **input_fields(row), "item_sha": row.get("item_sha", ""), "error": row["error"]}
+    qids = [key[: -len(TYPE_COLUMN)] for key in row if key.endswith(TYPE_COLUMN)]
+    if qids:
+        return _from_flat_answers(row, qids)
     record: Record = {}
     for key, cell in row.items():
         if key == "error":
@@ -238,3 +270,85 @@ def from_csv_row(row: Mapping[str, str]) -> Record:
         else:
             record[key] = cell
     return record
+
+
+# -- typed questions in flat columns: `team`, `team__type`, `team__confidence`, `team__p__billing`, ...
+SEP = "__"
+TYPE_COLUMN = f"{SEP}type"
+_SPREAD = {"probabilities": "p", "x_raw_probabilities": "raw", "x_logprobs": "lp"}  # answer dicts, one column per key
+_ONE = {"x_raw_noul": "raw"}
+
+
+def question_columns(questions: Sequence[Question]) -> list[str]:
+    """Each question's flat columns: its value (the choice, P(yes) or the score), its type, then
+    what its kind reports, and with gold the expected answer and whether it was right."""
+    out = []
+    for q in questions:
+        out += [q.id, f"{q.id}{TYPE_COLUMN}"] + [f"{q.id}{SEP}{c}" for c in q.kind.columns(q)]
+        out += [f"{q.id}{SEP}gold", f"{q.id}{SEP}correct"] if q.gold else []
+    return out
+
+
+def _flat_answers(record: Mapping[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for qid, answer in record["answers"].items():
+        kind = answer["type"]
+        flat[qid], flat[f"{qid}{TYPE_COLUMN}"] = answer[kind], kind
+        for key, value in answer.items():
+            if key in ("type", kind):
+                continue
+            if key in _SPREAD:
+                flat.update({f"{qid}{SEP}{_SPREAD[key]}{SEP}{name}": v for name, v in value.items()})
+            else:
+                flat[f"{qid}{SEP}{_ONE.get(key, key)}"] = value
+        for key in ("gold", "correct"):
+            if qid in record.get(key, {}):
+                flat[f"{qid}{SEP}{key}"] = record[key][qid]
+    return flat
+
+
+def _from_flat_answers(row: Mapping[str, str], qids: Sequence[str]) -> Record:
+    """A typed-questions CSV row back in the JSONL layout."""
+    qids = sorted(qids, key=len, reverse=True)  # the longest id that names a column owns it
+    record: Record = {}
+    answers: dict[str, dict[str, Any]] = {}
+    gold: dict[str, Any] = {}
+    correct: dict[str, Any] = {}
+    for key, cell in row.items():
+        qid = next((q for q in qids if key == q or key.startswith(q + SEP)), None)
+        if qid is None:
+            if key in _INTS + _FLOATS:
+                record[key] = None if cell == "" else (float(cell) if key in _FLOATS else int(cell))
+            elif key != "error" or cell:
+                record[key] = cell
+            continue
+        answer = answers.setdefault(qid, {"type": row[qid + TYPE_COLUMN]})
+        rest = key[len(qid) + len(SEP):] if key != qid else ""
+        spread = next((k for k, short in _SPREAD.items() if rest.startswith(short + SEP)), None)
+        if key == qid:
+            answer[answer["type"]] = (cell or None) if answer["type"] == "choice" else float(cell)
+        elif rest == "type":
+            continue
+        elif spread is not None:
+            answer.setdefault(spread, {})[rest[len(_SPREAD[spread]) + len(SEP):]] = float(cell)
+        elif rest == "gold":
+            gold[qid] = cell
+        elif rest == "correct":
+            correct[qid] = None if cell == "" else cell == "True"
+        elif rest == "legend":
+            answer["legend"] = json.loads(cell)
+        else:
+            answer[next((k for k, short in _ONE.items() if short == rest), rest)] = float(cell)
+    tail = ("prefix_tokens", "item_tokens", "item_sha", "ms")
+    out = {"id": record.pop("id"), **{k: v for k, v in record.items() if k not in tail},
+           "answers": {q: _ordered(a) for q, a in answers.items()}}
+    if gold:
+        out.update(gold=gold, correct=correct)
+    return {**out, **{k: record[k] for k in tail if k in record}}
+
+
+def _ordered(answer: dict[str, Any]) -> dict[str, Any]:
+    """An answer's keys in the order a run writes them."""
+    order = ("type", "choice", "noul", "score", "legend", "probabilities", "confidence", "x_raw_probabilities",
+             "x_raw_noul", "x_logprobs")
+    return {k: answer[k] for k in sorted(answer, key=lambda k: order.index(k) if k in order else len(order))}

@@ -102,10 +102,11 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
         _own_mask(allowed[b, :, prefix_len:], off, n, t)
         first = len(keep)  # kept row of the item's last token; its trie nodes follow
         keep += range(start + n - 1, start + n + m)
-        for cand in row.candidates:
-            term_rows += [first] + [first + 1 + t.index[cand[:k]] for k in range(1, len(cand))]
-            term_toks += cand
-        sizes.append([len(c) for c in row.candidates])
+        for i, cand in enumerate(row.candidates):
+            skip = row.skip(i)  # context ids before the scored ones: read (trie nodes), not scored
+            term_rows += [first + 1 + t.index[cand[:k]] if k else first for k in range(skip, len(cand))]
+            term_toks += cand[skip:]
+        sizes.append([len(c) - row.skip(i) for i, c in enumerate(row.candidates)])
     slots = torch.zeros(T, dtype=torch.long)  # [T]
     real = gather < T
     slots[gather[real]] = torch.arange(B * W).view(B, W)[real]
@@ -325,8 +326,9 @@ class Engine:
         """Summed log-probabilities, one list per row, one float per candidate (in order)."""
         P = len(prefix.ids)
         for r in rows:
-            if not 0 <= r.prefix_len <= P or r.prefix_len >= len(r.ids) or any(not c for c in r.candidates):
-                raise ValueError("each row needs a prefix_len <= the prefix, own ids, and non-empty candidates")
+            if (not 0 <= r.prefix_len <= P or r.prefix_len >= len(r.ids)
+                    or any(len(c) <= r.skip(i) for i, c in enumerate(r.candidates))):
+                raise ValueError("each row needs a prefix_len <= the prefix, own ids, and candidates with ids to score")
         lay = layout(P, rows)
         self.label_tokens += len(lay.ids) - sum(len(r.ids) - r.prefix_len for r in rows)
         logits = None

@@ -12,11 +12,17 @@ Candidate = tuple[int, ...]
 
 @dataclass(frozen=True)
 class Row:
-    """One item to score: its prompt ids, how many lead ids are the cached prefix, its candidates."""
+    """One item to score: its prompt ids, how many lead ids are the cached prefix, its candidates,
+    and per candidate how many of its leading ids are context, read but not scored (a typed
+    question's text before its option: empty, every id is scored)."""
 
     ids: Sequence[int]
     prefix_len: int
     candidates: Sequence[Candidate]
+    skips: Sequence[int] = ()
+
+    def skip(self, i: int) -> int:
+        return self.skips[i] if self.skips else 0
 
 
 @dataclass(frozen=True)

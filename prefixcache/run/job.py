@@ -32,6 +32,7 @@ from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted
 from ..reports.evaluation import Evaluation, Gates, add_record, evaluation_for, write_reports
 from ..scoring.prepare import Task, spec_model
 from ..task.lint import lint_labels, lint_layout
+from ..task.questions import answer_word
 from ..task.spec import LETTERS
 from .options import RunOptions, command_line
 from .pipeline import RunStats, classify
@@ -441,6 +442,8 @@ def _labels_of(record: Record) -> list[str]:
     letter (the options differ per item); for multi-label, each label on, or "(none)"."""
     if is_error(record):
         return ["(error)"]
+    if "answers" in record:  # typed questions: each answer in a word, under its question's id
+        return [f"{qid}={answer_word(answer)}" for qid, answer in record["answers"].items()]
     if "labels" in record:
         return list(record["labels"]) or ["(none)"]
     if record["label"] is None:

@@ -66,7 +66,9 @@ def classify(
         replay = bool(preps) and all(id_text(p.item.id) in done for p in preps)
         known = None
         if replay:  # every item of this batch is written: its scores are in the records
-            known = {p.key: logprobs_in_order(done[id_text(p.item.id)], p.texts) for p in preps}
+            known = {p.key: logprobs_in_order(done[id_text(p.item.id)], p.texts, task.spec) for p in preps}
+            if any(v is None for v in known.values()):
+                known = None  # not all in the records: scored again
         scores = scorer.score(preps, known)
         pending = [entry for entry in batch if id_text(entry.item.id) not in done]
         if not pending:

@@ -45,6 +45,7 @@ class Prepared:
     enc: EncodedItem
     candidates: dict[str, Candidate]  # text scored -> ids
     groups: Groups  # which candidates make each label's (or option's) score
+    skips: tuple[int, ...] = ()  # typed questions: per candidate, its question's ids before the answer (not scored)
 
     @property
     def texts(self) -> list[str]:
@@ -63,7 +64,7 @@ class Prepared:
 
     @property
     def row(self) -> Row:
-        return Row(self.enc.ids, self.enc.prefix_len, list(self.candidates.values()))
+        return Row(self.enc.ids, self.enc.prefix_len, list(self.candidates.values()), self.skips)
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ class Task:
         longest = max(len(c) for c in candidates.values())
         if context and len(enc.ids) + longest - 1 > context:
             raise ItemError(item.id, f"{len(enc.ids)} prompt tokens do not fit the model's context of {context}")
-        return Prepared(item, enc, candidates, groups)
+        return Prepared(item, enc, candidates, groups, self.builder.skips)
 
     def content_free(self, text: str) -> EncodedItem:
         """The prompt with every template field set to `text` (e.g. "" or "N/A")."""

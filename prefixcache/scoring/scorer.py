@@ -26,6 +26,7 @@ from ..model.branches import usable
 from ..model.rows import Candidate, Row
 from ..task.decision import Decision, Groups, Tags, judge, judge_tags, linear_keys, mean_distribution, yes_probs
 from ..model.store import PrefixStore, prefix_key
+from ..task.questions import Answers, decide_question
 from ..task.spec import TaskSpec
 from .prepare import Prepared, Task
 from .pruning import score_pruned
@@ -78,7 +79,7 @@ class ItemScorer(Protocol):
 
     def score(self, preps: Sequence[Prepared], known: Mapping[tuple, list[float]] | None = None) -> Scores: ...
 
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags: ...
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags | Answers: ...
 
     says_pruned: bool
 
@@ -122,6 +123,8 @@ class Scorer:
             self.score_unconditional(list(task.builder.candidates.values()))
         if spec.content_free:
             self.prior = self._calibration_prior()
+        if any(q.content_free for q in spec.questions):
+            self.prior = self._question_priors()
         self._keys: tuple[list[float], list[float]] | None = None  # set by `prune`
         self.says_pruned = False  # records name the labels left at their bound (`prune`)
 
@@ -248,12 +251,15 @@ class Scorer:
         return self._unconditional.peek(candidate)
 
     # -- decisions ----------------------------------------------------------------------------
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags:
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags | Answers:
         """What the item's label scores (`Groups.combine`d) decide: the distribution over its
-        candidates under the spec's normalisation and calibration and the best one, or for a
-        multi-label task each label's probability and whether it is on."""
+        candidates under the spec's normalisation and calibration and the best one, for a
+        multi-label task each label's probability and whether it is on, for typed questions each
+        question's decision."""
         if self.task.spec.multi_label:
             return judge_tags(logprobs, self.task.spec.tag_thresholds, self.prior)
+        if self.task.spec.questions:
+            return self._answers(prep.candidates, prep.skips, logprobs, self.prior)
         return self._judge(prep.candidates, prep.groups, logprobs, self.prior)
 
     def _judge(self, candidates: Mapping[str, Candidate], groups: Groups, logprobs: Sequence[float],
@@ -269,6 +275,33 @@ class Scorer:
             size = len if spec.normalize == "chars" else (lambda t: len(t.encode("utf-8")))
             sizes = groups.combine_lengths([size(text) for text in candidates])
         return judge(logprobs, spec.normalize, tokens, list(groups.names), uncond, prior, spec.threshold, sizes)
+
+    def _answers(self, candidates: Mapping[str, Candidate], skips: Sequence[int], logprobs: Sequence[float],
+                 priors: Sequence[Sequence[float] | None] | None) -> Answers:
+        """Typed questions: each question decided from its own candidates' log-probabilities (a
+        question's numbers never depend on another's)."""
+        spec, ids = self.task.spec, list(candidates.values())
+        decisions, parts, at = [], [], 0
+        for i, (q, keys) in enumerate(zip(spec.questions, self.task.builder.asked)):
+            end = at + len(keys)
+            counts = [len(c) - s for c, s in zip(ids[at:end], skips[at:end])]
+            decisions.append(decide_question(q, logprobs[at:end], counts, priors[i] if priors else None))
+            parts.append(tuple(logprobs[at:end]))
+            at = end
+        return Answers(spec.questions, tuple(decisions), tuple(parts))
+
+    def _question_priors(self) -> list[list[float] | None]:
+        """Per calibrated question, its mean distribution over its content-free inputs (every
+        template field set to one of them), each scored like an item; None for the others."""
+        builder, questions = self.task.builder, self.task.spec.questions
+        texts = list(dict.fromkeys(t for q in questions for t in q.content_free))
+        encoded = [self.task.content_free(text) for text in texts]
+        ids = list(builder.candidates.values())
+        rows = [Row(e.ids, e.prefix_len, ids, builder.skips) for e in encoded]
+        by_text = {t: self._answers(builder.candidates, builder.skips, lps, None)
+                   for t, lps in zip(texts, self.engine.score(self.prefix, rows))}
+        return [mean_distribution([by_text[t].decisions[i].probs for t in q.content_free]) if q.content_free else None
+                for i, q in enumerate(questions)]
 
     def _calibration_prior(self) -> list[float]:
         """The label prior on the content-free inputs, scored like any item: the mean label

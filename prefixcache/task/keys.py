@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from ..errors import SpecError
 from .decision import NORMALIZATIONS
+from .questions import Question, parse_pack
 from .spec import (
     DEFAULT_ANSWER_PREFIX,
     DEFAULT_ANSWERS,
@@ -261,7 +262,7 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
     _known_keys(data, path)
     template = parse_template(_want_str(data, "template", path, "{text}"), f"{path}: 'template'")
     choices = _want_str(data, "choices", path)
-    labels = _labels(data.get("labels"), path, choices)
+    labels = () if "questions" in data else _labels(data.get("labels"), path, choices)
     fmt = _want_str(data, "format", path, "auto")
     if fmt not in FORMATS:
         raise SpecError(f"{path}: 'format' must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -277,6 +278,8 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
     if data.get("model") == "":
         raise SpecError(f"{path}: 'model' is empty; leave it out for the embedded default model, or name one "
                         f"(a hub id, a folder or a .gguf file)")
+    if "questions" in data:
+        return _question_spec(data, path, template, fmt, norm, trust, id_field)
     tagging = _tagging(data, path, choices, labels)
     if tagging and norm != "sum":
         raise SpecError(f"{path}: a multi_label task compares two answers to the same question: normalize "
@@ -302,3 +305,55 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
         score_by=_score_by(data, path, choices),
         **tagging,
     )
+
+
+QUESTION_REFUSED = ("labels", "choices", "multi_label", "question", "answers", "gold_sep", "score_by", "gold", "threshold")
+
+
+def _question_spec(data: Mapping[str, Any], path: Path, template: Template, fmt: str, norm: str, trust: bool,
+                   id_field: str) -> TaskSpec:
+    """A spec of typed questions: the top-level keys that ask one question are refused (each
+    question has its own gold and threshold); `normalize` and `calibrate` are every question's default."""
+    given = next((k for k in QUESTION_REFUSED if k in data), None)
+    if given is not None:
+        where = "each question takes its own" if given in ("gold", "threshold") else "a spec asks 'questions' or one question"
+        raise SpecError(f"{path}: '{given}' cannot be given with 'questions' ({where})")
+    questions = parse_pack(data["questions"], str(path), "sum" if norm == "pmi" and "normalize" not in data else norm,
+                           data.get("calibrate"))
+    return TaskSpec(
+        path=str(path), model=_want_str(data, "model", path), system=_want_str(data, "system", path, "") or "",
+        labels=(), examples=_question_examples(data.get("examples"), path, questions, template), template=template,
+        id_field=id_field, id_field_given="id_field" in data, format=fmt, normalize=norm,
+        answer_prefix=_want_str(data, "answer_prefix", path, DEFAULT_ANSWER_PREFIX), trust_remote_code=trust,
+        revision=_want_str(data, "revision", path), questions=questions,
+    )
+
+
+def _question_examples(value: Any, path: Path, questions: tuple[Question, ...], template: Template) -> tuple[dict, ...]:
+    """Examples of a question spec: the template's fields and `answers`, question id -> answer
+    (any subset), stored as question id -> option."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise SpecError(f"{path}: 'examples' must be a list of records")
+    by_id = {q.id: q for q in questions}
+    out = []
+    for n, ex in enumerate(value, 1):
+        if not isinstance(ex, Mapping) or not isinstance(ex.get("answers"), Mapping) or not ex["answers"]:
+            raise SpecError(f"{path}: example {n} needs 'answers': question id -> answer, e.g. {{{questions[0].id}: ...}}")
+        missing = [f for f in template.fields if f not in ex]
+        if missing:
+            raise SpecError(f"{path}: example {n} lacks field {missing[0]!r} used by the template")
+        answers = {}
+        for qid, given in ex["answers"].items():
+            q = by_id.get(str(qid))
+            if q is None:
+                raise SpecError(f"{path}: example {n} answers {qid!r}, which is not one of the questions "
+                                f"({', '.join(map(repr, by_id))})")
+            option = q.kind.option_of(q, given)
+            if option is None:
+                raise SpecError(f"{path}: example {n} answers {q.id!r} with {given!r}, which is not one of its "
+                                f"answers ({', '.join(map(repr, q.kind.accepted(q)))})")
+            answers[q.id] = option
+        out.append({**ex, "answers": answers})
+    return tuple(out)

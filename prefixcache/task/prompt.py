@@ -77,6 +77,7 @@ class PromptBuilder:
         self._system_role = True
         self._system = spec.system_text()
         self._after_question: str | None = None
+        self.skips: tuple[int, ...] = ()  # typed questions: per candidate, its stem's ids (read, not scored)
         self.prefix_ids = self._find_prefix()
         if not self.prefix_ids:
             raise SpecError(f"{spec.path}: the static prompt prefix is empty (no system text, no examples, and the "
@@ -89,7 +90,7 @@ class PromptBuilder:
         """The item's prompt. Multi-label: up to the questions, which are the branches scored
         after it (`branch_text`)."""
         body = self._body(record, item_id)
-        if not self.spec.multi_label:
+        if not self.branched:
             return self._render_full(body)
         text = self._render_full(f"{body}{ASK_SEP}{_SENTINEL}")
         return text[: text.index(_SENTINEL)]
@@ -97,13 +98,23 @@ class PromptBuilder:
     def _render_full(self, body: str) -> str:
         return self._render_chat(body) if self.mode == "chat" else self._render_plain(body)
 
+    @property
+    def branched(self) -> bool:
+        """Questions are branches after the item (multi-label and typed questions): the item's
+        prompt stops where they start."""
+        return self.spec.multi_label or bool(self.spec.questions)
+
     def branch_text(self, question: str, answer: str) -> str:
-        """Multi-label: what follows the item's prompt for one question and answer, to the end
-        of the answer."""
+        """Multi-label and typed questions: what follows the item's prompt for one question and
+        answer, to the end of the answer."""
+        return self.stem_text(question) + self.candidate_text(answer)
+
+    def stem_text(self, question: str) -> str:
+        """A question as it follows the item's prompt, up to where its answer starts."""
         if self._after_question is None:
             text = self._render_full(_SENTINEL)
             self._after_question = text[text.index(_SENTINEL) + len(_SENTINEL):]
-        return question + self._after_question + self.candidate_text(answer)
+        return question + self._after_question
 
     def _body(self, record: Mapping[str, Any], item_id: object = None) -> str:
         """The template filled in; with a lettered layout `{options}` shows the item's options as
@@ -128,11 +139,25 @@ class PromptBuilder:
     def _shots(self) -> list[tuple[str, str]]:
         """The few-shot examples as (what the user says, the answer). A multi-label example is
         one shot per label: its text and the label's question, answered yes or no."""
+        if self.spec.questions:
+            return self._question_shots()
         if not self.spec.multi_label:
             return [(self._body(ex), self.answer_of(ex)) for ex in self.spec.examples]
         yes, no = self.spec.answers
         return [(f"{self._body(ex)}{ASK_SEP}{self.spec.question_for(label)}", yes if label.name in ex["label"] else no)
                 for ex in self.spec.examples for label in self.spec.labels]
+
+    def _question_shots(self) -> list[tuple[str, str]]:
+        """A question example is one shot per question it answers: its text and the question,
+        answered by the option's first scored text. Within an example the shots follow the
+        questions' text, never the pack's order or ids, so reordering or renaming questions
+        leaves the prompt as it is."""
+        shots = []
+        for ex in self.spec.examples:
+            asked = sorted((self.spec.question_named(qid) for qid in ex["answers"]), key=lambda q: q.branch())
+            for q in asked:
+                shots.append((f"{self._body(ex)}{ASK_SEP}{q.branch()}", q.said[q.options.index(ex["answers"][q.id])][0]))
+        return shots
 
     def _render_plain(self, body: str) -> str:
         blocks = [self._system] if self._system.strip() else []
@@ -258,6 +283,8 @@ class PromptBuilder:
         self._anchor = self._tail_anchor()
         self._anchor_ids = self.encode(self._anchor)
         spec = self.spec
+        if spec.questions:
+            return self._question_candidates()
         if spec.multi_label:
             members = [tuple(self.branch_text(spec.question_for(label), answer) for answer in spec.answers)
                        for label in spec.labels]
@@ -268,6 +295,34 @@ class PromptBuilder:
         order = list(candidates)
         self.groups = Groups(spec.label_names, tuple(tuple(order.index(t) for t in group) for group in members),
                              "yes/no" if spec.multi_label else "forms")
+        return candidates
+
+    def _question_candidates(self) -> dict[str, tuple[int, ...]]:
+        """Typed questions: each scored text of each option of each question, after its question's
+        stem; `self.skips` holds per candidate the stem's length (read, not scored), and
+        `self.asked` per question its candidates' keys, in option order."""
+        candidates: dict[str, tuple[int, ...]] = {}
+        skips, asked = [], []
+        for q in self.spec.questions:
+            stem = self.candidate_ids(self.stem_text(q.branch()), whole=True)
+            keys, seen = [], {}
+            for option, said in zip(q.options, q.said):
+                for text in said:
+                    ids = self.candidate_ids(self.branch_text(q.branch(), text), whole=True)
+                    if ids[: len(stem)] != stem or len(ids) == len(stem):
+                        raise SpecError(f"{self.spec.path}: question {q.id!r}: answer {text!r} does not split "
+                                        f"token-clean from the question (the tokenizer merges it with the text before it)")
+                    if ids in seen:
+                        raise SpecError(f"{self.spec.path}: question {q.id!r}: {seen[ids]!r} and {text!r} tokenise to the "
+                                        f"same ids")
+                    seen[ids] = text
+                    key = f"{q.id}\x1f{text}"
+                    candidates[key] = ids
+                    keys.append(key)
+                    skips.append(len(stem))
+            asked.append(tuple(keys))
+        self.skips, self.asked = tuple(skips), tuple(asked)
+        self.groups = Groups(tuple(candidates), tuple((i,) for i in range(len(candidates))), "forms")
         return candidates
 
     def encode_item(self, record: Mapping[str, Any], item_id: object = None) -> EncodedItem:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from .questions import Question
 
 FORMATS = ("auto", "chat", "plain")
 ITEM_EXTENSIONS = (".jsonl", ".ndjson", ".csv", ".tsv", ".parquet")  # never a spec (a .json may be one)
@@ -38,6 +41,7 @@ KNOWN_KEYS = (
     "question",
     "answers",
     "gold_sep",
+    "questions",
 )
 DEFAULT_QUESTION = "Is this about {label}?"
 DEFAULT_ANSWERS = ("yes", "no")
@@ -124,9 +128,15 @@ class TaskSpec:
     tag_thresholds: tuple[float, ...] = ()  # multi-label: the probability each label needs to be on
     gold_sep: str = DEFAULT_GOLD_SEP  # multi-label: what separates labels in a gold string
     digest: str | None = None  # sha256 of the spec file's bytes (None: not read from a file)
+    questions: tuple[Question, ...] = ()  # typed questions (task/questions.py); then no labels
+
+    def question_named(self, qid: str) -> Question:
+        return next(q for q in self.questions if q.id == qid)
 
     def pruning_refusal(self) -> str | None:
         """Why pruned label scoring cannot apply to this task, or None."""
+        if self.questions:
+            return "typed questions score every option"
         if self.choices:
             return "multiple choice scores each item's own options"
         if self.multi_label:
@@ -188,6 +198,12 @@ class TaskSpec:
         options = choice_list(record, self.choices) if self.choices else None
         if options is not None and (self.lettered or self.score_by == "letter") and len(options) > len(LETTERS):
             raise ValueError(f"has {len(options)} options; lettered options go up to {len(LETTERS)}")
+        for q in self.questions:
+            if q.gold is not None:
+                gold_value(record, q.gold)
+                if q.kind.option_of(q, record[q.gold]) is None:
+                    raise ValueError(f"has gold {record[q.gold]!r} ({q.gold}) for question {q.id!r}, which is not one of its "
+                                     f"answers ({', '.join(map(repr, q.kind.accepted(q)))})")
         if self.gold and self.multi_label:
             gold_tags(record, self.gold, self.label_names, self.gold_sep)
         elif self.gold:
