@@ -38,7 +38,8 @@ TEXTS = [
 
 def write_spec(tmp_path: Path, name: str = "spec.yaml", **data) -> Path:
     data.setdefault("system", "You are a support ticket router.")
-    data.setdefault("labels", LABELS)
+    if "questions" not in data:
+        data.setdefault("labels", LABELS)
     data.setdefault("template", "Ticket: {text}")
     path = tmp_path / name
     path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")

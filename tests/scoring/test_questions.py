@@ -1,0 +1,156 @@
+"""Typed questions scored in one pass: every option, level and yes/no log-probability equals a
+naive full forward of the whole prompt written out by hand, and a question's numbers do not move
+when it is asked alone, reordered or renamed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import TEXTS, make_spec, naive_scores, write_spec
+
+from prefixcache.data.items import Item
+from prefixcache.model.engine import Engine
+from prefixcache.model.load import ModelSource
+from prefixcache.run.pipeline import classify
+from prefixcache.scoring.prepare import Batching, Task
+from prefixcache.scoring.scorer import Scorer
+from prefixcache.task.specfile import load_spec
+
+TOL = 1e-4
+SYSTEM = "You read customer e-mails."
+PACK = {
+    "team": {"type": "choice", "instructions": "Which team should handle it?",
+             "criteria": {"billing": "Invoices and charges", "technical support": None, "sales": "Buying more"}},
+    "blocked": {"type": "noul", "instructions": "Is the customer blocked?", "criteria": {"true": "they cannot work"}},
+    "mood": {"type": "score", "instructions": "How upset is the writer?", "criteria": ["calm", "annoyed", "angry"]},
+    "area": {"type": "choice", "read": "letters", "instructions": "Which product area?",
+             "criteria": {"mobile app": None, "web": "the website", "api": None, "exports": None}},
+}
+EXAMPLES = [
+    {"text": "I was charged twice!", "answers": {"team": "billing", "blocked": False, "mood": 2}},
+    {"text": "The API returns 500 for every call.", "answers": {"area": "api", "blocked": True}},
+]
+
+
+def _scorer(spec, tokenizer, model):
+    return Scorer.start(Task(spec, ModelSource("tiny", "dir", "."), tokenizer), Engine(model))
+
+
+def _items(texts):
+    return [Item(i, {"id": i, "text": t}, i + 1) for i, t in enumerate(texts)]
+
+
+def _whole_prompt(tokenizer, spec, record, question) -> tuple[str, bool]:
+    """The prompt up to one question's answer, written out by hand: the system turn, each
+    example once per question it answers (in the order of the questions' text), then the item
+    and the question; and whether the tokenizer adds its special tokens (plain layout)."""
+    def ask(fields, q):
+        return f"{spec.template.render(fields)}\n{q.branch()}"
+
+    shots = []
+    for ex in spec.examples:
+        for q in sorted((spec.question_named(i) for i in ex["answers"]), key=lambda q: q.branch()):
+            shots.append((ask(ex, q), q.said[q.options.index(ex["answers"][q.id])][0]))
+    if tokenizer.chat_template:
+        messages = [{"role": "system", "content": spec.system}]
+        for said, answer in shots:
+            messages += [{"role": "user", "content": said}, {"role": "assistant", "content": answer}]
+        messages.append({"role": "user", "content": ask(record, question)})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False
+    blocks = [spec.system] + [f"{said}\n{spec.answer_prefix} {answer}" for said, answer in shots]
+    return "\n\n".join(blocks + [f"{ask(record, question)}\n{spec.answer_prefix}"]), True
+
+
+def naive_option_logprobs(model, tokenizer, spec, record, question) -> dict[str, float]:
+    """Each option's summed log-probability, from a full forward of the whole prompt and answer,
+    tokenised in one piece."""
+    prompt, special = _whole_prompt(tokenizer, spec, record, question)
+    end = tokenizer.eos_token if not special else "\n"
+    stem = tokenizer(prompt, add_special_tokens=special)["input_ids"]
+    out = {}
+    for option, said in zip(question.options, question.said):
+        text = prompt + (f" {said[0]}" if special else said[0]) + end
+        whole = tokenizer(text, add_special_tokens=special)["input_ids"]
+        assert whole[: len(stem)] == stem
+        out[option] = naive_scores(model, stem, [whole[len(stem):]])[0]
+    return out
+
+
+@pytest.mark.parametrize("mode,arch", [("chat", "llama"), ("plain", "qwen2")])
+def test_every_answer_equals_a_full_forward_of_its_whole_prompt(mode, arch, chat_tokenizer, plain_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    tokenizer = chat_tokenizer if mode == "chat" else plain_tokenizer
+    model = tiny_model(arch, len(tokenizer))
+    spec = make_spec(tmp_path, system=SYSTEM, questions=PACK, examples=EXAMPLES, template="E-mail: {text}")
+    texts = TEXTS[:5]
+    got = list(classify(_scorer(spec, tokenizer, model), _items(texts), Batching(size=3)))
+    worst, spread = 0.0, []
+    for record, text in zip(got, texts, strict=True):
+        for q in spec.questions:
+            want = naive_option_logprobs(model, tokenizer, spec, {"text": text}, q)
+            answer = record["answers"][q.id]
+            worst = max([worst] + [abs(answer["x_logprobs"][o] - want[o]) for o in q.options])
+            spread += list(want.values())
+            probs = [math.exp(want[o] - max(want.values())) for o in q.options]
+            probs = [p / sum(probs) for p in probs]
+            if q.type == "noul":
+                assert answer["noul"] == pytest.approx(probs[0], abs=TOL)
+            else:
+                assert list(answer["probabilities"].values()) == pytest.approx(probs, abs=TOL)
+    assert worst < TOL
+    assert max(spread) - min(spread) > 100 * TOL  # the check can fail: options and items differ
+
+
+def _probabilities(records, qid):
+    out = []
+    for r in records:
+        a = r["answers"][qid]
+        out += [a["noul"]] if a["type"] == "noul" else list(a["probabilities"].values())
+    return out
+
+
+@pytest.mark.parametrize("examples", [[], EXAMPLES], ids=["zero-shot", "examples"])
+def test_a_question_does_not_move_when_asked_alone_reordered_or_renamed(examples, chat_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    model = tiny_model("llama", len(chat_tokenizer))
+    engine = Engine(model)
+    texts = TEXTS[:4]
+
+    def run(pack, exs, name):
+        spec = load_spec(write_spec(tmp_path, name, system=SYSTEM, questions=pack, **({"examples": exs} if exs else {})))
+        return list(classify(Scorer.start(Task(spec, ModelSource("tiny", "dir", "."), chat_tokenizer), engine),
+                             _items(texts), Batching(size=4)))
+
+    everything = run(PACK, examples, "all.yaml")
+    reordered = run(dict(reversed(list(PACK.items()))), examples, "reordered.yaml")
+    renamed = run({f"q{i}": q for i, q in enumerate(PACK.values())}, [
+        {**ex, "answers": {f"q{list(PACK).index(k)}": v for k, v in ex["answers"].items()}} for ex in examples],
+        "renamed.yaml")
+    for i, qid in enumerate(PACK):
+        want = _probabilities(everything, qid)
+        assert _probabilities(reordered, qid) == pytest.approx(want, abs=1e-5)
+        assert _probabilities(renamed, f"q{i}") == pytest.approx(want, abs=1e-5)
+        if not examples:  # with examples the prefix shows the other questions' example answers
+            alone = run({qid: PACK[qid]}, [], f"alone-{qid}.yaml")
+            assert _probabilities(alone, qid) == pytest.approx(want, abs=1e-5)
+    assert everything[0]["answers"] != everything[1]["answers"]  # the items differ
+
+
+def test_calibration_divides_out_each_questions_content_free_prior(chat_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    model = tiny_model("llama", len(chat_tokenizer))
+    pack = {"team": {**PACK["team"], "calibrate": True}, "blocked": PACK["blocked"]}
+    spec = make_spec(tmp_path, system=SYSTEM, questions=pack)
+    scorer = _scorer(spec, chat_tokenizer, model)
+    (record,) = classify(scorer, _items(TEXTS[:1]))
+    team, blocked = record["answers"]["team"], record["answers"]["blocked"]
+    assert "x_raw_probabilities" in team and "x_raw_noul" not in blocked
+    prior = scorer.prior[0]
+    raw = list(team["x_raw_probabilities"].values())
+    weighted = [p / max(q, 1e-12) for p, q in zip(raw, prior)]  # a prior is floored at 1e-12
+    assert list(team["probabilities"].values()) == pytest.approx([w / sum(weighted) for w in weighted], abs=1e-9)
+    assert scorer.prior[1] is None
