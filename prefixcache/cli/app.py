@@ -138,9 +138,9 @@ def render(spec: Path = SPEC_ARG, items: str = ITEMS_ARG, text: bool = RENDER_TE
         source, fmt = "<stdin>" if items == "-" else items, detect_format(items, options.input_format)
         for item in islice(read_options_items(options, task_spec), options.limit):
             check_item(item, task_spec.check_record, source, fmt)  # as run's check: exit 2 naming the line
-            rendered = task.render(item)
-            sys.stdout.write(rendered_text(rendered, task.tokenizer.decode) if text
-                             else json.dumps(rendered, ensure_ascii=False) + "\n")
+            for rendered in task.renders(item):
+                sys.stdout.write(rendered_text(rendered, task.tokenizer.decode) if text
+                                 else json.dumps(rendered, ensure_ascii=False) + "\n")
         sys.stdout.flush()
 
 

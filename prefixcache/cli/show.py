@@ -17,6 +17,7 @@ from rich.table import Table
 
 from ..errors import shown
 from ..reports.evaluation import Evaluation, TagEvaluation
+from ..reports.questions import QuestionsEvaluation, kind_figures
 
 if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only read their figures
     from ..reports.diff import Comparison
@@ -76,7 +77,15 @@ def _rescored(figures: Rescoring) -> str:
             f"gap bound {figures.bound:.3g})")
 
 
-def print_evaluation(console: Console, evaluation: Evaluation | TagEvaluation) -> None:
+def print_evaluation(console: Console, evaluation: Evaluation | TagEvaluation | QuestionsEvaluation) -> None:
+    if isinstance(evaluation, QuestionsEvaluation):
+        table = Table("question", "type", "accuracy", "figures", "ECE")
+        for qid, v in evaluation.per_question().items():
+            table.add_row(_plain(qid), v["type"], f"{v['accuracy']:.3f}", kind_figures(v), f"{v.get('ece', 0.0):.3f}")
+        console.print(f"{evaluation.n} items with gold answers" + (f", {evaluation.failed} failed" if evaluation.failed
+                                                                   else ""), markup=False, soft_wrap=True)
+        print_table(console, table)
+        return
     if not isinstance(evaluation, Evaluation):  # multi-label
         console.print(evaluation.headline(), markup=False, soft_wrap=True)
         _per_label_table(console, evaluation)
@@ -259,9 +268,14 @@ def rendered_text(rendered: dict, decode: Callable[[list[int]], str]) -> str:
     if "labels" in rendered:  # forms of a label, or a multi-label question's yes and no
         candidates += "\n----- labels, each scored by its candidates above -----\n" + "\n".join(
             f"  {label!r}: {' | '.join(map(repr, texts))}" for label, texts in rendered["labels"].items())
-    return (f"=== item {rendered['id']} ===\n{prefix}"
+    if "options" in rendered:  # a question's options, each scored by its texts above
+        candidates += "\n----- options, each scored by the texts above -----\n" + "\n".join(
+            f"  {option!r}: {' | '.join(map(repr, texts))}" for option, texts in rendered["options"].items())
+    asked = f" · question {rendered['question']!r} ({rendered['type']})" if "question" in rendered else ""
+    after = "after the question" if asked else "after the item"
+    return (f"=== item {rendered['id']}{asked} ===\n{prefix}"
             f"\n----- cached prefix above ({cut} tokens), the item's own {len(ids) - cut} tokens below -----\n"
-            f"{own}\n----- candidates, scored after the item -----\n{candidates}\n\n")
+            f"{own}\n----- candidates, scored {after} -----\n{candidates}\n\n")
 
 
 def print_tune(result: TuneResult, top: int) -> None:

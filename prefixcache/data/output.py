@@ -144,7 +144,7 @@ def read_records(path: str, fmt: str | None = None, strict: bool = False) -> Wri
 
 
 def _is_record(value: Any) -> bool:
-    return isinstance(value, dict) and "id" in value and ("label" in value or "labels" in value or "error" in value) \
+    return isinstance(value, dict) and "id" in value and any(k in value for k in ("label", "labels", "answers", "error")) \
         and _well_formed(value)
 
 
@@ -154,11 +154,27 @@ def _well_formed(record: Mapping[str, Any]) -> bool:
         return False
     if "error" in record:
         return isinstance(record["error"], str)
+    if "answers" in record:
+        return _answers_well_formed(record["answers"])
     label, labels, prob, probs = record.get("label"), record.get("labels", []), record.get("prob"), record.get("probs", {})
     values = probs.values() if isinstance(probs, dict) else probs if isinstance(probs, list) else None
     return ((label is None or isinstance(label, str)) and isinstance(labels, list)
             and all(isinstance(v, str) for v in labels) and (prob is None or _is_number(prob))
             and values is not None and all(_is_number(v) for v in values))
+
+
+def _answers_well_formed(answers: Any) -> bool:
+    """Every answer has a type, its value, and number-valued probabilities and log-probabilities."""
+    if not isinstance(answers, dict):
+        return False
+    for answer in answers.values():
+        if not isinstance(answer, dict) or not isinstance(answer.get("type"), str) or answer["type"] not in answer:
+            return False
+        for key in ("probabilities", "x_logprobs"):
+            values = answer.get(key, {})
+            if not isinstance(values, dict) or not all(_is_number(v) for v in values.values()):
+                return False
+    return True
 
 
 def _is_id(value: Any) -> bool:

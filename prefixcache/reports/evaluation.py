@@ -18,10 +18,11 @@ import re
 from xml.sax.saxutils import escape, quoteattr
 
 from .. import safefile
-from ..errors import OutputError
+from ..errors import OutputError, UsageError
 from ..data.records import Record, is_error
 from ..task.spec import TaskSpec
 from .markdown import cell
+from .questions import QuestionsEvaluation, evaluate_questions
 
 ABSTAIN = "(abstained)"
 CALIBRATION_BINS = 10
@@ -301,11 +302,48 @@ class Gates:
 
     min_accuracy: float | None = None
     min_recall: float | None = None  # for every label
+    per_question: tuple[tuple[str, float], ...] = ()  # typed questions: (question id, least accuracy)
+
+    @classmethod
+    def parse(cls, min_accuracy: float | str | None, min_recall: float | None = None) -> "Gates":
+        """The gates from the options: --min-accuracy is a number (every question, or the label
+        task's accuracy) or QUESTION=NUMBER pairs separated by commas."""
+        if min_accuracy is None or isinstance(min_accuracy, (int, float)):
+            return cls(min_accuracy, min_recall)
+        plain, per = None, []
+        for part in str(min_accuracy).split(","):
+            name, _, value = part.rpartition("=")
+            try:
+                bound = float(value)
+            except ValueError:
+                bound = -1.0
+            if not 0 <= bound <= 1 or (not name and "=" in part):
+                raise UsageError(f"--min-accuracy takes a number in [0, 1], or QUESTION=NUMBER pairs separated by "
+                                 f"commas; got {part!r}")
+            if name:
+                per.append((name.strip(), bound))
+            else:
+                plain = bound
+        return cls(plain, min_recall, tuple(per))
+
+    def check(self, spec: TaskSpec) -> None:
+        """Refuse gates that name no question of the spec (or name one in a label task)."""
+        qids = [q.id for q in spec.questions if q.gold]
+        for qid, _ in self.per_question:
+            if not spec.questions:
+                raise UsageError(f"--min-accuracy {qid}=...: naming a question applies to specs with 'questions'")
+            if qid not in qids:
+                raise UsageError(f"--min-accuracy names {qid!r}, which is not a question with gold "
+                                 f"({', '.join(map(repr, qids)) or 'none has gold'})")
+        if spec.questions and self.min_recall is not None:
+            raise UsageError("--min-recall applies to label tasks; gate questions with --min-accuracy QUESTION=NUMBER")
 
 
-def evaluation_for(spec: TaskSpec, records: Iterable[Record] = ()) -> Evaluation | None:
+def evaluation_for(spec: TaskSpec, records: Iterable[Record] = ()) -> Evaluation | QuestionsEvaluation | None:
     """An Evaluation for a task spec, holding `records` already written (error records are left
     out); None when the spec has no gold field."""
+    if spec.questions:
+        return evaluate_questions(spec.questions, records) if spec.has_gold else None
     if not spec.gold:
         return None
     return evaluate(None if spec.choices else spec.label_names, records, spec.multi_label)
@@ -321,7 +359,9 @@ def evaluate(labels: Sequence[str] | None, records: Iterable[Record] = (), tags:
 
 
 def add_record(evaluation: Evaluation | TagEvaluation, record: Record) -> None:
-    if is_error(record):
+    if isinstance(evaluation, QuestionsEvaluation):
+        evaluation.add(record)
+    elif is_error(record):
         evaluation.add_failed()
     elif isinstance(evaluation, TagEvaluation):
         evaluation.add(record["gold"], record["labels"], record.get("probs"))

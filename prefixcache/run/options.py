@@ -115,16 +115,18 @@ class RunOptions:
         help="The model, instead of the spec's: a hub id, a local model folder or a .gguf file.")
     revision: Optional[str] = _opt(None, "--revision", group="model",
                                    help="A hub model's branch, tag or commit (instead of the spec's 'revision').")
-    gold: Optional[str] = _opt(None, "--gold",
-                               help="Item field with the expected label or option (overrides the spec's 'gold').")
+    gold: Optional[str] = _opt(None, "--gold", help=(
+        "Item field with the expected label or option (overrides the spec's 'gold'); typed questions: "
+        "QUESTION=FIELD pairs separated by commas."))
     gold_sep: Optional[str] = _opt(None, "--gold-sep", help=(
         "Multi-label: what separates the labels in a gold string (default ','; a JSON list is always read as one)."))
     metrics: Optional[Path] = _opt(None, "--metrics", help="Write the evaluation as JSON to this file.")
     summary_md: Optional[Path] = _opt(None, "--summary-md",
                                       help="Write the evaluation as Markdown (e.g. $GITHUB_STEP_SUMMARY).")
     junit: Optional[Path] = _opt(None, "--junit", help="Write the evaluation as a JUnit XML report.")
-    min_accuracy: Optional[float] = _opt(None, "--min-accuracy", min=0.0, max=1.0,
-                                         help=f"Exit with code {EXIT_GATE} when accuracy is below this.")
+    min_accuracy: Optional[str] = _opt(None, "--min-accuracy", metavar="NUMBER|QUESTION=NUMBER,...", help=(
+        f"Exit with code {EXIT_GATE} when accuracy is below this (typed questions: every question's, or name "
+        f"them: team=0.8,blocked=0.9)."))
     min_recall: Optional[float] = _opt(None, "--min-recall", min=0.0, max=1.0,
                                        help=f"Exit with code {EXIT_GATE} when any label's recall is below this.")
     device: str = _opt("auto", "--device", group="device", envvar="PREFIXCACHE_DEVICE", metavar="auto|cpu|cuda|cuda:N|mps",

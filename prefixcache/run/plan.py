@@ -106,10 +106,15 @@ def make_plan(options: RunOptions) -> Plan:
     if options.exact and options.dtype not in ("bfloat16", "float16"):
         raise UsageError("--exact re-scores the close calls of a bfloat16 or float16 run in float32: "
                          "give --dtype bfloat16 (or float16)")
-    gates = Gates(options.min_accuracy, options.min_recall)
-    if (options.metrics or options.summary_md or options.junit or gates != Gates()) and not spec.gold:
+    gates = Gates.parse(options.min_accuracy, options.min_recall)
+    if (options.metrics or options.summary_md or options.junit or gates != Gates()) and not spec.has_gold:
         raise SpecError("--metrics, --summary-md, --junit, --min-accuracy and --min-recall need a gold field "
-                        "('gold' in the spec, or --gold)")
+                        + ("(a question's 'gold' in the spec, or --gold QUESTION=FIELD)" if spec.questions
+                           else "('gold' in the spec, or --gold)"))
+    gates.check(spec)
+    if spec.questions and options.exact:
+        raise UsageError("--exact applies to label tasks; typed questions are scored in the model's precision "
+                         "(give --dtype float32 for float32 answers)")
     fmt = detect_format(options.items, options.input_format)
     total, fields, scanned = None, {}, None
     if not stream:  # validate the whole input before the model loads

@@ -162,8 +162,32 @@ class Task:
         """The prompt with every template field set to `text` (e.g. "" or "N/A")."""
         return self.builder.encode_item({f: text for f in self.spec.template.fields})
 
+    def renders(self, item: Item) -> list[dict[str, Any]]:
+        """Exactly the tokens the scorer uses for this item: one entry, or for typed questions one
+        per question, whose `prompt_ids` run on through the question to where its answers start."""
+        if not self.spec.questions:
+            return [self.render(item)]
+        prep = self.prepare(item)
+        out, at = [], 0
+        ids = list(prep.candidates.values())
+        for q, keys in zip(self.spec.questions, self.builder.asked):
+            skip = prep.skips[at]
+            stem = list(ids[at][:skip])
+            scored = {key.split("\x1f", 1)[1]: list(ids[at + i][skip:]) for i, key in enumerate(keys)}
+            entry: dict[str, Any] = {"id": item.id, "question": q.id, "type": q.type,
+                                     "prompt": prep.enc.text + self.tokenizer.decode(stem),
+                                     "prompt_ids": list(prep.enc.ids) + stem, "prefix_len": prep.enc.prefix_len}
+            if all(said == (option,) for option, said in zip(q.options, q.said)):
+                entry["candidates"] = scored
+            else:  # words or letters: the texts scored, and which option each one is
+                entry["candidates"] = scored
+                entry["options"] = {option: list(said) for option, said in zip(q.options, q.said)}
+            out.append(entry)
+            at += len(keys)
+        return out
+
     def render(self, item: Item) -> dict[str, Any]:
-        """Exactly the tokens the scorer uses for this item."""
+        """Exactly the tokens the scorer uses for this item (a task of one question)."""
         prep = self.prepare(item)
         return {
             "id": item.id,

@@ -15,7 +15,11 @@ def with_overrides(spec: TaskSpec, gold: Optional[str] = None, model: Optional[s
                    revision: Optional[str] = None, gold_sep: Optional[str] = None) -> TaskSpec:
     """The spec with what the command line (or environment) sets instead. A model given there is
     a path relative to the current folder, not the spec's."""
-    if gold:
+    if gold and spec.questions:
+        spec = dataclasses.replace(spec, questions=_question_golds(spec, gold))
+    elif gold:
+        if "=" in gold and not any(gold == f for f in spec.template.fields):
+            raise SpecError(f"--gold {gold}: naming a question applies to specs with 'questions'; give the item field")
         spec = dataclasses.replace(spec, gold=gold)
     if gold_sep is not None:
         if not spec.multi_label:
@@ -33,3 +37,18 @@ def with_overrides(spec: TaskSpec, gold: Optional[str] = None, model: Optional[s
             raise SpecError(f"{spec.path}: label {holding[0]!r} holds the gold separator {spec.gold_sep!r}, so no gold "
                             f"value could name it: choose another separator (gold_sep, --gold-sep)")
     return spec
+
+
+def _question_golds(spec: TaskSpec, given: str) -> tuple:
+    """The questions with `--gold QUESTION=FIELD,...` set (the others keep their spec's 'gold')."""
+    fields: dict[str, str] = {}
+    for part in given.split(","):
+        qid, sep, field = part.partition("=")
+        if not sep or not qid.strip() or not field.strip():
+            raise SpecError(f"--gold {given}: a spec with 'questions' takes QUESTION=FIELD pairs separated by commas, "
+                            f"e.g. {spec.questions[0].id}=expected_{spec.questions[0].id}")
+        if qid.strip() not in {q.id for q in spec.questions}:
+            raise SpecError(f"--gold names {qid.strip()!r}, which is not one of the questions "
+                            f"({', '.join(repr(q.id) for q in spec.questions)})")
+        fields[qid.strip()] = field.strip()
+    return tuple(dataclasses.replace(q, gold=fields[q.id]) if q.id in fields else q for q in spec.questions)

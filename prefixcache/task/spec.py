@@ -130,6 +130,11 @@ class TaskSpec:
     digest: str | None = None  # sha256 of the spec file's bytes (None: not read from a file)
     questions: tuple[Question, ...] = ()  # typed questions (task/questions.py); then no labels
 
+    @property
+    def has_gold(self) -> bool:
+        """Items carry expected answers: the spec's gold field, or a question's."""
+        return bool(self.gold) or any(q.gold for q in self.questions)
+
     def question_named(self, qid: str) -> Question:
         return next(q for q in self.questions if q.id == qid)
 

@@ -154,3 +154,25 @@ def test_calibration_divides_out_each_questions_content_free_prior(chat_tokenize
     weighted = [p / max(q, 1e-12) for p, q in zip(raw, prior)]  # a prior is floored at 1e-12
     assert list(team["probabilities"].values()) == pytest.approx([w / sum(weighted) for w in weighted], abs=1e-9)
     assert scorer.prior[1] is None
+
+
+def test_render_gives_each_question_the_tokens_an_independent_scorer_needs(chat_tokenizer, tmp_path):
+    """One rendered line per item and question: scoring its candidates after its prompt_ids
+    reproduces every x_logprobs of the run."""
+    from conftest import tiny_model
+
+    model = tiny_model("llama", len(chat_tokenizer))
+    spec = make_spec(tmp_path, system=SYSTEM, questions=PACK, examples=EXAMPLES)
+    scorer = _scorer(spec, chat_tokenizer, model)
+    items = _items(TEXTS[:2])
+    records = list(classify(scorer, items))
+    for item, record in zip(items, records, strict=True):
+        lines = scorer.task.renders(item)
+        assert [line["question"] for line in lines] == list(PACK)
+        for line in lines:
+            q = spec.question_named(line["question"])
+            scores = naive_scores(model, line["prompt_ids"], list(line["candidates"].values()))
+            by_text = dict(zip(line["candidates"], scores))
+            for option, said in zip(q.options, q.said):
+                assert record["answers"][q.id]["x_logprobs"][option] == pytest.approx(by_text[said[0]], abs=TOL)
+            assert ("options" in line) == (q.read == "letters")
