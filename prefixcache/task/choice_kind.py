@@ -50,7 +50,14 @@ class ChoiceKind:
                 if form in seen:
                     raise SpecError(f"{at}: options {seen[form]!r} and {name!r} are both scored as {form!r}")
                 seen[form] = name
-        return dict(options=tuple(names), descriptions=tuple(shown(d) or None for _, d in pairs), said=said)
+        listed = entry.get("list", True)
+        if not isinstance(listed, bool):
+            raise SpecError(f"{at}: 'list' must be true (the options and descriptions are shown after the "
+                            f"instructions) or false (only the instructions; each option is scored as it is)")
+        if not listed and entry.get("read") == "letters":
+            raise SpecError(f"{at}: 'read: letters' shows the lettered options: 'list: false' cannot apply")
+        return dict(options=tuple(names), descriptions=tuple(shown(d) or None for _, d in pairs), said=said,
+                    extra={"list": listed})
 
     def branch(self, q: Question) -> str:
         head = f"{q.instructions}\n" if q.instructions else ""
@@ -58,6 +65,8 @@ class ChoiceKind:
             lines = [f"{letter(i)}. {name}" + (f" - {desc}" if desc else "")
                      for i, (name, desc) in enumerate(zip(q.options, q.descriptions))]
             return head + "\n".join(lines) + "\nAnswer with the letter of one option."
+        if not q.extra.get("list", True):
+            return q.instructions or "Answer:"
         lines = [f"- {name}: {desc}" if desc else f"- {name}" for name, desc in zip(q.options, q.descriptions)]
         return head + "Answer with exactly one of these options:\n" + "\n".join(lines)
 

@@ -34,6 +34,8 @@ class NoulKind:
             sides[side] = shown(desc) or None
         if not shown(entry.get("instructions")) and not any(sides.values()):
             raise SpecError(f"{at}: a noul question needs 'instructions' or a described outcome in 'criteria'")
+        if "list" in entry:
+            raise SpecError(f"{at}: 'list' applies to choice questions")
         if entry.get("words") is not None:
             raise SpecError(f"{at}: 'words' apply to choice questions; a noul question scores yes and no")
         return dict(options=(YES, NO), descriptions=(sides[YES], sides[NO]), said=((YES,), (NO,)))

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Protocol, Sequence
 from ..errors import SpecError
 from .decision import NORMALIZATIONS, Decision, judge
 
-COMMON_KEYS = ("type", "instructions", "criteria", "normalize", "calibrate", "threshold", "gold", "read", "words")
+COMMON_KEYS = ("type", "instructions", "criteria", "normalize", "calibrate", "threshold", "gold", "read", "words", "list")
 READS = ("text", "letters")
 DEFAULT_CONTENT_FREE = ("N/A", "", "[MASK]")
 

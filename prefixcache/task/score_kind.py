@@ -27,6 +27,8 @@ class ScoreKind:
             raise SpecError(f"{at} has {n} level{'s' * (n != 1)}; a score question takes a list of {LEAST} to {MOST}")
         if any(not shown(level) for level in levels):
             raise SpecError(f"{at}: every level of a score question needs a description")
+        if "list" in entry:
+            raise SpecError(f"{at}: 'list' applies to choice questions")
         if entry.get("words") is not None:
             raise SpecError(f"{at}: 'words' apply to choice questions; a score question scores its levels' numbers")
         options = tuple(str(i) for i in range(len(levels)))
