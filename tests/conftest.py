@@ -94,6 +94,24 @@ def tiny_model(arch: str, vocab: int, seed: int = 0, init: float = 0.2, position
     return model.float().eval()
 
 
+def planted(model: Any, token: int, strength: float = 8.0) -> Any:
+    """The model with `token` made near-certain after any token but the first of an answer: every
+    embedding gets a large constant first coordinate, which survives to the final norm, and the
+    output row of `token` reads it. A random model finds every label's later tokens unlikely, so
+    no label is ever negligible before its end; planted, a label that ends with `token` (a chat
+    answer's end of turn) is complete, for its probability, at its first tokens, as with a trained
+    model, and pruning leaves labels at a bound."""
+    import torch
+
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb[:, 0] = 20.0
+        head = model.get_output_embeddings().weight
+        head[:, 0] = 0.0
+        head[token, 0] = strength
+    return model
+
+
 ARCHS = ("llama", "qwen2", "gpt2")
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from ..errors import shown
 from ..reports.evaluation import Evaluation, TagEvaluation
 from ..reports.questions import QuestionsEvaluation, kind_figures
+from ..reports.diff import QuestionsComparison
 
 if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only read their figures
     from ..reports.diff import Comparison
@@ -210,8 +211,14 @@ def print_precision_bench(report: PrecisionReport) -> None:
               soft_wrap=True)
 
 
-def print_diff(console: Console, cmp: Comparison, name_a: str, name_b: str, top: int = 10) -> None:
-    """`prefixcache diff`: counts, the flips, the changed items, the largest shifts, the accuracy."""
+def print_diff(console: Console, cmp: Comparison | QuestionsComparison, name_a: str, name_b: str, top: int = 10) -> None:
+    """`prefixcache diff`: counts, the flips, the changed items, the largest shifts, the accuracy
+    (typed questions: question by question)."""
+    if isinstance(cmp, QuestionsComparison):
+        for qid, one in cmp.per_question.items():
+            console.rule(f"question {_plain(qid)}", style="bold")
+            print_diff(console, one, name_a, name_b, top)
+        return
     console.print(f"{cmp.both} items in both · {len(cmp.changed)} changed ({cmp.change_rate:.1%})"
                   + (f" · only in {name_a}: {len(cmp.only_a)}" if cmp.only_a else "")
                   + (f" · only in {name_b}: {len(cmp.only_b)}" if cmp.only_b else ""), markup=False, soft_wrap=True)

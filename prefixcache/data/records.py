@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from ..errors import InputError
 from .items import Item, item_sha
 from ..task.decision import Bounded, Decision, Tags
-from ..task.questions import Answers, Question
+from ..task.questions import Answers, Question, answer_distribution, answer_word
 from ..task.spec import TaskSpec, gold_tags, gold_value, option_of
 
 Record = dict[str, Any]
@@ -352,3 +352,27 @@ def _ordered(answer: dict[str, Any]) -> dict[str, Any]:
     order = ("type", "choice", "noul", "score", "legend", "probabilities", "confidence", "x_raw_probabilities",
              "x_raw_noul", "x_logprobs")
     return {k: answer[k] for k in sorted(answer, key=lambda k: order.index(k) if k in order else len(order))}
+
+
+def question_ids(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The question ids of a typed-questions output, in its order (none for another output)."""
+    first = next((r for r in records if not is_error(r)), None)
+    return list(first["answers"]) if first is not None and "answers" in first else []
+
+
+def question_view(record: Mapping[str, Any], qid: str) -> Record:
+    """One question of a typed-questions record as a label task's record (its answer in a word
+    as the label, its distribution as the probabilities, its gold and whether it was right): what
+    diff and report compare and draw, question by question. Error records stay as they are."""
+    if is_error(record):
+        return dict(record)
+    answer = record["answers"][qid]
+    dist, word = answer_distribution(answer), answer_word(answer)
+    label = None if word not in dist else word
+    top = sorted(dist.values(), reverse=True)
+    view: Record = {"id": record["id"], **input_fields(record), "label": label,
+                    "prob": None if label is None else dist[label],
+                    "margin": top[0] - top[1] if len(top) > 1 else 1.0, "probs": dist}
+    if qid in record.get("gold", {}):
+        view.update(gold=record["gold"][qid], correct=record["correct"][qid])
+    return view

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import InputError, OutputError, UsageError
-from ..data.records import Record, input_fields, is_error, record_id, repeated
+from ..data.records import Record, input_fields, is_error, question_ids, question_view, record_id, repeated
 from ..data.output import check_distinct, check_report, read_records
 from .evaluation import write_report_file
 from .markdown import cell, code
@@ -262,7 +262,42 @@ def compare_outputs(path_a: str, path_b: str) -> Comparison:
             raise InputError(f"{path}: holds two records for item {twice['id']!r}; it was changed after it was "
                              f"written (or joined twice): compare outputs of one run each")
         runs.append(records)
+    asked = question_ids(runs[0]), question_ids(runs[1])
+    if any(asked):
+        if asked[0] and asked[1] and asked[0] != asked[1]:
+            raise InputError(f"{path_a} and {path_b} answer other questions ({', '.join(asked[0])} against "
+                             f"{', '.join(asked[1])}): compare outputs of the same questions")
+        if not (asked[0] and asked[1]) and all(not is_error(r) for run in runs for r in run):
+            raise InputError(f"{path_a if not asked[0] else path_b} holds no answers to questions: compare outputs "
+                             f"of the same kind of spec")
+        return QuestionsComparison({q: compare(*[[question_view(r, q) for r in run] for run in runs])
+                                    for q in asked[0] or asked[1]})
     return compare(*runs)
+
+
+@dataclass
+class QuestionsComparison:
+    """Two typed-questions outputs compared question by question (each a `Comparison` of the
+    question's answers in a word, its distribution and its gold)."""
+
+    per_question: dict[str, Comparison]
+
+    @property
+    def gold(self) -> bool:
+        return any(c.gold for c in self.per_question.values())
+
+    def gate_failures(self, max_change: float | None = None, no_regression: bool = False) -> list[str]:
+        if no_regression and not self.gold:
+            raise UsageError("--fail-on-regression needs gold values in both outputs (run with --gold)")
+        return [f"question {qid!r}: {failure}" for qid, c in self.per_question.items()
+                for failure in c.gate_failures(max_change, no_regression and c.gold)]
+
+    def to_json(self, top: int = 10) -> dict[str, Any]:
+        return {"questions": {qid: c.to_json(top) for qid, c in self.per_question.items()}}
+
+    def to_markdown(self, name_a: str, name_b: str, top: int = 10) -> str:
+        return "".join(c.to_markdown(name_a, name_b, top).replace("### ", f"### question {cell(qid)}: ", 1)
+                       for qid, c in self.per_question.items())
 
 
 def write_diff_reports(cmp: Comparison, name_a: str, name_b: str, md: Path | None, as_json: Path | None,

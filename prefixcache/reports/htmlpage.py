@@ -18,7 +18,7 @@ from .. import safefile
 from ..errors import InputError
 from .evaluation import Evaluation, TagEvaluation, evaluate
 from ..data.output import check_distinct, read_records
-from ..data.records import Record, input_fields, is_error
+from ..data.records import Record, input_fields, is_error, question_ids, question_view
 
 REPORT_EXTRA = "pip install 'prefixcache[report]'"
 
@@ -177,6 +177,32 @@ def build_report(output: str, compare_with: str | None = None, top: int = 15) ->
              f"<p class=muted>{html.escape(_summary_line(records, info))}</p>"]
     if any("labels" in r for r in scored):
         return _tag_page(output, records, scored, parts, gold, compare_with, top)
+    qids = question_ids(records)
+    if qids:
+        return _questions_page(plt, output, records, parts, qids, compare_with, top)
+    parts += _label_sections(plt, records, scored, gold, labels, top)
+    return _page(output, records, parts, compare_with, top)
+
+
+def _questions_page(plt: Any, output: str, records: Sequence[Record], parts: list[str], qids: Sequence[str],
+                    compare_with: str | None, top: int) -> str:
+    """A typed-questions output: each question's answers as a label task's (record.question_view)."""
+    before = read_records(compare_with, strict=True).records if compare_with else None
+    for qid in qids:
+        views = [question_view(r, qid) for r in records]
+        scored = [v for v in views if not is_error(v)]
+        kind = next((r["answers"][qid]["type"] for r in records if not is_error(r)), "")
+        parts.append(f"<h2 class=question>question {html.escape(qid)} <span class=muted>({html.escape(kind)})</span></h2>")
+        parts += _label_sections(plt, views, scored, any("gold" in v for v in scored), list(scored[0]["probs"]), top)
+        if before is not None:
+            parts.append(_compare_section(compare([question_view(r, qid) for r in before], views), compare_with, top))
+    return _page(output, records, parts, None, top)
+
+
+def _label_sections(plt: Any, records: Sequence[Record], scored: Sequence[Record], gold: bool,
+                    labels: list[str] | None, top: int) -> list[str]:
+    """The evaluation, figures and tables of a label task's records."""
+    parts = []
     figures = [_distributions(plt, scored)] if scored else []
     if gold:
         ev = evaluate(labels, records)
@@ -190,7 +216,7 @@ def build_report(output: str, compare_with: str | None = None, top: int = 15) ->
         parts.append(_table("wrong with the highest confidence", wrong[:top], gold))
     parts.append(_table("closest calls (smallest margin)", sorted(scored, key=lambda r: r["margin"])[:top], gold))
     parts.append(_failed_table(records, top))
-    return _page(output, records, parts, compare_with, top)
+    return parts
 
 
 def _page(output: str, records: Sequence[Record], parts: list[str], compare_with: str | None, top: int) -> str:
@@ -237,7 +263,7 @@ def _summary_line(records: Sequence[Record], info: dict[str, Any]) -> str:
     parts = [f"{len(records)} items", f"{len(records) - len(scored)} failed" if len(scored) < len(records) else "",
              f"model {_model_name(info['model'])}" if info.get("model") else "",
              f"{info.get('device', '')} {info.get('dtype', '')}".strip(), f"{ms:.1f} ms/item",
-             f"normalize {scored[0]['normalize']}" if scored else "",
+             f"normalize {scored[0]['normalize']}" if scored and 'normalize' in scored[0] else "",
              _pruned_note(scored)]
     return " · ".join(p for p in parts if p)
 

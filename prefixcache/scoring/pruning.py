@@ -8,7 +8,8 @@ ranking key) bounds its final key from above. Per batch:
 1. the items' own tokens go through the model once (model/branches.py), giving every label's
    first-token bound;
 2. the few labels with the highest bounds are scored to the end;
-3. every other label whose bound is below the best complete key can never win: it is pruned;
+3. every other label whose bound is below the best complete key can never win, and while the
+   labels so bounded hold a negligible share of the probability (below) they are pruned;
    the labels still in the race are scored one token deeper (labels sharing leading tokens share
    the trie nodes), which tightens their bounds, and pruned again, until none is left. Each step
    scores a label's tokens so far again, so an item's race is scored to the end instead as soon
@@ -19,9 +20,13 @@ ranking key) bounds its final key from above. Per batch:
    their bounds (a lower bound of the probability); when that cannot settle abstention, the
    pruned labels are scored to the end too.
 
-The decision (argmax, abstention) and the winner's log-prob are exactly those of full scoring; a
-pruned label's value is its log-prob over the tokens scored before it was pruned, an upper bound,
-and `Bounded.pruned` says which.
+A label leaves the race only while every label left at its bound together holds at most MASS
+(1e-5) of the probability, at their bounds, in each distribution a record reports (the decision's,
+and the raw one when calibrated). So the decision (argmax, abstention) is exactly that of full
+scoring, and every reported probability is within about MASS of it: a complete label's differs
+only through the bounded labels' share of the total, and a pruned label's own is at most that
+share. A pruned label's log-prob is its value over the tokens scored before it was pruned, an
+upper bound, and `Bounded.pruned` says which.
 """
 
 from __future__ import annotations
@@ -37,13 +42,16 @@ from .prepare import Prepared
 
 FIRST = 4  # labels scored to the end before pruning: the highest first-token bounds
 SLACK = 1e-9  # a bound must fall this far below the best key to prune (no float ties decide)
+MASS = 1e-5  # the most probability all labels left at their bounds may hold, in every reported distribution
+Keys = tuple[Sequence[float], Sequence[float]]  # per label, (scale, offset): decision.linear_keys
 
 
-def score_pruned(engine: Engine, prefix: Prefix, preps: Sequence[Prepared], scales: Sequence[float],
-                 offsets: Sequence[float], threshold: float | None) -> list[Bounded]:
-    """Each item's label log-probs (pruned ones as bounds)."""
+def score_pruned(engine: Engine, prefix: Prefix, preps: Sequence[Prepared], keys: Sequence[Keys],
+                 threshold: float | None) -> list[Bounded]:
+    """Each item's label log-probs (pruned ones as bounds). `keys`: the decision's (scales,
+    offsets), then with calibration the raw distribution's: every distribution a record reports."""
     opened = open_items(engine, prefix, [p.row for p in preps])
-    race = _Race(opened, [list(p.candidates.values()) for p in preps], scales, offsets)
+    race = _Race(opened, [list(p.candidates.values()) for p in preps], keys)
     race.deepen({b: race.top(b, FIRST) for b in race.items}, full=set(race.items))
     while True:  # best-first: each item's labels still in the race one token deeper, or to the end
         racing = {b: race.in_race(b) for b in race.items}
@@ -61,8 +69,9 @@ class _Race:
     """Per item, each label's log-prob over its tokens scored so far (`depth`): the final one when
     `depth` is its length, else an upper bound of it."""
 
-    def __init__(self, opened, cands: list[list[tuple[int, ...]]], scales: Sequence[float], offsets: Sequence[float]):
-        self.opened, self.cands, self.scales, self.offsets = opened, cands, scales, offsets
+    def __init__(self, opened, cands: list[list[tuple[int, ...]]], keys: Sequence[Keys]):
+        self.opened, self.cands, self.keysets = opened, cands, keys
+        self.scales, self.offsets = keys[0]  # the decision's
         self.items = range(len(cands))
         self.lps = [[float(opened.first[b, c[0]]) for c in row] for b, row in enumerate(cands)]
         self.depth = [[1] * len(row) for row in cands]
@@ -112,10 +121,25 @@ class _Race:
         return -neg, top
 
     def in_race(self, b: int) -> list[int]:
-        """Incomplete labels that could still win: their bound reaches the best complete key (a
-        tie may win from an earlier position)."""
+        """Incomplete labels still racing: those that could still win (their bound reaches the best
+        complete key; a tie may win from an earlier position), and those whose probability could
+        still matter: the incomplete labels left at their bounds may hold at most MASS of the
+        probability, in the decision's distribution and, when calibrated, the raw one, so that
+        every reported probability is within about MASS of full scoring's."""
         found = self.best(b)
-        return [i for i in self.open_labels(b) if found is None or self.key(i, self.lps[b][i]) >= found[1] - SLACK]
+        open_ = self.open_labels(b)
+        racing = {i for i in open_ if found is None or self.key(i, self.lps[b][i]) >= found[1] - SLACK}
+        for scales, offsets in self.keysets:
+            keys = [scale * lp + offset for scale, lp, offset in zip(scales, self.lps[b], offsets)]
+            top = max(keys)
+            total = sum(math.exp(k - top) for k in keys)
+            held = 0.0
+            for i in sorted(open_, key=keys.__getitem__):  # the least probable stay at their bounds first
+                held += math.exp(keys[i] - top)
+                if held > MASS * total:
+                    racing.update(j for j in open_ if keys[j] >= keys[i])
+                    break
+        return sorted(racing)
 
     def winner_prob_floor(self, b: int) -> float:
         """The winner's probability with every incomplete label at its bound: at most the true one."""

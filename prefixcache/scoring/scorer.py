@@ -125,7 +125,7 @@ class Scorer:
             self.prior = self._calibration_prior()
         if any(q.content_free for q in spec.questions):
             self.prior = self._question_priors()
-        self._keys: tuple[list[float], list[float]] | None = None  # set by `prune`
+        self._keys: list[tuple[list[float], list[float]]] | None = None  # set by `prune`: score_pruned's keys
         self.says_pruned = False  # records name the labels left at their bound (`prune`)
 
     @classmethod
@@ -181,7 +181,7 @@ class Scorer:
             for key in todo:
                 self._scores.put(key, known[key])
         elif todo and self._keys is not None:
-            values = score_pruned(self.engine, self.prefix, list(todo.values()), *self._keys, self.task.spec.threshold)
+            values = score_pruned(self.engine, self.prefix, list(todo.values()), self._keys, self.task.spec.threshold)
             for key, scores in zip(todo, values):
                 self._scores.put(key, scores)
         elif todo:
@@ -207,7 +207,10 @@ class Scorer:
             return False
         ids = list(builder.candidates.values())
         uncond = [self.unconditional(c) for c in ids] if spec.normalize == "pmi" else []
-        self._keys = linear_keys(spec.normalize, [len(c) for c in ids], list(builder.candidates), uncond, self.prior)
+        counts, texts = [len(c) for c in ids], list(builder.candidates)
+        self._keys = [linear_keys(spec.normalize, counts, texts, uncond, self.prior)]
+        if self.prior:  # the raw distribution is reported too: its probabilities are kept exact as well
+            self._keys.append(linear_keys(spec.normalize, counts, texts, uncond))
         return True
 
     @property

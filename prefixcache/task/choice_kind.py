@@ -86,6 +86,9 @@ class ChoiceKind:
         out["x_logprobs"] = per_option_logprobs(q, logprobs)
         return out
 
+    def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
+        return dict(answer["probabilities"])
+
     def summary(self, q: Question, answer: Mapping[str, Any]) -> str:
         return "(abstained)" if answer["choice"] is None else answer["choice"]
 

@@ -67,6 +67,9 @@ class NoulKind:
         out["x_logprobs"] = per_option_logprobs(q, logprobs)
         return out
 
+    def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
+        return {YES: answer["noul"], NO: 1 - answer["noul"]}
+
     def summary(self, q: Question, answer: Mapping[str, Any]) -> str:
         return YES if answer["noul"] >= 0.5 else NO
 

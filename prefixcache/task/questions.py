@@ -100,6 +100,9 @@ class Kind(Protocol):
     def answer(self, question: Question, decision: Decision, logprobs: Sequence[float]) -> dict[str, Any]:
         """The answer in the System One shape (plus `x_logprobs`)."""
 
+    def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
+        """The answer as a distribution over its options (noul: yes and no)."""
+
     def summary(self, question: Question, answer: Mapping[str, Any]) -> str:
         """The answer in a word, for the run's summary ("(abstained)" when it abstained)."""
 
@@ -286,3 +289,8 @@ def per_option_logprobs(question: Question, logprobs: Sequence[float]) -> dict[s
 def answer_word(answer: Mapping[str, Any]) -> str:
     """An answer in a word (its kind's `summary`), read from the answer alone."""
     return _kinds()[answer["type"]].summary(None, answer)
+
+
+def answer_distribution(answer: Mapping[str, Any]) -> dict[str, float]:
+    """An answer as a distribution over its options (its kind's `distribution`), read from the answer alone."""
+    return _kinds()[answer["type"]].distribution(answer)

@@ -63,6 +63,9 @@ class ScoreKind:
         out["x_logprobs"] = per_option_logprobs(q, logprobs)
         return out
 
+    def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
+        return dict(answer["probabilities"])
+
     def summary(self, q: Question, answer: Mapping[str, Any]) -> str:
         return top_level(answer)
 

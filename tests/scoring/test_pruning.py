@@ -54,6 +54,13 @@ def _scorer(spec, tokenizer, model):
     return Scorer.start(Task(spec, ModelSource("tiny", "dir", "."), tokenizer), Engine(model))
 
 
+def _planted(arch, tokenizer, **kw):
+    """A peaked tiny model whose chat answers end surely after their words (see conftest.planted)."""
+    from conftest import planted, tiny_model
+
+    return planted(tiny_model(arch, len(tokenizer), **kw), tokenizer.convert_tokens_to_ids("<|im_end|>"))
+
+
 def _items(texts):
     from prefixcache.data.items import Item
 
@@ -71,6 +78,8 @@ def _compare(spec, tokenizer, model, texts, batch=4):
     got = list(classify(pruned, _items(texts), Batching(size=batch)))
     for w, g in zip(want, got, strict=True):
         assert g["label"] == w["label"], (g["id"], g["label"], w["label"])
+        for field in ("probs", "raw_probs"):  # every reported probability is full scoring's
+            assert max(abs(g[field][k] - v) for k, v in w.get(field, {}).items()) < 1e-4 if field in w else True
         if w["label"] is not None:
             assert _close(g["logprobs"][w["label"]], w["logprobs"][w["label"]])  # the winner's score is exact
         for name, lp in g["logprobs"].items():
@@ -87,7 +96,6 @@ WORDS = ("tech technical bill billing billed account access refund invoice payme
 
 @pytest.mark.parametrize("count", [2, 7, 40, 200])
 def test_pruned_argmax_equals_full_scoring(count, chat_tokenizer, tmp_path):
-    from conftest import tiny_model
 
     rng = random.Random(count)
     names = set()
@@ -97,7 +105,7 @@ def test_pruned_argmax_equals_full_scoring(count, chat_tokenizer, tmp_path):
         names.add(single or " ".join(rng.sample(WORDS, rng.randint(1, 3))))
     spec = make_spec(tmp_path, labels=sorted(names))
     # peaked: first tokens tell labels apart; long enough for a prefix listing 200 labels
-    model = tiny_model("llama", len(chat_tokenizer), seed=count, init=1.0, positions=4096)
+    model = _planted("llama", chat_tokenizer, seed=count, init=1.0, positions=4096)
     want, got, pruned, full = _compare(spec, chat_tokenizer, model, TEXTS)
     if count == 40:  # a random model's label tokens are all unlikely; with 40 labels some still fall out
         assert any(g["pruned"] for g in got)  # the check can fail: labels were left at their bounds
@@ -107,17 +115,16 @@ def test_pruned_argmax_equals_full_scoring(count, chat_tokenizer, tmp_path):
                                   dict(normalize="pmi"), dict(calibrate=True), dict(threshold=0.2),
                                   dict(calibrate=True, threshold=0.05, normalize="mean")])
 def test_pruning_is_exact_under_every_decision_rule(keys, chat_tokenizer, tmp_path):
-    from conftest import tiny_model
 
-    labels = [f"{w} {v}" for w in WORDS[:8] for v in WORDS[8:13]]
+    labels = list(WORDS[:8]) + [f"{w} {v}" for w in WORDS[:8] for v in WORDS[8:13]]
     spec = make_spec(tmp_path, labels=labels, **keys)
-    model = tiny_model("qwen2", len(chat_tokenizer), seed=5, init=1.0)  # peaked: labels fall out at a bound
+    model = _planted("qwen2", chat_tokenizer, seed=5, init=1.0)  # peaked and planted: labels fall out at a bound
     want, got, pruned, full = _compare(spec, chat_tokenizer, model, TEXTS)
-    assert any(g["pruned"] for g in got)  # the rule was exercised on labels left at a bound
+    if keys.get("normalize") != "mean":  # per-token means are too close for a label to be negligible here
+        assert any(g["pruned"] for g in got)  # the rule was exercised on labels left at a bound
 
 
 def test_an_items_race_is_its_own_whatever_its_batch(chat_tokenizer, tmp_path):
-    from conftest import tiny_model
 
     from prefixcache.run.pipeline import classify
     from prefixcache.scoring.prepare import Batching
@@ -125,7 +132,7 @@ def test_an_items_race_is_its_own_whatever_its_batch(chat_tokenizer, tmp_path):
     rng = random.Random(40)
     labels = sorted({" ".join(rng.sample(WORDS, rng.randint(1, 3))) for _ in range(60)})[:40]
     spec = make_spec(tmp_path, labels=labels)
-    model = tiny_model("llama", len(chat_tokenizer), seed=40, init=1.0, positions=4096)
+    model = _planted("llama", chat_tokenizer, seed=40, init=1.0, positions=4096)
     want, got, pruned, full = _compare(spec, chat_tokenizer, model, TEXTS, batch=len(TEXTS))
     alone = _scorer(spec, chat_tokenizer, model)
     assert alone.prune("on")
