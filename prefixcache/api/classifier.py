@@ -9,6 +9,10 @@ Example:
     for record in clf.classify(["I was charged twice", "The app crashes"]):
         print(record["id"], record["label"], record["prob"])
     clf(["I was charged twice"], candidate_labels=["refund", "bug"])   # zero-shot pipeline style
+
+    asks = Classifier(questions={"team": {"type": "choice", "criteria": {"billing": None, "tech": None}},
+                                 "blocked": {"type": "noul", "instructions": "Is the customer blocked?"}})
+    asks("The app crashes at start")   # {"team": {"type": "choice", ...}, "blocked": {"type": "noul", ...}}
 """
 
 from __future__ import annotations
@@ -173,6 +177,11 @@ class Classifier:
             return self.classify_df(sequences)
         one = isinstance(sequences, str)
         texts = [sequences] if one else list(sequences)
+        if self.spec.questions:  # typed questions: each string's answers, question id -> answer
+            if candidate_labels is not None or multi_label:
+                raise UsageError("candidate_labels and multi_label apply to label specs; this one asks questions")
+            answers = [record["answers"] for record in self.classify(texts)]
+            return answers[0] if one else answers
         clf = self._for_labels(candidate_labels, self.spec.multi_label if multi_label is None else multi_label)
         out = []
         for text, record in zip(texts, clf.classify(texts)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..data.records import Record, is_error
+from ..data.records import Record, flat_answers, is_error, question_columns
 from ..errors import InputError
 from ..task.spec import TaskSpec
 
@@ -45,7 +45,11 @@ def _names_ok(names: Sequence[Any]) -> None:
 
 def prediction_columns(records: Sequence[Record], spec: TaskSpec, error: bool = False) -> dict[str, list[Any]]:
     """The columns the records add, in order, one value per record; `error` only when a record
-    is one (always with `error`: batches of one dataset must all have the same columns)."""
+    is one (always with `error`: batches of one dataset must all have the same columns). Typed
+    questions: each question's flat columns, as a CSV output has them (`team`, `team__confidence`,
+    `team__p__billing`, ...)."""
+    if spec.questions:
+        return _question_columns(records, spec, error)
     heads = ("labels",) if spec.multi_label else ("label", "prob", "margin")
     cols: dict[str, list[Any]] = {name: [] for name in heads}
     if spec.choices:
@@ -59,6 +63,19 @@ def prediction_columns(records: Sequence[Record], spec: TaskSpec, error: bool = 
             cols[name].append(None if failed else r.get(name))
         for name in spec.label_names if not spec.choices else ():
             cols[f"prob_{name}"].append(None if failed else r["probs"][name])
+        cols["error"].append(r.get("error"))
+    if not any(cols["error"]) and not error:
+        del cols["error"]
+    return cols
+
+
+def _question_columns(records: Sequence[Record], spec: TaskSpec, error: bool) -> dict[str, list[Any]]:
+    names = [c for c in question_columns(spec.questions) if not c.endswith(("__gold", "__correct"))]
+    cols: dict[str, list[Any]] = {name: [] for name in names + ["error"]}
+    for r in records:
+        flat = {} if is_error(r) else flat_answers(r)
+        for name in names:
+            cols[name].append(flat.get(name))
         cols["error"].append(r.get("error"))
     if not any(cols["error"]) and not error:
         del cols["error"]

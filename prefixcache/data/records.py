@@ -236,7 +236,7 @@ def to_csv_row(record: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in record.items():
         prefix = dict(PER_LABEL).get(key)
         if key in ("answers", "gold", "correct") and "answers" in record:
-            flat.update(_flat_answers(record) if key == "answers" else {})
+            flat.update(flat_answers(record) if key == "answers" else {})
         elif prefix is not None and isinstance(value, dict):
             flat.update({f"{prefix}{name}": v for name, v in value.items()})
         else:
@@ -289,7 +289,9 @@ def question_columns(questions: Sequence[Question]) -> list[str]:
     return out
 
 
-def _flat_answers(record: Mapping[str, Any]) -> dict[str, Any]:
+def flat_answers(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A typed-questions record's answers (and gold) as flat columns: `team`, `team__type`,
+    `team__confidence`, `team__p__billing`, ..."""
     flat: dict[str, Any] = {}
     for qid, answer in record["answers"].items():
         kind = answer["type"]
