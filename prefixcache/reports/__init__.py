@@ -2,6 +2,8 @@
 
 - evaluation.py: gold-label evaluation accumulated record by record, the gates, and the report
   files (--metrics JSON, --summary-md Markdown, --junit XML);
+- questions.py: typed questions evaluated per question (each kind's metrics), their gates and
+  report files;
 - diff.py: two runs joined by id: flips, shifts, fixed and broken items, McNemar;
 - htmlpage.py: `prefixcache report`, one self-contained HTML page (matplotlib, an optional extra);
 - markdown.py: text from the data (ids, labels, file names) made safe in Markdown.

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -30,6 +30,7 @@ from ..scoring.exact import CheckedScorer
 from ..data.items import Item
 from ..data.records import Record
 from ..task.decision import Decision, Tags
+from ..task.questions import Answers, answer_word
 from ..model.reference import score_naive
 from ..model.rows import Row, trie
 from .pipeline import classify
@@ -74,6 +75,7 @@ class BenchReport:
     store_prefill_ms: float  # computing it, timed in the same process
     modes: list[ModeResult]
     pruning: PruningResult | None = None  # label tasks: pruned against full scoring (see `time_pruning`)
+    questions: QuestionsResult | None = None  # typed questions: together against one at a time (`time_questions`)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -188,9 +190,11 @@ def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device,
     return ModeResult(name, n, 1000 * elapsed / n, n / elapsed, rss.mb, labels=labels)
 
 
-def prediction(decision: Decision | Tags, names: Sequence[str]) -> str | None:
-    """What a decision predicts, as text: the label (None: abstained), or the labels on joined by
-    " | " for a multi-label item."""
+def prediction(decision: Decision | Tags | Answers, names: Sequence[str]) -> str | None:
+    """What a decision predicts, as text: the label (None: abstained), the labels on joined by
+    " | " for a multi-label item, or each question's answer in a word."""
+    if isinstance(decision, Answers):
+        return _said(decision.answers())
     if isinstance(decision, Tags):
         return " | ".join(n for n, on in zip(names, decision.on) if on)
     return None if decision.best is None else names[decision.best]
@@ -198,7 +202,69 @@ def prediction(decision: Decision | Tags, names: Sequence[str]) -> str | None:
 
 def record_prediction(record: Record) -> str | None:
     """`prediction`, read from a record."""
+    if "answers" in record:
+        return _said(record["answers"])
     return " | ".join(record["labels"]) if "labels" in record else record.get("label")
+
+
+def _said(answers: Mapping[str, Mapping[str, Any]]) -> str:
+    return "; ".join(f"{qid}={answer_word(a)}" for qid, a in answers.items())
+
+
+@dataclass
+class QuestionsResult:
+    """Typed questions: every question in one pass per batch against each question in a pass of
+    its own (what one-question runs of the same prompt cost), on the same batches of the same
+    items, model time only."""
+
+    items: int
+    questions: int
+    item_tokens: float  # per item, its own tokens
+    together_ms: float  # per item
+    alone_ms: dict[str, float]  # per question, per item
+    max_difference: float  # the largest |log-prob| difference of any answer between the two ways
+
+    @property
+    def alone_total_ms(self) -> float:
+        return sum(self.alone_ms.values())
+
+    @property
+    def ratio(self) -> float:
+        return self.alone_total_ms / self.together_ms
+
+
+def time_questions(scorer: Scorer, items: Sequence[Item], batching: Batching, step: Step = _quiet) -> QuestionsResult:
+    """Score the items' questions together, then each question alone, each timed after a warm-up."""
+    task, engine, prefix = scorer.task, scorer.engine, scorer.prefix
+    groups = [[p for p in batch if isinstance(p, Prepared)] for batch in task.batches(items, batching, scorer.context)]
+    spans, at = [], 0
+    for keys in task.builder.asked:
+        spans.append((at, at + len(keys)))
+        at += len(keys)
+
+    def rows(group: Sequence[Prepared], span: tuple[int, int] | None) -> list[Row]:
+        if span is None:
+            return [p.row for p in group]
+        a, b = span
+        return [Row(p.enc.ids, p.enc.prefix_len, list(p.candidates.values())[a:b], p.skips[a:b]) for p in group]
+
+    def timed(span: tuple[int, int] | None) -> tuple[float, list[list[float]]]:
+        engine.score(prefix, rows(groups[0][:1], span))  # warm-up
+        start, out = time.perf_counter(), []
+        for group in groups:
+            out += engine.score(prefix, rows(group, span))
+        return 1000 * (time.perf_counter() - start) / len(items), out
+
+    n = len(task.spec.questions)
+    step(f"timing {n} questions asked together, then each alone, on {len(items)} items")
+    together_ms, together = timed(None)
+    alone_ms, diff = {}, 0.0
+    for q, span in zip(task.spec.questions, spans):
+        ms, scores = timed(span)
+        alone_ms[q.id] = ms
+        diff = max([diff] + [abs(x - y) for whole, part in zip(together, scores) for x, y in zip(whole[span[0]:span[1]], part)])
+    own = sum(p.own_tokens for g in groups for p in g) / len(items)
+    return QuestionsResult(len(items), n, own, together_ms, alone_ms, diff)
 
 
 @dataclass
@@ -305,12 +371,11 @@ class _Modes:
         return prediction(self.scorer.decide(prep, prep.groups.combine(scores)), prep.texts)
 
     def naive(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
-        return [self._pick(p, self.full.score(self.empty, [Row(p.enc.ids, 0, _cands(p))])[0])
+        return [self._pick(p, self.full.score(self.empty, [Row(p.enc.ids, 0, _cands(p), p.skips)])[0])
                 for p in (self.few if rows is None else rows)]
 
     def naive_per_label(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
-        return [self._pick(p, score_naive(self.scorer.engine.model, p.enc.ids, _cands(p)))
-                for p in (self.few if rows is None else rows)]
+        return [self._pick(p, _per_candidate(self.scorer.engine.model, p)) for p in (self.few if rows is None else rows)]
 
     def cached_single(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
         engine, prefix = self.scorer.engine, self.scorer.prefix
@@ -328,7 +393,8 @@ class _Modes:
         one item of the per-label mode."""
         first, warm = self.few[0], self.items[:min(self.batching.size, WARM_ITEMS)]
         model = self.scorer.engine.model
-        per_label = _seconds(lambda: score_naive(model, first.enc.ids, _cands(first)[:1])) * len(_cands(first))
+        per_label = _seconds(lambda: _per_candidate(model, dataclasses.replace(first, candidates=dict(
+            list(first.candidates.items())[:1]), skips=first.skips[:1]))) * len(_cands(first))
         seconds = [_seconds(lambda: self.naive(self.few[:1])), per_label, _seconds(lambda: self.cached_single(
             self.prepared[:1])), _seconds(lambda: self.pipeline(warm)) / max(len(warm), 1)]
         counts = (len(self.few), len(self.few), len(self.prepared), len(self.items))
@@ -337,6 +403,13 @@ class _Modes:
 
 def _cands(prep: Prepared) -> list[tuple[int, ...]]:
     return list(prep.candidates.values())
+
+
+def _per_candidate(model: torch.nn.Module, prep: Prepared) -> list[float]:
+    """A full forward per candidate; a typed question's text before its answer is read, not scored."""
+    if not prep.skips:
+        return score_naive(model, prep.enc.ids, _cands(prep))
+    return [score_naive(model, list(prep.enc.ids) + list(c[:s]), [c[s:]])[0] for c, s in zip(_cands(prep), prep.skips)]
 
 
 def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepared], naive_limit: int,
@@ -379,6 +452,7 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
     step("timing every label against the item alone" + (f" (about {_duration(about)})" if about >= 10 else ""))
     option_ratio = _option_cost_ratio(scorer, items, batching)
     pruning = time_pruning(scorer, items, batching, step) if task.spec.prunes("on") else None
+    questions = time_questions(scorer, items, batching, step) if task.spec.questions else None
     step("timing the prefix store")
     prefill_ms, load_ms = _store_timings(scorer)
 
@@ -396,7 +470,7 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
         prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
         same_labels=differing == 0, items_compared=n, items_differing=differing,
         option_cost_ratio=option_ratio, option_cost_floor=gflop / alone, modes=modes,
-        store_load_ms=load_ms, store_prefill_ms=prefill_ms, pruning=pruning,
+        store_load_ms=load_ms, store_prefill_ms=prefill_ms, pruning=pruning, questions=questions,
     )
 
 

@@ -101,6 +101,9 @@ def plan_tune(options: TuneOptions) -> TunePlan:
         raise UsageError("--folds must be 2 or more")
     spec_file = read_spec_file(o.spec)
     base = load_options_spec(o, spec_file)
+    if base.questions:
+        raise SpecError(f"{base.path}: tune chooses the prompt and decision rule of a task with labels, choices or "
+                        f"tags; a spec of typed questions is evaluated with run --metrics (docs/questions.md)")
     if not base.gold:
         raise SpecError("tune compares decisions with gold values: name the field with --gold FIELD (or 'gold' in the spec)")
     metric = options.metric if options.metric != "auto" else "macro-f1" if base.multi_label else "accuracy"
