@@ -22,7 +22,7 @@ from ..reports.diff import QuestionsComparison
 
 if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only read their figures
     from ..reports.diff import Comparison
-    from ..run.bench import BenchReport, PrecisionReport
+    from ..run.bench import BenchReport, PrecisionReport, QuestionsResult
     from ..run.dryrun import DryRun
     from ..run.job import RunResult
     from ..scoring.scorer import Rescoring
@@ -145,18 +145,8 @@ def print_bench(report: BenchReport) -> None:
         f"prefilling it {report.store_prefill_ms:.0f} ms ({report.store_prefill_ms / max(report.store_load_ms, 1e-6):.0f}x)",
         soft_wrap=True,
     )
-    q = report.questions
-    if q is not None:
-        table = Table(title=f"typed questions · {q.questions} questions · {q.items} items of {q.item_tokens:.0f} tokens")
-        for col in ("asked", "ms/item"):
-            table.add_column(col, justify="left" if col == "asked" else "right")
-        table.add_row(f"all {q.questions} together (one pass a batch, as run asks them)", f"{q.together_ms:.1f}")
-        for qid, ms in q.alone_ms.items():
-            table.add_row(f"{_plain(qid)} alone", f"{ms:.1f}")
-        table.add_row(f"each alone, {q.questions} passes", f"{q.alone_total_ms:.1f}")
-        out.print(table)
-        out.print(f"{q.questions} questions together cost {1 / q.ratio:.2f}x asking them one at a time: {q.ratio:.2f}x "
-                  f"faster · the same numbers: largest log-prob difference {q.max_difference:.1e}", soft_wrap=True)
+    if report.questions is not None:
+        _print_questions_bench(out, report.questions)
     p = report.pruning
     if p is not None:
         table = Table(title=f"pruned label scoring · {p.labels} labels · {p.items} items")
@@ -173,6 +163,20 @@ def print_bench(report: BenchReport) -> None:
                   f"{p.pruned_ms / p.full_ms if auto else 1.0:.2f}x the time of scoring every label"
                   + ("; --prune off is faster here" if auto and p.pruned_ms > p.full_ms else "")
                   + ("; --prune on is faster here" if not auto and p.pruned_ms < p.full_ms else ""), soft_wrap=True)
+
+
+def _print_questions_bench(out: Console, q: QuestionsResult) -> None:
+    """bench on typed questions: all of them in one pass a batch against each in a pass of its own."""
+    table = Table(title=f"typed questions · {q.questions} questions · {q.items} items of {q.item_tokens:.0f} tokens")
+    for col in ("asked", "ms/item"):
+        table.add_column(col, justify="left" if col == "asked" else "right")
+    table.add_row(f"all {q.questions} together (one pass a batch, as run asks them)", f"{q.together_ms:.1f}")
+    for qid, ms in q.alone_ms.items():
+        table.add_row(f"{_plain(qid)} alone", f"{ms:.1f}")
+    table.add_row(f"each alone, {q.questions} passes", f"{q.alone_total_ms:.1f}")
+    out.print(table)
+    out.print(f"{q.questions} questions together cost {1 / q.ratio:.2f}x asking them one at a time: {q.ratio:.2f}x "
+              f"faster · the same numbers: largest log-prob difference {q.max_difference:.1e}", soft_wrap=True)
 
 
 def print_cache(root: Path, prefixes: list[dict], models: list[dict]) -> None:

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from .decision import Decision
-from .questions import Question, choice_confidence, option_texts, per_option_logprobs, register, shown
+from .questions import Question, choice_confidence, distribution_answer, option_texts, register, shown
 from .scoring_metrics import calibration_error, per_class
 
 MOST = 255
@@ -78,13 +78,9 @@ class ChoiceKind:
         return q.options
 
     def answer(self, q: Question, decision: Decision, logprobs: Sequence[float]) -> dict[str, Any]:
-        probs = decision.probs
-        out: dict[str, Any] = {"type": "choice", "choice": None if decision.best is None else q.options[decision.best],
-                               "probabilities": dict(zip(q.options, probs)), "confidence": choice_confidence(probs)}
-        if decision.raw is not None:
-            out["x_raw_probabilities"] = dict(zip(q.options, decision.raw))
-        out["x_logprobs"] = per_option_logprobs(q, logprobs)
-        return out
+        return distribution_answer(q, decision, logprobs, {
+            "type": "choice", "choice": None if decision.best is None else q.options[decision.best],
+            "confidence": choice_confidence(decision.probs)})
 
     def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
         return dict(answer["probabilities"])

@@ -12,11 +12,10 @@ from typing import Any, Mapping
 
 from ..errors import SpecError
 from .decision import NORMALIZATIONS
-from .questions import Question, parse_pack
+from .questions import Question, content_free_value, parse_pack, threshold_value
 from .spec import (
     DEFAULT_ANSWER_PREFIX,
     DEFAULT_ANSWERS,
-    DEFAULT_CONTENT_FREE,
     DEFAULT_GOLD_SEP,
     DEFAULT_QUESTION,
     FORMATS,
@@ -30,23 +29,13 @@ from .spec import (
 )
 
 def _calibration(value: Any, path: Path, choices: str | None) -> tuple[str, ...]:
-    if value is None or value is False:
-        return ()
-    if choices is not None:
+    if choices is not None and value not in (None, False):
         raise SpecError(f"{path}: 'calibrate' applies to label tasks; for 'choices' use normalize: pmi")
-    if value is True:
-        return DEFAULT_CONTENT_FREE
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise SpecError(f"{path}: 'calibrate' must be true, false or a list of content-free inputs like [\"N/A\", \"\"]")
+    return content_free_value(value, str(path))
 
 
 def _threshold(value: Any, path: Path) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise SpecError(f"{path}: 'threshold' must be a probability in (0, 1], got {value!r}")
-    return float(value)
+    return threshold_value(value, str(path))
 
 
 def _score_by(data: Mapping, path: Path, choices: str | None) -> str:

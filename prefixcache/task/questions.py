@@ -23,10 +23,10 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from ..errors import SpecError
 from .decision import NORMALIZATIONS, Decision, judge
+from .spec import DEFAULT_CONTENT_FREE
 
 COMMON_KEYS = ("type", "instructions", "criteria", "normalize", "calibrate", "threshold", "gold", "read", "words", "list")
 READS = ("text", "letters")
-DEFAULT_CONTENT_FREE = ("N/A", "", "[MASK]")
 
 
 def shown(value: Any) -> str:
@@ -190,11 +190,12 @@ def parse_question(qid: str, entry: Any, where: str, normalize: str = "sum", cal
     if read == "letters" and kind.name != "choice":
         raise SpecError(f"{at}: 'read: letters' applies to choice questions")
     return Question(id=qid, kind=kind, instructions=shown(entry.get("instructions")), normalize=norm,
-                    content_free=_content_free(entry.get("calibrate", calibrate), at),
-                    threshold=_threshold(entry.get("threshold"), at), gold=gold, read=read, **fields)
+                    content_free=content_free_value(entry.get("calibrate", calibrate), at),
+                    threshold=threshold_value(entry.get("threshold"), at), gold=gold, read=read, **fields)
 
 
-def _content_free(value: Any, at: str) -> tuple[str, ...]:
+def content_free_value(value: Any, at: str) -> tuple[str, ...]:
+    """A `calibrate` value: true (the default content-free inputs), false, or a list of them."""
     if value is None or value is False:
         return ()
     if value is True:
@@ -204,7 +205,8 @@ def _content_free(value: Any, at: str) -> tuple[str, ...]:
     raise SpecError(f"{at}: 'calibrate' must be true, false or a list of content-free inputs like [\"N/A\", \"\"]")
 
 
-def _threshold(value: Any, at: str) -> float | None:
+def threshold_value(value: Any, at: str) -> float | None:
+    """A `threshold` value: a probability in (0, 1], or None."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
@@ -273,6 +275,18 @@ class Answers:
     def answers(self) -> dict[str, dict[str, Any]]:
         """Question id -> answer in the System One shape."""
         return {q.id: q.kind.answer(q, d, lps) for q, d, lps in zip(self.questions, self.decisions, self.logprobs)}
+
+
+def distribution_answer(question: Question, decision: Decision, logprobs: Sequence[float],
+                        head: dict[str, Any]) -> dict[str, Any]:
+    """A choice or score answer: `head` (its type and value), then its probabilities keyed by
+    the options, the confidence `head` holds, the raw probabilities when calibrated and `x_logprobs`."""
+    out = {**head, "probabilities": dict(zip(question.options, decision.probs))}
+    out["confidence"] = out.pop("confidence")
+    if decision.raw is not None:
+        out["x_raw_probabilities"] = dict(zip(question.options, decision.raw))
+    out["x_logprobs"] = per_option_logprobs(question, logprobs)
+    return out
 
 
 def per_option_logprobs(question: Question, logprobs: Sequence[float]) -> dict[str, float]:

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from .decision import Decision
-from .questions import Question, per_option_logprobs, register, score_confidence, shown
+from .questions import Question, distribution_answer, register, score_confidence, shown
 from .scoring_metrics import calibration_error
 
 LEAST, MOST = 2, 10
@@ -55,13 +55,9 @@ class ScoreKind:
 
     def answer(self, q: Question, decision: Decision, logprobs: Sequence[float]) -> dict[str, Any]:
         probs = decision.probs
-        out: dict[str, Any] = {"type": "score", "score": sum(i * p for i, p in enumerate(probs)),
-                               "legend": dict(zip(q.options, q.descriptions)),
-                               "probabilities": dict(zip(q.options, probs)), "confidence": score_confidence(probs)}
-        if decision.raw is not None:
-            out["x_raw_probabilities"] = dict(zip(q.options, decision.raw))
-        out["x_logprobs"] = per_option_logprobs(q, logprobs)
-        return out
+        return distribution_answer(q, decision, logprobs, {
+            "type": "score", "score": sum(i * p for i, p in enumerate(probs)), "legend": dict(zip(q.options, q.descriptions)),
+            "confidence": score_confidence(probs)})
 
     def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
         return dict(answer["probabilities"])

@@ -1,6 +1,6 @@
 """Records of the shipped samples stay exactly as stored (tests/golden): a change of layout or
 naming must not change what a run writes. One task of each kind: labels, multiple choice,
-multi-label and many labels (pruned)."""
+multi-label, many labels, and typed questions."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from helpers import ROOT, invoke
 
 GOLDEN = ROOT / "tests" / "golden"
 CASES = [("support-tickets", "tickets.jsonl"), ("general-knowledge", "general_knowledge.jsonl"),
-         ("review-aspects", "review_aspects.jsonl"), ("banking-intents", "banking_intents.jsonl")]
+         ("review-aspects", "review_aspects.jsonl"), ("banking-intents", "banking_intents.jsonl"),
+         ("support-emails", "support_emails.jsonl")]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("converted_once")]
 

@@ -139,3 +139,20 @@ def test_tune_and_exact_refuse_a_question_spec(spec_file, emails, tmp_path):
     exact = invoke("run", spec, emails, "--exact", "--dtype", "bfloat16", "-o", tmp_path / "x.jsonl")
     assert exact.exit_code == 2 and "--exact applies to label tasks" in exact.stderr
     assert json_lines  # (helpers imported for other files' shape)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_shards_of_a_question_run_merge_into_the_whole(spec_file, emails, tmp_path, fmt):
+    spec = spec_file(questions=PACK, system="You read e-mails.")
+    whole = tmp_path / f"whole.{fmt}"
+    assert invoke("run", spec, emails, "-o", whole, "-b", 2).exit_code == 0
+    parts = [tmp_path / f"part{k}.{fmt}" for k in (1, 2)]
+    for k, part in enumerate(parts, 1):
+        assert invoke("run", spec, emails, "-o", part, "-b", 2, "--shard", f"{k}/2").exit_code == 0
+    merged = tmp_path / f"merged.{fmt}"
+    assert invoke("merge", *parts, "-o", merged).exit_code == 0
+
+    def answers(path):
+        return [(r["id"], r["answers"], r.get("gold")) for r in read_records(str(path)).records]
+
+    assert answers(merged) == answers(whole)

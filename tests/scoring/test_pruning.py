@@ -168,41 +168,30 @@ def test_property_random_label_sets_and_items_find_no_difference(chat_tokenizer,
     assert compared + refused == 10 and compared >= 6, (compared, refused)  # most trials compared something
 
 
-def test_cli_prunes_a_spec_with_examples_by_default_and_says_which_labels_are_bounds(tmp_path, tiny_model_dir):
+def test_cli_prunes_on_asking_and_says_which_labels_are_bounds(tmp_path, tiny_model_dir):
     import json
 
     from helpers import invoke, records, write_spec
+
+    from prefixcache.data.output import read_records
 
     labels = [f"{w} {v}" for w in WORDS[:6] for v in WORDS[6:11]]  # 30 labels
     shots = [{"text": "refund me", "label": labels[0]}, {"text": "it crashed", "label": labels[7]}]
     spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=labels, examples=shots)
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS)))
-    auto, off = tmp_path / "auto.jsonl", tmp_path / "off.jsonl"
-    assert invoke("run", spec, items, "-o", auto, "-b", 4).exit_code == 0
-    assert invoke("run", spec, items, "-o", off, "-b", 4, "--prune", "off").exit_code == 0
-    pruned, full = records(auto), records(off)
+    on, auto = tmp_path / "on.jsonl", tmp_path / "auto.jsonl"
+    assert invoke("run", spec, items, "-o", on, "-b", 4, "--prune", "on").exit_code == 0
+    assert invoke("run", spec, items, "-o", auto, "-b", 4).exit_code == 0  # auto: every label scored
+    pruned, full = records(on), records(auto)
     assert all("pruned" in r for r in pruned) and not any("pruned" in r for r in full)
     assert [r["label"] for r in pruned] == [r["label"] for r in full]
-    refused = invoke("run", spec, items, "-o", auto, "-b", 4, "--prune", "off", "--resume")
+    assert max(abs(p["probs"][k] - f["probs"][k]) for p, f in zip(pruned, full) for k in f["probs"]) < 1e-4
+    refused = invoke("run", spec, items, "-o", on, "-b", 4, "--prune", "off", "--resume")
     assert refused.exit_code == 2 and "--prune" in refused.stderr
     csv = tmp_path / "out.csv"
     assert invoke("run", spec, items, "-o", csv, "-b", 4, "--prune", "on").exit_code == 0
-    from prefixcache.data.output import read_records
-
     assert [r["pruned"] for r in read_records(str(csv)).records] == [r["pruned"] for r in pruned]
-    few = write_spec(tmp_path, name="few.yaml", model=str(tiny_model_dir), labels=labels[:9], examples=shots[:1])
-    assert "pruned" not in records_of(invoke, few, items, tmp_path)[0]  # auto: off below 10 labels
-    zero_shot = write_spec(tmp_path, name="zero.yaml", model=str(tiny_model_dir), labels=labels)
-    assert "pruned" not in records_of(invoke, zero_shot, items, tmp_path)[0]  # auto: off without examples
-
-
-def records_of(invoke, spec, items, tmp_path):
-    from helpers import records
-
-    out = tmp_path / "few.jsonl"
-    assert invoke("run", spec, items, "-o", out, "--overwrite").exit_code == 0
-    return records(out)
 
 
 def test_the_dry_run_says_what_pruning_does(tmp_path, spec_file):
@@ -213,11 +202,8 @@ def test_the_dry_run_says_what_pruning_does(tmp_path, spec_file):
     labels = [f"{w} {v}" for w in WORDS[:3] for v in WORDS[3:7]]  # 12 labels
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS[:3])))
-    zero = invoke("run", spec_file(labels=labels), items, "--dry-run")
-    assert "every label scored to the end (--prune auto prunes a spec with examples and 10 labels" in zero.stderr
-    shots = spec_file(name="shots.yaml", labels=labels, examples=[{"text": "refund me", "label": labels[0]}])
-    pruned = invoke("run", shots, items, "--dry-run")
-    assert "labels pruned (--prune auto: a spec with examples and 10 labels or more;" in pruned.stderr
+    auto = invoke("run", spec_file(labels=labels), items, "--dry-run")
+    assert "every label scored to the end (--prune on would leave negligible labels at a bound" in auto.stderr
     assert "labels pruned (--prune on;" in invoke("run", spec_file(labels=labels), items, "--dry-run", "--prune", "on").stderr
     few = invoke("run", spec_file(name="few.yaml", labels=labels[:3]), items, "--dry-run", "--prune", "off")
     assert "pruned" not in few.stderr and "to the end" not in few.stderr

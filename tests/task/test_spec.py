@@ -94,6 +94,7 @@ SHIPPED = [
     ("review-aspects", "review_aspects.jsonl", 48),
     ("irony-words", "irony.jsonl", 99),
     ("banking-intents", "banking_intents.jsonl", 212),
+    ("support-emails", "support_emails.jsonl", 46),
 ]
 
 
