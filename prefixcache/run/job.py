@@ -379,6 +379,9 @@ class Job:
         if spec.multi_label:
             self._warn_if_tags_collapsed()
             return
+        if spec.questions:
+            self._warn_if_answers_collapsed(counts)
+            return
         if spec.choices or len(spec.labels) < 2 or total < COLLAPSE_MIN_ITEMS:
             return
         label, n = max(counts.items(), key=lambda kv: kv[1])
@@ -386,6 +389,23 @@ class Job:
             log.warning("%.0f%% of the items (%d of %d) got the label %r: unless the data is that skewed, the model "
                         "favours it whatever the item; try 'calibrate: true' or 'normalize: pmi' in the spec, and "
                         "check on labelled items with --gold", 100 * n / total, n, total, label)
+
+    def _warn_if_answers_collapsed(self, counts: dict[str, int]) -> None:
+        """Typed questions: one answer for most items of a choice or yes/no question usually means a
+        model biased toward it (a score question's levels may well pile up)."""
+        for q in self.plan.spec.questions:
+            if q.type == "score":
+                continue
+            mine = {word: n for k, n in counts.items() if k.startswith(f"{q.id}=")
+                    for word in [k[len(q.id) + 1:]] if not word.startswith("(")}
+            total = sum(mine.values())
+            if total < COLLAPSE_MIN_ITEMS:
+                continue
+            word, n = max(mine.items(), key=lambda kv: kv[1])
+            if n / total >= COLLAPSE_SHARE:
+                log.warning("%.0f%% of the items (%d of %d) got %r for question %r: unless the data is that skewed, "
+                            "the model favours it whatever the item; try 'calibrate: true' on the question, and check "
+                            "on labelled items with its 'gold'", 100 * n / total, n, total, word, q.id)
 
     def _warn_if_tags_collapsed(self) -> None:
         """Multi-label: no tag, or every tag, on most items usually means thresholds that do not

@@ -156,3 +156,15 @@ def test_shards_of_a_question_run_merge_into_the_whole(spec_file, emails, tmp_pa
         return [(r["id"], r["answers"], r.get("gold")) for r in read_records(str(path)).records]
 
     assert answers(merged) == answers(whole)
+
+
+def test_one_answer_for_most_items_is_warned_of_per_question(spec_file, tmp_path):
+    same = tmp_path / "same.jsonl"  # the same text: every item gets the same answers
+    same.write_text("".join(json.dumps({"id": n, "text": "one and the same e-mail"}) + "\n" for n in range(21)))
+    result = invoke("run", spec_file(questions=PACK, system="x"), same, "-o", tmp_path / "o.jsonl")
+    assert result.exit_code == 2  # the items lack the gold fields the pack names
+    pack = {q: {k: v for k, v in body.items() if k != "gold"} for q, body in PACK.items()}
+    result = invoke("run", spec_file(questions=pack, system="x"), same, "-o", tmp_path / "o.jsonl")
+    assert result.exit_code == 0
+    assert "100% of the items (21 of 21) got" in result.stderr and "for question 'team'" in result.stderr
+    assert "for question 'blocked'" in result.stderr and "for question 'mood'" not in result.stderr
