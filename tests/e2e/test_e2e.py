@@ -265,9 +265,10 @@ def test_real_model_tune_picks_a_rule_and_writes_it(tmp_path):
     assert load_spec(tuned).normalize == "sum"
 
 
-def test_real_model_questions_sample_equals_a_full_reencode(cache_dir, tmp_path):
-    """The shipped typed-questions sample from the command line: every answer's log-probabilities
-    equal those of a full re-encode of the whole prompt (the padded path, no cached prefix)."""
+def test_real_model_questions_sample_equals_a_full_reencode(cache_dir):
+    """The typed-questions sample's stored records (tests/golden, which a run must write exactly):
+    every answer's log-probabilities equal a full re-encode of the whole prompt (the padded path,
+    no cached prefix)."""
     import torch
 
     from prefixcache.model.engine import Engine, Prefix
@@ -275,15 +276,12 @@ def test_real_model_questions_sample_equals_a_full_reencode(cache_dir, tmp_path)
     from prefixcache.scoring.scorer import load_engine
 
     spec_path, emails = ROOT / "configs" / "support-emails.yaml", ROOT / "data" / "samples" / "support_emails.jsonl"
-    out, metrics = tmp_path / "answers.jsonl", tmp_path / "m.json"
-    result = invoke("run", str(spec_path), str(emails), "-n", "1", "-o", str(out), "--metrics", str(metrics))
-    assert result.exit_code == 0, result.output
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert set(json.loads(metrics.read_text())["questions"]) == {"team", "blocked", "mood", "area"}
+    stored = json.loads((ROOT / "tests" / "golden" / "support-emails.jsonl").read_text().splitlines()[0])
     task = Task.from_spec(load_spec(spec_path), cache_dir)
     prep = task.prepare(list(read_items(str(emails)))[0])
+    assert stored["id"] == prep.item.id and stored["item_tokens"] == prep.own_tokens
     full = Engine(load_engine(task, cache_dir, "cpu", "float32").model, "standard")
     want = full.score(Prefix((), (), torch.empty(0), 0.0), [Row(prep.enc.ids, 0, list(prep.candidates.values()),
                                                                  prep.skips)])[0]
-    got = [records[0]["answers"][q.id]["x_logprobs"][o] for q in task.spec.questions for o in q.options]
+    got = [stored["answers"][q.id]["x_logprobs"][o] for q in task.spec.questions for o in q.options]
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-3
