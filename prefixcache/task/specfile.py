@@ -73,7 +73,11 @@ def _parse_yaml(raw: str, path: Path) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise SpecError(f"{loc}: YAML syntax error: {exc.problem or exc.context}")
+        hint = ""
+        if "flow" in str(exc.context or ""):  # `{instructions: Which team?, ...}`: text with ? : , inside braces
+            hint = ("; inside { } or [ ], quote text that holds ? : , # [ ] { }, e.g. "
+                    "{instructions: \"Which team?\"}, or write the mapping on its own lines")
+        raise SpecError(f"{loc}: YAML syntax error: {exc.problem or exc.context}{hint}")
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: YAML error: {exc}")
     except RecursionError:

@@ -158,3 +158,15 @@ def test_confidence_formulas_at_their_ends():
     assert score_confidence([0, 0, 1, 0]) == 1.0
     assert score_confidence([0.25] * 4) == pytest.approx(0.0)  # as spread as uniform
     assert score_confidence([0.5, 0, 0, 0.5]) == 0.0  # wider than uniform: floored at 0
+
+
+def test_a_question_mark_in_a_flow_mapping_gets_a_hint(tmp_path):
+    from prefixcache.task.specfile import load_spec
+
+    path = tmp_path / "spec.yaml"
+    path.write_text("questions:\n  b: {type: noul, instructions: Is it blocked?}\n")
+    with pytest.raises(SpecError, match=r"spec.yaml:2:\d+: YAML syntax error: .*quote text that holds \?") as caught:
+        load_spec(path)
+    assert 'instructions: \\"Which team?\\"' not in str(caught.value)  # shown as the user writes it
+    path.write_text('questions:\n  b: {type: noul, instructions: "Is it blocked?"}\n')
+    assert load_spec(path).questions[0].instructions == "Is it blocked?"
