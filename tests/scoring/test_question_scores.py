@@ -176,3 +176,40 @@ def test_render_gives_each_question_the_tokens_an_independent_scorer_needs(chat_
             for option, said in zip(q.options, q.said):
                 assert record["answers"][q.id]["x_logprobs"][option] == pytest.approx(by_text[said[0]], abs=TOL)
             assert ("options" in line) == (q.read == "letters")
+
+
+def test_words_threshold_and_mean_decide_from_the_answers_tokens_only(chat_tokenizer, tmp_path):
+    """An option with several words scores the log of their summed probability; `mean` divides
+    by the answer's own tokens (never the question's); below `threshold` a choice abstains."""
+    from conftest import tiny_model
+
+    model = tiny_model("llama", len(chat_tokenizer))
+    team = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "technical support": None},
+            "words": {"billing": ["billing", "invoice"]}}
+    import copy
+
+    pack = {"team": team, "mean": {**copy.deepcopy(team), "normalize": "mean", "words": {}},
+            "sure": {**copy.deepcopy(team), "normalize": "mean", "threshold": 0.999999, "words": {}}}  # no YAML aliases
+    spec = make_spec(tmp_path, system=SYSTEM, questions=pack)
+    scorer = _scorer(spec, chat_tokenizer, model)
+    (record,) = classify(scorer, _items(TEXTS[:1]))
+    (prep,) = [scorer.task.prepare(item) for item in _items(TEXTS[:1])]
+    ids = dict(zip(prep.candidates, zip(prep.candidates.values(), prep.skips)))
+
+    def naive(key):
+        cand, skip = ids[key]
+        return naive_scores(model, list(prep.enc.ids) + list(cand[:skip]), [cand[skip:]])[0], len(cand) - skip
+
+    forms = [naive("team\x1fbilling")[0], naive("team\x1finvoice")[0]]
+    top = max(forms)
+    want = top + math.log(sum(math.exp(f - top) for f in forms))
+    assert record["answers"]["team"]["x_logprobs"]["billing"] == pytest.approx(want, abs=TOL)
+    (lb, nb), (lt, nt) = naive("mean\x1fbilling"), naive("mean\x1ftechnical support")
+    assert nt > nb  # the options' own token counts differ, so the check can fail
+    means = [lb / nb, lt / nt]
+    probs = [math.exp(m - max(means)) for m in means]
+    got = record["answers"]["mean"]["probabilities"]
+    assert [got["billing"], got["technical support"]] == pytest.approx([p / sum(probs) for p in probs], abs=TOL)
+    sure = record["answers"]["sure"]
+    assert sure["probabilities"] == pytest.approx(got) and max(got.values()) < 0.999999  # as mean's, below the threshold
+    assert sure["choice"] is None and record["answers"]["mean"]["choice"] is not None
