@@ -90,7 +90,7 @@ class ItemScorer(Protocol):
 
     def precision(self, key: tuple) -> str | None: ...
 
-    def score_unconditional(self, candidates: Sequence[Candidate]) -> None: ...
+    def score_unconditional(self, candidates: Sequence[Candidate], skips: Sequence[int] = ()) -> None: ...
 
     def rescoring(self) -> Rescoring | None: ...
 
@@ -119,7 +119,9 @@ class Scorer:
         self._scores = ScoreCache()
         self._unconditional = unconditional if unconditional is not None else ScoreCache()
         spec = task.spec
-        if spec.normalize == "pmi" and not spec.choices:
+        if any(q.normalize == "pmi" for q in spec.questions):
+            self.score_unconditional(list(task.builder.candidates.values()), task.builder.skips)
+        elif spec.normalize == "pmi" and not spec.choices and not spec.questions:
             self.score_unconditional(list(task.builder.candidates.values()))
         if spec.content_free:
             self.prior = self._calibration_prior()
@@ -240,13 +242,16 @@ class Scorer:
         measured anew. Returns whether this scorer takes one (one that re-scores nothing does not)."""
         return False
 
-    def score_unconditional(self, candidates: Sequence[Candidate]) -> None:
+    def score_unconditional(self, candidates: Sequence[Candidate], skips: Sequence[int] = ()) -> None:
         """Score the candidates not seen yet after the content-free prompt (every template field
-        empty), in a forward pass of their own, so the values never depend on a batch."""
+        empty), in a forward pass of their own, so the values never depend on a batch. `skips`:
+        per candidate, its leading ids read, not scored (a typed question's text)."""
+        skip = dict(zip(candidates, skips))
         todo = list(dict.fromkeys(c for c in candidates if c not in self._unconditional))
         if todo:
             cf = self.task.content_free("")
-            for cand, lp in zip(todo, self.engine.score(self.prefix, [Row(cf.ids, cf.prefix_len, todo)])[0]):
+            row = Row(cf.ids, cf.prefix_len, todo, [skip[c] for c in todo] if skips else ())
+            for cand, lp in zip(todo, self.engine.score(self.prefix, [row])[0]):
                 self._unconditional.put(cand, lp)
 
     def unconditional(self, candidate: Candidate) -> float:
@@ -288,7 +293,8 @@ class Scorer:
         for i, (q, keys) in enumerate(zip(spec.questions, self.task.builder.asked)):
             end = at + len(keys)
             counts = [len(c) - s for c, s in zip(ids[at:end], skips[at:end])]
-            decisions.append(decide_question(q, logprobs[at:end], counts, priors[i] if priors else None))
+            uncond = [self.unconditional(c) for c in ids[at:end]] if q.normalize == "pmi" else []
+            decisions.append(decide_question(q, logprobs[at:end], counts, priors[i] if priors else None, uncond))
             parts.append(tuple(logprobs[at:end]))
             at = end
         return Answers(spec.questions, tuple(decisions), tuple(parts))

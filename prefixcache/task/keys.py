@@ -307,8 +307,7 @@ def _question_spec(data: Mapping[str, Any], path: Path, template: Template, fmt:
     if given is not None:
         where = "each question takes its own" if given in ("gold", "threshold") else "a spec asks 'questions' or one question"
         raise SpecError(f"{path}: '{given}' cannot be given with 'questions' ({where})")
-    questions = parse_pack(data["questions"], str(path), "sum" if norm == "pmi" and "normalize" not in data else norm,
-                           data.get("calibrate"))
+    questions = parse_pack(data["questions"], str(path), norm, data.get("calibrate"))
     return TaskSpec(
         path=str(path), model=_want_str(data, "model", path), system=_want_str(data, "system", path, "") or "",
         labels=(), examples=_question_examples(data.get("examples"), path, questions, template), template=template,

@@ -180,9 +180,8 @@ def parse_question(qid: str, entry: Any, where: str, normalize: str = "sum", cal
         raise SpecError(f"{at}: 'read' must be text (score each option's text) or letters (show A., B., ... and "
                         f"score the letter), got {read!r}")
     norm = entry.get("normalize", normalize)
-    if norm not in NORMALIZATIONS or norm == "pmi":
-        raise SpecError(f"{at}: 'normalize' must be one of sum, mean, chars, bytes, got {norm!r} "
-                        f"(for a question's prior use calibrate)")
+    if norm not in NORMALIZATIONS:
+        raise SpecError(f"{at}: 'normalize' must be one of {', '.join(NORMALIZATIONS)}, got {norm!r}")
     gold = entry.get("gold")
     if gold is not None and (not isinstance(gold, str) or not gold):
         raise SpecError(f"{at}: 'gold' must name the item field with the expected answer")
@@ -238,14 +237,13 @@ def option_texts(entries: Any, at: str, least: int, most: int) -> list[tuple[str
 
 # -- deciding ------------------------------------------------------------------------------------
 def decide_question(question: Question, logprobs: Sequence[float], token_counts: Sequence[int],
-                    prior: Sequence[float] | None = None) -> Decision:
+                    prior: Sequence[float] | None = None, unconditional: Sequence[float] = ()) -> Decision:
     """One question's distribution over its options from their summed log-probabilities (an
-    option with several scored texts: the log of their summed probability)."""
-    members, at, per_option = question.said, 0, []
-    for said in members:
-        part = logprobs[at: at + len(said)]
-        per_option.append(part[0] if len(part) == 1 else _logsumexp(part))
-        at += len(said)
+    option with several scored texts: the log of their summed probability); `unconditional`
+    (`pmi`): the same after the content-free prompt."""
+    members = question.said
+    per_option = list(per_option_logprobs(question, logprobs).values())
+    uncond = list(per_option_logprobs(question, unconditional).values()) if unconditional else []
     counts, at = [], 0
     for said in members:
         counts.append(sum(token_counts[at: at + len(said)]) / len(said))
@@ -253,7 +251,8 @@ def decide_question(question: Question, logprobs: Sequence[float], token_counts:
     sizes = [sum(len(t) for t in said) / len(said) for said in members]
     if question.normalize == "bytes":
         sizes = [sum(len(t.encode("utf-8")) for t in said) / len(said) for said in members]
-    return judge(per_option, question.normalize, counts, list(question.options), (), prior, question.threshold, sizes)
+    return judge(per_option, question.normalize, counts, list(question.options), uncond, prior, question.threshold,
+                 sizes)
 
 
 def _logsumexp(values: Sequence[float]) -> float:

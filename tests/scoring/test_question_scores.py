@@ -213,3 +213,26 @@ def test_words_threshold_and_mean_decide_from_the_answers_tokens_only(chat_token
     sure = record["answers"]["sure"]
     assert sure["probabilities"] == pytest.approx(got) and max(got.values()) < 0.999999  # as mean's, below the threshold
     assert sure["choice"] is None and record["answers"]["mean"]["choice"] is not None
+
+
+def test_pmi_divides_out_each_options_score_after_the_content_free_prompt(chat_tokenizer, tmp_path):
+    from conftest import tiny_model
+
+    model = tiny_model("qwen2", len(chat_tokenizer))
+    spec = make_spec(tmp_path, system=SYSTEM, questions={"team": {**PACK["team"], "normalize": "pmi"},
+                                                          "blocked": PACK["blocked"]})
+    scorer = _scorer(spec, chat_tokenizer, model)
+    (record,) = classify(scorer, _items(TEXTS[:1]))
+    (prep,) = [scorer.task.prepare(item) for item in _items(TEXTS[:1])]
+    empty = scorer.task.content_free("")
+    pmi = []
+    for key, cand, skip in zip(prep.candidates, prep.candidates.values(), prep.skips):
+        if key.startswith("team\x1f"):
+            after = naive_scores(model, list(prep.enc.ids) + list(cand[:skip]), [cand[skip:]])[0]
+            before = naive_scores(model, list(empty.ids) + list(cand[:skip]), [cand[skip:]])[0]
+            pmi.append(after - before)
+    probs = [math.exp(v - max(pmi)) for v in pmi]
+    got = list(record["answers"]["team"]["probabilities"].values())
+    assert got == pytest.approx([p / sum(probs) for p in probs], abs=TOL)
+    plain = [record["answers"]["team"]["x_logprobs"][o] for o in spec.question_named("team").options]
+    assert max(abs(a - b) for a, b in zip(pmi, plain)) > 100 * TOL  # the content-free scores moved them

@@ -58,7 +58,7 @@ BAD = [
     ({"x": {"criteria": {"a": None}}}, "has type None"),
     ({"x": {"type": "noul"}}, "needs 'instructions' or a described outcome"),
     ({"x": {"type": "choice", "criteria": {"a": None, "b": None}, "colour": 1}}, "unknown key 'colour'"),
-    ({"x": {"type": "choice", "criteria": {"a": None, "b": None}, "normalize": "pmi"}}, "'normalize' must be one of"),
+    ({"x": {"type": "choice", "criteria": {"a": None, "b": None}, "normalize": "median"}}, "'normalize' must be one of"),
     ({"x": {"type": "score", "read": "letters", "criteria": ["a", "b"]}}, "'read: letters' applies to choice"),
     ({"x": {"type": "choice", "criteria": {"a": None, "b": None}, "words": {"a": ["b"]}}}, "are both scored as 'b'"),
     ({"x": {"type": "choice", "criteria": {"a": None, "b": None}, "words": {"c": ["x"]}}}, "names 'c'"),
