@@ -175,12 +175,10 @@ class Task:
             stem = list(ids[at][:skip])
             scored = {key.split("\x1f", 1)[1]: list(ids[at + i][skip:]) for i, key in enumerate(keys)}
             entry: dict[str, Any] = {"id": item.id, "question": q.id, "type": q.type,
-                                     "prompt": prep.enc.text + self.tokenizer.decode(stem),
-                                     "prompt_ids": list(prep.enc.ids) + stem, "prefix_len": prep.enc.prefix_len}
-            if all(said == (option,) for option, said in zip(q.options, q.said)):
-                entry["candidates"] = scored
-            else:  # words or letters: the texts scored, and which option each one is
-                entry["candidates"] = scored
+                                     "prompt": prep.enc.text + self.builder.stem_text(q.branch()),
+                                     "prompt_ids": list(prep.enc.ids) + stem, "prefix_len": prep.enc.prefix_len,
+                                     "candidates": scored}
+            if any(said != (option,) for option, said in zip(q.options, q.said)):  # words or letters
                 entry["options"] = {option: list(said) for option, said in zip(q.options, q.said)}
             out.append(entry)
             at += len(keys)

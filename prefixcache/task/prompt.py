@@ -11,6 +11,11 @@ The layout (documented in the README, "How the prompt is built"):
 - plain: system text, blank line, then each example as `<template>\\n<answer_prefix> <label>`
   separated by blank lines, then the item and `<answer_prefix>`. A candidate is
   ` <label>` followed by a line break.
+
+Multi-label tasks and typed questions branch after the item: the item's prompt stops after its
+text and a line break, and each question (its text, then what ends the user's turn and opens the
+answer) is the leading part of its answers' candidates. For typed questions that leading part is
+read, not scored (`skips`), and a question never sees another.
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ def _parse_yaml(raw: str, path: Path) -> Any:
         mark = exc.problem_mark or exc.context_mark
         loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         hint = ""
-        if "flow" in str(exc.context or ""):  # `{instructions: Which team?, ...}`: text with ? : , inside braces
+        problem = str(exc.problem or "")
+        if "flow" in str(exc.context or "") and ("'?'" in problem or "':'" in problem):  # {instructions: Which team?}
             hint = ("; inside { } or [ ], quote text that holds ? : , # [ ] { }, e.g. "
                     "{instructions: \"Which team?\"}, or write the mapping on its own lines")
         raise SpecError(f"{loc}: YAML syntax error: {exc.problem or exc.context}{hint}")
