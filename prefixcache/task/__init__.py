@@ -6,8 +6,10 @@
 - specfile.py: the spec file: strict YAML, its text and digest (`SpecFile`), `load_spec`;
 - prompt.py: the prompt around an item, the token-clean static prefix, the candidates' tokens;
 - decision.py: from summed log-probabilities to a decision (normalisation, calibration, abstention);
-- questions.py: typed questions: a `questions:` pack read and checked, the `Kind` contract and its
-  registry, the pinned confidence formulas, what an item's scores decide per question (`Answers`);
+- kind.py: what every kind of typed question shares: `Question`, the `Kind` contract and its
+  registry, the pinned confidence formulas;
+- questions.py: a `questions:` pack read and checked, what an item's scores decide per question
+  (`Answers`);
 - choice_kind.py, noul_kind.py, score_kind.py: one module per kind of question, each owning its
   keys, its prompt branch, what it scores, its answer, its flat columns and its metrics;
 - scoring_metrics.py: the metrics the kinds share (per-class precision/recall/F1, calibration error);

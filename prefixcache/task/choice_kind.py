@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from .decision import Decision
-from .questions import Question, choice_confidence, distribution_answer, option_texts, register, shown
+from .kind import Question, choice_confidence, distribution_answer, option_texts, register, shown
 from .scoring_metrics import calibration_error, per_class
 
 MOST = 255

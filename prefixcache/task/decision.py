@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 NORMALIZATIONS = ("sum", "mean", "chars", "bytes", "pmi")
+DEFAULT_CONTENT_FREE = ("N/A", "", "[MASK]")  # calibration's content-free inputs (`calibrate: true`)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from .decision import Decision
-from .questions import Question, per_option_logprobs, register, shown
+from .kind import Question, per_option_logprobs, register, shown
 from .scoring_metrics import calibration_error
 
 YES, NO = "yes", "no"

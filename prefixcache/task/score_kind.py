@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from .decision import Decision
-from .questions import Question, distribution_answer, register, score_confidence, shown
+from .kind import Question, distribution_answer, register, score_confidence, shown
 from .scoring_metrics import calibration_error
 
 LEAST, MOST = 2, 10

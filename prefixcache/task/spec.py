@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import InputError
 
+
 if TYPE_CHECKING:
-    from .questions import Question
+    from .kind import Question
 
 FORMATS = ("auto", "chat", "plain")
 ITEM_EXTENSIONS = (".jsonl", ".ndjson", ".csv", ".tsv", ".parquet")  # never a spec (a .json may be one)
-DEFAULT_CONTENT_FREE = ("N/A", "", "[MASK]")
 
 KNOWN_KEYS = (
     "model",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..reports.markdown import cell, code
-from ..task.spec import DEFAULT_CONTENT_FREE
+from ..task.decision import DEFAULT_CONTENT_FREE
 from .job import TuneResult, describe, threshold_value
 from .selection import Figure, Row
 

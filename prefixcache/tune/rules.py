@@ -17,7 +17,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..task.decision import NORMALIZATIONS
-from ..task.spec import DEFAULT_CONTENT_FREE, TaskSpec, choice_list, gold_tags, gold_value, option_of
+from ..task.decision import DEFAULT_CONTENT_FREE
+from ..task.spec import TaskSpec, choice_list, gold_tags, gold_value, option_of
 
 GRID = tuple(round(0.05 * k, 2) for k in range(1, 20))  # thresholds a fitted one is chosen from
 

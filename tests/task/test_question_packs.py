@@ -11,7 +11,8 @@ from helpers import make_spec
 
 from prefixcache.errors import SpecError
 from prefixcache.task.decision import Decision
-from prefixcache.task.questions import choice_confidence, parse_pack, score_confidence
+from prefixcache.task.kind import choice_confidence, score_confidence
+from prefixcache.task.questions import parse_pack
 
 TEAM = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "Invoices", "tech": None, "sales": None}}
 BLOCKED = {"type": "noul", "instructions": "Is the customer blocked?"}
