@@ -4,6 +4,7 @@
   files (--metrics JSON, --summary-md Markdown, --junit XML);
 - questions.py: typed questions evaluated per question (each kind's metrics), their gates and
   report files;
+- junit.py: the JUnit XML report both evaluations write (--junit);
 - diff.py: two runs joined by id: flips, shifts, fixed and broken items, McNemar;
 - htmlpage.py: `prefixcache report`, one self-contained HTML page (matplotlib, an optional extra);
 - markdown.py: text from the data (ids, labels, file names) made safe in Markdown.

@@ -14,13 +14,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
-import re
-from xml.sax.saxutils import escape, quoteattr
 
 from .. import safefile
 from ..errors import OutputError, UsageError
 from ..data.records import Record, is_error
 from ..task.spec import TaskSpec
+from .junit import junit_xml
 from .markdown import cell
 from .questions import QuestionsEvaluation, evaluate_questions
 
@@ -37,17 +36,6 @@ def _ece(bins: list) -> float:
     items = sum(b[0] for b in bins)
     return sum(abs(b[2] - b[1]) for b in bins if b[0]) / items if items else 0.0
 
-
-_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-def _xml_chars(text: str) -> str:
-    """`text` without the characters XML 1.0 cannot hold at all (most control characters)."""
-    return _NOT_XML.sub("\ufffd", text)
-
-
-def _attr(text: str) -> str:
-    return quoteattr(_xml_chars(text))
 
 
 class Gated:
@@ -89,21 +77,10 @@ class Gated:
         """A JUnit XML report with stable test names (CI history follows them from run to run):
         "accuracy" and one "recall[<label>]" per label. A case fails only against a stated gate
         (--min-accuracy, --min-recall); its value is in the case's output and the properties."""
-        cases, failures = [], 0
         checks = [("accuracy", self.accuracy, gates.min_accuracy, "--min-accuracy")]
         checks += [(f"recall[{label}]", st["recall"], gates.min_recall, "--min-recall")
                    for label, st in self.per_label().items()]
-        for case, value, bound, option in checks:
-            failed = bound is not None and value < bound
-            failures += failed
-            body = f'<failure message={_attr(f"{case} {value:.4f} is below {option} {bound}")}/>' if failed else ""
-            out = f"<system-out>{escape(_xml_chars(f'{case} {value:.4f}'))}</system-out>"
-            cases.append(f'<testcase classname={_attr(name)} name={_attr(case)} time="0">{body}{out}</testcase>')
-        props = "".join(f'<property name={_attr(k)} value={_attr(json.dumps(v))}/>'
-                        for k, v in self.to_json().items() if not isinstance(v, dict))
-        return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name={_attr(name)} tests="{len(cases)}" '
-                f'failures="{failures}" time="{seconds:.3f}"><properties>{props}</properties>{"".join(cases)}'
-                f"</testsuite>\n")
+        return junit_xml(checks, name, seconds, {k: v for k, v in self.to_json().items() if not isinstance(v, dict)})
 
 
 @dataclass

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
-from xml.sax.saxutils import escape
 
 from ..data.records import Record, is_error
 from ..task.questions import Question
+from .junit import junit_xml
 from .markdown import cell
 
 
@@ -90,29 +90,17 @@ class QuestionsEvaluation:
     def to_junit(self, gates: Any, name: str = "prefixcache", seconds: float = 0.0) -> str:
         """One test case per question, `accuracy[<question id>]`, failing only against a stated gate."""
         bounds = dict(gate_bounds(gates, [q.id for q in self.questions]))
-        cases, failures = [], 0
-        for qid, v in self.per_question().items():
-            case, value, bound = f"accuracy[{qid}]", v["accuracy"], bounds.get(qid)
-            failed = bound is not None and value < bound
-            failures += failed
-            body = f'<failure message="{_attr(f"{case} {value:.4f} is below --min-accuracy {bound}")}"/>' if failed else ""
-            cases.append(f'<testcase classname="{_attr(name)}" name="{_attr(case)}" time="0">{body}'
-                         f"<system-out>{escape(f'{case} {value:.4f}')}</system-out></testcase>")
-        return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name="{_attr(name)}" tests="{len(cases)}" '
-                f'failures="{failures}" time="{seconds:.3f}">{"".join(cases)}</testsuite>\n')
-
-
-def _attr(text: str) -> str:
-    return escape(text, {'"': "&quot;"})
+        return junit_xml([(f"accuracy[{qid}]", v["accuracy"], bounds.get(qid), "--min-accuracy")
+                          for qid, v in self.per_question().items()], name, seconds)
 
 
 def gate_bounds(gates: Any, qids: Sequence[str]) -> list[tuple[str, float]]:
     """(question id, least accuracy) for each gated question: a plain --min-accuracy gates every
     question, `--min-accuracy team=0.8` one."""
-    out = [(qid, gates.min_accuracy) for qid in qids] if gates.min_accuracy is not None else []
     per = dict(gates.per_question)
-    return [(qid, per.get(qid, bound)) for qid, bound in out] + [(q, b) for q, b in per.items()
-                                                                  if gates.min_accuracy is None]
+    if gates.min_accuracy is None:
+        return list(per.items())
+    return [(qid, per.get(qid, gates.min_accuracy)) for qid in qids]
 
 
 def summary_figures(v: Mapping[str, Any]) -> str:
