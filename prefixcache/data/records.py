@@ -88,11 +88,10 @@ def _questions_record(spec: TaskSpec, item: Item, answers: Answers, keep: Keep) 
     """A typed-questions record: question id -> answer (System One shape), and with gold
     questions, each one's expected answer and whether it was right."""
     record: Record = {"id": item.id, **kept_fields(item, spec.id_field, keep), "answers": answers.answers()}
-    golds = {q.id: q.kind.option_of(q, item.record[q.gold]) for q in spec.questions if q.gold}
-    if golds:
-        record["gold"] = golds
-        record["correct"] = {qid: spec.question_named(qid).kind.correct(spec.question_named(qid), record["answers"][qid], gold)
-                             for qid, gold in golds.items()}
+    graded = [q for q in spec.questions if q.gold]
+    if graded:
+        record["gold"] = {q.id: q.kind.option_of(q, item.record[q.gold]) for q in graded}
+        record["correct"] = {q.id: q.kind.correct(q, record["answers"][q.id], record["gold"][q.id]) for q in graded}
     return record
 
 

@@ -237,10 +237,7 @@ def time_questions(scorer: Scorer, items: Sequence[Item], batching: Batching, st
     """Score the items' questions together, then each question alone, each timed after a warm-up."""
     task, engine, prefix = scorer.task, scorer.engine, scorer.prefix
     groups = [[p for p in batch if isinstance(p, Prepared)] for batch in task.batches(items, batching, scorer.context)]
-    spans, at = [], 0
-    for keys in task.builder.asked:
-        spans.append((at, at + len(keys)))
-        at += len(keys)
+    spans = task.builder.spans
 
     def rows(group: Sequence[Prepared], span: tuple[int, int] | None) -> list[Row]:
         if span is None:

@@ -168,12 +168,11 @@ class Task:
         if not self.spec.questions:
             return [self.render(item)]
         prep = self.prepare(item)
-        out, at = [], 0
-        ids = list(prep.candidates.values())
-        for q, keys in zip(self.spec.questions, self.builder.asked):
+        out, keys, ids = [], list(prep.candidates), list(prep.candidates.values())
+        for q, (at, end) in zip(self.spec.questions, self.builder.spans):
             skip = prep.skips[at]
             stem = list(ids[at][:skip])
-            scored = {key.split("\x1f", 1)[1]: list(ids[at + i][skip:]) for i, key in enumerate(keys)}
+            scored = {key.split("\x1f", 1)[1]: list(cand[skip:]) for key, cand in zip(keys[at:end], ids[at:end])}
             entry: dict[str, Any] = {"id": item.id, "question": q.id, "type": q.type,
                                      "prompt": prep.enc.text + self.builder.stem_text(q.branch()),
                                      "prompt_ids": list(prep.enc.ids) + stem, "prefix_len": prep.enc.prefix_len,
@@ -181,7 +180,6 @@ class Task:
             if any(said != (option,) for option, said in zip(q.options, q.said)):  # words or letters
                 entry["options"] = {option: list(said) for option, said in zip(q.options, q.said)}
             out.append(entry)
-            at += len(keys)
         return out
 
     def render(self, item: Item) -> dict[str, Any]:

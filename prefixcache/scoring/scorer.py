@@ -267,7 +267,7 @@ class Scorer:
         if self.task.spec.multi_label:
             return judge_tags(logprobs, self.task.spec.tag_thresholds, self.prior)
         if self.task.spec.questions:
-            return self._answers(prep.candidates, prep.skips, logprobs, self.prior)
+            return self._answers(logprobs, self.prior)
         return self._judge(prep.candidates, prep.groups, logprobs, self.prior)
 
     def _judge(self, candidates: Mapping[str, Candidate], groups: Groups, logprobs: Sequence[float],
@@ -284,33 +284,40 @@ class Scorer:
             sizes = groups.combine_lengths([size(text) for text in candidates])
         return judge(logprobs, spec.normalize, tokens, list(groups.names), uncond, prior, spec.threshold, sizes)
 
-    def _answers(self, candidates: Mapping[str, Candidate], skips: Sequence[int], logprobs: Sequence[float],
-                 priors: Sequence[Sequence[float] | None] | None) -> Answers:
-        """Typed questions: each question decided from its own candidates' log-probabilities (a
-        question's numbers never depend on another's)."""
-        spec, ids = self.task.spec, list(candidates.values())
-        decisions, parts, at = [], [], 0
-        for i, (q, keys) in enumerate(zip(spec.questions, self.task.builder.asked)):
-            end = at + len(keys)
-            counts = [len(c) - s for c, s in zip(ids[at:end], skips[at:end])]
-            uncond = [self.unconditional(c) for c in ids[at:end]] if q.normalize == "pmi" else []
-            decisions.append(decide_question(q, logprobs[at:end], counts, priors[i] if priors else None, uncond))
-            parts.append(tuple(logprobs[at:end]))
-            at = end
-        return Answers(spec.questions, tuple(decisions), tuple(parts))
+    def _decide(self, i: int, logprobs: Sequence[float], prior: Sequence[float] | None) -> Decision:
+        """Question i decided from its own candidates' log-probabilities (its span of the task's
+        candidates): a question's numbers never depend on another's."""
+        builder, q = self.task.builder, self.task.spec.questions[i]
+        at, end = builder.spans[i]
+        ids = list(builder.candidates.values())[at:end]
+        counts = [len(c) - s for c, s in zip(ids, builder.skips[at:end])]
+        uncond = [self.unconditional(c) for c in ids] if q.normalize == "pmi" else []
+        return decide_question(q, logprobs, counts, prior, uncond)
+
+    def _answers(self, logprobs: Sequence[float], priors: Sequence[Sequence[float] | None] | None) -> Answers:
+        """Typed questions: each question's decision from its span of the item's log-probabilities."""
+        parts = tuple(tuple(logprobs[at:end]) for at, end in self.task.builder.spans)
+        decisions = tuple(self._decide(i, part, priors[i] if priors else None) for i, part in enumerate(parts))
+        return Answers(self.task.spec.questions, decisions, parts)
 
     def _question_priors(self) -> list[list[float] | None]:
         """Per calibrated question, its mean distribution over its content-free inputs (every
-        template field set to one of them), each scored like an item; None for the others."""
+        template field set to one of them), each scored like an item (only the calibrated
+        questions' candidates); None for the others."""
         builder, questions = self.task.builder, self.task.spec.questions
-        texts = list(dict.fromkeys(t for q in questions for t in q.content_free))
-        encoded = [self.task.content_free(text) for text in texts]
+        calibrated = [i for i, q in enumerate(questions) if q.content_free]
+        picked = [k for i in calibrated for k in range(*builder.spans[i])]
         ids = list(builder.candidates.values())
-        rows = [Row(e.ids, e.prefix_len, ids, builder.skips) for e in encoded]
-        by_text = {t: self._answers(builder.candidates, builder.skips, lps, None)
-                   for t, lps in zip(texts, self.engine.score(self.prefix, rows))}
-        return [mean_distribution([by_text[t].decisions[i].probs for t in q.content_free]) if q.content_free else None
-                for i, q in enumerate(questions)]
+        texts = list(dict.fromkeys(t for i in calibrated for t in questions[i].content_free))
+        rows = [Row(e.ids, e.prefix_len, [ids[k] for k in picked], [builder.skips[k] for k in picked])
+                for e in (self.task.content_free(text) for text in texts)]
+        scored = {t: dict(zip(picked, lps)) for t, lps in zip(texts, self.engine.score(self.prefix, rows))}
+        priors: list[list[float] | None] = [None] * len(questions)
+        for i in calibrated:
+            span = range(*builder.spans[i])
+            priors[i] = mean_distribution([self._decide(i, [scored[t][k] for k in span], None).probs
+                                           for t in questions[i].content_free])
+        return priors
 
     def _calibration_prior(self) -> list[float]:
         """The label prior on the content-free inputs, scored like any item: the mean label

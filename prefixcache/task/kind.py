@@ -7,12 +7,13 @@ The kinds: choice_kind.py, noul_kind.py, score_kind.py; a pack is read in questi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
 import json
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
 from ..errors import SpecError
-from .decision import Decision, logsumexp
+from .decision import Decision, Groups
 
 
 def shown(value: Any) -> str:
@@ -50,6 +51,20 @@ class Question:
     @property
     def type(self) -> str:
         return self.kind.name
+
+    @functools.cached_property
+    def groups(self) -> Groups:
+        """Which of its scored texts (in order, option by option) make each option's score."""
+        members, at = [], 0
+        for said in self.said:
+            members.append(tuple(range(at, at + len(said))))
+            at += len(said)
+        return Groups(self.options, tuple(members), "forms")
+
+    @property
+    def texts(self) -> list[str]:
+        """Its scored texts, in order, option by option."""
+        return [text for said in self.said for text in said]
 
     def branch(self) -> str:
         """The question as the model reads it after the item: its instructions and its options."""
@@ -168,9 +183,4 @@ def distribution_answer(question: Question, decision: Decision, logprobs: Sequen
 def per_option_logprobs(question: Question, logprobs: Sequence[float]) -> dict[str, float]:
     """`x_logprobs`: each option's summed log-probability before normalisation (several scored
     texts: the log of their summed probability)."""
-    out, at = {}, 0
-    for option, said in zip(question.options, question.said):
-        part = list(logprobs[at: at + len(said)])
-        out[option] = part[0] if len(part) == 1 else logsumexp(part)
-        at += len(said)
-    return out
+    return dict(zip(question.options, question.groups.combine(logprobs)))

@@ -83,6 +83,7 @@ class PromptBuilder:
         self._system = spec.system_text()
         self._after_question: str | None = None
         self.skips: tuple[int, ...] = ()  # typed questions: per candidate, its stem's ids (read, not scored)
+        self.spans: tuple[tuple[int, int], ...] = ()  # typed questions: per question, its candidates (start, end)
         self.prefix_ids = self._find_prefix()
         if not self.prefix_ids:
             raise SpecError(f"{spec.path}: the static prompt prefix is empty (no system text, no examples, and the "
@@ -305,28 +306,25 @@ class PromptBuilder:
     def _question_candidates(self) -> dict[str, tuple[int, ...]]:
         """Typed questions: each scored text of each option of each question, after its question's
         stem; `self.skips` holds per candidate the stem's length (read, not scored), and
-        `self.asked` per question its candidates' keys, in option order."""
+        `self.spans` per question where its candidates start and end, in option order."""
         candidates: dict[str, tuple[int, ...]] = {}
-        skips, asked = [], []
+        skips, spans = [], []
         for q in self.spec.questions:
             stem = self.candidate_ids(self.stem_text(q.branch()), whole=True)
-            keys, seen = [], {}
-            for option, said in zip(q.options, q.said):
-                for text in said:
-                    ids = self.candidate_ids(self.branch_text(q.branch(), text), whole=True)
-                    if ids[: len(stem)] != stem or len(ids) == len(stem):
-                        raise SpecError(f"{self.spec.path}: question {q.id!r}: answer {text!r} does not split "
-                                        f"token-clean from the question (the tokenizer merges it with the text before it)")
-                    if ids in seen:
-                        raise SpecError(f"{self.spec.path}: question {q.id!r}: {seen[ids]!r} and {text!r} tokenise to the "
-                                        f"same ids")
-                    seen[ids] = text
-                    key = f"{q.id}\x1f{text}"
-                    candidates[key] = ids
-                    keys.append(key)
-                    skips.append(len(stem))
-            asked.append(tuple(keys))
-        self.skips, self.asked = tuple(skips), tuple(asked)
+            start, seen = len(candidates), {}
+            for text in q.texts:
+                ids = self.candidate_ids(self.branch_text(q.branch(), text), whole=True)
+                if ids[: len(stem)] != stem or len(ids) == len(stem):
+                    raise SpecError(f"{self.spec.path}: question {q.id!r}: answer {text!r} does not split "
+                                    f"token-clean from the question (the tokenizer merges it with the text before it)")
+                if ids in seen:
+                    raise SpecError(f"{self.spec.path}: question {q.id!r}: {seen[ids]!r} and {text!r} tokenise to the "
+                                    f"same ids")
+                seen[ids] = text
+                candidates[f"{q.id}\x1f{text}"] = ids
+                skips.append(len(stem))
+            spans.append((start, len(candidates)))
+        self.skips, self.spans = tuple(skips), tuple(spans)
         self.groups = Groups(tuple(candidates), tuple((i,) for i in range(len(candidates))), "forms")
         return candidates
 

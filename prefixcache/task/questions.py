@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import SpecError
 from . import choice_kind, noul_kind, score_kind  # noqa: F401  (each registers its kind)
 from .decision import DEFAULT_CONTENT_FREE, NORMALIZATIONS, Decision, judge
-from .kind import KINDS, Question, per_option_logprobs, shown
+from .kind import KINDS, Question, shown
 
 COMMON_KEYS = ("type", "instructions", "criteria", "normalize", "calibrate", "threshold", "gold", "read", "words", "list")
 READS = ("text", "letters")
@@ -96,18 +96,11 @@ def decide_question(question: Question, logprobs: Sequence[float], token_counts:
     """One question's distribution over its options from their summed log-probabilities (an
     option with several scored texts: the log of their summed probability); `unconditional`
     (`pmi`): the same after the content-free prompt."""
-    members = question.said
-    per_option = list(per_option_logprobs(question, logprobs).values())
-    uncond = list(per_option_logprobs(question, unconditional).values()) if unconditional else []
-    counts, at = [], 0
-    for said in members:
-        counts.append(sum(token_counts[at: at + len(said)]) / len(said))
-        at += len(said)
-    sizes = [sum(len(t) for t in said) / len(said) for said in members]
-    if question.normalize == "bytes":
-        sizes = [sum(len(t.encode("utf-8")) for t in said) / len(said) for said in members]
-    return judge(per_option, question.normalize, counts, list(question.options), uncond, prior, question.threshold,
-                 sizes)
+    groups = question.groups
+    size = len if question.normalize != "bytes" else (lambda text: len(text.encode("utf-8")))
+    return judge(groups.combine(logprobs), question.normalize, groups.combine_lengths(token_counts),
+                 list(question.options), groups.combine(unconditional) if unconditional else [], prior,
+                 question.threshold, groups.combine_lengths([size(t) for t in question.texts]))
 
 
 @dataclass(frozen=True)
