@@ -265,7 +265,7 @@ def test_real_model_tune_picks_a_rule_and_writes_it(tmp_path):
     assert load_spec(tuned).normalize == "sum"
 
 
-def test_real_model_questions_sample_equals_a_full_reencode(cache_dir):
+def test_real_model_questions_sample_equals_a_full_reencode(scorer, cache_dir):
     """The typed-questions sample's stored records (tests/golden, which a run must write exactly):
     every answer's log-probabilities equal a full re-encode of the whole prompt (the padded path,
     no cached prefix)."""
@@ -273,14 +273,13 @@ def test_real_model_questions_sample_equals_a_full_reencode(cache_dir):
 
     from prefixcache.model.engine import Engine, Prefix
     from prefixcache.model.rows import Row
-    from prefixcache.scoring.scorer import load_engine
 
     spec_path, emails = ROOT / "configs" / "support-emails.yaml", ROOT / "data" / "samples" / "support_emails.jsonl"
     stored = json.loads((ROOT / "tests" / "golden" / "support-emails.jsonl").read_text().splitlines()[0])
     task = Task.from_spec(load_spec(spec_path), cache_dir)
     prep = task.prepare(list(read_items(str(emails)))[0])
     assert stored["id"] == prep.item.id and stored["item_tokens"] == prep.own_tokens
-    full = Engine(load_engine(task, cache_dir, "cpu", "float32").model, "standard")
+    full = Engine(scorer.engine.model, "standard")  # the same embedded model, already loaded
     want = full.score(Prefix((), (), torch.empty(0), 0.0), [Row(prep.enc.ids, 0, list(prep.candidates.values()),
                                                                  prep.skips)])[0]
     got = [stored["answers"][q.id]["x_logprobs"][o] for q in task.spec.questions for o in q.options]

@@ -21,6 +21,13 @@ def _batched(engine, prefix, rows, batch_size):
     return out
 
 
+def _started(tmp_path, tokenizer, model, backend="auto"):
+    """The test spec's prompt builder, an engine on `model` and the prefilled prefix."""
+    builder = PromptBuilder(make_spec(tmp_path), tokenizer)
+    engine = Engine(model, backend)
+    return builder, engine, engine.prefill(builder.prefix_ids)
+
+
 def _max_diff(a, b):
     return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
 
@@ -61,9 +68,7 @@ def test_cached_batched_scores_equal_naive(arch_model, chat_tokenizer, tmp_path,
 def test_rows_sharing_less_than_the_whole_prefix(arch_model, chat_tokenizer, tmp_path, backend):
     """Items whose first tokens merge with the prefix use only the cached ids they share."""
     _, model = arch_model
-    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
-    engine = Engine(model, backend)
-    prefix = engine.prefill(builder.prefix_ids)
+    builder, engine, prefix = _started(tmp_path, chat_tokenizer, model, backend)
     cands = list(builder.candidates.values())
     P = len(prefix.ids)
     encoded = [builder.encode_item({"text": t}) for t in TEXTS[:5]]
@@ -78,9 +83,7 @@ def test_rows_sharing_less_than_the_whole_prefix(arch_model, chat_tokenizer, tmp
 def test_rows_with_their_own_candidates(arch_model, chat_tokenizer, tmp_path, backend):
     """Different counts and lengths of candidates per row (multiple-choice style)."""
     _, model = arch_model
-    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
-    engine = Engine(model, backend)
-    prefix = engine.prefill(builder.prefix_ids)
+    builder, engine, prefix = _started(tmp_path, chat_tokenizer, model, backend)
     enc = lambda t: chat_tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     options = [
         [enc("two"), enc("four"), enc("six legs and a tail")],
@@ -100,9 +103,7 @@ def test_shared_prefix_is_never_mutated(chat_tokenizer, tmp_path, backend):
     from conftest import tiny_model
 
     model = tiny_model("llama", len(chat_tokenizer))
-    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
-    engine = Engine(model, backend)
-    prefix = engine.prefill(builder.prefix_ids)
+    builder, engine, prefix = _started(tmp_path, chat_tokenizer, model, backend)
     before = [(k.clone(), v.clone()) for k, v in prefix.kv]
     logits = prefix.last_logits.clone()
     cands = list(builder.candidates.values())
@@ -183,9 +184,7 @@ def test_a_shared_path_that_disagrees_falls_back(chat_tokenizer, tmp_path, kerne
 
     kernel(off)
     model = _mistral(len(chat_tokenizer))
-    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
-    engine = Engine(model)
-    prefix = engine.prefill(builder.prefix_ids)
+    builder, engine, prefix = _started(tmp_path, chat_tokenizer, model)
     cands = list(builder.candidates.values())
     encoded = [builder.encode_item({"text": t}) for t in TEXTS[:4]]
     got = engine.score(prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded])
