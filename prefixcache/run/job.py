@@ -387,8 +387,8 @@ class Job:
         label, n = max(counts.items(), key=lambda kv: kv[1])
         if n / total >= COLLAPSE_SHARE:
             log.warning("%.0f%% of the items (%d of %d) got the label %r: unless the data is that skewed, the model "
-                        "favours it whatever the item; try 'calibrate: true' or 'normalize: pmi' in the spec, and "
-                        "check on labelled items with --gold", 100 * n / total, n, total, label)
+                        "favours it whatever the item; %s, and check on labelled items with --gold", 100 * n / total, n,
+                        total, label, _remedy(bool(spec.content_free), "'calibrate: true' or 'normalize: pmi' in the spec"))
 
     def _warn_if_answers_collapsed(self, counts: dict[str, int]) -> None:
         """Typed questions: one answer for most items of a choice or yes/no question usually means a
@@ -404,8 +404,9 @@ class Job:
             word, n = max(mine.items(), key=lambda kv: kv[1])
             if n / total >= COLLAPSE_SHARE:
                 log.warning("%.0f%% of the items (%d of %d) got %r for question %r: unless the data is that skewed, "
-                            "the model favours it whatever the item; try 'calibrate: true' on the question, and check "
-                            "on labelled items with its 'gold'", 100 * n / total, n, total, word, q.id)
+                            "the model favours it whatever the item; %s, and check on labelled items with its 'gold'",
+                            100 * n / total, n, total, word, q.id,
+                            _remedy(bool(q.content_free), "'calibrate: true' on the question"))
 
     def _warn_if_tags_collapsed(self) -> None:
         """Multi-label: no tag, or every tag, on most items usually means thresholds that do not
@@ -422,8 +423,9 @@ class Job:
             if shapes[shape] / total >= COLLAPSE_SHARE:
                 fix = "lower" if shape == "none" else "raise"
                 log.warning("%.0f%% of the items (%d of %d) got %s: unless the data is like that, the thresholds do "
-                            "not fit this model; %s 'threshold' in the spec or try 'calibrate: true', and check on "
-                            "labelled items with --gold", 100 * shapes[shape] / total, shapes[shape], total, words, fix)
+                            "not fit this model; %s 'threshold' in the spec%s, and check on labelled items with --gold",
+                            100 * shapes[shape] / total, shapes[shape], total, words, fix,
+                            "" if self.plan.spec.content_free else " or try 'calibrate: true'")
 
     def join(self) -> None:
         """After every process of a launch wrote its part: rank 0 joins them into the output and
@@ -455,6 +457,13 @@ def _tag_shape(record: Record, every: int) -> str:
     """A multi-label record's tags: "none", "all" of the `every` labels, or "some"."""
     n = len(record.get("labels") or ())
     return "none" if n == 0 else "all" if n == every else "some"
+
+
+def _remedy(calibrated: bool, calibration: str) -> str:
+    """What a collapse warning suggests: calibration, unless it is calibrated already."""
+    if calibrated:
+        return "it is calibrated already: try other examples or instructions, or another model (-m)"
+    return f"try {calibration}"
 
 
 def _labels_of(record: Record) -> list[str]:

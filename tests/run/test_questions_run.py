@@ -168,3 +168,8 @@ def test_one_answer_for_most_items_is_warned_of_per_question(spec_file, tmp_path
     assert result.exit_code == 0
     assert "100% of the items (21 of 21) got" in result.stderr and "for question 'team'" in result.stderr
     assert "for question 'blocked'" in result.stderr and "for question 'mood'" not in result.stderr
+    assert "try 'calibrate: true' on the question" in result.stderr
+    calibrated = invoke("run", spec_file("c.yaml", questions=pack, system="x", calibrate=True), same, "-o",
+                        tmp_path / "c.jsonl")
+    assert calibrated.exit_code == 0 and "for question 'team'" in calibrated.stderr
+    assert "try 'calibrate" not in calibrated.stderr and "it is calibrated already" in calibrated.stderr
