@@ -149,18 +149,19 @@ def print_bench(report: BenchReport) -> None:
         _print_questions_bench(out, report.questions)
     p = report.pruning
     if p is not None:
-        table = Table(title=f"pruned label scoring · {p.labels} labels · {p.items} items")
-        for col in ("label scoring", "ms/item", "speed-up", "label tokens/item", "labels left at a bound/item"):
-            table.add_column(col, justify="left" if col == "label scoring" else "right")
-        table.add_row("every label to the end", f"{p.full_ms:.1f}", "1.00x", f"{p.full_label_tokens:.1f}", "0")
+        one = p.what[:-1]
+        table = Table(title=f"pruned scoring · {p.labels} {p.what} · {p.items} items")
+        for col in (f"{one} scoring", "ms/item", "speed-up", "candidate tokens/item", f"{p.what} left at a bound/item"):
+            table.add_column(col, justify="left" if col == f"{one} scoring" else "right")
+        table.add_row(f"every {one} to the end", f"{p.full_ms:.1f}", "1.00x", f"{p.full_label_tokens:.1f}", "0")
         table.add_row("pruned (--prune on)", f"{p.pruned_ms:.1f}", f"{p.full_ms / p.pruned_ms:.2f}x",
                       f"{p.pruned_label_tokens:.1f}", f"{p.pruned_labels:.1f}")
         out.print(table)
-        out.print("same labels both ways: " + ("yes" if p.same_labels else f"NO ({p.items_differing} items differ)"),
-                  soft_wrap=True)
+        out.print(f"same {'answers' if p.what == 'options' else 'labels'} both ways: "
+                  + ("yes" if p.same_labels else f"NO ({p.items_differing} items differ)"), soft_wrap=True)
         auto = p.auto
-        out.print(f"the default (--prune auto) {'prunes' if auto else 'does not prune'} {p.labels} labels: "
-                  f"{p.pruned_ms / p.full_ms if auto else 1.0:.2f}x the time of scoring every label"
+        out.print(f"the default (--prune auto) {'prunes' if auto else 'does not prune'} {p.labels} {p.what}: "
+                  f"{p.pruned_ms / p.full_ms if auto else 1.0:.2f}x the time of scoring every {one}"
                   + ("; --prune off is faster here" if auto and p.pruned_ms > p.full_ms else "")
                   + ("; --prune on is faster here" if not auto and p.pruned_ms < p.full_ms else ""), soft_wrap=True)
 

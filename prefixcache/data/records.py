@@ -45,10 +45,10 @@ def _r6(x: float) -> float:
 
 def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], decision: Decision | Tags,
                 prefix_tokens: int, item_tokens: int, ms: float, keep: Keep = (), precision: str | None = None,
-                pruned: Sequence[str] | None = None) -> Record:
+                pruned: Sequence[str] | Mapping[str, list[str]] | None = None) -> Record:
     """The record of a scored item. `names`: its candidates' texts (labels or options), in order;
     `keep`: the item's fields to copy in after the id (None: all of them); `pruned` (a run with
-    pruned label scoring): the labels whose log-prob is a bound."""
+    pruned scoring): the labels whose log-prob is a bound (typed questions: by question id)."""
     if isinstance(decision, Answers):
         record = _questions_record(spec, item, decision, keep)
     elif isinstance(decision, Tags):
@@ -56,7 +56,7 @@ def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequ
     else:
         record = _label_record(spec, item, names, logprobs, decision, keep)
     if pruned is not None:
-        record["pruned"] = list(pruned)
+        record["pruned"] = {q: list(o) for q, o in pruned.items()} if isinstance(pruned, Mapping) else list(pruned)
     if not isinstance(decision, Answers):  # a question's answer says how it was decided
         record["normalize"] = spec.normalize + ("+calibrated" if decision.raw is not None else "")
     if precision is not None:  # a run mixing precisions says which made each record
@@ -201,7 +201,10 @@ def logprobs_in_order(record: Mapping[str, Any], names: Sequence[str], spec: Tas
     if spec is not None and spec.questions:
         if any(len(said) > 1 for q in spec.questions for said in q.said):
             return None
-        return [float(record["answers"][q.id]["x_logprobs"][option]) for q in spec.questions for option in q.options]
+        pruned = record.get("pruned") or {}
+        flags = [option in pruned.get(q.id, ()) for q in spec.questions for option in q.options]
+        values = [float(record["answers"][q.id]["x_logprobs"][option]) for q in spec.questions for option in q.options]
+        return Bounded(values, [i for i, flag in enumerate(flags) if flag]) if any(flags) else values
     value = record["logprobs"]
     if isinstance(value, list):
         return [float(v) for v in value]
@@ -214,7 +217,8 @@ def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False, p
     prob_/logprob_ column per label (for multiple choice, `probs` and `logprobs` are JSON lists in
     one cell each)."""
     if spec.questions:
-        return ["id", *keep, *question_columns(spec.questions), "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
+        return ["id", *keep, *question_columns(spec.questions), *(["pruned"] if pruned else []),
+                "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
     head = ["id", *keep, "label"] + (["index", "scored"] if spec.choices else []) + ["prob", "margin"]
     if spec.multi_label:
         head = ["id", *keep, "labels"]
@@ -320,6 +324,8 @@ def _from_flat_answers(row: Mapping[str, str], qids: Sequence[str]) -> Record:
         if qid is None:
             if key in _INTS + _FLOATS:
                 record[key] = None if cell == "" else (float(cell) if key in _FLOATS else int(cell))
+            elif key == "pruned":
+                record[key] = json.loads(cell)
             elif key != "error" or cell:
                 record[key] = cell
             continue

@@ -104,7 +104,7 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
         keep += range(start + n - 1, start + n + m)
         for i, cand in enumerate(row.candidates):
             skip = row.skip(i)  # context ids before the scored ones: read (trie nodes), not scored
-            term_rows += [first + 1 + t.index[cand[:k]] if k else first for k in range(skip, len(cand))]
+            term_rows += [first + 1 + t.paths[i][k - 1] if k else first for k in range(skip, len(cand))]
             term_toks += cand[skip:]
         sizes.append([len(c) - row.skip(i) for i, c in enumerate(row.candidates)])
     slots = torch.zeros(T, dtype=torch.long)  # [T]
@@ -118,16 +118,18 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
 def _own_mask(own: torch.Tensor, off: int, n: int, t: Trie) -> None:
     """Fill one row's [W, W] mask over its own slots: padding slots see themselves (never an
     all-masked row), the item's n tokens are causal, each trie node sees the whole item, itself
-    and its ancestors."""
+    and its ancestors (a node's row is its parent's plus itself: parents come first)."""
     own[range(off), range(off)] = True
     own[off: off + n, off: off + n] = torch.ones(n, n, dtype=torch.bool).tril()
-    for k in range(len(t)):
-        col = off + n + k
-        own[col, off: off + n] = True
-        node = k
-        while node >= 0:
-            own[col, off + n + node] = True
-            node = t.parents[node]
+    m = len(t)
+    if not m:
+        return
+    own[off + n:, off: off + n] = True
+    nodes = own[off + n:, off + n:]  # [m, m], the row's last m slots
+    for k, parent in enumerate(t.parents):
+        if parent >= 0:
+            nodes[k] = nodes[parent]
+        nodes[k, k] = True
 
 
 def binding_window(lay: Layout, window: int | None) -> int | None:

@@ -33,22 +33,28 @@ class Trie:
     tokens: list[int]  # the node's token
     parents: list[int]  # parent node, or -1 for a node right after the item
     depths: list[int]  # 1 for a candidate's first token
-    index: dict[Candidate, int]  # candidate prefix -> its node
+    paths: list[list[int]]  # per candidate, the nodes of its proper prefixes (cand[:1], cand[:2], ...)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
 def trie(candidates: Sequence[Candidate]) -> Trie:
-    index: dict[Candidate, int] = {}
-    tokens, parents, depths = [], [], []
+    child: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    paths: list[list[int]] = []
     for cand in candidates:
-        for k in range(1, len(cand)):
-            key = cand[:k]
-            if key in index:
-                continue
-            index[key] = len(tokens)
-            tokens.append(key[-1])
-            parents.append(index[key[:-1]] if k > 1 else -1)
-            depths.append(k)
-    return Trie(tokens, parents, depths, index)
+        path, node = [], -1
+        for depth, tok in enumerate(cand[:-1], start=1):
+            key = (node, tok)
+            if key not in child:
+                child[key] = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+                depths.append(depth)
+            node = child[key]
+            path.append(node)
+        paths.append(path)
+    return Trie(tokens, parents, depths, paths)

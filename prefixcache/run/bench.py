@@ -279,6 +279,7 @@ class PruningResult:
     auto: bool  # whether the default, --prune auto, prunes this task
     same_labels: bool
     items_differing: int
+    what: str = "labels"  # what is pruned: "labels", or typed questions' "options"
 
 
 def time_pruning(scorer: Scorer, items: Sequence[Item], batching: Batching, step: Step = _quiet) -> PruningResult:
@@ -300,10 +301,19 @@ def time_pruning(scorer: Scorer, items: Sequence[Item], batching: Batching, step
     scorer.prune("off")
     (full_ms, full_tokens, full), (pruned_ms, pruned_tokens, pruned) = runs
     differing = sum(record_prediction(a) != record_prediction(b) for a, b in zip(full, pruned))
-    left = sum(len(r.get("pruned") or ()) for r in pruned) / len(items)
+    left = sum(_bounded(r.get("pruned")) for r in pruned) / len(items)
     spec = scorer.task.spec
-    return PruningResult(len(items), full_ms, pruned_ms, full_tokens, pruned_tokens, left, len(spec.labels),
-                         spec.prunes("auto"), differing == 0, differing)
+    raced = sum(len(q.options) for q in spec.questions if q.type == "choice" and q.groups.plain)
+    return PruningResult(len(items), full_ms, pruned_ms, full_tokens, pruned_tokens, left,
+                         raced if spec.questions else len(spec.labels), spec.prunes("auto"), differing == 0, differing,
+                         "options" if spec.questions else "labels")
+
+
+def _bounded(pruned: Sequence[str] | Mapping[str, Sequence[str]] | None) -> int:
+    """How many labels (or options, by question) a record says are left at their bound."""
+    if isinstance(pruned, Mapping):
+        return sum(len(options) for options in pruned.values())
+    return len(pruned or ())
 
 
 def _option_cost_ratio(scorer: Scorer, items: Sequence[Item], batching: Batching) -> float:

@@ -139,10 +139,10 @@ class RunOptions:
         "calls: measured at 0.63-0.91x float32's on the embedded model (docs/models.md); `bench --exact` measures "
         "yours."))
     prune: str = _opt("auto", "--prune", cli_type=Prune, help=(
-        "Label tasks: score the labels best-first and stop scoring those whose probability can no longer matter "
-        "(the same labels, every probability within 1e-4; records list the labels left at a bound). auto (the "
-        "default): every label is scored, as pruning was measured not to pay on the embedded model's flat label "
-        "distributions; bench says whether on pays for yours."))
+        "Labels, and typed questions' choice questions: score the candidates best-first and stop scoring those "
+        "whose probability can no longer matter (the same answers, every probability within 1e-4; records list "
+        "those left at a bound). auto (the default): every candidate is scored, as pruning was measured not to "
+        "pay on the embedded model's flat distributions; bench says whether on pays for yours."))
     cache_dir: Path = _opt(
         None, "--cache-dir", group="model", factory=cache_root, envvar="PREFIXCACHE_CACHE_DIR",
         cli_type=Optional[Path], parse=lambda path: path.expanduser() if path else cache_root(),

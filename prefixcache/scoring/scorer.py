@@ -29,7 +29,7 @@ from ..model.store import PrefixStore, prefix_key
 from ..task.questions import Answers, decide_question
 from ..task.spec import TaskSpec
 from .prepare import Prepared, Task
-from .pruning import score_pruned
+from .pruning import Contest, score_pruned
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class Scorer:
             self.prior = self._calibration_prior()
         if any(q.content_free for q in spec.questions):
             self.prior = self._question_priors()
-        self._keys: list[tuple[list[float], list[float]]] | None = None  # set by `prune`: score_pruned's keys
+        self._contests: list[Contest] | None = None  # set by `prune`: what score_pruned races
         self.says_pruned = False  # records name the labels left at their bound (`prune`)
 
     @classmethod
@@ -182,8 +182,8 @@ class Scorer:
         if todo and known is not None:
             for key in todo:
                 self._scores.put(key, known[key])
-        elif todo and self._keys is not None:
-            values = score_pruned(self.engine, self.prefix, list(todo.values()), self._keys, self.task.spec.threshold)
+        elif todo and self._contests is not None:
+            values = score_pruned(self.engine, self.prefix, list(todo.values()), self._contests)
             for key, scores in zip(todo, values):
                 self._scores.put(key, scores)
         elif todo:
@@ -197,7 +197,7 @@ class Scorer:
         records then say which labels are bounds (`says_pruned`), and labels are pruned where the
         model's attention allows (model/branches.py; elsewhere every label is scored, and "on"
         says so). Returns whether labels are pruned."""
-        spec, builder = self.task.spec, self.task.builder
+        spec = self.task.spec
         self.says_pruned = spec.prunes(mode, exact)
         why = spec.pruning_refusal() if mode == "on" and not exact else None
         if self.says_pruned and not usable(self.engine):
@@ -205,19 +205,44 @@ class Scorer:
         if why:
             log.warning("--prune on: every label is scored to the end: %s", why)
         if not self.says_pruned or not usable(self.engine):
-            self._keys = None
+            self._contests = None
             return False
+        self._contests = self._question_contests() if spec.questions else [self._label_contest()]
+        return True
+
+    def _label_contest(self) -> Contest:
+        """The labels, raced under the spec's normalisation and calibration."""
+        spec, builder = self.task.spec, self.task.builder
         ids = list(builder.candidates.values())
         uncond = [self.unconditional(c) for c in ids] if spec.normalize == "pmi" else []
         counts, texts = [len(c) for c in ids], list(builder.candidates)
-        self._keys = [linear_keys(spec.normalize, counts, texts, uncond, self.prior)]
+        keys = [linear_keys(spec.normalize, counts, texts, uncond, self.prior)]
         if self.prior:  # the raw distribution is reported too: its probabilities are kept exact as well
-            self._keys.append(linear_keys(spec.normalize, counts, texts, uncond))
-        return True
+            keys.append(linear_keys(spec.normalize, counts, texts, uncond))
+        return Contest(0, len(ids), 0, keys, spec.threshold)
+
+    def _question_contests(self) -> list[Contest]:
+        """One contest per typed question: choice questions whose options have one text each are
+        raced, every other question is scored to the end."""
+        builder, contests = self.task.builder, []
+        ids = list(builder.candidates.values())
+        for i, q in enumerate(self.task.spec.questions):
+            at, end = builder.spans[i]
+            skip, prior = builder.skips[at], self.prior[i] if self.prior else None
+            if q.type != "choice" or not q.groups.plain:
+                contests.append(Contest(at, end, skip, race=False))
+                continue
+            uncond = [self.unconditional(c) for c in ids[at:end]] if q.normalize == "pmi" else []
+            counts, texts = [len(c) - skip for c in ids[at:end]], list(q.texts)
+            keys = [linear_keys(q.normalize, counts, texts, uncond, prior)]
+            if prior:
+                keys.append(linear_keys(q.normalize, counts, texts, uncond))
+            contests.append(Contest(at, end, skip, keys, q.threshold))
+        return contests
 
     @property
     def pruning(self) -> bool:
-        return self._keys is not None
+        return self._contests is not None
 
     def precision(self, key: tuple) -> str | None:
         """Which precision produced the scores of a prompt, when the run's records say so (runs

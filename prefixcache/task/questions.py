@@ -116,6 +116,19 @@ class Answers:
         """Question id -> answer in the System One shape."""
         return {q.id: q.kind.answer(q, d, lps) for q, d, lps in zip(self.questions, self.decisions, self.logprobs)}
 
+    def bounded(self, indices: Sequence[int]) -> dict[str, list[str]]:
+        """Question id -> its options whose log-probs are bounds (pruned scoring), from their
+        indices in the item's candidates (questions' spans one after another; a pruned question's
+        options have one text each)."""
+        out: dict[str, list[str]] = {}
+        at = 0
+        for q, lps in zip(self.questions, self.logprobs):
+            picked = [q.options[i - at] for i in indices if at <= i < at + len(lps)]
+            if picked:
+                out[q.id] = picked
+            at += len(lps)
+        return out
+
 
 def answer_word(answer: Mapping[str, Any]) -> str:
     """An answer in a word (its kind's `summary`), read from the answer alone."""

@@ -101,6 +101,27 @@ def test_an_interrupted_question_run_resumes_to_the_same_records(spec_file, emai
     assert records(part) == records(whole)
 
 
+def test_a_pruned_question_run_says_which_options_are_bounds_and_resumes_from_csv(spec_file, emails, tmp_path):
+    spec = spec_file(questions=PACK, system="You read e-mails.")
+    whole, full, part = tmp_path / "whole.jsonl", tmp_path / "full.jsonl", tmp_path / "part.csv"
+    assert invoke("run", spec, emails, "-o", whole, "-b", 2, "--prune", "on").exit_code == 0
+    assert invoke("run", spec, emails, "-o", full, "-b", 2).exit_code == 0
+    assert invoke("run", spec, emails, "-o", part, "-b", 2, "-n", 4, "--prune", "on").exit_code == 0
+    assert invoke("run", spec, emails, "-o", part, "-b", 2, "--prune", "on", "--resume").exit_code == 0
+    assert invoke("run", spec, emails, "-o", part, "--prune", "off", "--resume").exit_code != 0  # records would mix
+    pruned, every = records(whole), records(full)
+    assert all(set(r["pruned"]) <= {"team"} for r in pruned) and all("pruned" not in r for r in every)
+    for p, f in zip(pruned, every, strict=True):  # the same answers, every probability within 1e-4
+        for qid, answer in p["answers"].items():
+            value = answer[answer["type"]]
+            assert value == f["answers"][qid][answer["type"]] if answer["type"] == "choice" else \
+                abs(value - f["answers"][qid][answer["type"]]) < 1e-4
+            assert all(abs(v - f["answers"][qid]["probabilities"][k]) < 1e-4 for k, v in answer.get("probabilities", {}).items())
+    back = read_records(str(part)).records
+    assert [{k: v for k, v in b.items() if k != "ms"} for b in back] == [
+        {**{k: v for k, v in a.items() if k != "ms"}, "id": str(a["id"])} for a in pruned]
+
+
 def test_diff_and_render_speak_per_question(spec_file, emails, tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     assert invoke("run", spec_file(questions=PACK, system="You read e-mails."), emails, "-o", a).exit_code == 0

@@ -34,16 +34,23 @@ def test_branches_after_kept_items_equal_full_scoring(arch, chat_tokenizer, tmp_
     cands = list(builder.candidates.values())
     encoded = [builder.encode_item({"text": t}) for t in TEXTS[:7]]
     rows = [Row(e.ids, e.prefix_len, cands) for e in encoded]
-    want = engine.score(prefix, rows)
+    nodes = sorted({c[:k] for c in cands for k in range(1, len(c) + 1)})
+    summed = [dict(zip(nodes, lps)) for lps in engine.score(prefix, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
     opened = open_items(engine, prefix, rows)
+    for b in range(len(rows)):  # the first tokens come with the items
+        assert all(abs(v - summed[b][node]) < TOL for node, v in opened.firsts(b).items())
     rng = random.Random(0)
-    chosen = {b: rng.sample(cands, rng.randint(1, len(cands))) for b in range(len(rows)) if b != 3}
-    got = opened.branches(chosen)
-    for b, picked in chosen.items():
-        for cand, value in zip(picked, got[b], strict=True):
-            assert abs(value - want[b][cands.index(cand)]) < TOL
-    again = opened.branches({3: cands})  # a second call on the same items
-    assert max(abs(a - b) for a, b in zip(again[3], want[3], strict=True)) < TOL
+    ends = sorted({c[:-1] for c in cands if len(c) > 1})
+    for step in range(3):  # nodes fed over several passes: none is ever run twice
+        chosen = {b: rng.sample(ends, rng.randint(1, len(ends))) for b in range(len(rows)) if b != step}
+        new = sum(len({n[:k] for n in ns for k in range(1, len(n) + 1)} - opened.fed[b].keys()) for b, ns in chosen.items())
+        before = engine.label_tokens
+        got = opened.feed(chosen)
+        assert engine.label_tokens - before == new > 0 or step
+        for b, found in got.items():
+            assert found
+            for child, value in found.items():  # a token's log-prob: the difference of full scoring's sums
+                assert abs(value - (summed[b][child] - summed[b].get(child[:-1], 0.0))) < TOL, (b, child)
 
 
 def _scorer(spec, tokenizer, model):
@@ -116,7 +123,8 @@ def test_pruned_argmax_equals_full_scoring(count, chat_tokenizer, tmp_path):
                                   dict(calibrate=True, threshold=0.05, normalize="mean")])
 def test_pruning_is_exact_under_every_decision_rule(keys, chat_tokenizer, tmp_path):
 
-    labels = list(WORDS[:8]) + [f"{w} {v}" for w in WORDS[:8] for v in WORDS[8:13]]
+    # three-word labels: a fed node reveals all its children, so labels need depth to stay at a bound
+    labels = list(WORDS[:8]) + [f"{w} {v} {u}" for w in WORDS[:8] for v, u in zip(WORDS[8:13], WORDS[13:18])]
     spec = make_spec(tmp_path, labels=labels, **keys)
     model = _planted("qwen2", chat_tokenizer, seed=5, init=1.0)  # peaked and planted: labels fall out at a bound
     want, got, pruned, full = _compare(spec, chat_tokenizer, model, TEXTS)

@@ -236,3 +236,39 @@ def test_pmi_divides_out_each_options_score_after_the_content_free_prompt(chat_t
     assert got == pytest.approx([p / sum(probs) for p in probs], abs=TOL)
     plain = [record["answers"]["team"]["x_logprobs"][o] for o in spec.question_named("team").options]
     assert max(abs(a - b) for a, b in zip(pmi, plain)) > 100 * TOL  # the content-free scores moved them
+
+
+@pytest.mark.parametrize("keys", [{}, {"calibrate": True}, {"normalize": "pmi"}])
+def test_pruned_choice_questions_report_what_full_scoring_reports(keys, chat_tokenizer, tmp_path):
+    """--prune on races each choice question's options (the other questions are scored to the
+    end): the same choices, every probability within 1e-4 of full scoring's, bounds from above
+    for the options left at their bounds, and fewer tokens through the model."""
+    from conftest import planted, tiny_model
+
+    words = "tech bill account refund invoice payment crash error slow login screen update".split()
+    options = {f"{w} {v} {u}": None for w in words[:6] for v, u in zip(words[6:], words[:6])}
+    pack = {"topic": {"type": "choice", "instructions": "Which topic?", "criteria": options, **keys},
+            "blocked": PACK["blocked"], "mood": PACK["mood"], "team": {**PACK["team"], "list": False}}
+    spec = load_spec(write_spec(tmp_path, system=SYSTEM, questions=pack))
+    model = planted(tiny_model("qwen2", len(chat_tokenizer), seed=5, init=1.0),
+                    chat_tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    full, pruned = _scorer(spec, chat_tokenizer, model), _scorer(spec, chat_tokenizer, model)
+    assert pruned.prune("on") and not full.pruning
+    want = list(classify(full, _items(TEXTS[:6]), Batching(size=3)))
+    got = list(classify(pruned, _items(TEXTS[:6]), Batching(size=3)))
+    bounded = 0
+    for w, g in zip(want, got, strict=True):
+        assert set(g["pruned"]) <= {"topic", "team"}
+        for qid, answer in g["answers"].items():
+            assert answer[answer["type"]] == w["answers"][qid][answer["type"]] or answer["type"] != "choice"
+            for key in ("probabilities", "x_raw_probabilities"):
+                for option, p in answer.get(key, {}).items():
+                    assert abs(p - w["answers"][qid][key][option]) < 1e-4
+            for option, lp in answer["x_logprobs"].items():
+                if option in g["pruned"].get(qid, ()):
+                    bounded += 1
+                    assert lp >= w["answers"][qid]["x_logprobs"][option] - TOL
+                else:  # equal up to float32 summation order (a planted model's log-probs reach -300)
+                    assert abs(lp - w["answers"][qid]["x_logprobs"][option]) < TOL + 2e-6 * abs(lp)
+    assert bounded > 0  # the check can fail: options were left at their bounds
+    assert pruned.engine.label_tokens < full.engine.label_tokens
