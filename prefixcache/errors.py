@@ -57,6 +57,10 @@ class ItemError(PrefixcacheError):
         self.item_id = item_id
 
 
+class TooLong(ItemError):
+    """An item whose prompt does not fit the model's context (it is never cut to fit)."""
+
+
 class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived; finished records are written and the run can be resumed.
 

@@ -306,6 +306,55 @@ def tune(
             say(f"wrote {result.written}" + ("" if result.chosen_keys else " (the spec as written: no winner)"))
 
 
+@app.command(cls=Command)
+def serve(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="A hub id, a model folder or a .gguf file (default: the embedded model)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (default: this machine only)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port, said on stderr)."),
+    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Name of an environment variable holding "
+                                              "the API key that requests must send as Authorization: Bearer KEY."),
+    batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", min=0.0, help="How long the first request of a "
+                                        "batch waits for others to join it."),
+    max_batch: int = typer.Option(16, "--max-batch", min=1, help="At most this many requests in one forward pass."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
+    debug: bool = DEBUG_OPT,
+) -> None:
+    """Answer typed decisions over HTTP: TypeSafe's System One (`POST /v1/systemone`) and OpenAI's
+    Decisions (`POST /v1/decisions`), with `GET /v1/models` and `GET /health`.
+
+    A request `{instructions: S, state: T, questions: Q}` is answered as `run` answers an item whose
+    state is T under the spec `{system: S, template: "{state}", questions: Q}`. Requests that
+    arrive together share one forward pass; the instructions' prefix is kept between requests.
+    Ctrl-C or SIGTERM stop taking requests, finish those in flight and exit 0. Needs the `serve`
+    extra: pip install 'prefixcache[serve]'.
+
+    Example:
+
+        prefixcache serve --port 8000
+
+        curl -s localhost:8000/v1/systemone -d '{"model": "any", "state": "I was charged twice", "questions": {"refund": {"type": "noul", "instructions": "Does the customer want money back?"}}}'
+    """
+    import os
+
+    from ..errors import UsageError
+    from ..scoring.options import ScoringOptions
+
+    with errors(debug):
+        setup_logging(False)
+        key = None
+        if api_key_env is not None:
+            key = os.environ.get(api_key_env, "").strip()
+            if not key:
+                raise UsageError(f"--api-key-env {api_key_env}: that environment variable is not set or empty")
+        try:
+            from ..serve import serve as start
+        except ImportError as exc:
+            raise UsageError(f"serve needs its extra: pip install 'prefixcache[serve]' ({exc})") from exc
+        compat.quiet_libraries()
+        start(model, ScoringOptions.from_environment(device=device, dtype=dtype), host, port, key, batch_wait_ms, max_batch)
+
+
 app.add_typer(cache_app, name="cache")
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from ..errors import ItemError
+from ..errors import ItemError, TooLong
 from ..data.items import Item
 from ..model.load import ModelSource, load_tokenizer, model_context, resolve_model
 from ..task.decision import Groups
@@ -142,7 +142,7 @@ class Task:
             chars += sum(len(option) for option in choice_list(item.record, self.spec.choices))
         if chars > bound:
             what = f"the model's context of {context} tokens" if context else f"any model's context ({UNKNOWN_CONTEXT} tokens)"
-            raise ItemError(item.id, f"its fields hold {chars} characters, far more than {what}")
+            raise TooLong(item.id, f"its fields hold {chars} characters, far more than {what}")
         enc = self.builder.encode_item(item.record, item.id)
         if self.spec.choices:
             options = choice_list(item.record, self.spec.choices)
@@ -155,7 +155,7 @@ class Task:
             candidates, groups = self.builder.candidates, self.builder.groups
         longest = max(len(c) for c in candidates.values())
         if context and len(enc.ids) + longest - 1 > context:
-            raise ItemError(item.id, f"{len(enc.ids)} prompt tokens do not fit the model's context of {context}")
+            raise TooLong(item.id, f"{len(enc.ids)} prompt tokens do not fit the model's context of {context}")
         return Prepared(item, enc, candidates, groups, self.builder.skips)
 
     def content_free(self, text: str) -> EncodedItem:

@@ -1,0 +1,96 @@
+"""A local typed-decisions server: TypeSafe's System One and OpenAI's Decisions over one model.
+
+Modules:
+    decider.py    requests as the batch tool's specs and items; one model, prefixes kept, asks batched in a worker thread
+    systemone.py  the System One wire format: request, answer, errors
+    decisions.py  the OpenAI Decisions wire format: request, answer, errors
+    errors.py     what a wire format raises for a request it cannot take
+    app.py        the HTTP app (Starlette): routes, bodies, auth, access log
+
+`serve` starts it on uvicorn; Ctrl-C or SIGTERM stop taking requests, finish those in flight and
+return.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from typing import Callable, Optional
+
+from ..scoring.options import ScoringOptions
+
+log = logging.getLogger("prefixcache.serve")
+
+
+def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1", port: int = 8000,
+          key: Optional[str] = None, wait_ms: float = 5.0, batch: int = 16,
+          ready: Optional[Callable[[int], None]] = None) -> None:
+    """Load the model and answer requests until SIGINT or SIGTERM, which stop taking requests
+    and return once those in flight are answered (a second Ctrl-C returns at once). `ready(port)`
+    is called once the socket listens (default: a line on stderr)."""
+    import asyncio
+
+    import uvicorn
+
+    from .app import Settings, build_app
+    from .decider import Batcher, Decider
+
+    if host not in ("127.0.0.1", "localhost", "::1") and key is None:
+        log.warning("serving on %s without an API key: anyone who can reach this port can use the model "
+                    "(set one with --api-key-env)", host)
+    decider = Decider(model, options)
+    batcher = Batcher(decider, wait_ms / 1000, batch)
+    settings = Settings(decider.name, key)
+    config = uvicorn.Config(build_app(batcher, settings), host=host, port=port, access_log=False,
+                            log_level="warning", timeout_graceful_shutdown=60, lifespan="off")
+    server = _Server(config)
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            bound = server.servers[0].sockets[0].getsockname()[1]
+            if ready is not None:
+                ready(bound)
+            else:
+                log.info("serving %s on http://%s:%d (System One: POST /v1/systemone, OpenAI: POST /v1/decisions)",
+                         settings.model, host, bound)
+        await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        batcher.close()
+
+
+class _Server:
+    """uvicorn's server, stopped by SIGINT or SIGTERM without re-raising the signal afterwards:
+    a stop asked for is a clean exit (0)."""
+
+    def __new__(cls, config):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                if threading.current_thread() is not threading.main_thread():
+                    yield
+                    return
+                previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+                try:
+                    yield
+                finally:
+                    for sig, handler in previous.items():
+                        signal.signal(sig, handler)
+
+            def _stop(self, sig, frame) -> None:
+                if self.should_exit and sig == signal.SIGINT:
+                    self.force_exit = True
+                else:
+                    log.info("stopping: no new requests; answering those in flight")
+                    self.should_exit = True
+
+        return Server(config)

@@ -1,0 +1,214 @@
+"""The HTTP server: a Starlette app on uvicorn, the model in one worker thread (serve/decider.py).
+
+Routes: `POST /v1/systemone` (serve/systemone.py), `POST /v1/decisions` (serve/decisions.py),
+`GET /v1/models` (both clients' lists in one body), `GET /health`. Every request body is read here
+once: at most `max_body` bytes (413 beyond, compressed or not), `Content-Encoding` gzip or zstd
+undone, JSON parsed; a bad request gets a 4xx in its format's shape, never a 5xx. With a key, a
+request must carry `Authorization: Bearer KEY` (401 otherwise); without one the header is
+accepted and ignored. One access-log line per request on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import hmac
+import io
+import itertools
+import json
+import logging
+import time
+import zlib
+from dataclasses import dataclass
+from datetime import date
+from typing import Any, Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import SpecError, TooLong
+from . import decisions, systemone
+from .decider import Batcher, Decided
+from .errors import Invalid
+
+log = logging.getLogger("prefixcache.serve")
+MAX_BODY = 8 * 1024 * 1024  # bytes of a request body, compressed and uncompressed
+_ids = itertools.count(1)
+
+
+class TooLarge(Exception):
+    pass
+
+
+class BadBody(Exception):
+    pass
+
+
+@dataclass
+class Settings:
+    """What the app needs besides its batcher: the served model's name, the key (None: no auth)
+    and the body limit."""
+
+    model: str
+    key: str | None = None
+    max_body: int = MAX_BODY
+
+
+async def _body(request: Request, limit: int) -> Any:
+    """The request's JSON body, decompressed; TooLarge past `limit` bytes, BadBody when unreadable."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise TooLarge()
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise TooLarge()
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    data = bytes(raw)
+    try:
+        if encoding == "gzip":
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            data = inflater.decompress(data, limit + 1)
+        elif encoding == "zstd":
+            import zstandard
+
+            data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read(limit + 1)
+        elif encoding not in ("identity", ""):
+            raise BadBody(f"unsupported Content-Encoding {encoding!r} (gzip, zstd or none)")
+    except (zlib.error, gzip.BadGzipFile, EOFError, ValueError) as exc:
+        raise BadBody(f"the body is not valid {encoding}: {exc}") from exc
+    except Exception as exc:  # zstandard.ZstdError
+        if type(exc).__name__ == "ZstdError":
+            raise BadBody(f"the body is not valid zstd: {exc}") from exc
+        raise
+    if len(data) > limit:
+        raise TooLarge()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadBody(f"the body is not JSON: {exc}") from exc
+
+
+def _authorized(request: Request, key: str | None) -> bool:
+    if key is None:
+        return True
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+def build_app(batcher: Batcher, settings: Settings) -> Starlette:
+    """The app answering with `batcher`'s model."""
+
+    async def decide(ask) -> Decided:
+        return await asyncio.wrap_future(batcher.submit(ask))
+
+    async def systemone_route(request: Request) -> Response:
+        def fail(status: int, kind: str, message: str) -> Response:
+            return _json(*systemone.failure(status, kind, message))
+
+        if not _authorized(request, settings.key):
+            return fail(401, "authentication_error", "a valid API key is required (Authorization: Bearer KEY)")
+        try:
+            body = await _body(request, settings.max_body)
+            ask = systemone.parse(body)
+            decided = await decide(ask)
+        except TooLarge:
+            return fail(413, "request_too_large", f"the request body is over {settings.max_body} bytes")
+        except BadBody as exc:
+            return _json(422, {"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error.jsondecode"}]})
+        except Invalid as exc:
+            return _json(*systemone.invalid(exc))
+        except SpecError as exc:
+            return _json(*systemone.invalid(Invalid([(("body", "questions"), _said(exc), "value_error")])))
+        except TooLong as exc:
+            return fail(400, "max_tokens_exceeded", _said(exc))
+        request.state.usage = (len(ask.questions), decided)
+        return _json(200, systemone.answer(decided, settings.model))
+
+    async def decisions_route(request: Request) -> Response:
+        if not _authorized(request, settings.key):
+            return _json(*decisions.failure(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                            "invalid_request_error", code="invalid_api_key"))
+        try:
+            body = await _body(request, settings.max_body)
+            ask, questions = decisions.parse(body)
+            decided = await decide(ask)
+        except TooLarge:
+            return _json(*decisions.failure(413, f"the request body is over {settings.max_body} bytes",
+                                            code="request_too_large"))
+        except BadBody as exc:
+            return _json(*decisions.failure(400, str(exc), code="invalid_json"))
+        except Invalid as exc:
+            return _json(*decisions.invalid(exc))
+        except SpecError as exc:
+            return _json(*decisions.failure(400, _said(exc), param="questions", code="invalid_value"))
+        except TooLong as exc:
+            return _json(*decisions.failure(400, _said(exc), param="input", code="max_tokens_exceeded"))
+        request.state.usage = (len(questions), decided)
+        return _json(200, decisions.answer(decided, questions, settings.model))
+
+    async def models(request: Request) -> Response:
+        if not _authorized(request, settings.key):
+            return _json(*systemone.failure(401, "authentication_error", "a valid API key is required"))
+        return _json(200, {"object": "list",
+                           "data": [{"id": settings.model, "object": "model", "created": int(time.time()),
+                                     "owned_by": "prefixcache"}],
+                           "models": [{"name": settings.model, "description": "served by prefixcache",
+                                       "release_date": date.today().isoformat()}]})
+
+    async def health(request: Request) -> Response:
+        return _json(200, {"status": "ok", "model": settings.model})
+
+    routes = [Route("/v1/systemone", systemone_route, methods=["POST"]),
+              Route("/v1/decisions", decisions_route, methods=["POST"]),
+              Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"])]
+    app = Starlette(routes=routes)
+    app.add_middleware(_AccessLog)
+    return app
+
+
+def _said(exc: Exception) -> str:
+    """A library error's message without the item or spec name it carries for the batch tool."""
+    text = str(exc)
+    for lead in ("item 'request 0': ", "request: "):
+        text = text.replace(lead, "")
+    return text.split(": ", 1)[1] if text.startswith("item 'request ") else text
+
+
+def _json(status: int, body: Any) -> Response:
+    return JSONResponse(body, status_code=status)
+
+
+class _AccessLog:
+    """One line per request on stderr: number, method, path, status, questions, tokens, cached
+    tokens, milliseconds."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, number, status = time.perf_counter(), next(_ids), [0]
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        scope.setdefault("state", {})
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            usage = scope["state"].get("usage")
+            extra = ""
+            if usage is not None:
+                questions, decided = usage
+                extra = f" questions={questions} tokens={decided.input_tokens} cached={decided.cached_tokens}"
+            log.info("request %d %s %s %d%s ms=%.1f", number, scope["method"], scope["path"], status[0], extra,
+                     (time.perf_counter() - start) * 1000)

@@ -1,0 +1,219 @@
+"""Typed decisions answered by one loaded model: what the server and `decide` share, free of HTTP.
+
+An `Ask` is one request in the batch tool's terms: a spec `{system: instructions, template:
+"{state}", questions: pack}` and one item whose `state` is the request's state. So a request is
+answered exactly as `prefixcache run` answers that item under that spec (the same prompt, the same
+numbers). `Decider.decide` answers asks together: asks with the same instructions share one
+prefilled prefix (kept, least recently used first out, in memory and in the prefix store on
+disk), and all asks of one prefix go through the model in one forward pass, each ask's state once
+for all its questions. A request's numbers do not depend on the others in its pass (to float
+rounding): each row attends to the prefix and to itself only.
+
+`Batcher` runs a decider in one worker thread: callers from any thread (the server's event loop)
+submit asks and get futures; asks that arrive within `wait` seconds of each other, up to `size`,
+are decided in one pass. The model never runs on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..data.items import Item
+from ..model.engine import Prefix
+from ..model.rows import trie
+from ..scoring.build import load_engine, prefix_store
+from ..scoring.options import ScoringOptions
+from ..scoring.prepare import Prepared, Task
+from ..scoring.scorer import Scorer
+from ..task.keys import spec_from_mapping
+from ..task.kind import shown
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One request: the instructions (the system text: the cached prefix), the state (the item),
+    and the questions in the System One shape (question id -> question)."""
+
+    instructions: str
+    state: str
+    questions: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Decided:
+    """An ask's answers (question id -> System One answer), what it cost in tokens and time."""
+
+    answers: dict[str, dict[str, Any]]
+    input_tokens: int  # the prompt (prefix and state) and every question and answer token read
+    cached_tokens: int  # of those, the prefix tokens read from the cache instead of computed
+    ms: float
+
+
+def state_text(state: Any) -> str:
+    """A request's state as the model reads it: text as it is, objects and arrays as JSON."""
+    return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
+
+
+def spec_of(ask: Ask, model: str | None = None) -> dict[str, Any]:
+    """The spec (as a mapping) that answers an ask as `run` would: what `run` needs to give the
+    same numbers for the same pack and states."""
+    spec: dict[str, Any] = {"system": shown(ask.instructions), "template": "{state}", "questions": dict(ask.questions)}
+    if model:
+        spec["model"] = model
+    return spec
+
+
+@dataclass
+class _Pack:
+    """A spec ready to score: its task, its scorer (calibration done) and its prefix."""
+
+    task: Task
+    scorer: Scorer
+    prefix: Prefix
+
+
+class Decider:
+    """One model answering asks. `model`: a hub id, a model folder, a .gguf file or None (the
+    embedded default); `prefixes`: how many prefilled prefixes to keep in memory; `packs`: how
+    many question packs (their tokenised options, their calibration) to keep."""
+
+    def __init__(self, model: str | None, options: ScoringOptions, prefixes: int = 16, packs: int = 64):
+        self.model = model
+        self.options = options
+        base = spec_from_mapping({"model": model, "labels": ["yes", "no"]} if model else {"labels": ["yes", "no"]})
+        self.base = Task.from_spec(base, options.cache_dir)
+        self.engine = load_engine(self.base, options)
+        self.store = prefix_store(options)
+        self.name = Path(self.base.source.path).name.removesuffix(".gguf") if self.base.source.kind != "hub" \
+            else self.base.source.ref  # the served model, as answers name it
+        self._prefixes: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
+        self._packs: OrderedDict[str, _Pack] = OrderedDict()
+        self.max_prefixes, self.max_packs = prefixes, packs
+        self.lock = threading.Lock()  # one forward at a time: `decide` is called from one worker thread
+
+    @property
+    def context(self) -> int | None:
+        return self.engine.max_positions
+
+    def check(self, ask: Ask) -> None:
+        """Raise SpecError for a question pack `run` would refuse, before anything is scored."""
+        self._pack(ask)
+
+    def _pack(self, ask: Ask) -> tuple[_Pack, bool]:
+        """The ask's pack, and whether its prefix was in memory already (read from the cache)."""
+        key = json.dumps([ask.instructions, ask.questions], ensure_ascii=False, sort_keys=True, default=str)
+        if key in self._packs:
+            self._packs.move_to_end(key)
+            return self._packs[key], True
+        task = self.base.with_spec(spec_from_mapping(spec_of(ask), "request"))
+        ids = tuple(task.builder.prefix_ids)
+        known = ids in self._prefixes
+        if known:
+            self._prefixes.move_to_end(ids)
+            scorer = Scorer(task, self.engine, self._prefixes[ids])
+        else:  # from the prefix store on disk, else prefilled (and kept there)
+            scorer = Scorer.on(task, self.engine, self.store)
+            self._prefixes[ids] = scorer.prefix
+            while len(self._prefixes) > self.max_prefixes:
+                self._prefixes.popitem(last=False)
+        self._packs[key] = pack = _Pack(task, scorer, scorer.prefix)
+        while len(self._packs) > self.max_packs:
+            self._packs.popitem(last=False)
+        return pack, known
+
+    def decide(self, asks: Sequence[Ask]) -> list[Decided | Exception]:
+        """Answer asks together: per ask its answers, or the library error that refused it
+        (SpecError: a pack `run` would refuse; TooLong: a state beyond the model's context)."""
+        start = time.perf_counter()
+        out: list[Decided | Exception | None] = [None] * len(asks)
+        ready: dict[int, tuple[_Pack, Prepared, bool]] = {}
+        with self.lock:
+            for i, ask in enumerate(asks):
+                try:
+                    pack, cached = self._pack(ask)
+                    ready[i] = (pack, pack.task.prepare(Item(f"request {i}", {"state": ask.state}, 1), self.context),
+                                cached)
+                except Exception as exc:  # noqa: BLE001 - a refused ask is answered with its error
+                    out[i] = exc
+            by_prefix: dict[int, list[int]] = {}
+            for i, (pack, _, _) in ready.items():
+                by_prefix.setdefault(id(pack.prefix), []).append(i)
+            for members in by_prefix.values():
+                scores = self.engine.score(ready[members[0]][0].prefix, [ready[i][1].row for i in members])
+                for i, lps in zip(members, scores):
+                    pack, prep, cached = ready[i]
+                    answers = pack.scorer.decide(prep, prep.groups.combine(lps)).answers()
+                    read = len(prep.enc.ids) + len(trie(list(prep.candidates.values())))
+                    out[i] = Decided(answers, read, prep.enc.prefix_len if cached else 0, 0.0)
+        ms = (time.perf_counter() - start) * 1000
+        return [Decided(d.answers, d.input_tokens, d.cached_tokens, ms) if isinstance(d, Decided) else d for d in out]
+
+
+@dataclass
+class _Job:
+    ask: Ask
+    future: Future = field(default_factory=Future)
+
+
+class Batcher:
+    """A decider in one worker thread, deciding the asks that arrive together in one pass:
+    `submit` returns a future; after the first ask of a pass it waits up to `wait` seconds for
+    more, up to `size` asks."""
+
+    def __init__(self, decider: Decider, wait: float = 0.005, size: int = 16):
+        self.decider, self.wait, self.size = decider, wait, size
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="prefixcache-model", daemon=True)
+        self._thread.start()
+
+    def submit(self, ask: Ask) -> Future:
+        job = _Job(ask)
+        self._queue.put(job)
+        return job.future
+
+    def close(self) -> None:
+        """Finish the asks queued, then stop the worker."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            jobs, deadline, stop = [job], time.monotonic() + self.wait, False
+            while len(jobs) < self.size:
+                try:
+                    more = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                jobs.append(more)
+            self._answer(jobs)
+            if stop:
+                return
+
+    def _answer(self, jobs: list[_Job]) -> None:
+        try:
+            results = self.decider.decide([j.ask for j in jobs])
+        except Exception as exc:  # noqa: BLE001 - the model failed: every caller of the pass hears of it
+            log.exception("deciding a batch of %d requests failed", len(jobs))
+            results = [exc] * len(jobs)
+        for job, result in zip(jobs, results):
+            if isinstance(result, Exception):
+                job.future.set_exception(result)
+            else:
+                job.future.set_result(result)
