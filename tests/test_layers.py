@@ -11,7 +11,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "prefixcache"
 # What each layer may import (besides itself); the ground (compat, errors, safefile) is open to all.
 ALLOWED = {
-    "cli": {"tune", "run", "reports", "scoring", "model", "data", "task"},
+    "cli": {"serve", "tune", "run", "reports", "scoring", "model", "data", "task"},
+    "serve": {"scoring", "model", "data", "task"},
     "api": {"run", "reports", "scoring", "model", "data", "task"},
     "tune": {"run", "reports", "scoring", "model", "data", "task"},
     "run": {"reports", "scoring", "model", "data", "task"},

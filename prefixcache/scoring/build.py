@@ -27,7 +27,7 @@ import logging
 
 from .. import compat
 from ..model.cache import prefixes_dir
-from ..model.engine import Engine
+from ..model.engine import Engine, Prefix
 from ..model.load import pick_device
 from ..model.store import PrefixStore
 from .options import ScoringOptions
@@ -66,10 +66,12 @@ def load_engine(task: Task, options: ScoringOptions) -> Engine:
     return scorer_engine(task, options.cache_dir, options.device, options.dtype)
 
 
-def build_on(task: Task, engine: Engine, options: ScoringOptions) -> Scorer:
+def build_on(task: Task, engine: Engine, options: ScoringOptions, prefix: Prefix | None = None) -> Scorer:
     """The task's scorer on a model already loaded (several tasks of one model: `tune`'s
-    variants, `Classifier`'s zero-shot label sets), its prefix as `build_scorer` gets it."""
-    scorer = Scorer.on(task, engine, prefix_store(options))
+    variants, `Classifier`'s zero-shot label sets, the server's question packs), its prefix as
+    `build_scorer` gets it, or `prefix` when the caller holds it already (prefilled for this
+    task's prefix ids)."""
+    scorer = Scorer(task, engine, prefix) if prefix is not None else Scorer.on(task, engine, prefix_store(options))
     scorer.prune(options.prune, options.exact)
     return scorer
 

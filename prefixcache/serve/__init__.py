@@ -8,7 +8,8 @@ Modules:
     app.py        the HTTP app (Starlette): routes, bodies, auth, access log
 
 `serve` starts it on uvicorn; Ctrl-C or SIGTERM stop taking requests, finish those in flight and
-return.
+return. A room beside `api/`: it may import scoring, model, data and task (scorers through
+scoring/build.py, as `Classifier` builds them), never run/ or the CLI; the CLI imports it.
 """
 
 from __future__ import annotations

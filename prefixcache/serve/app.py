@@ -35,6 +35,7 @@ from .errors import Invalid
 
 log = logging.getLogger("prefixcache.serve")
 MAX_BODY = 8 * 1024 * 1024  # bytes of a request body, compressed and uncompressed
+DRAIN = 4  # an oversized body is read and dropped up to this many times the limit, then the connection closes
 _ids = itertools.count(1)
 
 
@@ -59,13 +60,18 @@ class Settings:
 async def _body(request: Request, limit: int) -> Any:
     """The request's JSON body, decompressed; TooLarge past `limit` bytes, BadBody when unreadable."""
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise TooLarge()
-    raw = bytearray()
-    async for chunk in request.stream():
+    raw, over = bytearray(), bool(declared and declared.isdigit() and int(declared) > limit)
+    drained = 0
+    async for chunk in request.stream():  # an oversized body is read and dropped (up to a bound), so that
+        if over:                          # the client, still sending, gets the 413 rather than a reset
+            drained += len(chunk)
+            if drained > DRAIN * limit:
+                break
+            continue
         raw += chunk
-        if len(raw) > limit:
-            raise TooLarge()
+        over = len(raw) > limit
+    if over:
+        raise TooLarge()
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     data = bytes(raw)
     try:
@@ -106,15 +112,27 @@ def build_app(batcher: Batcher, settings: Settings) -> Starlette:
     async def decide(ask) -> Decided:
         return await asyncio.wrap_future(batcher.submit(ask))
 
-    async def systemone_route(request: Request) -> Response:
-        def fail(status: int, kind: str, message: str) -> Response:
-            return _json(*systemone.failure(status, kind, message))
+    routes = [Route("/v1/systemone", _systemone_route(decide, settings), methods=["POST"]),
+              Route("/v1/decisions", _decisions_route(decide, settings), methods=["POST"]),
+              Route("/v1/models", _models_route(settings), methods=["GET"]),
+              Route("/health", _health_route(settings), methods=["GET"])]
+    app = Starlette(routes=routes)
+    app.add_middleware(_AccessLog)
+    return app
 
+
+Decide = Callable[[Any], Awaitable[Decided]]
+
+
+def _systemone_route(decide: Decide, settings: Settings) -> Callable[[Request], Awaitable[Response]]:
+    def fail(status: int, kind: str, message: str) -> Response:
+        return _json(*systemone.failure(status, kind, message))
+
+    async def route(request: Request) -> Response:
         if not _authorized(request, settings.key):
             return fail(401, "authentication_error", "a valid API key is required (Authorization: Bearer KEY)")
         try:
-            body = await _body(request, settings.max_body)
-            ask = systemone.parse(body)
+            ask = systemone.parse(await _body(request, settings.max_body))
             decided = await decide(ask)
         except TooLarge:
             return fail(413, "request_too_large", f"the request body is over {settings.max_body} bytes")
@@ -129,13 +147,16 @@ def build_app(batcher: Batcher, settings: Settings) -> Starlette:
         request.state.usage = (len(ask.questions), decided)
         return _json(200, systemone.answer(decided, settings.model))
 
-    async def decisions_route(request: Request) -> Response:
+    return route
+
+
+def _decisions_route(decide: Decide, settings: Settings) -> Callable[[Request], Awaitable[Response]]:
+    async def route(request: Request) -> Response:
         if not _authorized(request, settings.key):
             return _json(*decisions.failure(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                            "invalid_request_error", code="invalid_api_key"))
+                                            code="invalid_api_key"))
         try:
-            body = await _body(request, settings.max_body)
-            ask, questions = decisions.parse(body)
+            ask, questions = decisions.parse(await _body(request, settings.max_body))
             decided = await decide(ask)
         except TooLarge:
             return _json(*decisions.failure(413, f"the request body is over {settings.max_body} bytes",
@@ -151,7 +172,11 @@ def build_app(batcher: Batcher, settings: Settings) -> Starlette:
         request.state.usage = (len(questions), decided)
         return _json(200, decisions.answer(decided, questions, settings.model))
 
-    async def models(request: Request) -> Response:
+    return route
+
+
+def _models_route(settings: Settings) -> Callable[[Request], Awaitable[Response]]:
+    async def route(request: Request) -> Response:
         if not _authorized(request, settings.key):
             return _json(*systemone.failure(401, "authentication_error", "a valid API key is required"))
         return _json(200, {"object": "list",
@@ -160,15 +185,14 @@ def build_app(batcher: Batcher, settings: Settings) -> Starlette:
                            "models": [{"name": settings.model, "description": "served by prefixcache",
                                        "release_date": date.today().isoformat()}]})
 
-    async def health(request: Request) -> Response:
+    return route
+
+
+def _health_route(settings: Settings) -> Callable[[Request], Awaitable[Response]]:
+    async def route(request: Request) -> Response:
         return _json(200, {"status": "ok", "model": settings.model})
 
-    routes = [Route("/v1/systemone", systemone_route, methods=["POST"]),
-              Route("/v1/decisions", decisions_route, methods=["POST"]),
-              Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"])]
-    app = Starlette(routes=routes)
-    app.add_middleware(_AccessLog)
-    return app
+    return route
 
 
 def _said(exc: Exception) -> str:

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 from ..data.items import Item
 from ..model.engine import Prefix
 from ..model.rows import trie
-from ..scoring.build import load_engine, prefix_store
+from ..scoring.build import build_on, load_engine
 from ..scoring.options import ScoringOptions
 from ..scoring.prepare import Prepared, Task
 from ..scoring.scorer import Scorer
@@ -94,7 +94,6 @@ class Decider:
         base = spec_from_mapping({"model": model, "labels": ["yes", "no"]} if model else {"labels": ["yes", "no"]})
         self.base = Task.from_spec(base, options.cache_dir)
         self.engine = load_engine(self.base, options)
-        self.store = prefix_store(options)
         self.name = Path(self.base.source.path).name.removesuffix(".gguf") if self.base.source.kind != "hub" \
             else self.base.source.ref  # the served model, as answers name it
         self._prefixes: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
@@ -121,9 +120,9 @@ class Decider:
         known = ids in self._prefixes
         if known:
             self._prefixes.move_to_end(ids)
-            scorer = Scorer(task, self.engine, self._prefixes[ids])
+            scorer = build_on(task, self.engine, self.options, self._prefixes[ids])
         else:  # from the prefix store on disk, else prefilled (and kept there)
-            scorer = Scorer.on(task, self.engine, self.store)
+            scorer = build_on(task, self.engine, self.options)
             self._prefixes[ids] = scorer.prefix
             while len(self._prefixes) > self.max_prefixes:
                 self._prefixes.popitem(last=False)

@@ -5,7 +5,8 @@ messages: the text of `system` and `developer` messages becomes the instructions
 prefix), the text of the others (user and assistant messages, tool outputs) the state, each joined
 by blank lines. Questions, in order (1 to 400): `predicate` (a yes/no question, asked as a System
 One `noul`), `choice` (`choices: [{value, description?}]`, a value a string or a boolean: a boolean
-is shown to the model as `true`/`false` and answered as the boolean), `score` (`levels: [{label,
+is shown to the model as `true`/`false` and answered as the boolean; a string that reads like one
+of the booleans given is shown quoted, so `"true"` and `true` stay two options), `score` (`levels: [{label,
 description?}]`, level i is the score i; shown as `label: description`). Unknown fields are ignored.
 
 Answer: `{model, answers: [...], usage}`, answers in question order with the question's `name`
@@ -20,6 +21,7 @@ request.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from .decider import Ask, Decided
@@ -66,8 +68,12 @@ def _input(value: Any) -> tuple[str, str]:
     return "\n\n".join(system), "\n\n".join(rest)
 
 
-def _choice_name(value: Any) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else value
+def _choice_names(choices: list[dict[str, Any]]) -> list[str]:
+    """The option texts the model reads for choice values: a boolean as `true`/`false`, a string as
+    it is, or quoted (`"true"`) where a boolean of the same text is among the choices."""
+    booleans = {("true" if c["value"] else "false") for c in choices if isinstance(c["value"], bool)}
+    return [("true" if c["value"] else "false") if isinstance(c["value"], bool)
+            else json.dumps(c["value"], ensure_ascii=False) if c["value"] in booleans else c["value"] for c in choices]
 
 
 def _question(q: Any, i: int) -> dict[str, Any]:
@@ -88,10 +94,9 @@ def _question(q: Any, i: int) -> dict[str, Any]:
                                                     for c in choices):
             raise Invalid([(where + ("choices",), "choices must be a list of {value, description?}, each value a "
                                                   "string or a boolean", "invalid_type")])
-        names = [_choice_name(c["value"]) for c in choices]
+        names = _choice_names(choices)
         if len(set(names)) != len(names):
-            raise Invalid([(where + ("choices",), "choice values must be unique (a boolean is shown as true or false)",
-                            "invalid_value")])
+            raise Invalid([(where + ("choices",), "choice values must be unique", "invalid_value")])
         return {"type": "choice", "instructions": instructions,
                 "criteria": {name: c.get("description") for name, c in zip(names, choices)}}
     if kind == "score":
@@ -128,7 +133,7 @@ def answer(decided: Decided, questions: list[dict[str, Any]], model: str) -> dic
         if got["type"] == "noul":
             out.append({"type": "predicate", "name": name, "probability": got["noul"]})
         elif got["type"] == "choice":
-            value = {_choice_name(c["value"]): c["value"] for c in q["choices"]}
+            value = dict(zip(_choice_names(q["choices"]), (c["value"] for c in q["choices"])))
             out.append({"type": "choice", "name": name, "choice": value[got["choice"]],
                         "probabilities": [{"value": value[k], "probability": p} for k, p in got["probabilities"].items()],
                         "confidence": got["confidence"]})

@@ -1,0 +1,224 @@
+"""`prefixcache serve` on a tiny model, started as a user starts it (a process on a free loopback
+port): the conformance suite, the official clients, the batch CLI's numbers, batch invariance,
+every bad request's status and shape, auth, and SIGTERM with requests in flight."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from helpers import invoke, records, write_spec
+
+pytest.importorskip("starlette", reason="the serve extra is not installed (pip install 'prefixcache[serve]')")
+
+TICKET = "I was charged twice for March and my refund has not arrived. I will dispute the charge."
+PACK = {
+    "refund": {"type": "noul", "instructions": "Does the customer want money back?"},
+    "team": {"type": "choice", "instructions": "Which team should handle it?",
+             "criteria": {"Billing": "Payments and refunds", "Technical": None, "Sales": None}},
+    "anger": {"type": "score", "instructions": "How angry is the customer?", "criteria": ["calm", "annoyed", "furious"]},
+}
+START_S = 90  # a server's start (torch, the model) is bounded
+
+
+@pytest.fixture(scope="module")
+def long_model_dir(tmp_path_factory, chat_tokenizer):
+    """A tiny Llama with a context long enough for a 255-option question listed in the prompt."""
+    from conftest import tiny_model
+
+    path = tmp_path_factory.mktemp("tiny-long")
+    tiny_model("llama", len(chat_tokenizer), positions=16384).save_pretrained(path)
+    chat_tokenizer.save_pretrained(path)
+    return path
+
+
+class Served:
+    """A `prefixcache serve` process and what it wrote to stderr."""
+
+    def __init__(self, model: Path, *args: str, env: dict | None = None):
+        self.proc = subprocess.Popen([sys.executable, "-m", "prefixcache", "serve", "-m", str(model), "--port", "0", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        self.lines: list[str] = []
+        found = threading.Event()
+
+        def read() -> None:
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                if " on http://" in line:
+                    self.url = line.split(" on ", 1)[1].split()[0]
+                    found.set()
+            found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(START_S) or not hasattr(self, "url"):
+            self.proc.kill()
+            raise AssertionError("the server did not start:\n" + "".join(self.lines))
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(30)
+
+
+def post(url: str, body, headers: dict | None = None, raw: bytes | None = None) -> tuple[int, dict]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture(scope="module")
+def server(long_model_dir):
+    served = Served(long_model_dir, "--batch-wait-ms", "20")
+    yield served
+    assert served.stop() == 0
+
+
+def test_the_conformance_suite_reports_conformant(server, tmp_path):
+    report = tmp_path / "report.json"
+    done = subprocess.run([str(Path(sys.executable).parent / "jevcompat"), "test", server.url, "--json", str(report)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "conformant to spec" in done.stdout and "MUST 32/32" in done.stdout
+    assert "SHOULD 12/12" in done.stdout  # every applicable SHOULD (auth is off: its checks do not apply)
+
+
+def test_the_official_clients_parse_every_answer_type(server):
+    from openai import OpenAI
+    from typesafe_sdk import Choice, Noul, Score, TypeSafeClient
+
+    with TypeSafeClient(api_key="local", base_url=server.url) as client:
+        got = client.system_one(state=TICKET, questions={
+            "refund": Noul(instructions="Does the customer want money back?"),
+            "team": Choice(instructions="Which team?", criteria={"Billing": None, "Technical": None}),
+            "anger": Score(instructions="How angry?", criteria=["calm", "annoyed", "furious"])})
+    assert 0 <= got.answers["refund"].noul <= 1 and got.answers["team"].choice in ("Billing", "Technical")
+    assert {int(k) for k in got.answers["anger"].legend} == {0, 1, 2}  # the SDK reads the keys as levels
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="local", max_retries=0)
+    decision = client.decisions.create(model="any", input=[
+        {"role": "developer", "content": "You read support tickets."}, {"role": "user", "content": TICKET}],
+        questions=[{"type": "predicate", "name": "refund", "instructions": "Does the customer want money back?"},
+                   {"type": "choice", "instructions": "Is it urgent?", "choices": [{"value": True}, {"value": False},
+                                                                                 {"value": "true", "description": "text"}]},
+                   {"type": "score", "name": "anger", "instructions": "How angry?",
+                    "levels": [{"label": "calm"}, {"label": "annoyed", "description": "a bit"}, {"label": "furious"}]}])
+    refund, urgent, anger = decision.answers
+    assert (refund.type, refund.name, urgent.type, urgent.name, anger.type) == ("predicate", "refund", "choice", None, "score")
+    assert 0 <= refund.probability <= 1
+    assert urgent.choice in (True, False, "true") and [p.value for p in urgent.probabilities] == [True, False, "true"]
+    assert [(p.value, p.label) for p in anger.probabilities] == [(0, "calm"), (1, "annoyed"), (2, "furious")]
+    assert decision.usage.input_tokens > decision.usage.input_tokens_details.cached_tokens >= 0
+
+
+def test_the_server_answers_as_run_does_and_alone_as_in_a_batch(server, long_model_dir, tmp_path):
+    states = [f"{TICKET} (ticket {n})" if n % 2 else f"Thanks, all good now. Case {n}." for n in range(17)]
+    spec = write_spec(tmp_path, system="You read support tickets.", template="{state}", questions=PACK,
+                      model=str(long_model_dir))
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": n, "state": s}) + "\n" for n, s in enumerate(states)))
+    assert invoke("run", spec, items, "-o", tmp_path / "out.jsonl").exit_code == 0
+    want = records(tmp_path / "out.jsonl")
+
+    def ask(state: str) -> dict:
+        status, body = post(server.url + "/v1/systemone", {"model": "x", "instructions": "You read support tickets.",
+                                                           "state": state, "questions": PACK})
+        assert status == 200, body
+        return body["answers"]
+
+    alone = ask(states[0])
+    with ThreadPoolExecutor(17) as pool:  # 17 at once: they share forward passes
+        together = list(pool.map(ask, states))
+    for got, record in zip(together, want, strict=True):
+        _close(got, record["answers"])
+    _close(alone, together[0])
+
+
+def _close(got: dict, want: dict, tol: float = 1e-5) -> None:
+    for qid, answer in want.items():
+        kind = answer["type"]
+        assert got[qid]["type"] == kind
+        if kind == "choice":
+            assert got[qid]["choice"] == answer["choice"]
+        assert abs(got[qid][kind] - answer[kind]) < tol if kind != "choice" else True
+        for option, p in answer.get("probabilities", {}).items():
+            assert abs(got[qid]["probabilities"][option] - p) < tol
+
+
+def test_bad_requests_get_their_documented_status_and_shape(server):
+    so, oa = server.url + "/v1/systemone", server.url + "/v1/decisions"
+    good = {"model": "x", "state": TICKET, "questions": {"refund": PACK["refund"]}}
+    many = {"model": "x", "state": "s", "questions": {"q": {"type": "choice", "instructions": "Which?",
+                                                             "criteria": {f"o{i}": None for i in range(256)}}}}
+    cases = [
+        (so, None, b"{not json", 422), (so, {**good, "state": None}, None, 422), (so, {**good, "questions": {}}, None, 422),
+        (so, many, None, 422),
+        (so, {**good, "questions": {"a": {"type": "score", "instructions": "x", "criteria": {"0": "a", "1": "b"}}}}, None, 422),
+        (so, {**good, "questions": {"a": {"type": "boolean", "instructions": "x"}}}, None, 422),
+        (oa, None, b"[", 400), (oa, {"model": "x", "input": TICKET, "questions": []}, None, 400),
+        (oa, {"model": "x", "input": TICKET, "questions": [{"type": "choice", "instructions": "x", "choices": [{"value": 1}]}]},
+         None, 400),
+    ]
+    for url, body, raw, status in cases:
+        got, payload = post(url, body, raw=raw)
+        assert got == status, (body, raw, payload)
+        if url == so:
+            assert isinstance(payload["detail"], list) and all({"loc", "msg", "type"} <= set(d) for d in payload["detail"])
+        else:
+            assert payload["error"]["type"] == "invalid_request_error" and payload["error"]["message"]
+    long_state = " ".join(["refund"] * 20000)
+    got, payload = post(so, {**good, "state": long_state})
+    assert got == 400 and payload["detail"]["error_type"] == "max_tokens_exceeded"
+    got, payload = post(oa, {"model": "x", "input": long_state, "questions": [{"type": "predicate", "instructions": "x"}]})
+    assert got == 400 and payload["error"]["code"] == "max_tokens_exceeded"
+    got, payload = post(so, None, raw=b"x" * (9 * 1024 * 1024))
+    assert got == 413 and payload["detail"]["error_type"] == "request_too_large"
+    plain = post(so, good)[1]["answers"]
+    for encoding, packed in (("gzip", gzip.compress(json.dumps(good).encode())), ("zstd", _zstd(json.dumps(good).encode()))):
+        got, payload = post(so, None, {"Content-Encoding": encoding}, raw=packed)
+        assert got == 200 and payload["answers"] == plain
+    assert post(so, good, {"Authorization": "Bearer anything"})[0] == 200  # auth off: the header is ignored
+    assert any(" POST /v1/systemone 200 questions=1 tokens=" in line for line in server.lines)
+
+
+def _zstd(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor().compress(data)
+
+
+def test_a_key_is_required_when_set_and_sigterm_finishes_the_requests_in_flight(long_model_dir):
+    served = Served(long_model_dir, "--api-key-env", "PC_TEST_KEY", "--batch-wait-ms", "1500", "--max-batch", "64",
+                    env={"PC_TEST_KEY": "s3cret"})  # a pass waits 1.5 s for requests: those sent are in flight
+    so = served.url + "/v1/systemone"
+    body = {"model": "x", "state": TICKET, "questions": PACK}
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            status, payload = post(so, body, headers)
+            assert status == 401 and payload["detail"]["error_type"] == "authentication_error"
+        assert post(so, body, {"Authorization": "Bearer s3cret"})[0] == 200
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(post, so, {**body, "state": f"{TICKET} {n}" * 40}, {"Authorization": "Bearer s3cret"})
+                       for n in range(8)]
+            time.sleep(0.3)  # the requests are in flight
+            served.proc.send_signal(signal.SIGTERM)
+            assert [f.result()[0] for f in futures] == [200] * 8
+        assert served.proc.wait(30) == 0
+    finally:
+        if served.proc.poll() is None:
+            served.proc.kill()
+    assert any("stopping: no new requests" in line for line in served.lines)
