@@ -313,8 +313,8 @@ def serve(
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port, said on stderr)."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Name of an environment variable holding "
                                               "the API key that requests must send as Authorization: Bearer KEY."),
-    batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", min=0.0, help="How long the first request of a "
-                                        "batch waits for others to join it."),
+    batch_wait_ms: float = typer.Option(25.0, "--batch-wait-ms", min=0.0, help="Under load, how long a forward "
+                                        "pass waits for more requests to join it (a lone request never waits)."),
     max_batch: int = typer.Option(16, "--max-batch", min=1, help="At most this many requests in one forward pass."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),

@@ -83,7 +83,9 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
     a sees a, b sees a b, x sees a b x (an item is causal; a node sees the item and its ancestors,
     never a sibling). Logits are kept at b (they score every candidate's first token, x) and at x
     (they score y and z), so `term_rows`/`term_toks` are (b, x), (x, y) for the first candidate
-    and (b, x), (x, z) for the second; a candidate's log-prob is the sum over its terms.
+    and (b, x), (x, z) for the second; a candidate's log-prob is the sum over its terms. Only
+    positions whose logits score some token are kept: a typed question's text is read, not scored,
+    so no logits are computed over it (a row without candidates keeps its last token's).
     """
     tries = [trie(r.candidates) for r in rows]
     suffixes = [list(r.ids[r.prefix_len:]) for r in rows]
@@ -100,11 +102,18 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
         gather[b, off:] = torch.arange(start, start + n + m)
         allowed[b, :, :row.prefix_len] = True  # only the prefix ids this item shares
         _own_mask(allowed[b, :, prefix_len:], off, n, t)
-        first = len(keep)  # kept row of the item's last token; its trie nodes follow
-        keep += range(start + n - 1, start + n + m)
+        kept: dict[int, int] = {}  # packed index -> kept row: only positions whose logits score a token
+        if not row.candidates:  # a bare item (model/branches.py): the logits at its end
+            kept[start + n - 1] = len(keep)
+            keep.append(start + n - 1)
         for i, cand in enumerate(row.candidates):
             skip = row.skip(i)  # context ids before the scored ones: read (trie nodes), not scored
-            term_rows += [first + 1 + t.paths[i][k - 1] if k else first for k in range(skip, len(cand))]
+            for k in range(skip, len(cand)):  # token k is scored at the item's end or at node cand[:k]
+                at = start + n - 1 if k == 0 else start + n + t.paths[i][k - 1]
+                if at not in kept:
+                    kept[at] = len(keep)
+                    keep.append(at)
+                term_rows.append(kept[at])
             term_toks += cand[skip:]
         sizes.append([len(c) - row.skip(i) for i, c in enumerate(row.candidates)])
     slots = torch.zeros(T, dtype=torch.long)  # [T]

@@ -6,6 +6,7 @@ Modules:
     decisions.py  the OpenAI Decisions wire format: request, answer, errors
     errors.py     what a wire format raises for a request it cannot take
     app.py        the HTTP app (Starlette): routes, bodies, auth, access log
+    loadtest.py   a load benchmark for a running server (python -m prefixcache.serve.loadtest URL)
 
 `serve` starts it on uvicorn; Ctrl-C or SIGTERM stop taking requests, finish those in flight and
 return. A room beside `api/`: it may import scoring, model, data and task (scorers through
@@ -26,7 +27,7 @@ log = logging.getLogger("prefixcache.serve")
 
 
 def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1", port: int = 8000,
-          key: Optional[str] = None, wait_ms: float = 5.0, batch: int = 16,
+          key: Optional[str] = None, wait_ms: float = 25.0, batch: int = 16,
           ready: Optional[Callable[[int], None]] = None) -> None:
     """Load the model and answer requests until SIGINT or SIGTERM, which stop taking requests
     and return once those in flight are answered (a second Ctrl-C returns at once). `ready(port)`

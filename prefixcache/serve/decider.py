@@ -167,12 +167,14 @@ class _Job:
 
 class Batcher:
     """A decider in one worker thread, deciding the asks that arrive together in one pass:
-    `submit` returns a future; after the first ask of a pass it waits up to `wait` seconds for
-    more, up to `size` asks."""
+    `submit` returns a future. A pass takes every ask queued, up to `size`; under load (the last
+    pass took several, or more are queued) it first waits up to `wait` seconds for the clients just
+    answered to send again, so that they share the next pass; a lone client never waits."""
 
     def __init__(self, decider: Decider, wait: float = 0.005, size: int = 16):
         self.decider, self.wait, self.size = decider, wait, size
         self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._last = 0  # asks in the last pass
         self._thread = threading.Thread(target=self._run, name="prefixcache-model", daemon=True)
         self._thread.start()
 
@@ -191,7 +193,9 @@ class Batcher:
             job = self._queue.get()
             if job is None:
                 return
-            jobs, deadline, stop = [job], time.monotonic() + self.wait, False
+            # under load (the last pass answered several asks) wait for the others to come back
+            waited = self.wait if self._last > 1 or not self._queue.empty() else 0.0
+            jobs, deadline, stop = [job], time.monotonic() + waited, False
             while len(jobs) < self.size:
                 try:
                     more = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -201,6 +205,7 @@ class Batcher:
                     stop = True
                     break
                 jobs.append(more)
+            self._last = len(jobs)
             self._answer(jobs)
             if stop:
                 return
