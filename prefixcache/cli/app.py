@@ -355,6 +355,59 @@ def serve(
         start(model, ScoringOptions.from_environment(device=device, dtype=dtype), host, port, key, batch_wait_ms, max_batch)
 
 
+@app.command(cls=Command)
+def decide(
+    requests: Path = typer.Argument(..., help="Request bodies, one JSON object a line (System One or OpenAI "
+                                    "Decisions; an optional custom_id is echoed)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where the responses go, one JSON line per request."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="A hub id, a model folder or a .gguf file (default: the embedded model)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an output from its last complete line."),
+    batch_size: int = typer.Option(16, "--batch-size", "-b", min=1, help="Requests in one forward pass at most."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
+    quiet: bool = QUIET_OPT,
+    debug: bool = DEBUG_OPT,
+) -> None:
+    """Answer logged decision requests offline, in order, with the engine of `serve`: one response
+    line per request line, `{"custom_id", "line", "request_sha", "response": {"status_code",
+    "body"}}`, the body what the server would answer.
+
+    Lines sharing instructions share the cached prefix; responses are flushed after each pass
+    (`--resume` continues). Exits 4 when a request was refused (its line holds the server's 4xx).
+
+    Example:
+
+        prefixcache decide requests.jsonl -o responses.jsonl
+    """
+    from ..errors import EXIT_ITEM
+    from ..scoring.options import ScoringOptions
+
+    with errors(debug):
+        setup_logging(quiet)
+        try:
+            from ..serve.decider import Decider
+            from ..serve.replay import replay
+        except ImportError as exc:
+            raise OutputError(f"decide needs the serve extra: pip install 'prefixcache[serve]' ({exc})") from exc
+        compat.quiet_libraries()
+        decider = Decider(model, ScoringOptions.from_environment(device=device, dtype=dtype))
+        shown = not quiet and err.is_terminal
+
+        def step(done: int, total: int) -> None:
+            if shown:
+                err.print(f"\rdecide: {done}/{total} requests", end="")
+
+        result = replay(decider, requests, output, resume, batch_size, step)
+        if shown:
+            err.print()
+        if not quiet:
+            kept = f", {result.resumed} kept from the earlier run" if result.resumed else ""
+            say(f"decide: {result.answered + result.refused} responses to {output} ({result.answered} answered, "
+                f"{result.refused} refused{kept}) in {result.seconds:.1f} s")
+        if result.refused:
+            raise typer.Exit(EXIT_ITEM)
+
+
 app.add_typer(cache_app, name="cache")
 
 

@@ -102,19 +102,7 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
         gather[b, off:] = torch.arange(start, start + n + m)
         allowed[b, :, :row.prefix_len] = True  # only the prefix ids this item shares
         _own_mask(allowed[b, :, prefix_len:], off, n, t)
-        kept: dict[int, int] = {}  # packed index -> kept row: only positions whose logits score a token
-        if not row.candidates:  # a bare item (model/branches.py): the logits at its end
-            kept[start + n - 1] = len(keep)
-            keep.append(start + n - 1)
-        for i, cand in enumerate(row.candidates):
-            skip = row.skip(i)  # context ids before the scored ones: read (trie nodes), not scored
-            for k in range(skip, len(cand)):  # token k is scored at the item's end or at node cand[:k]
-                at = start + n - 1 if k == 0 else start + n + t.paths[i][k - 1]
-                if at not in kept:
-                    kept[at] = len(keep)
-                    keep.append(at)
-                term_rows.append(kept[at])
-            term_toks += cand[skip:]
+        _terms(row, t, start + n, keep, term_rows, term_toks)
         sizes.append([len(c) - row.skip(i) for i, c in enumerate(row.candidates)])
     slots = torch.zeros(T, dtype=torch.long)  # [T]
     real = gather < T
@@ -122,6 +110,24 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
     as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     return Layout(as_long(ids), as_long(pos), as_long(keep), gather, slots, allowed,
                   as_long(term_rows), as_long(term_toks), sizes)
+
+
+def _terms(row: Row, t: Trie, end: int, keep: list[int], term_rows: list[int], term_toks: list[int]) -> None:
+    """One row's scored tokens: each is read from the logits at the item's end (packed index
+    `end - 1`) or at its trie node's, and only those positions are kept (a typed question's text
+    is read, not scored: no logits there; a row without candidates keeps its end's)."""
+    kept: dict[int, int] = {}  # packed index -> kept row
+    wanted = [end - 1] if not row.candidates else []  # a bare item (model/branches.py): the logits at its end
+    for i, cand in enumerate(row.candidates):
+        skip = row.skip(i)  # context ids before the scored ones: read (trie nodes), not scored
+        wanted += [end - 1 if k == 0 else end + t.paths[i][k - 1] for k in range(skip, len(cand))]
+        term_toks += cand[skip:]
+    for at in wanted:
+        if at not in kept:
+            kept[at] = len(keep)
+            keep.append(at)
+        if row.candidates:
+            term_rows.append(kept[at])
 
 
 def _own_mask(own: torch.Tensor, off: int, n: int, t: Trie) -> None:

@@ -6,6 +6,7 @@ Modules:
     decisions.py  the OpenAI Decisions wire format: request, answer, errors
     errors.py     what a wire format raises for a request it cannot take
     app.py        the HTTP app (Starlette): routes, bodies, auth, access log
+    replay.py     `decide`: a file of requests answered in order, resumable
     loadtest.py   a load benchmark for a running server (python -m prefixcache.serve.loadtest URL)
 
 `serve` starts it on uvicorn; Ctrl-C or SIGTERM stop taking requests, finish those in flight and

@@ -222,3 +222,36 @@ def test_a_key_is_required_when_set_and_sigterm_finishes_the_requests_in_flight(
         if served.proc.poll() is None:
             served.proc.kill()
     assert any("stopping: no new requests" in line for line in served.lines)
+
+
+def test_decide_replays_requests_as_the_server_answers_them_and_resumes(server, long_model_dir, tmp_path):
+    lines = [
+        {"custom_id": "a", "model": "x", "instructions": "You read support tickets.", "state": TICKET, "questions": PACK},
+        {"model": "x", "input": [{"role": "developer", "content": "You read support tickets."},
+                                 {"role": "user", "content": TICKET}],
+         "questions": [{"type": "predicate", "name": "refund", "instructions": "Does the customer want money back?"}]},
+        {"custom_id": "bad", "model": "x", "state": "s", "questions": {"q": {"type": "score", "instructions": "x",
+                                                                           "criteria": ["only one"]}}},
+        {"custom_id": "d", "model": "x", "state": {"subject": "Charged twice", "body": TICKET}, "questions": PACK},
+    ]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "responses.jsonl"
+    result = invoke("decide", requests, "-o", out, "-m", long_model_dir, "-b", 2)
+    assert result.exit_code == 4  # one request refused, as the server refuses it
+    got = records(out)
+    assert [(r["custom_id"], r["line"], r["response"]["status_code"]) for r in got] == [
+        ("a", 1, 200), (None, 2, 200), ("bad", 3, 422), ("d", 4, 200)]
+    for line, response in zip(lines, got):
+        body = {k: v for k, v in line.items() if k != "custom_id"}
+        status, want = post(server.url + ("/v1/decisions" if "input" in body else "/v1/systemone"), body)
+        assert status == response["response"]["status_code"]
+        if status == 200 and "input" not in body:
+            _close(response["response"]["body"]["answers"], want["answers"])
+        elif status == 200:
+            assert abs(response["response"]["body"]["answers"][0]["probability"] - want["answers"][0]["probability"]) < 1e-5
+    whole = out.read_text()
+    out.write_text("".join(whole.splitlines(keepends=True)[:2]) + '{"custom_id": "ba')  # stopped mid-line
+    assert invoke("decide", requests, "-o", out, "-m", long_model_dir, "--resume").exit_code == 4
+    assert [r["line"] for r in records(out)] == [1, 2, 3, 4] and records(out)[3] == got[3]
+    assert invoke("decide", requests, "-o", out, "-m", long_model_dir).exit_code == 2  # exists: not overwritten

@@ -1,0 +1,134 @@
+"""Replaying requests offline (`prefixcache decide`): a JSONL file of request bodies, System One or
+OpenAI Decisions (told apart by `questions`: an object or a list), answered in order by the
+server's engine, one response line per request line.
+
+A response line: `{"custom_id": ..., "line": N, "response": {"status_code": S, "body": B}}`, the
+body what the server would answer (the answer, or the error in that format's shape); a request's
+optional `custom_id` is taken out of its body and echoed. Lines are answered in passes of `batch`
+(lines sharing instructions share the cached prefix) and each pass's responses are written and
+flushed before the next: `resume` continues an output from its last complete line, after checking
+that its lines answer the same requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from .. import safefile
+from ..errors import InputError, OutputError, SpecError, TooLong
+from . import decisions, systemone
+from .decider import Ask, Decided, Decider
+from .errors import Invalid
+
+
+@dataclass
+class Replayed:
+    """What a replay did: lines answered (200), refused (4xx), taken from an earlier run."""
+
+    answered: int = 0
+    refused: int = 0
+    resumed: int = 0
+    seconds: float = 0.0
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    try:
+        with open(path, encoding="utf-8") as stream:
+            for number, line in enumerate(stream, start=1):
+                if line.strip():
+                    yield number, line
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the requests: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc})") from exc
+
+
+def _digest(line: str) -> str:
+    return hashlib.sha256(line.strip().encode("utf-8")).hexdigest()[:16]
+
+
+def _parse(line: str) -> tuple[Any, str, Ask | None, Any, tuple[int, dict] | None]:
+    """(custom_id, format, ask, questions as given, error response)."""
+    try:
+        body = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return None, "systemone", None, None, systemone.invalid(Invalid([(("body",), f"not JSON: {exc}", "value_error")]))
+    custom_id = body.pop("custom_id", None) if isinstance(body, dict) else None
+    openai = isinstance(body, dict) and isinstance(body.get("questions"), list)
+    try:
+        if openai:
+            ask, questions = decisions.parse(body)
+            return custom_id, "decisions", ask, questions, None
+        return custom_id, "systemone", systemone.parse(body), None, None
+    except Invalid as exc:
+        return custom_id, "decisions" if openai else "systemone", None, None, (
+            decisions.invalid(exc) if openai else systemone.invalid(exc))
+
+
+def _response(fmt: str, got: Decided | Exception, questions: Any, model: str) -> tuple[int, dict]:
+    if isinstance(got, Decided):
+        return 200, (decisions.answer(got, questions, model) if fmt == "decisions" else systemone.answer(got, model))
+    if isinstance(got, SpecError):
+        said = str(got).removeprefix("request: ")
+        return (decisions.failure(400, said, param="questions", code="invalid_value") if fmt == "decisions"
+                else systemone.invalid(Invalid([(("body", "questions"), said, "value_error")])))
+    if isinstance(got, TooLong):
+        said = str(got).split(": ", 1)[-1]
+        return (decisions.failure(400, said, param="input", code="max_tokens_exceeded") if fmt == "decisions"
+                else systemone.failure(400, "max_tokens_exceeded", said))
+    raise got
+
+
+def done_lines(output: Path) -> tuple[list[dict], int]:
+    """An earlier output's complete response lines and their size in bytes (a torn last line is
+    left out, to be cut)."""
+    records, size = [], 0
+    with open(output, "rb") as stream:
+        for raw in stream:
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                records.append(json.loads(raw))
+            except ValueError:
+                break
+            size += len(raw)
+    return records, size
+
+
+def replay(decider: Decider, requests: Path, output: Path, resume: bool = False, batch: int = 16,
+           on_pass: Optional[Callable[[int, int], None]] = None) -> Replayed:
+    """Answer every request line of `requests` into `output`; `on_pass(done, total)` after each pass."""
+    lines = list(_lines(requests))
+    result, start = Replayed(), time.perf_counter()
+    safefile.check_target(output, "the responses")
+    if output.exists() and not resume:
+        raise OutputError(f"{output}: exists; --resume to continue it, or remove it")
+    earlier, size = done_lines(output) if resume and output.exists() else ([], 0)
+    for got, (number, line) in zip(earlier, lines):
+        if got.get("line") != number or got.get("request_sha") != _digest(line):
+            raise OutputError(f"{output}: line {number} answers another request than {requests} holds there; "
+                              f"write to a new file")
+    result.resumed = len(earlier)
+    stream = safefile.append(output, keep=size, what="the responses") if earlier else safefile.create(output, "the responses")
+    with stream:
+        todo = lines[len(earlier):]
+        for at in range(0, len(todo), batch):
+            chunk = [(number, line, *_parse(line)) for number, line in todo[at: at + batch]]
+            asks = [ask for *_, ask, _, error in chunk if error is None]
+            answers = iter(decider.decide(asks))
+            for number, line, custom_id, fmt, ask, questions, error in chunk:
+                status, body = error if error is not None else _response(fmt, next(answers), questions, decider.name)
+                result.answered += status == 200
+                result.refused += status != 200
+                stream.write(json.dumps({"custom_id": custom_id, "line": number, "request_sha": _digest(line),
+                                         "response": {"status_code": status, "body": body}}, ensure_ascii=False) + "\n")
+            stream.flush()
+            if on_pass is not None:
+                on_pass(result.resumed + at + len(chunk), len(lines))
+    result.seconds = time.perf_counter() - start
+    return result
