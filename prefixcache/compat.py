@@ -94,6 +94,44 @@ def returned_cache(output: Any) -> Any:
     return getattr(output, "cache", None) or getattr(output, "past_key_values", None)
 
 
+_GGUF_PARSED: dict[tuple, Any] = {}  # the last GGUF file parsed, kept from its tokenizer's load to its conversion
+
+
+@contextmanager
+def gguf_parsed_once(keep: bool = False) -> Iterator[None]:
+    """transformers parses a GGUF file's metadata anew for the tokenizer, the config and the
+    weights (about 5 s each for the embedded model's 49k-token vocabulary) and builds gguf's
+    tensor-name map once per tensor: within this block a file is parsed once and each map built
+    once. `keep`: the parse outlives the block (a tokenizer's load, before the conversion that
+    reads the same file); otherwise it is dropped at the end."""
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    maps: dict[tuple, Any] = {}
+
+    def reader(path: Any, mode: str = "r") -> Any:
+        found = Path(path)
+        stat = found.stat()
+        key = (str(found.resolve()), stat.st_size, stat.st_mtime_ns, mode)
+        if key not in _GGUF_PARSED:
+            _GGUF_PARSED.clear()  # one file at a time
+            _GGUF_PARSED[key] = real_reader(path, mode)
+        return _GGUF_PARSED[key]
+
+    def name_map(arch: Any, n_blocks: int) -> Any:
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = real_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
+        if not keep:
+            _GGUF_PARSED.clear()
+
+
 @contextmanager
 def gguf_progress_bar(enabled: bool) -> Iterator[None]:
     """transformers' GGUF conversion draws a tqdm bar that ignores its own progress-bar setting;

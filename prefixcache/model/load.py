@@ -201,7 +201,8 @@ def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerB
             if converted_usable(converted, source):
                 return AutoTokenizer.from_pretrained(str(converted))
             path = Path(source.path)
-            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            with compat.gguf_parsed_once(keep=True):  # the conversion that follows reads the same parse
+                return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         return AutoTokenizer.from_pretrained(source.path, trust_remote_code=source.trust_remote_code,
                                              **_revision(source))
     except Exception as exc:
@@ -311,7 +312,7 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: PreTrainedTokeni
     foreign = _foreign(target.parent.parent)
     if foreign is None:
         log.info("converting %s to float weights once (takes a while); later runs load them from %s", path.name, target)
-    with compat.gguf_progress_bar(compat.progress_bars_enabled()):
+    with compat.gguf_progress_bar(compat.progress_bars_enabled()), compat.gguf_parsed_once():
         model = load_weights(str(path.parent), torch.float32, gguf_file=path.name)
     compat.drop_quantizer(model)  # the weights are plain floats now
     if foreign is not None:

@@ -202,8 +202,8 @@ def _zstd(data: bytes) -> bytes:
 
 
 def test_a_key_is_required_when_set_and_sigterm_finishes_the_requests_in_flight(long_model_dir):
-    served = Served(long_model_dir, "--api-key-env", "PC_TEST_KEY", "--batch-wait-ms", "1500", "--max-batch", "64",
-                    env={"PC_TEST_KEY": "s3cret"})  # a pass waits 1.5 s for requests: those sent are in flight
+    served = Served(long_model_dir, "--api-key-env", "PC_TEST_KEY", "--batch-wait-ms", "800", "--max-batch", "64",
+                    env={"PC_TEST_KEY": "s3cret"})  # a pass waits 0.8 s for requests: those sent are in flight
     so = served.url + "/v1/systemone"
     body = {"model": "x", "state": TICKET, "questions": PACK}
     try:
