@@ -221,7 +221,9 @@ def test_a_key_is_required_when_set_and_sigterm_finishes_the_requests_in_flight(
     finally:
         if served.proc.poll() is None:
             served.proc.kill()
-    assert any("stopping: no new requests" in line for line in served.lines)
+    stop = next(i for i, line in enumerate(served.lines) if "stopping: no new requests" in line)
+    answered = [i for i, line in enumerate(served.lines) if "POST /v1/systemone 200" in line]
+    assert len(answered) == 9 and answered[-1] > stop  # some were answered after the signal: they were in flight
 
 
 def test_decide_replays_requests_as_the_server_answers_them_and_resumes(server, long_model_dir, tmp_path):
