@@ -16,6 +16,7 @@ are decided in one pass. The model never runs on the caller's thread.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -58,6 +59,7 @@ class Decided:
     input_tokens: int  # the prompt (prefix and state) and every question and answer token read
     cached_tokens: int  # of those, the prefix tokens read from the cache instead of computed
     ms: float
+    written_tokens: int = 0  # the prefix tokens computed and kept for later requests (0 when read from the cache)
 
 
 def state_text(state: Any) -> str:
@@ -154,9 +156,10 @@ class Decider:
                     pack, prep, cached = ready[i]
                     answers = pack.scorer.decide(prep, prep.groups.combine(lps)).answers()
                     read = len(prep.enc.ids) + len(trie(list(prep.candidates.values())))
-                    out[i] = Decided(answers, read, prep.enc.prefix_len if cached else 0, 0.0)
+                    prefix = prep.enc.prefix_len
+                    out[i] = Decided(answers, read, prefix if cached else 0, 0.0, 0 if cached else prefix)
         ms = (time.perf_counter() - start) * 1000
-        return [Decided(d.answers, d.input_tokens, d.cached_tokens, ms) if isinstance(d, Decided) else d for d in out]
+        return [dataclasses.replace(d, ms=ms) if isinstance(d, Decided) else d for d in out]
 
 
 @dataclass

@@ -144,7 +144,7 @@ def answer(decided: Decided, questions: list[dict[str, Any]], model: str) -> dic
                                           for k, p in got["probabilities"].items()],
                         "confidence": got["confidence"]})
     usage = {"input_tokens": decided.input_tokens,
-             "input_tokens_details": {"cached_tokens": decided.cached_tokens, "cache_write_tokens": 0},
+             "input_tokens_details": {"cached_tokens": decided.cached_tokens, "cache_write_tokens": decided.written_tokens},
              "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": decided.input_tokens}
     return {"object": "decision", "model": model, "answers": out, "usage": usage}
 
