@@ -202,8 +202,8 @@ def _zstd(data: bytes) -> bytes:
 
 
 def test_a_key_is_required_when_set_and_sigterm_finishes_the_requests_in_flight(long_model_dir):
-    served = Served(long_model_dir, "--api-key-env", "PC_TEST_KEY", "--batch-wait-ms", "800", "--max-batch", "64",
-                    env={"PC_TEST_KEY": "s3cret"})  # a pass waits 0.8 s for requests: those sent are in flight
+    served = Served(long_model_dir, "--api-key-env", "PC_TEST_KEY", "--max-batch", "1",
+                    env={"PC_TEST_KEY": "s3cret"})  # one request a pass: long ones queue up
     so = served.url + "/v1/systemone"
     body = {"model": "x", "state": TICKET, "questions": PACK}
     try:
@@ -212,9 +212,10 @@ def test_a_key_is_required_when_set_and_sigterm_finishes_the_requests_in_flight(
             assert status == 401 and payload["detail"]["error_type"] == "authentication_error"
         assert post(so, body, {"Authorization": "Bearer s3cret"})[0] == 200
         with ThreadPoolExecutor(8) as pool:
-            futures = [pool.submit(post, so, {**body, "state": f"{TICKET} {n}" * 40}, {"Authorization": "Bearer s3cret"})
+            long = f"{TICKET} " * 60  # about 1200 tokens: each request takes a while
+            futures = [pool.submit(post, so, {**body, "state": f"{n} {long}"}, {"Authorization": "Bearer s3cret"})
                        for n in range(8)]
-            time.sleep(0.3)  # the requests are in flight
+            time.sleep(1.0)  # the requests are sent, most still queued
             served.proc.send_signal(signal.SIGTERM)
             assert [f.result()[0] for f in futures] == [200] * 8
         assert served.proc.wait(30) == 0
