@@ -52,9 +52,13 @@ class OpenItems:
         self.nexts = []
         for row in self.rows:
             nexts: dict[Node, set[int]] = {}
-            for cand in row.candidates:
-                for k in range(len(cand)):
-                    nexts.setdefault(tuple(cand[:k]), set()).add(cand[k])
+            previous: Node = ()
+            for cand in map(tuple, row.candidates):
+                # the prefixes shared with the previous candidate (a question's text) are in already
+                shared = next((k for k, (x, y) in enumerate(zip(cand, previous)) if x != y), min(len(cand), len(previous)))
+                for k in range(min(shared, len(cand) - 1), len(cand)):
+                    nexts.setdefault(cand[:k], set()).add(cand[k])
+                previous = cand
             self.nexts.append(nexts)
 
     def firsts(self, b: int) -> dict[Node, float]:

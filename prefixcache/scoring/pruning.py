@@ -93,7 +93,12 @@ class _Race:
         self.items = range(len(opened.rows))
         self.cands = [[tuple(c) for c in row.candidates] for row in opened.rows]
         self.tok = [opened.firsts(b) for b in self.items]  # node -> log-prob of its last token
-        self.depth = [[0] * len(row) for row in self.cands]
+        skips = [0] * max((c.end for c in contests), default=0)
+        for c in contests:
+            skips[c.at: c.end] = [c.skip] * (c.end - c.at)
+        # a candidate's depth starts after its question's text, which is read, never scored
+        self.depth = [list(skips[: len(row)]) for row in self.cands]
+        self.lps = [[0.0] * len(row) for row in self.cands]  # summed over the scored tokens up to `depth`
         for b in self.items:
             self._advance(b)
 
@@ -103,20 +108,21 @@ class _Race:
             self._advance(b)
 
     def _advance(self, b: int) -> None:
+        """Each candidate as deep as the known log-probs reach, its sum over them added up."""
         known = self.tok[b]
         for i, cand in enumerate(self.cands[b]):
-            d = self.depth[b][i]
-            while d < len(cand) and cand[:d + 1] in known:
-                d += 1
-            self.depth[b][i] = d
-
-    def lp(self, b: int, c: Contest, i: int) -> float:
-        cand, known = self.cands[b][i], self.tok[b]
-        return sum(known[cand[:k]] for k in range(c.skip + 1, self.depth[b][i] + 1))
+            d, total = self.depth[b][i], self.lps[b][i]
+            while d < len(cand):
+                value = known.get(cand[:d + 1])
+                if value is None:
+                    break
+                d, total = d + 1, total + value
+            self.depth[b][i], self.lps[b][i] = d, total
 
     def keys(self, b: int, c: Contest, which: int = 0) -> list[float]:
         scales, offsets = c.keys[which]
-        return [scales[j] * self.lp(b, c, i) + offsets[j] for j, i in enumerate(range(c.at, c.end))]
+        lps = self.lps[b]
+        return [scales[j] * lps[i] + offsets[j] for j, i in enumerate(range(c.at, c.end))]
 
     def complete(self, b: int, i: int) -> bool:
         return self.depth[b][i] == len(self.cands[b][i])
@@ -167,8 +173,4 @@ class _Race:
         return math.exp(best - top) / sum(math.exp(k - top) for k in keys) < c.threshold + SLACK
 
     def result(self, b: int) -> Bounded:
-        values = [0.0] * len(self.cands[b])
-        for c in self.contests:
-            for i in range(c.at, c.end):
-                values[i] = self.lp(b, c, i)
-        return Bounded(values, [i for c in self.contests for i in self.open(b, c)])
+        return Bounded(list(self.lps[b]), [i for c in self.contests for i in self.open(b, c)])
