@@ -54,7 +54,7 @@ class ItemError(PrefixcacheError):
 
     def __init__(self, item_id: object, message: str):
         super().__init__(f"item {item_id!r}: {message}")
-        self.item_id = item_id
+        self.item_id, self.message = item_id, message
 
 
 class TooLong(ItemError):

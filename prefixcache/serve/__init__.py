@@ -5,7 +5,7 @@ Modules:
     systemone.py  the System One wire format: request, answer, errors
     decisions.py  the OpenAI Decisions wire format: request, answer, errors
     errors.py     what a wire format raises for a request it cannot take
-    app.py        the HTTP app (Starlette): routes, bodies, auth, access log
+    app.py        the HTTP app (Starlette on uvicorn): routes, bodies, auth, access log, clean stops
     replay.py     `decide`: a file of requests answered in order, resumable
     loadtest.py   a load benchmark for a running server (python -m prefixcache.serve.loadtest URL)
 
@@ -16,10 +16,7 @@ scoring/build.py, as `Classifier` builds them), never run/ or the CLI; the CLI i
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
-import threading
 from typing import Callable, Optional
 
 from ..scoring.options import ScoringOptions
@@ -37,7 +34,7 @@ def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1"
 
     import uvicorn
 
-    from .app import Settings, build_app
+    from .app import Settings, StoppableServer, build_app
     from .decider import Batcher, Decider
 
     if host not in ("127.0.0.1", "localhost", "::1") and key is None:
@@ -48,7 +45,7 @@ def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1"
     settings = Settings(decider.name, key)
     config = uvicorn.Config(build_app(batcher, settings), host=host, port=port, access_log=False,
                             log_level="warning", timeout_graceful_shutdown=60, lifespan="off")
-    server = _Server(config)
+    server = StoppableServer(config)
 
     async def main() -> None:
         task = asyncio.create_task(server.serve())
@@ -67,33 +64,3 @@ def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1"
         asyncio.run(main())
     finally:
         batcher.close()
-
-
-class _Server:
-    """uvicorn's server, stopped by SIGINT or SIGTERM without re-raising the signal afterwards:
-    a stop asked for is a clean exit (0)."""
-
-    def __new__(cls, config):
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):
-                if threading.current_thread() is not threading.main_thread():
-                    yield
-                    return
-                previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-                try:
-                    yield
-                finally:
-                    for sig, handler in previous.items():
-                        signal.signal(sig, handler)
-
-            def _stop(self, sig, frame) -> None:
-                if self.should_exit and sig == signal.SIGINT:
-                    self.force_exit = True
-                else:
-                    log.info("stopping: no new requests; answering those in flight")
-                    self.should_exit = True
-
-        return Server(config)

@@ -11,18 +11,21 @@ accepted and ignored. One access-log line per request on stderr.
 from __future__ import annotations
 
 import asyncio
-import gzip
+import contextlib
 import hmac
 import io
 import itertools
 import json
 import logging
+import signal
+import threading
 import time
 import zlib
 from dataclasses import dataclass
 from datetime import date
 from typing import Any, Awaitable, Callable
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -73,29 +76,32 @@ async def _body(request: Request, limit: int) -> Any:
     if over:
         raise TooLarge()
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    data = bytes(raw)
-    try:
-        if encoding == "gzip":
-            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            data = inflater.decompress(data, limit + 1)
-        elif encoding == "zstd":
-            import zstandard
-
-            data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read(limit + 1)
-        elif encoding not in ("identity", ""):
-            raise BadBody(f"unsupported Content-Encoding {encoding!r} (gzip, zstd or none)")
-    except (zlib.error, gzip.BadGzipFile, EOFError, ValueError) as exc:
-        raise BadBody(f"the body is not valid {encoding}: {exc}") from exc
-    except Exception as exc:  # zstandard.ZstdError
-        if type(exc).__name__ == "ZstdError":
-            raise BadBody(f"the body is not valid zstd: {exc}") from exc
-        raise
+    data = _inflated(bytes(raw), encoding, limit)
     if len(data) > limit:
         raise TooLarge()
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadBody(f"the body is not JSON: {exc}") from exc
+
+
+def _inflated(data: bytes, encoding: str, limit: int) -> bytes:
+    """The body with its Content-Encoding undone, read to at most `limit` + 1 bytes."""
+    if encoding in ("identity", ""):
+        return data
+    if encoding == "gzip":
+        try:
+            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data, limit + 1)
+        except zlib.error as exc:
+            raise BadBody(f"the body is not valid gzip: {exc}") from exc
+    if encoding == "zstd":
+        import zstandard
+
+        try:
+            return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read(limit + 1)
+        except zstandard.ZstdError as exc:
+            raise BadBody(f"the body is not valid zstd: {exc}") from exc
+    raise BadBody(f"unsupported Content-Encoding {encoding!r} (gzip, zstd or none)")
 
 
 def _authorized(request: Request, key: str | None) -> bool:
@@ -140,10 +146,8 @@ def _systemone_route(decide: Decide, settings: Settings) -> Callable[[Request], 
             return _json(422, {"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error.jsondecode"}]})
         except Invalid as exc:
             return _json(*systemone.invalid(exc))
-        except SpecError as exc:
-            return _json(*systemone.invalid(Invalid([(("body", "questions"), _said(exc), "value_error")])))
-        except TooLong as exc:
-            return fail(400, "max_tokens_exceeded", _said(exc))
+        except (SpecError, TooLong) as exc:
+            return _json(*systemone.refused(exc))
         request.state.usage = (len(ask.questions), decided)
         return _json(200, systemone.answer(decided, settings.model))
 
@@ -165,10 +169,8 @@ def _decisions_route(decide: Decide, settings: Settings) -> Callable[[Request], 
             return _json(*decisions.failure(400, str(exc), code="invalid_json"))
         except Invalid as exc:
             return _json(*decisions.invalid(exc))
-        except SpecError as exc:
-            return _json(*decisions.failure(400, _said(exc), param="questions", code="invalid_value"))
-        except TooLong as exc:
-            return _json(*decisions.failure(400, _said(exc), param="input", code="max_tokens_exceeded"))
+        except (SpecError, TooLong) as exc:
+            return _json(*decisions.refused(exc))
         request.state.usage = (len(questions), decided)
         return _json(200, decisions.answer(decided, questions, settings.model))
 
@@ -193,14 +195,6 @@ def _health_route(settings: Settings) -> Callable[[Request], Awaitable[Response]
         return _json(200, {"status": "ok", "model": settings.model})
 
     return route
-
-
-def _said(exc: Exception) -> str:
-    """A library error's message without the item or spec name it carries for the batch tool."""
-    text = str(exc)
-    for lead in ("item 'request 0': ", "request: "):
-        text = text.replace(lead, "")
-    return text.split(": ", 1)[1] if text.startswith("item 'request ") else text
 
 
 def _json(status: int, body: Any) -> Response:
@@ -236,3 +230,27 @@ class _AccessLog:
                 extra = f" questions={questions} tokens={decided.input_tokens} cached={decided.cached_tokens}"
             log.info("request %d %s %s %d%s ms=%.1f", number, scope["method"], scope["path"], status[0], extra,
                      (time.perf_counter() - start) * 1000)
+
+
+class StoppableServer(uvicorn.Server):
+    """uvicorn's server, stopped by SIGINT or SIGTERM without re-raising the signal afterwards (a
+    stop asked for is a clean exit, 0); a second Ctrl-C stops at once."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _stop(self, sig, frame) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            log.info("stopping: no new requests; answering those in flight")
+            self.should_exit = True

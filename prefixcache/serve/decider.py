@@ -67,22 +67,18 @@ def state_text(state: Any) -> str:
     return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
 
 
-def spec_of(ask: Ask, model: str | None = None) -> dict[str, Any]:
+def spec_of(ask: Ask) -> dict[str, Any]:
     """The spec (as a mapping) that answers an ask as `run` would: what `run` needs to give the
     same numbers for the same pack and states."""
-    spec: dict[str, Any] = {"system": shown(ask.instructions), "template": "{state}", "questions": dict(ask.questions)}
-    if model:
-        spec["model"] = model
-    return spec
+    return {"system": shown(ask.instructions), "template": "{state}", "questions": dict(ask.questions)}
 
 
 @dataclass
 class _Pack:
-    """A spec ready to score: its task, its scorer (calibration done) and its prefix."""
+    """A spec ready to score: its task and its scorer (calibration done, its prefix prefilled)."""
 
     task: Task
     scorer: Scorer
-    prefix: Prefix
 
 
 class Decider:
@@ -91,7 +87,6 @@ class Decider:
     many question packs (their tokenised options, their calibration) to keep."""
 
     def __init__(self, model: str | None, options: ScoringOptions, prefixes: int = 16, packs: int = 64):
-        self.model = model
         self.options = options
         base = spec_from_mapping({"model": model, "labels": ["yes", "no"]} if model else {"labels": ["yes", "no"]})
         self.base = Task.from_spec(base, options.cache_dir)
@@ -106,10 +101,6 @@ class Decider:
     @property
     def context(self) -> int | None:
         return self.engine.max_positions
-
-    def check(self, ask: Ask) -> None:
-        """Raise SpecError for a question pack `run` would refuse, before anything is scored."""
-        self._pack(ask)
 
     def _pack(self, ask: Ask) -> tuple[_Pack, bool]:
         """The ask's pack, and whether its prefix was in memory already (read from the cache)."""
@@ -128,7 +119,7 @@ class Decider:
             self._prefixes[ids] = scorer.prefix
             while len(self._prefixes) > self.max_prefixes:
                 self._prefixes.popitem(last=False)
-        self._packs[key] = pack = _Pack(task, scorer, scorer.prefix)
+        self._packs[key] = pack = _Pack(task, scorer)
         while len(self._packs) > self.max_packs:
             self._packs.popitem(last=False)
         return pack, known
@@ -149,9 +140,9 @@ class Decider:
                     out[i] = exc
             by_prefix: dict[int, list[int]] = {}
             for i, (pack, _, _) in ready.items():
-                by_prefix.setdefault(id(pack.prefix), []).append(i)
+                by_prefix.setdefault(id(pack.scorer.prefix), []).append(i)
             for members in by_prefix.values():
-                scores = self.engine.score(ready[members[0]][0].prefix, [ready[i][1].row for i in members])
+                scores = self.engine.score(ready[members[0]][0].scorer.prefix, [ready[i][1].row for i in members])
                 for i, lps in zip(members, scores):
                     pack, prep, cached = ready[i]
                     answers = pack.scorer.decide(prep, prep.groups.combine(lps)).answers()

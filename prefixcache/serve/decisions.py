@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..errors import SpecError, TooLong
 from .decider import Ask, Decided
-from .errors import Invalid
+from .errors import Invalid, said
 
 MAX_QUESTIONS = 400
 
@@ -160,3 +161,13 @@ def invalid(error: Invalid) -> tuple[int, dict[str, Any]]:
     param = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc)) or None
     return failure(400, str(error) if len(error.problems) > 1 else error.problems[0][1], param=param,
                    code=error.problems[0][2])
+
+
+def refused(exc: Exception) -> tuple[int, dict[str, Any]]:
+    """The answer to a request the engine refused: a pack `run` would refuse, a state beyond the
+    model's context (both 400); any other error is raised again."""
+    if isinstance(exc, SpecError):
+        return failure(400, said(exc), param="questions", code="invalid_value")
+    if isinstance(exc, TooLong):
+        return failure(400, said(exc), param="input", code="max_tokens_exceeded")
+    raise exc

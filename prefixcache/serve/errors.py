@@ -1,9 +1,12 @@
 """What a wire format raises for a request it cannot take: `Invalid`, with every problem found
-(where in the body, what is wrong, a short type), turned into each format's error body."""
+(where in the body, what is wrong, a short type), turned into each format's error body; `said`,
+a library error's message as an answer gives it."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+from ..errors import ItemError
 
 Problem = tuple[tuple[Any, ...], str, str]  # (location in the body, message, type)
 
@@ -14,3 +17,9 @@ class Invalid(ValueError):
     def __init__(self, problems: Sequence[Problem]):
         super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg, _ in problems))
         self.problems = list(problems)
+
+
+def said(exc: Exception) -> str:
+    """A library error's message as a request's answer says it: without the item or the spec path
+    (`request`) that name it for the batch tool."""
+    return exc.message if isinstance(exc, ItemError) else str(exc).removeprefix("request: ")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from .. import safefile
-from ..errors import InputError, OutputError, SpecError, TooLong
+from ..errors import InputError, OutputError
 from . import decisions, systemone
 from .decider import Ask, Decided, Decider
 from .errors import Invalid
@@ -71,17 +71,10 @@ def _parse(line: str) -> tuple[Any, str, Ask | None, Any, tuple[int, dict] | Non
 
 
 def _response(fmt: str, got: Decided | Exception, questions: Any, model: str) -> tuple[int, dict]:
-    if isinstance(got, Decided):
-        return 200, (decisions.answer(got, questions, model) if fmt == "decisions" else systemone.answer(got, model))
-    if isinstance(got, SpecError):
-        said = str(got).removeprefix("request: ")
-        return (decisions.failure(400, said, param="questions", code="invalid_value") if fmt == "decisions"
-                else systemone.invalid(Invalid([(("body", "questions"), said, "value_error")])))
-    if isinstance(got, TooLong):
-        said = str(got).split(": ", 1)[-1]
-        return (decisions.failure(400, said, param="input", code="max_tokens_exceeded") if fmt == "decisions"
-                else systemone.failure(400, "max_tokens_exceeded", said))
-    raise got
+    wire = decisions if fmt == "decisions" else systemone
+    if not isinstance(got, Decided):
+        return wire.refused(got)
+    return 200, (decisions.answer(got, questions, model) if fmt == "decisions" else systemone.answer(got, model))
 
 
 def done_lines(output: Path) -> tuple[list[dict], int]:

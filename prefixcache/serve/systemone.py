@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import SpecError, TooLong
 from .decider import Ask, Decided, state_text
-from .errors import Invalid
+from .errors import Invalid, said
 
 
 def parse(body: Any) -> Ask:
@@ -70,3 +71,13 @@ def invalid(error: Invalid) -> tuple[int, dict[str, Any]]:
 def failure(status: int, error_type: str, message: str) -> tuple[int, dict[str, Any]]:
     """Any other error: `detail.error_type` and `detail.message`."""
     return status, {"detail": {"error_type": error_type, "message": message}}
+
+
+def refused(exc: Exception) -> tuple[int, dict[str, Any]]:
+    """The answer to a request the engine refused: a pack `run` would refuse (422), a state
+    beyond the model's context (400 `max_tokens_exceeded`); any other error is raised again."""
+    if isinstance(exc, SpecError):
+        return invalid(Invalid([(("body", "questions"), said(exc), "value_error")]))
+    if isinstance(exc, TooLong):
+        return failure(400, "max_tokens_exceeded", said(exc))
+    raise exc
