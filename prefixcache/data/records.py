@@ -218,7 +218,7 @@ def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False, p
     one cell each)."""
     if spec.questions:
         return ["id", *keep, *question_columns(spec.questions), *(["pruned"] if pruned else []),
-                "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
+                *(["precision"] if precision else []), "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
     head = ["id", *keep, "label"] + (["index", "scored"] if spec.choices else []) + ["prob", "margin"]
     if spec.multi_label:
         head = ["id", *keep, "labels"]

@@ -112,9 +112,6 @@ def make_plan(options: RunOptions) -> Plan:
                         + ("(a question's 'gold' in the spec, or --gold QUESTION=FIELD)" if spec.questions
                            else "('gold' in the spec, or --gold)"))
     gates.check(spec)
-    if spec.questions and options.exact:
-        raise UsageError("--exact applies to label tasks; typed questions are scored in the model's precision "
-                         "(give --dtype float32 for float32 answers)")
     fmt = detect_format(options.items, options.input_format)
     total, fields, scanned = None, {}, None
     if not stream:  # validate the whole input before the model loads

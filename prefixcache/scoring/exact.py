@@ -2,7 +2,8 @@
 again in float32 exactly the items whose decision the rounding could have changed.
 
 An item's decision rests on the lead of its most probable candidate over the others, in
-log-probability (after normalisation and calibration). Rounding shifts each candidate relative to
+log-probability (after normalisation and calibration); with typed questions, each question's
+decision on its own options' lead, and an item is as close as its closest question. Rounding shifts each candidate relative to
 the favourite by some amount; the decision can change only where that shift exceeds the lead. The
 bound is the largest shift measured, times SAFETY: the first batch is scored both ways, every item
 re-scored afterwards shows its own shift, and the bound widens when one exceeds it. Items whose
@@ -20,6 +21,7 @@ from typing import Mapping, Sequence
 
 from .scorer import Rescoring, Scorer, Scores
 from ..task.decision import Decision, Tags, log_odds
+from ..task.questions import Answers
 from ..model.store import PrefixStore
 from .prepare import Prepared, Task
 
@@ -104,38 +106,54 @@ class CheckedScorer(Scorer):
                             "widens from %.3g to %.3g", widest, self.bound, needed)
             self.bound = needed
 
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags:
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags | Answers:
         if self._precision.get(prep.key) == "float32":
             return self.exact.decide(prep, logprobs)  # float32 prior and unconditional scores too
         return super().decide(prep, logprobs)
 
     def _gap(self, prep: Prepared, logprobs: Sequence[float]) -> float:
-        """Log-probability between the two most likely candidates (inf with one candidate); with a
-        threshold, also the distance of the top one from it (abstaining is a decision too). For a
-        multi-label task: the nearest any label's log-odds come to its threshold's."""
+        """The nearest any of the item's decisions comes to changing: for a decision (the label
+        set, or each typed question), the log-probability between its two most likely candidates
+        (inf with one candidate) and, with a threshold, the distance of the top one from it
+        (abstaining is a decision too). For a multi-label task: the nearest any label's log-odds
+        come to its threshold's."""
         if self.task.spec.multi_label:
-            odds = self._decision_logs(prep, logprobs, self)
+            odds = self._decision_logs(prep, logprobs, self)[0][0]
             return min(abs(o - log_odds(t)) for o, t in zip(odds, self.task.spec.tag_thresholds))
-        logs = sorted(self._decision_logs(prep, logprobs, self), reverse=True)
-        gap = logs[0] - logs[1] if len(logs) > 1 else math.inf
-        if self.task.spec.threshold is not None:
-            gap = min(gap, abs(logs[0] - math.log(self.task.spec.threshold)))
-        return gap
+        gaps = [math.inf]
+        for logs, threshold in self._decision_logs(prep, logprobs, self):
+            ranked = sorted(logs, reverse=True)
+            gaps.append(ranked[0] - ranked[1] if len(ranked) > 1 else math.inf)
+            if threshold is not None:
+                gaps.append(abs(ranked[0] - math.log(threshold)))
+        return min(gaps)
 
-    def _shift(self, low: list[float], high: list[float]) -> float:
-        """How far rounding moved any candidate relative to the low-precision favourite: the
-        decision can change only if this exceeds the favourite's lead (with a threshold, also how
+    def _shift(self, low: list[tuple[list[float], float | None]], high: list[tuple[list[float], float | None]]) -> float:
+        """How far rounding moved any candidate relative to its decision's low-precision favourite:
+        a decision can change only if this exceeds the favourite's lead (with a threshold, also how
         far the favourite itself moved)."""
         if self.task.spec.multi_label:  # each label's log-odds against its own threshold
-            return max(abs(h - lo) for h, lo in zip(high, low))
-        top = max(range(len(low)), key=low.__getitem__)
-        shift = max(abs((high[i] - high[top]) - (low[i] - low[top])) for i in range(len(low)))
-        return max(shift, abs(high[top] - low[top])) if self.task.spec.threshold is not None else shift
+            return max(abs(h - lo) for h, lo in zip(high[0][0], low[0][0]))
+        widest = 0.0
+        for (lows, threshold), (highs, _) in zip(low, high, strict=True):
+            top = max(range(len(lows)), key=lows.__getitem__)
+            widest = max(widest, *(abs((highs[i] - highs[top]) - (lows[i] - lows[top])) for i in range(len(lows))))
+            if threshold is not None:
+                widest = max(widest, abs(highs[top] - lows[top]))
+        return widest
 
     @staticmethod
-    def _decision_logs(prep: Prepared, logprobs: Sequence[float], scorer: Scorer) -> list[float]:
-        """The decision's probabilities as logs, or for a multi-label task each label's log-odds."""
-        probs = Scorer.decide(scorer, prep, logprobs).probs
+    def _decision_logs(prep: Prepared, logprobs: Sequence[float], scorer: Scorer) -> list[tuple[list[float], float | None]]:
+        """Each decision the item's scores make, with the threshold it is held to: the label
+        set's probabilities as logs (a multi-label task: each label's log-odds), or one entry per
+        typed question."""
+        decided = Scorer.decide(scorer, prep, logprobs)
+        if isinstance(decided, Answers):
+            return [(_logs(d.probs), q.threshold) for q, d in zip(decided.questions, decided.decisions)]
         if scorer.task.spec.multi_label:
-            return [log_odds(p) for p in probs]
-        return [math.log(max(p, 1e-300)) for p in probs]
+            return [([log_odds(p) for p in decided.probs], None)]
+        return [(_logs(decided.probs), scorer.task.spec.threshold)]
+
+
+def _logs(probs: Sequence[float]) -> list[float]:
+    return [math.log(max(p, 1e-300)) for p in probs]

@@ -8,6 +8,8 @@ Modules:
     app.py        the HTTP app (Starlette on uvicorn): routes, bodies, auth, access log, clean stops
     replay.py     `decide`: a file of requests answered in order, resumable
     loadtest.py   a load benchmark for a running server (python -m prefixcache.serve.loadtest URL)
+    raydata.py    `decide` on Ray Data: a callable for map_batches, one decider per actor (no Ray import)
+    rayserve.py   the server as N Ray Serve replicas (imports Ray; the `rayserve` extra)
 
 `serve` starts it on uvicorn; Ctrl-C or SIGTERM stop taking requests, finish those in flight and
 return. A room beside `api/`: it may import scoring, model, data and task (scorers through

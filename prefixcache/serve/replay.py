@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .. import safefile
 from ..errors import InputError, OutputError
@@ -48,7 +48,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
         raise InputError(f"{path}: not UTF-8 text ({exc})") from exc
 
 
-def _digest(line: str) -> str:
+def request_digest(line: str) -> str:
     return hashlib.sha256(line.strip().encode("utf-8")).hexdigest()[:16]
 
 
@@ -77,6 +77,15 @@ def _response(fmt: str, got: Decided | Exception, questions: Any, model: str) ->
     return 200, (decisions.answer(got, questions, model) if fmt == "decisions" else systemone.answer(got, model))
 
 
+def answer_lines(decider: Decider, lines: Sequence[str]) -> list[tuple[Any, int, dict]]:
+    """Each request line's (custom_id, status, body), the lines' asks decided in one pass: the
+    body what the server answers (the answer, or the error in the request's format)."""
+    parsed = [_parse(line) for line in lines]
+    answers = iter(decider.decide([ask for _, _, ask, _, error in parsed if error is None]))
+    return [(custom_id, *(error if error is not None else _response(fmt, next(answers), questions, decider.name)))
+            for custom_id, fmt, _, questions, error in parsed]
+
+
 def done_lines(output: Path) -> tuple[list[dict], int]:
     """An earlier output's complete response lines and their size in bytes (a torn last line is
     left out, to be cut)."""
@@ -103,7 +112,7 @@ def replay(decider: Decider, requests: Path, output: Path, resume: bool = False,
         raise OutputError(f"{output}: exists; --resume to continue it, or remove it")
     earlier, size = done_lines(output) if resume and output.exists() else ([], 0)
     for got, (number, line) in zip(earlier, lines):
-        if got.get("line") != number or got.get("request_sha") != _digest(line):
+        if got.get("line") != number or got.get("request_sha") != request_digest(line):
             raise OutputError(f"{output}: line {number} answers another request than {requests} holds there; "
                               f"write to a new file")
     result.resumed = len(earlier)
@@ -111,14 +120,11 @@ def replay(decider: Decider, requests: Path, output: Path, resume: bool = False,
     with stream:
         todo = lines[len(earlier):]
         for at in range(0, len(todo), batch):
-            chunk = [(number, line, *_parse(line)) for number, line in todo[at: at + batch]]
-            asks = [ask for *_, ask, _, error in chunk if error is None]
-            answers = iter(decider.decide(asks))
-            for number, line, custom_id, fmt, ask, questions, error in chunk:
-                status, body = error if error is not None else _response(fmt, next(answers), questions, decider.name)
+            chunk = todo[at: at + batch]
+            for (number, line), (custom_id, status, body) in zip(chunk, answer_lines(decider, [t for _, t in chunk])):
                 result.answered += status == 200
                 result.refused += status != 200
-                stream.write(json.dumps({"custom_id": custom_id, "line": number, "request_sha": _digest(line),
+                stream.write(json.dumps({"custom_id": custom_id, "line": number, "request_sha": request_digest(line),
                                          "response": {"status_code": status, "body": body}}, ensure_ascii=False) + "\n")
             stream.flush()
             if on_pass is not None:

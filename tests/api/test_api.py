@@ -130,10 +130,16 @@ def test_the_ray_callable_adds_predictions_to_each_batch(setup):
     assert columns["label"] == [r["label"] for r in want[:3]]
 
 
+QUESTIONS = {"team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "invoices", "tech": None}},
+             "blocked": {"type": "noul", "instructions": "Is the customer blocked?"},
+             "mood": {"type": "score", "instructions": "How upset?", "criteria": ["calm", "annoyed", "angry"]}}
+
+
 @pytest.mark.slow
 def test_ray_data_on_a_local_cluster_equals_the_cli(tmp_path, tiny_model_dir, monkeypatch, cache_dir):
-    """48 items from Parquet in two files through `map_batches` on an actor: item for item the CLI's records
-    (one actor: each more is another process loading torch and the model on the suite's two cores)."""
+    """48 items from Parquet in two files through `map_batches` on an actor, once with a label spec
+    and once with typed questions: item for item the CLI's records (one actor at a time: each is
+    another process loading torch and the model on the suite's two cores)."""
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'prefixcache[ray]')")
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -141,31 +147,41 @@ def test_ray_data_on_a_local_cluster_equals_the_cli(tmp_path, tiny_model_dir, mo
     import prefixcache.ray
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local, private cluster
-    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS)
+    specs = {"labels": write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS),
+             "questions": write_spec(tmp_path, name="questions.yaml", model=str(tiny_model_dir), questions=QUESTIONS)}
     texts = [f"{TICKETS[n % len(TICKETS)]} (case {n})" for n in range(48)]
     folder = tmp_path / "items"
     folder.mkdir()
-    for part in range(2):  # two blocks: one for each actor
+    for part in range(2):  # two blocks
         rows = range(part * 24, part * 24 + 24)
         pq.write_table(pa.table({"id": [f"i{n}" for n in rows], "text": [texts[n] for n in rows]}),
                        folder / f"part{part}.parquet")
-    whole, out = tmp_path / "all.parquet", tmp_path / "cli.jsonl"
+    whole = tmp_path / "all.parquet"
     pq.write_table(pa.table({"id": [f"i{n}" for n in range(48)], "text": texts}), whole)
-    assert invoke("run", spec, whole, "-o", out, "-q").exit_code == 0
-    want = {r["id"]: r for r in records(out)}
+    want = {}
+    for kind, spec in specs.items():
+        assert invoke("run", spec, whole, "-o", tmp_path / f"{kind}.jsonl", "-q").exit_code == 0
+        want[kind] = {r["id"]: r for r in records(tmp_path / f"{kind}.jsonl")}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        ds = ray.data.read_parquet(str(folder), override_num_blocks=2)
-        got = ds.map_batches(prefixcache.ray.Classify, fn_constructor_kwargs={"spec": str(spec), "cache_dir": str(cache_dir)},
-                             compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.5, batch_size=16,
-                             batch_format="pandas").to_pandas()
+        got = {kind: ray.data.read_parquet(str(folder), override_num_blocks=2).map_batches(
+            prefixcache.ray.Classify, fn_constructor_kwargs={"spec": str(spec), "cache_dir": str(cache_dir)},
+            compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.5, batch_size=16, batch_format="pandas").to_pandas()
+            for kind, spec in specs.items()}
     finally:
         ray.shutdown()
-    assert sorted(got["id"]) == sorted(want)
-    for row in got.to_dict("records"):
-        w = want[row["id"]]
+    for kind in specs:
+        assert sorted(got[kind]["id"]) == sorted(want[kind])
+    for row in got["labels"].to_dict("records"):
+        w = want["labels"][row["id"]]
         assert row["label"] == w["label"] and abs(row["prob"] - w["prob"]) < 1e-6
         assert all(abs(row[f"prob_{x}"] - w["probs"][x]) < 1e-6 for x in LABELS)
+    for row in got["questions"].to_dict("records"):
+        w = want["questions"][row["id"]]["answers"]
+        assert row["team"] == w["team"]["choice"] and abs(row["team__confidence"] - w["team"]["confidence"]) < 1e-6
+        assert all(abs(row[f"team__p__{x}"] - w["team"]["probabilities"][x]) < 1e-6 for x in ("billing", "tech"))
+        assert abs(row["blocked"] - w["blocked"]["noul"]) < 1e-6 and abs(row["mood"] - w["mood"]["score"]) < 1e-6
+        assert all(abs(row[f"mood__p__{i}"] - w["mood"]["probabilities"][str(i)]) < 1e-6 for i in range(3))
 
 
 def test_spec_keys_set_over_a_file_and_a_zero_shot_call_on_a_spec_with_gold(tmp_path, tiny_model_dir):

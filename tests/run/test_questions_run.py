@@ -153,12 +153,10 @@ def test_the_classifier_answers_strings_and_tables(tiny_model_dir):
         clf("x", candidate_labels=["a", "b"])
 
 
-def test_tune_and_exact_refuse_a_question_spec(spec_file, emails, tmp_path):
+def test_tune_refuses_a_question_spec(spec_file, emails, tmp_path):
     spec = spec_file(questions=PACK, system="x")
     tuned = invoke("tune", spec, emails)
     assert tuned.exit_code == 2 and "typed questions" in tuned.stderr
-    exact = invoke("run", spec, emails, "--exact", "--dtype", "bfloat16", "-o", tmp_path / "x.jsonl")
-    assert exact.exit_code == 2 and "--exact applies to label tasks" in exact.stderr
     assert json_lines  # (helpers imported for other files' shape)
 
 

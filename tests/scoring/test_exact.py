@@ -10,6 +10,7 @@ from helpers import TEXTS, invoke, write_spec
 
 from prefixcache import compat
 
+from prefixcache.data.output import read_records
 from prefixcache.scoring import exact
 
 
@@ -94,3 +95,41 @@ def test_an_interrupted_and_resumed_exact_run_writes_the_uninterrupted_records(j
     assert invoke("run", spec, items, "-o", out, "-b", 4, "--dtype", "bfloat16", "--exact", "--resume").exit_code == 0
     drop = lambda r: {k: v for k, v in r.items() if k != "ms"}
     assert [drop(json.loads(line)) for line in out.read_text().splitlines()] == [drop(r) for r in whole]
+
+
+QUESTIONS = {"team": {"type": "choice", "instructions": "Which team?",
+                      "criteria": {"billing": "invoices", "tech": None, "technical": None, "sales": None}},
+             "blocked": {"type": "noul", "instructions": "Is the customer blocked?"},
+             "mood": {"type": "score", "instructions": "How upset?", "criteria": ["calm", "annoyed", "angry"]}}
+
+
+def _decided(answer):
+    """What an answer decides: the option, the side of a yes/no question, the most probable level."""
+    if answer["type"] == "noul":
+        return answer["noul"] >= 0.5
+    return max(answer["probabilities"], key=answer["probabilities"].get)
+
+
+@pytest.mark.parametrize("floor", [None, 1e9])
+def test_typed_questions_decide_as_float32_and_rescored_answers_are_float32_answers(tmp_path, tiny_model_dir,
+                                                                                    monkeypatch, floor):
+    """Each question's decision is held to its own lead: an item is re-scored when any of its
+    questions is a close call (floor 1e9: all of them, the whole run a float32 run)."""
+    monkeypatch.setattr(compat, "bf16_matmul", lambda device: True)
+    if floor is not None:
+        monkeypatch.setattr(exact, "FLOOR", floor)
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), questions=QUESTIONS)
+    items = tmp_path / "in.jsonl"
+    items.write_text("".join(json.dumps({"id": n, "text": f"{t} (case {n})"}) + "\n" for n, t in enumerate(TEXTS)))
+    assert invoke("run", spec, items, "-o", tmp_path / "fp32.jsonl", "-b", 4, "-q").exit_code == 0
+    fp32 = [json.loads(line) for line in (tmp_path / "fp32.jsonl").read_text().splitlines()]
+    result = invoke("run", spec, items, "-o", tmp_path / "exact.csv", "-b", 4, "--dtype", "bfloat16", "--exact")
+    assert result.exit_code == 0, result.output
+    records = read_records(str(tmp_path / "exact.csv")).records  # the CSV's precision column reads back
+    assert sum(r["precision"] == "float32" for r in records) >= (len(fp32) if floor else 4)
+    for got, want in zip(records, fp32, strict=True):
+        assert {q: _decided(a) for q, a in got["answers"].items()} == {q: _decided(a) for q, a in want["answers"].items()}
+        if got["precision"] == "float32":
+            for q, answer in want["answers"].items():
+                lps = got["answers"][q]["x_logprobs"]
+                assert max(abs(lps[k] - v) for k, v in answer["x_logprobs"].items()) < 1e-5

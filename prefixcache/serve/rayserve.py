@@ -1,0 +1,90 @@
+"""Ray Serve: the decisions server as N replicas behind Ray Serve's HTTP proxy.
+
+    serve run prefixcache.serve.rayserve:app num_replicas=2 model=./model.gguf
+
+or from Python:
+
+    from ray import serve
+    from prefixcache.serve.rayserve import deployment
+
+    serve.run(deployment(num_replicas=2), route_prefix="/")
+
+Each replica is what `prefixcache serve` runs: one `Decider` whose model works in one worker thread
+(the requests that reach a replica together share a forward pass) and the same app (routes,
+bodies, auth, errors, access log). Ray Serve spreads requests over the replicas and drains them
+on shutdown. Needs Ray Serve (pip install 'prefixcache[rayserve]'); importing this module imports
+Ray.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Optional
+
+from ray import serve
+
+from ..errors import UsageError
+from ..scoring.options import ScoringOptions
+from .app import Settings, build_app
+from .decider import Batcher, Decider
+
+OPTIONS = ("model", "num_replicas", "api_key_env", "batch_wait_ms", "max_batch", "device", "dtype")
+
+
+def _key(api_key_env: Optional[str]) -> Optional[str]:
+    """The API key from the replica's environment (never passed through Ray's own state)."""
+    if api_key_env is None:
+        return None
+    key = os.environ.get(api_key_env, "").strip()
+    if not key:
+        raise UsageError(f"api_key_env {api_key_env}: that environment variable is not set or empty where the "
+                         f"replica runs")
+    return key
+
+
+@serve.deployment(name="prefixcache-decisions", max_ongoing_requests=64, graceful_shutdown_timeout_s=60)
+@serve.ingress()
+class Decisions:
+    """One replica: a model, its batcher and the HTTP app (built once the replica starts)."""
+
+    def __init__(self, model: Optional[str] = None, api_key_env: Optional[str] = None, batch_wait_ms: float = 25.0,
+                 max_batch: int = 16, device: str = "auto", dtype: str = "auto"):
+        self.key = _key(api_key_env)
+        self.decider = Decider(model, ScoringOptions.from_environment(device=device, dtype=dtype))
+        self.batcher = Batcher(self.decider, batch_wait_ms / 1000, max_batch)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return build_app(self.batcher, Settings(self.decider.name, self.key))
+
+    def __del__(self) -> None:  # Ray Serve's shutdown: the asks queued are answered first
+        batcher = getattr(self, "batcher", None)
+        if batcher is not None:
+            batcher.close()
+
+
+def deployment(model: Optional[str] = None, *, num_replicas: int = 1, api_key_env: Optional[str] = None,
+               batch_wait_ms: float = 25.0, max_batch: int = 16, device: str = "auto", dtype: str = "auto",
+               ray_actor_options: Optional[dict] = None) -> Any:
+    """The application to `serve.run`: `num_replicas` replicas of the server over `model` (None:
+    the embedded default), each with the options `prefixcache serve` takes; `ray_actor_options`
+    (for example `{"num_gpus": 1}`) what each replica reserves (Ray Serve's default: one CPU)."""
+    if num_replicas < 1 or max_batch < 1 or batch_wait_ms < 0:
+        raise UsageError("num_replicas and max_batch must be 1 or more, batch_wait_ms 0 or more")
+    placed = Decisions.options(num_replicas=num_replicas, **({"ray_actor_options": ray_actor_options}
+                                                              if ray_actor_options else {}))
+    return placed.bind(model, api_key_env, batch_wait_ms, max_batch, device, dtype)
+
+
+def app(args: Mapping[str, str]) -> Any:
+    """The application builder `serve run prefixcache.serve.rayserve:app key=value ...` calls,
+    with the keys of `deployment` as text."""
+    unknown = sorted(set(args) - set(OPTIONS))
+    if unknown:
+        raise UsageError(f"unknown option {unknown[0]!r}; known: {', '.join(OPTIONS)}")
+    try:
+        return deployment(args.get("model") or None, num_replicas=int(args.get("num_replicas", 1)),
+                          api_key_env=args.get("api_key_env"), batch_wait_ms=float(args.get("batch_wait_ms", 25.0)),
+                          max_batch=int(args.get("max_batch", 16)), device=args.get("device", "auto"),
+                          dtype=args.get("dtype", "auto"))
+    except ValueError as exc:
+        raise UsageError(f"num_replicas, max_batch and batch_wait_ms are numbers: {exc}") from exc

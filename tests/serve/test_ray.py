@@ -1,0 +1,104 @@
+"""The decisions server on Ray, on a local cluster and a tiny model: Ray Serve with one replica answers
+over HTTP as `decide` answers, and `decide` on Ray Data (`prefixcache.ray.Decide`) writes the same
+responses."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from helpers import free_port, invoke, records
+
+pytest.importorskip("starlette", reason="the serve extra is not installed (pip install 'prefixcache[serve]')")
+
+INSTRUCTIONS = "You read support tickets."
+TICKET = "I was charged twice for March and my refund has not arrived."
+PACK = {"refund": {"type": "noul", "instructions": "Does the customer want money back?"},
+        "team": {"type": "choice", "instructions": "Which team?", "criteria": {"Billing": "Payments", "Technical": None}},
+        "anger": {"type": "score", "instructions": "How angry?", "criteria": ["calm", "annoyed", "furious"]}}
+LINES = [
+    {"custom_id": "a", "model": "x", "instructions": INSTRUCTIONS, "state": TICKET, "questions": PACK},
+    {"custom_id": "b", "model": "x", "input": [{"role": "developer", "content": INSTRUCTIONS},
+                                               {"role": "user", "content": "The app crashes on start."}],
+     "questions": [{"type": "predicate", "name": "refund", "instructions": "Does the customer want money back?"}]},
+    {"custom_id": "c", "model": "x", "state": "s", "questions": {"q": {"type": "score", "instructions": "x",
+                                                                       "criteria": ["only one"]}}},
+    {"custom_id": "d", "model": "x", "instructions": INSTRUCTIONS, "state": {"subject": "Locked out"}, "questions": PACK},
+]
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _numbers(body: dict) -> list[float]:
+    """Every probability in an answer body of either format, in order (ids, usage and timings aside)."""
+    answers = body.get("answers")
+    found: list[float] = []
+    for answer in (answers.values() if isinstance(answers, dict) else answers or []):
+        for key in ("noul", "score", "probability", "confidence"):
+            if isinstance(answer.get(key), float):
+                found.append(answer[key])
+        found += list((answer.get("probabilities") or {}).values())
+    return found
+
+
+def _same(got: dict, want: dict) -> None:
+    """The same answer to float rounding, or the same error."""
+    if "answers" not in want:
+        assert got == want
+        return
+    assert set(got) == set(want) and _numbers(want)
+    assert _numbers(got) == pytest.approx(_numbers(want), abs=1e-5)
+
+
+@pytest.mark.slow
+def test_ray_serve_and_ray_data_answer_as_decide_does(tmp_path, tiny_model_dir, cache_dir, monkeypatch):
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'prefixcache[ray]')")
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'prefixcache[rayserve]')")
+    from ray import serve
+
+    import prefixcache.ray
+    from prefixcache.serve.rayserve import deployment
+
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps(line) + "\n" for line in LINES))
+    assert invoke("decide", requests, "-o", tmp_path / "out.jsonl", "-m", tiny_model_dir, "-q").exit_code == 4
+    want = records(tmp_path / "out.jsonl")
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local, private cluster
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(deployment(str(tiny_model_dir), num_replicas=1), name="decisions", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:
+            listed = json.loads(resp.read())
+        assert listed["data"][0]["id"] == tiny_model_dir.name and listed["models"]
+        for line, response in zip(LINES, want):
+            body = {k: v for k, v in line.items() if k != "custom_id"}
+            status, got = _post(url + ("/v1/decisions" if "input" in body else "/v1/systemone"), body)
+            assert status == response["response"]["status_code"], got
+            _same(got, response["response"]["body"])
+        serve.shutdown()
+
+        rows = ray.data.from_items([{"text": json.dumps(line)} for line in LINES], override_num_blocks=2).map_batches(
+            prefixcache.ray.Decide, fn_constructor_kwargs={"model": str(tiny_model_dir), "cache_dir": str(cache_dir)},
+            compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.5, batch_size=2, batch_format="pandas").to_pandas()
+    finally:
+        ray.shutdown()
+    by_id = {row["custom_id"]: row for row in rows.to_dict("records")}
+    assert sorted(by_id) == ["a", "b", "c", "d"]
+    for response in want:
+        row = by_id[response["custom_id"]]
+        assert row["status_code"] == response["response"]["status_code"]
+        assert row["request_sha"] == response["request_sha"]
+        _same(json.loads(row["body"]), response["response"]["body"])
