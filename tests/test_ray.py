@@ -1,6 +1,7 @@
-"""The decisions server on Ray, on a local cluster and a tiny model: Ray Serve with one replica answers
-over HTTP as `decide` answers, and `decide` on Ray Data (`prefixcache.ray.Decide`) writes the same
-responses."""
+"""prefixcache on a local Ray cluster and a tiny model, one cluster for all (each start costs
+seconds and processes on the suite's two cores): Ray Data's `Classify` gives the CLI's records,
+Ray Data's `Decide` writes `decide`'s responses, and Ray Serve with one replica answers over HTTP
+as `decide` answers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from helpers import free_port, invoke, records
+from helpers import free_port, invoke, records, write_spec
 
 pytest.importorskip("starlette", reason="the serve extra is not installed (pip install 'prefixcache[serve]')")
 
@@ -60,14 +61,28 @@ def _same(got: dict, want: dict) -> None:
 
 
 @pytest.mark.slow
-def test_ray_serve_and_ray_data_answer_as_decide_does(tmp_path, tiny_model_dir, cache_dir, monkeypatch):
+def test_classify_decide_and_serve_on_ray_give_the_clis_numbers(tmp_path, tiny_model_dir, cache_dir, monkeypatch):
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'prefixcache[ray]')")
     pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'prefixcache[rayserve]')")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    from api.test_api import QUESTIONS, question_row_is
     from ray import serve
 
     import prefixcache.ray
     from prefixcache.serve.rayserve import deployment
 
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), questions=QUESTIONS)
+    texts = [f"{TICKET} (case {n})" if n % 2 else f"Thanks, all good. Case {n}." for n in range(24)]
+    folder = tmp_path / "items"
+    folder.mkdir()
+    for part in range(2):  # two files, two blocks
+        rows = range(part * 12, part * 12 + 12)
+        pq.write_table(pa.table({"id": [f"i{n}" for n in rows], "text": [texts[n] for n in rows]}),
+                       folder / f"part{part}.parquet")
+    pq.write_table(pa.table({"id": [f"i{n}" for n in range(24)], "text": texts}), tmp_path / "all.parquet")
+    assert invoke("run", spec, tmp_path / "all.parquet", "-o", tmp_path / "run.jsonl", "-q").exit_code == 0
+    records_by_id = {r["id"]: r for r in records(tmp_path / "run.jsonl")}
     requests = tmp_path / "requests.jsonl"
     requests.write_text("".join(json.dumps(line) + "\n" for line in LINES))
     assert invoke("decide", requests, "-o", tmp_path / "out.jsonl", "-m", tiny_model_dir, "-q").exit_code == 4
@@ -76,29 +91,36 @@ def test_ray_serve_and_ray_data_answer_as_decide_does(tmp_path, tiny_model_dir, 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local, private cluster
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
+        actor = {"compute": ray.data.ActorPoolStrategy(size=1), "num_cpus": 0.5, "batch_format": "pandas"}
+        classified = ray.data.read_parquet(str(folder), override_num_blocks=2).map_batches(
+            prefixcache.ray.Classify, fn_constructor_kwargs={"spec": str(spec), "cache_dir": str(cache_dir)},
+            batch_size=8, **actor).to_pandas()
+        decided = ray.data.from_items([{"text": json.dumps(line)} for line in LINES], override_num_blocks=2).map_batches(
+            prefixcache.ray.Decide, fn_constructor_kwargs={"model": str(tiny_model_dir), "cache_dir": str(cache_dir)},
+            batch_size=2, **actor).to_pandas()
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(deployment(str(tiny_model_dir), num_replicas=1), name="decisions", route_prefix="/")
         url = f"http://127.0.0.1:{port}"
         with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:
             listed = json.loads(resp.read())
-        assert listed["data"][0]["id"] == tiny_model_dir.name and listed["models"]
-        for line, response in zip(LINES, want):
-            body = {k: v for k, v in line.items() if k != "custom_id"}
-            status, got = _post(url + ("/v1/decisions" if "input" in body else "/v1/systemone"), body)
-            assert status == response["response"]["status_code"], got
-            _same(got, response["response"]["body"])
+        served = [_post(url + ("/v1/decisions" if "input" in line else "/v1/systemone"),
+                        {k: v for k, v in line.items() if k != "custom_id"}) for line in LINES]
         serve.shutdown()
-
-        rows = ray.data.from_items([{"text": json.dumps(line)} for line in LINES], override_num_blocks=2).map_batches(
-            prefixcache.ray.Decide, fn_constructor_kwargs={"model": str(tiny_model_dir), "cache_dir": str(cache_dir)},
-            compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.5, batch_size=2, batch_format="pandas").to_pandas()
     finally:
         ray.shutdown()
-    by_id = {row["custom_id"]: row for row in rows.to_dict("records")}
+
+    assert sorted(classified["id"]) == sorted(records_by_id)
+    for row in classified.to_dict("records"):
+        assert question_row_is(row, records_by_id[row["id"]]["answers"])
+    by_id = {row["custom_id"]: row for row in decided.to_dict("records")}
     assert sorted(by_id) == ["a", "b", "c", "d"]
     for response in want:
         row = by_id[response["custom_id"]]
         assert row["status_code"] == response["response"]["status_code"]
         assert row["request_sha"] == response["request_sha"]
         _same(json.loads(row["body"]), response["response"]["body"])
+    assert listed["data"][0]["id"] == tiny_model_dir.name and listed["models"]
+    for (status, body), response in zip(served, want, strict=True):
+        assert status == response["response"]["status_code"], body
+        _same(body, response["response"]["body"])
