@@ -13,6 +13,34 @@ import pytest
 if os.environ.get("PYTEST_XDIST_WORKER"):  # several test processes share the cores: one thread each
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+def pytest_collection_modifyitems(config, items):
+    """Under xdist's worksteal each worker starts on a contiguous share of the collection and,
+    once done, steals from the tail of another's: a suite that ends with a minute-long test ends
+    with one worker idle for that minute. So the modules holding tests marked slow or e2e are dealt
+    out first, heaviest first, one share each by weight, and the other modules fill the shares (a
+    module stays whole, so its fixtures are set up once, except where a share's end cuts it)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2 or getattr(config.option, "dist", "no") != "worksteal":
+        return
+    modules: dict[Any, list] = {}
+    for item in items:
+        modules.setdefault(item.module, []).append(item)
+    heavy = sorted((m for m in modules.values() if any(i.get_closest_marker("slow") or i.get_closest_marker("e2e")
+                                                        for i in m)), key=len, reverse=True)
+    shares: list[list] = [[] for _ in range(workers)]
+    for module in heavy:
+        min(shares, key=len).extend(module)
+    light = [i for m in modules.values() if m not in heavy for i in m]
+    remaining, ordered = len(items), []
+    for n, share in enumerate(shares):  # xdist's first share is len // workers, and so on
+        size = remaining // (workers - n)
+        while len(share) < size and light:
+            share.append(light.pop(0))
+        remaining -= len(share)
+        ordered += share
+    items[:] = ordered + light
+
+
 CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"

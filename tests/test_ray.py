@@ -89,6 +89,7 @@ def test_classify_decide_and_serve_on_ray_give_the_clis_numbers(tmp_path, tiny_m
     want = records(tmp_path / "out.jsonl")
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local, private cluster
+    monkeypatch.setenv("RAY_enable_worker_prestart", "0")  # workers started when needed, not two idle ones first
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         actor = {"compute": ray.data.ActorPoolStrategy(size=1), "num_cpus": 0.5, "batch_format": "pandas"}
