@@ -215,3 +215,18 @@ def write_jsonl(path: Path, rows) -> Path:
 def write_texts(path: Path, texts) -> Path:
     path.write_text("".join(json.dumps({"id": f"i{n}", "text": t}) + "\n" for n, t in enumerate(texts)))
     return path
+
+
+# A small pack of the three question kinds, and how a table row of its answers reads.
+QUESTIONS = {"team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "invoices", "tech": None}},
+             "blocked": {"type": "noul", "instructions": "Is the customer blocked?"},
+             "mood": {"type": "score", "instructions": "How upset?", "criteria": ["calm", "annoyed", "angry"]}}
+
+
+def question_row_is(row: dict, answers: dict, tol: float = 1e-5) -> bool:
+    """A table row's question columns say what a record's answers say."""
+    team, blocked, mood = answers["team"], answers["blocked"], answers["mood"]
+    return (row["team"] == team["choice"] and abs(row["team__confidence"] - team["confidence"]) < tol
+            and all(abs(row[f"team__p__{x}"] - team["probabilities"][x]) < tol for x in ("billing", "tech"))
+            and abs(row["blocked"] - blocked["noul"]) < tol and abs(row["mood"] - mood["score"]) < tol
+            and all(abs(row[f"mood__p__{i}"] - mood["probabilities"][str(i)]) < tol for i in range(3)))

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from helpers import free_port, invoke, records, write_spec
+from helpers import QUESTIONS, free_port, invoke, question_row_is, records, write_spec
 
 pytest.importorskip("starlette", reason="the serve extra is not installed (pip install 'prefixcache[serve]')")
 
@@ -66,7 +66,6 @@ def test_classify_decide_and_serve_on_ray_give_the_clis_numbers(tmp_path, tiny_m
     pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'prefixcache[rayserve]')")
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
-    from api.test_api import QUESTIONS, question_row_is
     from ray import serve
 
     import prefixcache.ray

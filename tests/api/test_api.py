@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import invoke, records, write_spec
+from helpers import QUESTIONS, invoke, question_row_is, records, write_spec
 
 from prefixcache import Classifier
 from prefixcache.errors import InputError, SpecError, UsageError
@@ -144,20 +144,6 @@ def test_the_ray_callable_adds_each_questions_columns(tmp_path, tiny_model_dir):
     frame = Classify(str(spec), batch_size=3)(pd.DataFrame({"id": [f"t{n}" for n in range(len(TICKETS))], "text": TICKETS}))
     for row, record in zip(frame.to_dict("records"), want, strict=True):
         assert question_row_is(row, record["answers"])
-
-
-QUESTIONS = {"team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "invoices", "tech": None}},
-             "blocked": {"type": "noul", "instructions": "Is the customer blocked?"},
-             "mood": {"type": "score", "instructions": "How upset?", "criteria": ["calm", "annoyed", "angry"]}}
-
-
-def question_row_is(row: dict, answers: dict, tol: float = 1e-5) -> bool:
-    """A table row's question columns say what a record's answers say."""
-    team, blocked, mood = answers["team"], answers["blocked"], answers["mood"]
-    return (row["team"] == team["choice"] and abs(row["team__confidence"] - team["confidence"]) < tol
-            and all(abs(row[f"team__p__{x}"] - team["probabilities"][x]) < tol for x in ("billing", "tech"))
-            and abs(row["blocked"] - blocked["noul"]) < tol and abs(row["mood"] - mood["score"]) < tol
-            and all(abs(row[f"mood__p__{i}"] - mood["probabilities"][str(i)]) < tol for i in range(3)))
 
 
 def test_spec_keys_set_over_a_file_and_a_zero_shot_call_on_a_spec_with_gold(tmp_path, tiny_model_dir):
