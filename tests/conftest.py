@@ -197,10 +197,11 @@ def cache_dir(tmp_path_factory) -> Path:
             os.environ[key] = value
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def converted_once(cache_dir):
     """The session's workers share its cache: the first to get here converts the embedded model
-    while the others wait for it, instead of each converting it on the same two cores."""
+    while the others wait for it, instead of each converting it on the same two cores (once a
+    worker: a later module needs no second load of the weights to know they are there)."""
     import fcntl
 
     from prefixcache.model.load import load_model, load_tokenizer, resolve_model
