@@ -335,22 +335,12 @@ def serve(
 
         curl -s localhost:8000/v1/systemone -d '{"model": "any", "state": "I was charged twice", "questions": {"refund": {"type": "noul", "instructions": "Does the customer want money back?"}}}'
     """
-    import os
-
-    from ..errors import UsageError
     from ..scoring.options import ScoringOptions
+    from ..serve import api_key, serve as start  # the serve extra is imported (or refused) by `start`
 
     with errors(debug):
         setup_logging(False)
-        key = None
-        if api_key_env is not None:
-            key = os.environ.get(api_key_env, "").strip()
-            if not key:
-                raise UsageError(f"--api-key-env {api_key_env}: that environment variable is not set or empty")
-        try:
-            from ..serve import serve as start
-        except ImportError as exc:
-            raise UsageError(f"serve needs its extra: pip install 'prefixcache[serve]' ({exc})") from exc
+        key = None if api_key_env is None else api_key(api_key_env, f"--api-key-env {api_key_env}")
         compat.quiet_libraries()
         start(model, ScoringOptions.from_environment(device=device, dtype=dtype), host, port, key, batch_wait_ms, max_batch)
 
@@ -381,14 +371,11 @@ def decide(
     """
     from ..errors import EXIT_ITEM
     from ..scoring.options import ScoringOptions
+    from ..serve.decider import Decider  # no HTTP stack: decide needs no extra
+    from ..serve.replay import replay
 
     with errors(debug):
         setup_logging(quiet)
-        try:
-            from ..serve.decider import Decider
-            from ..serve.replay import replay
-        except ImportError as exc:
-            raise OutputError(f"decide needs the serve extra: pip install 'prefixcache[serve]' ({exc})") from exc
         compat.quiet_libraries()
         decider = Decider(model, ScoringOptions.from_environment(device=device, dtype=dtype))
         shown = not quiet and err.is_terminal

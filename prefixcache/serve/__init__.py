@@ -19,11 +19,22 @@ scoring/build.py, as `Classifier` builds them), never run/ or the CLI; the CLI i
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable, Optional
 
+from ..errors import UsageError
 from ..scoring.options import ScoringOptions
 
 log = logging.getLogger("prefixcache.serve")
+
+
+def api_key(variable: str, said_as: str) -> str:
+    """The API key held by the environment variable `variable` (`said_as`: how the user named it,
+    for the refusal when it is unset or empty)."""
+    key = os.environ.get(variable, "").strip()
+    if not key:
+        raise UsageError(f"{said_as}: that environment variable is not set or empty")
+    return key
 
 
 def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1", port: int = 8000,
@@ -34,18 +45,18 @@ def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1"
     is called once the socket listens (default: a line on stderr)."""
     import asyncio
 
-    import uvicorn
+    try:
+        import uvicorn
 
-    from .app import Settings, StoppableServer, build_app
-    from .decider import Batcher, Decider
+        from .app import StoppableServer, served_app
+    except ImportError as exc:
+        raise UsageError(f"serve needs its extra: pip install 'prefixcache[serve]' ({exc})") from exc
 
     if host not in ("127.0.0.1", "localhost", "::1") and key is None:
         log.warning("serving on %s without an API key: anyone who can reach this port can use the model "
                     "(set one with --api-key-env)", host)
-    decider = Decider(model, options)
-    batcher = Batcher(decider, wait_ms / 1000, batch)
-    settings = Settings(decider.name, key)
-    config = uvicorn.Config(build_app(batcher, settings), host=host, port=port, access_log=False,
+    app, batcher = served_app(model, options, key, wait_ms, batch)
+    config = uvicorn.Config(app, host=host, port=port, access_log=False,
                             log_level="warning", timeout_graceful_shutdown=60, lifespan="off")
     server = StoppableServer(config)
 
@@ -59,7 +70,7 @@ def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1"
                 ready(bound)
             else:
                 log.info("serving %s on http://%s:%d (System One: POST /v1/systemone, OpenAI: POST /v1/decisions)",
-                         settings.model, host, bound)
+                         batcher.decider.name, host, bound)
         await task
 
     try:

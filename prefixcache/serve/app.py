@@ -33,7 +33,8 @@ from starlette.routing import Route
 
 from ..errors import SpecError, TooLong
 from . import decisions, systemone
-from .decider import Batcher, Decided
+from ..scoring.options import ScoringOptions
+from .decider import Batcher, Decided, Decider
 from .errors import Invalid
 
 log = logging.getLogger("prefixcache.serve")
@@ -110,6 +111,15 @@ def _authorized(request: Request, key: str | None) -> bool:
     given = request.headers.get("authorization", "")
     scheme, _, token = given.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+def served_app(model: str | None, options: ScoringOptions, key: str | None = None, wait_ms: float = 25.0,
+               batch: int = 16) -> tuple[Starlette, Batcher]:
+    """What `serve` runs, and each Ray Serve replica (serve/rayserve.py): the model loaded, its
+    batcher's worker started (`wait_ms`, `batch`: see `Batcher`) and the app answering with it."""
+    decider = Decider(model, options)
+    batcher = Batcher(decider, wait_ms / 1000, batch)
+    return build_app(batcher, Settings(decider.name, key)), batcher
 
 
 def build_app(batcher: Batcher, settings: Settings) -> Starlette:

@@ -18,43 +18,33 @@ Ray.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping, Optional
 
 from ray import serve
 
 from ..errors import UsageError
 from ..scoring.options import ScoringOptions
-from .app import Settings, build_app
-from .decider import Batcher, Decider
+from . import api_key
+from .app import served_app
 
 OPTIONS = ("model", "num_replicas", "api_key_env", "batch_wait_ms", "max_batch", "device", "dtype")
-
-
-def _key(api_key_env: Optional[str]) -> Optional[str]:
-    """The API key from the replica's environment (never passed through Ray's own state)."""
-    if api_key_env is None:
-        return None
-    key = os.environ.get(api_key_env, "").strip()
-    if not key:
-        raise UsageError(f"api_key_env {api_key_env}: that environment variable is not set or empty where the "
-                         f"replica runs")
-    return key
 
 
 @serve.deployment(name="prefixcache-decisions", max_ongoing_requests=64, graceful_shutdown_timeout_s=60)
 @serve.ingress()
 class Decisions:
-    """One replica: a model, its batcher and the HTTP app (built once the replica starts)."""
+    """One replica: `prefixcache serve`'s app over its own model, built once the replica starts.
+    The API key is read from the replica's environment, never passed through Ray's own state."""
 
     def __init__(self, model: Optional[str] = None, api_key_env: Optional[str] = None, batch_wait_ms: float = 25.0,
                  max_batch: int = 16, device: str = "auto", dtype: str = "auto"):
-        self.key = _key(api_key_env)
-        self.decider = Decider(model, ScoringOptions.from_environment(device=device, dtype=dtype))
-        self.batcher = Batcher(self.decider, batch_wait_ms / 1000, max_batch)
+        key = None if api_key_env is None else api_key(api_key_env, f"api_key_env {api_key_env} (where the replica runs)")
+        options = ScoringOptions.from_environment(device=device, dtype=dtype)
+        # not `self.app`: Ray's ingress wrapper has a read-only `app` of its own
+        self._served, self.batcher = served_app(model, options, key, batch_wait_ms, max_batch)
 
     def __serve_build_asgi_app__(self) -> Any:
-        return build_app(self.batcher, Settings(self.decider.name, self.key))
+        return self._served
 
     def __del__(self) -> None:  # Ray Serve's shutdown: the asks queued are answered first
         batcher = getattr(self, "batcher", None)
