@@ -73,14 +73,6 @@ def spec_of(ask: Ask) -> dict[str, Any]:
     return {"system": shown(ask.instructions), "template": "{state}", "questions": dict(ask.questions)}
 
 
-@dataclass
-class _Pack:
-    """A spec ready to score: its task and its scorer (calibration done, its prefix prefilled)."""
-
-    task: Task
-    scorer: Scorer
-
-
 class Decider:
     """One model answering asks. `model`: a hub id, a model folder, a .gguf file or None (the
     embedded default); `prefixes`: how many prefilled prefixes to keep in memory; `packs`: how
@@ -94,7 +86,7 @@ class Decider:
         self.name = Path(self.base.source.path).name.removesuffix(".gguf") if self.base.source.kind != "hub" \
             else self.base.source.ref  # the served model, as answers name it
         self._prefixes: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
-        self._packs: OrderedDict[str, _Pack] = OrderedDict()
+        self._packs: OrderedDict[str, Scorer] = OrderedDict()  # a pack's scorer: its task, calibration, prefix
         self.max_prefixes, self.max_packs = prefixes, packs
         self.lock = threading.Lock()  # one forward at a time: `decide` is called from one worker thread
 
@@ -102,8 +94,8 @@ class Decider:
     def context(self) -> int | None:
         return self.engine.max_positions
 
-    def _pack(self, ask: Ask) -> tuple[_Pack, bool]:
-        """The ask's pack, and whether its prefix was in memory already (read from the cache)."""
+    def _pack(self, ask: Ask) -> tuple[Scorer, bool]:
+        """The scorer of the ask's pack, and whether its prefix was in memory already (read from the cache)."""
         key = json.dumps([ask.instructions, ask.questions], ensure_ascii=False, sort_keys=True, default=str)
         if key in self._packs:
             self._packs.move_to_end(key)
@@ -119,33 +111,33 @@ class Decider:
             self._prefixes[ids] = scorer.prefix
             while len(self._prefixes) > self.max_prefixes:
                 self._prefixes.popitem(last=False)
-        self._packs[key] = pack = _Pack(task, scorer)
+        self._packs[key] = scorer
         while len(self._packs) > self.max_packs:
             self._packs.popitem(last=False)
-        return pack, known
+        return scorer, known
 
     def decide(self, asks: Sequence[Ask]) -> list[Decided | Exception]:
         """Answer asks together: per ask its answers, or the library error that refused it
         (SpecError: a pack `run` would refuse; TooLong: a state beyond the model's context)."""
         start = time.perf_counter()
         out: list[Decided | Exception | None] = [None] * len(asks)
-        ready: dict[int, tuple[_Pack, Prepared, bool]] = {}
+        ready: dict[int, tuple[Scorer, Prepared, bool]] = {}
         with self.lock:
             for i, ask in enumerate(asks):
                 try:
-                    pack, cached = self._pack(ask)
-                    ready[i] = (pack, pack.task.prepare(Item(f"request {i}", {"state": ask.state}, 1), self.context),
+                    scorer, cached = self._pack(ask)
+                    ready[i] = (scorer, scorer.task.prepare(Item(f"request {i}", {"state": ask.state}, 1), self.context),
                                 cached)
                 except Exception as exc:  # noqa: BLE001 - a refused ask is answered with its error
                     out[i] = exc
             by_prefix: dict[int, list[int]] = {}
-            for i, (pack, _, _) in ready.items():
-                by_prefix.setdefault(id(pack.scorer.prefix), []).append(i)
+            for i, (scorer, _, _) in ready.items():
+                by_prefix.setdefault(id(scorer.prefix), []).append(i)
             for members in by_prefix.values():
-                scores = self.engine.score(ready[members[0]][0].scorer.prefix, [ready[i][1].row for i in members])
+                scores = self.engine.score(ready[members[0]][0].prefix, [ready[i][1].row for i in members])
                 for i, lps in zip(members, scores):
-                    pack, prep, cached = ready[i]
-                    answers = pack.scorer.decide(prep, prep.groups.combine(lps)).answers()
+                    scorer, prep, cached = ready[i]
+                    answers = scorer.decide(prep, prep.groups.combine(lps)).answers()
                     read = len(prep.enc.ids) + len(trie(list(prep.candidates.values())))
                     prefix = prep.enc.prefix_len
                     out[i] = Decided(answers, read, prefix if cached else 0, 0.0, 0 if cached else prefix)
