@@ -135,9 +135,9 @@ class RunOptions:
                       help="auto: float32 on the CPU, bfloat16 (or float16) on CUDA.")
     exact: bool = _opt(False, "--exact", metavar="", words=_switch("--exact"), help=(
         "With --dtype bfloat16: score in bfloat16, then score again in float32 the items whose decision rounding "
-        "could change: float32's labels (typed questions: every question's decision), both models in memory. Its speed depends on how many items are close "
-        "calls: measured at 0.63-0.91x float32's on the embedded model (docs/models.md); `bench --exact` measures "
-        "yours."))
+        "could change: float32's labels (typed questions: every question's decision), both models in memory. Its "
+        "speed depends on how many items are close calls: measured at 0.63-0.91x float32's on the embedded model "
+        "(docs/models.md); `bench --exact` measures yours."))
     prune: str = _opt("auto", "--prune", cli_type=Prune, help=(
         "Labels, and typed questions' choice questions: score the candidates best-first and stop scoring those "
         "whose probability can no longer matter (the same answers, every probability within 1e-4; records list "

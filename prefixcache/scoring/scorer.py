@@ -215,10 +215,7 @@ class Scorer:
         spec, builder = self.task.spec, self.task.builder
         ids = list(builder.candidates.values())
         uncond = [self.unconditional(c) for c in ids] if spec.normalize == "pmi" else []
-        counts, texts = [len(c) for c in ids], list(builder.candidates)
-        keys = [linear_keys(spec.normalize, counts, texts, uncond, self.prior)]
-        if self.prior:  # the raw distribution is reported too: its probabilities are kept exact as well
-            keys.append(linear_keys(spec.normalize, counts, texts, uncond))
+        keys = _reported_keys(spec.normalize, [len(c) for c in ids], list(builder.candidates), uncond, self.prior)
         return Contest(0, len(ids), 0, keys, spec.threshold)
 
     def _question_contests(self) -> list[Contest]:
@@ -233,10 +230,7 @@ class Scorer:
                 contests.append(Contest(at, end, skip, race=False))
                 continue
             uncond = [self.unconditional(c) for c in ids[at:end]] if q.normalize == "pmi" else []
-            counts, texts = [len(c) - skip for c in ids[at:end]], list(q.texts)
-            keys = [linear_keys(q.normalize, counts, texts, uncond, prior)]
-            if prior:
-                keys.append(linear_keys(q.normalize, counts, texts, uncond))
+            keys = _reported_keys(q.normalize, [len(c) - skip for c in ids[at:end]], list(q.texts), uncond, prior)
             contests.append(Contest(at, end, skip, keys, q.threshold))
         return contests
 
@@ -354,6 +348,16 @@ class Scorer:
         if self.task.spec.multi_label:
             return mean_distribution([yes_probs(lps) for lps in scores])
         return mean_distribution([self._judge(builder.candidates, builder.groups, lps, None).probs for lps in scores])
+
+
+def _reported_keys(normalize: str, counts: list[int], texts: list[str], uncond: list[float],
+                   prior: Sequence[float] | None) -> list[tuple[list[float], list[float]]]:
+    """A contest's ranking keys for every distribution its records report: the decision's, and
+    with calibration the raw one too (its probabilities are kept exact as well)."""
+    keys = [linear_keys(normalize, counts, texts, uncond, prior)]
+    if prior:
+        keys.append(linear_keys(normalize, counts, texts, uncond))
+    return keys
 
 
 @dataclass(frozen=True)
