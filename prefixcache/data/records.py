@@ -27,9 +27,9 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..errors import InputError
 from .items import Item, item_sha
-from ..task.decision import Bounded, Decision, Tags
+from ..task.decision import Bounded
 from ..task.questions import Answers, Question, answer_distribution, answer_word
-from ..task.spec import TaskSpec, gold_tags, gold_value, option_of
+from ..task.spec import TaskSpec
 
 Record = dict[str, Any]
 Keep = Optional[Sequence[str]]  # input fields a record carries; None: all
@@ -39,25 +39,23 @@ _FLOATS = ("prob", "margin", "ms")
 _INTS = ("index", "prefix_tokens", "item_tokens")
 
 
-def _r6(x: float) -> float:
-    return round(x, 6)
-
-
-def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], decision: Decision | Tags,
-                prefix_tokens: int, item_tokens: int, ms: float, keep: Keep = (), precision: str | None = None,
-                pruned: Sequence[str] | Mapping[str, list[str]] | None = None) -> Record:
-    """The record of a scored item. `names`: its candidates' texts (labels or options), in order;
-    `keep`: the item's fields to copy in after the id (None: all of them); `pruned` (a run with
-    pruned scoring): the labels whose log-prob is a bound (typed questions: by question id)."""
-    if isinstance(decision, Answers):
-        record = _questions_record(spec, item, decision, keep)
-    elif isinstance(decision, Tags):
-        record = _tags_record(spec, item, names, logprobs, decision, keep)
+def make_record(spec: TaskSpec, item: Item, answers: Answers, prefix_tokens: int, item_tokens: int, ms: float,
+                keep: Keep = (), precision: str | None = None, pruned: Sequence[int] | None = None) -> Record:
+    """The record of a scored item from what its scores decide; `keep`: the item's fields to copy
+    in after the id (None: all of them); `pruned` (a run with pruned scoring): the indices of the
+    options whose log-prob is a bound. A pack's record holds its answers; a label spec's one
+    question writes its own layout (its kind's `record`)."""
+    record: Record = {"id": item.id, **kept_fields(item, spec.id_field, keep)}
+    bounded = answers.bounded(pruned) if pruned is not None else None
+    if spec.questions:
+        record.update(_questions_record(spec, item, answers))
+        if bounded is not None:
+            record["pruned"] = bounded
     else:
-        record = _label_record(spec, item, names, logprobs, decision, keep)
-    if pruned is not None:
-        record["pruned"] = {q: list(o) for q, o in pruned.items()} if isinstance(pruned, Mapping) else list(pruned)
-    if not isinstance(decision, Answers):  # a question's answer says how it was decided
+        q, decision = answers.questions[0], answers.decisions[0]
+        record.update(q.kind.record(q, spec, item.record, decision, answers.logprobs[0]))
+        if bounded is not None:
+            record["pruned"] = bounded.get(q.id, [])
         record["normalize"] = spec.normalize + ("+calibrated" if decision.raw is not None else "")
     if precision is not None:  # a run mixing precisions says which made each record
         record["precision"] = precision
@@ -70,50 +68,14 @@ def make_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequ
     return record
 
 
-def _tags_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], tags: Tags,
-                 keep: Keep) -> Record:
-    """A multi-label record: the labels on, and each label's probability."""
-    record: Record = {"id": item.id, **kept_fields(item, spec.id_field, keep),
-                      "labels": [n for n, on in zip(names, tags.on) if on],
-                      "probs": {n: _r6(p) for n, p in zip(names, tags.probs)}, "logprobs": dict(zip(names, logprobs))}
-    if tags.raw is not None:
-        record["raw_probs"] = {n: _r6(p) for n, p in zip(names, tags.raw)}
-    if spec.gold:
-        gold = gold_tags(item.record, spec.gold, spec.label_names, spec.gold_sep)
-        record.update(gold=gold, correct=gold == record["labels"])
-    return record
-
-
-def _questions_record(spec: TaskSpec, item: Item, answers: Answers, keep: Keep) -> Record:
+def _questions_record(spec: TaskSpec, item: Item, answers: Answers) -> Record:
     """A typed-questions record: question id -> answer (System One shape), and with gold
     questions, each one's expected answer and whether it was right."""
-    record: Record = {"id": item.id, **kept_fields(item, spec.id_field, keep), "answers": answers.answers()}
+    record: Record = {"answers": answers.answers()}
     graded = [q for q in spec.questions if q.gold]
     if graded:
         record["gold"] = {q.id: q.kind.option_of(q, item.record[q.gold]) for q in graded}
         record["correct"] = {q.id: q.kind.correct(q, record["answers"][q.id], record["gold"][q.id]) for q in graded}
-    return record
-
-
-def _label_record(spec: TaskSpec, item: Item, names: Sequence[str], logprobs: Sequence[float], decision: Decision,
-                  keep: Keep) -> Record:
-    best, probs = decision.best, decision.probs
-    record: Record = {"id": item.id, **kept_fields(item, spec.id_field, keep),
-                      "label": None if best is None else names[best]}
-    if spec.choices:
-        record["index"] = best
-        record["scored"] = spec.score_by
-    record.update(prob=None if best is None else _r6(probs[best]), margin=_r6(decision.margin))
-    if spec.choices:
-        record.update(probs=[_r6(p) for p in probs], logprobs=list(logprobs))
-    else:
-        record.update(probs={n: _r6(p) for n, p in zip(names, probs)}, logprobs=dict(zip(names, logprobs)))
-        if decision.raw is not None:
-            record["raw_probs"] = {n: _r6(p) for n, p in zip(names, decision.raw)}
-    if spec.gold:
-        gold = gold_value(item.record, spec.gold)
-        meant = option_of(gold, list(names)) if spec.choices else gold  # multiple choice: a letter names an option
-        record.update(gold=gold, correct=record["label"] is not None and record["label"] == meant)
     return record
 
 
@@ -195,12 +157,9 @@ def repeated(records: Iterable[Mapping[str, Any]]) -> Optional[Mapping[str, Any]
 
 def logprobs_in_order(record: Mapping[str, Any], names: Sequence[str], spec: TaskSpec | None = None
                       ) -> list[float] | None:
-    """The raw log-probs a record holds, in the order of `names` (its candidates' texts); for
-    typed questions (`spec` given), None when an option scored several words (the record holds
-    their combined log-probability only)."""
+    """The log-probs a record holds, one per option in the order of `names` (for typed
+    questions, `spec` given: each question's options in pack order, from its `x_logprobs`)."""
     if spec is not None and spec.questions:
-        if any(len(said) > 1 for q in spec.questions for said in q.said):
-            return None
         pruned = record.get("pruned") or {}
         flags = [option in pruned.get(q.id, ()) for q in spec.questions for option in q.options]
         values = [float(record["answers"][q.id]["x_logprobs"][option]) for q in spec.questions for option in q.options]

@@ -29,8 +29,8 @@ from ..errors import UsageError
 from ..scoring.exact import CheckedScorer
 from ..data.items import Item
 from ..data.records import Record
-from ..task.decision import Decision, Tags
 from ..task.questions import Answers, answer_word
+from ..task.spec import TaskSpec
 from ..model.reference import score_naive
 from ..model.rows import Row, trie
 from .pipeline import classify
@@ -190,14 +190,13 @@ def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device,
     return ModeResult(name, n, 1000 * elapsed / n, n / elapsed, rss.mb, labels=labels)
 
 
-def prediction(decision: Decision | Tags | Answers, names: Sequence[str]) -> str | None:
-    """What a decision predicts, as text: the label (None: abstained), the labels on joined by
-    " | " for a multi-label item, or each question's answer in a word."""
-    if isinstance(decision, Answers):
-        return _said(decision.answers())
-    if isinstance(decision, Tags):
-        return " | ".join(n for n, on in zip(names, decision.on) if on)
-    return None if decision.best is None else names[decision.best]
+def prediction(answers: Answers, spec: TaskSpec) -> str | None:
+    """What an item's answers predict, as text: a pack's answers each in a word, or a label
+    spec's one question's prediction (the label, None when it abstained; the labels on)."""
+    if spec.questions:
+        return _said(answers.answers())
+    q, decision = answers.questions[0], answers.decisions[0]
+    return q.kind.prediction(q, decision)
 
 
 def record_prediction(record: Record) -> str | None:
@@ -375,7 +374,7 @@ class _Modes:
     def _pick(self, prep: Prepared, scores: list[float]) -> str | None:
         """The decision `run` would make from these candidate scores (forms combined,
         normalisation, calibration, threshold)."""
-        return prediction(self.scorer.decide(prep, prep.groups.combine(scores)), prep.texts)
+        return prediction(self.scorer.decide(prep, prep.groups.combine(scores)), self.scorer.task.spec)
 
     def naive(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
         return [self._pick(p, self.full.score(self.empty, [Row(p.enc.ids, 0, _cands(p), p.skips)])[0])

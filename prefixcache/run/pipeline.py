@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 from ..data.items import Item
 from ..data.records import Keep, Record, error_record, id_text, logprobs_in_order, make_record
 from ..task.decision import Bounded
-from ..task.questions import Answers
 from ..scoring.prepare import Batching, Failed, Prepared
 
 if TYPE_CHECKING:  # the scorer brings torch; this module only calls it
@@ -93,10 +92,8 @@ def _record(scorer: ItemScorer, entry: Prepared | Failed, by_key: Mapping[tuple,
         stats.errors += 1
         return error_record(entry.item, entry.message, scorer.task.spec.id_field, keep)
     logprobs = by_key[entry.key]
-    decision = scorer.decide(entry, logprobs)
-    pruned: list[str] | dict[str, list[str]] | None = None
-    if scorer.says_pruned:  # which labels (or options, by question) pruned scoring left at their bound
-        indices = logprobs.pruned if isinstance(logprobs, Bounded) else ()
-        pruned = decision.bounded(indices) if isinstance(decision, Answers) else [entry.texts[i] for i in indices]
-    return make_record(scorer.task.spec, entry.item, entry.texts, logprobs, decision,
-                       entry.enc.prefix_len, entry.own_tokens, ms, keep, scorer.precision(entry.key), pruned)
+    pruned = None
+    if scorer.says_pruned:  # which options pruned scoring left at their bound
+        pruned = logprobs.pruned if isinstance(logprobs, Bounded) else ()
+    return make_record(scorer.task.spec, entry.item, scorer.decide(entry, logprobs), entry.enc.prefix_len,
+                       entry.own_tokens, ms, keep, scorer.precision(entry.key), pruned)

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .scorer import Rescoring, Scorer, Scores
-from ..task.decision import Decision, Tags, log_odds
 from ..task.questions import Answers
 from ..model.store import PrefixStore
 from .prepare import Prepared, Task
@@ -106,34 +105,28 @@ class CheckedScorer(Scorer):
                             "widens from %.3g to %.3g", widest, self.bound, needed)
             self.bound = needed
 
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags | Answers:
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Answers:
         if self._precision.get(prep.key) == "float32":
             return self.exact.decide(prep, logprobs)  # float32 prior and unconditional scores too
         return super().decide(prep, logprobs)
 
     def _gap(self, prep: Prepared, logprobs: Sequence[float]) -> float:
-        """The nearest any of the item's decisions comes to changing: for a decision (the label
-        set, or each typed question), the log-probability between its two most likely candidates
-        (inf with one candidate) and, with a threshold, the distance of the top one from it
-        (abstaining is a decision too). For a multi-label task: the nearest any label's log-odds
-        come to its threshold's."""
-        if self.task.spec.multi_label:
-            odds = self._decision_logs(prep, logprobs, self)[0][0]
-            return min(abs(o - log_odds(t)) for o, t in zip(odds, self.task.spec.tag_thresholds))
+        """The nearest any of the item's calls comes to changing: for each (a question's choice,
+        a label set's, each tag's on or off), the log-probability between its two most likely
+        candidates (inf with one) and, with a threshold, the distance of the top one from it
+        (abstaining, or a tag turning on, is a call too)."""
         gaps = [math.inf]
         for logs, threshold in self._decision_logs(prep, logprobs, self):
             ranked = sorted(logs, reverse=True)
             gaps.append(ranked[0] - ranked[1] if len(ranked) > 1 else math.inf)
             if threshold is not None:
-                gaps.append(abs(ranked[0] - math.log(threshold)))
+                gaps.append(abs(ranked[0] - threshold))
         return min(gaps)
 
     def _shift(self, low: list[tuple[list[float], float | None]], high: list[tuple[list[float], float | None]]) -> float:
-        """How far rounding moved any candidate relative to its decision's low-precision favourite:
-        a decision can change only if this exceeds the favourite's lead (with a threshold, also how
+        """How far rounding moved any candidate relative to its call's low-precision favourite:
+        a call can change only if this exceeds the favourite's lead (with a threshold, also how
         far the favourite itself moved)."""
-        if self.task.spec.multi_label:  # each label's log-odds against its own threshold
-            return max(abs(h - lo) for h, lo in zip(high[0][0], low[0][0]))
         widest = 0.0
         for (lows, threshold), (highs, _) in zip(low, high, strict=True):
             top = max(range(len(lows)), key=lows.__getitem__)
@@ -144,16 +137,6 @@ class CheckedScorer(Scorer):
 
     @staticmethod
     def _decision_logs(prep: Prepared, logprobs: Sequence[float], scorer: Scorer) -> list[tuple[list[float], float | None]]:
-        """Each decision the item's scores make, with the threshold it is held to: the label
-        set's probabilities as logs (a multi-label task: each label's log-odds), or one entry per
-        typed question."""
-        decided = Scorer.decide(scorer, prep, logprobs)
-        if isinstance(decided, Answers):
-            return [(_logs(d.probs), q.threshold) for q, d in zip(decided.questions, decided.decisions)]
-        if scorer.task.spec.multi_label:
-            return [([log_odds(p) for p in decided.probs], None)]
-        return [(_logs(decided.probs), scorer.task.spec.threshold)]
-
-
-def _logs(probs: Sequence[float]) -> list[float]:
-    return [math.log(max(p, 1e-300)) for p in probs]
+        """Each call the item's scores make, with the log-threshold it is held to (each question
+        asked says what its calls are)."""
+        return Scorer.decide(scorer, prep, logprobs).decision_logs()

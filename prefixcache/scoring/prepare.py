@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 from ..errors import ItemError, TooLong
 from ..data.items import Item
 from ..model.load import ModelSource, load_tokenizer, model_context, resolve_model
+from ..task import options_kind
 from ..task.decision import Groups
+from ..task.kind import Question
 from ..task.prompt import EncodedItem, PromptBuilder
 from ..model.rows import Candidate, Row, trie
 from ..task.spec import LETTERS, TaskSpec, choice_list, field_text
@@ -44,12 +46,15 @@ class Prepared:
     item: Item
     enc: EncodedItem
     candidates: dict[str, Candidate]  # text scored -> ids
-    groups: Groups  # which candidates make each label's (or option's) score
+    groups: Groups  # which candidates make each option's score (a label's, or a question's option's)
+    spans: tuple[tuple[int, int], ...]  # per question, its candidates (start, end)
+    parts: tuple[tuple[int, int], ...]  # per question, its options in the item's scores (start, end)
     skips: tuple[int, ...] = ()  # typed questions: per candidate, its question's ids before the answer (not scored)
 
     @property
     def texts(self) -> list[str]:
-        """The labels or options scored, in output order."""
+        """The options its scores are for, in order (labels, the item's options, or each
+        question's options as `question id \x1f option`)."""
         return list(self.groups.names)
 
     @property
@@ -151,12 +156,19 @@ class Task:
             else:
                 candidates = self.builder.options(options, item.id)
             groups = Groups(tuple(options), tuple((i,) for i in range(len(options))), "forms")
+            spans = parts = ((0, len(options)),)
         else:
             candidates, groups = self.builder.candidates, self.builder.groups
+            spans, parts = self.builder.spans, self.builder.parts
         longest = max(len(c) for c in candidates.values())
         if context and len(enc.ids) + longest - 1 > context:
             raise TooLong(item.id, f"{len(enc.ids)} prompt tokens do not fit the model's context of {context}")
-        return Prepared(item, enc, candidates, groups, self.builder.skips)
+        return Prepared(item, enc, candidates, groups, spans, parts, self.builder.skips)
+
+    def asked(self, prep: Prepared) -> tuple[Question, ...]:
+        """The questions an item's scores answer, as this task's spec asks them: its pack's, its
+        label set as one question, or its own options as one (multiple choice)."""
+        return self.builder.asked or (options_kind.question(self.spec, prep.texts),)
 
     def content_free(self, text: str) -> EncodedItem:
         """The prompt with every template field set to `text` (e.g. "" or "N/A")."""

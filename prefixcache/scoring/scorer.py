@@ -6,7 +6,7 @@ Example:
     for batch in task.batches(items, Batching(), scorer.context):
         preps = [p for p in batch if isinstance(p, Prepared)]
         for prep, logprobs in zip(preps, scorer.score(preps)):
-            decision = scorer.decide(prep, logprobs)   # probabilities, best candidate, margin
+            answers = scorer.decide(prep, logprobs)   # per question: its decision and options' log-probs
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from ..errors import ModelError
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
 from ..model.branches import usable
 from ..model.rows import Candidate, Row
-from ..task.decision import Decision, Groups, Tags, judge, judge_tags, linear_keys, mean_distribution, yes_probs
+from ..data.items import Item
+from ..task.decision import Bounded, Groups, linear_keys, mean_distribution
 from ..model.store import PrefixStore, prefix_key
-from ..task.questions import Answers, decide_question
+from ..task.questions import Answers
 from ..task.spec import TaskSpec
 from .prepare import Prepared, Task
 from .pruning import Contest, score_pruned
@@ -79,7 +80,7 @@ class ItemScorer(Protocol):
 
     def score(self, preps: Sequence[Prepared], known: Mapping[tuple, list[float]] | None = None) -> Scores: ...
 
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags | Answers: ...
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Answers: ...
 
     says_pruned: bool
 
@@ -104,7 +105,7 @@ class Scorer:
 
     Attributes:
         task, engine, prefix (the prefilled prefix), prefix_source ("computed" or "loaded"),
-        prior (calibration: the label distribution on content-free inputs, or None),
+        prior (calibration: per question asked, its distribution on content-free inputs; or None),
         load_seconds (loading the model), device, dtype (as text).
     """
 
@@ -114,19 +115,15 @@ class Scorer:
         self.prefix_source, self.load_seconds = prefix_source, load_seconds
         self.device = str(engine.device)
         self.dtype = str(engine.dtype).removeprefix("torch.")
-        self.prior: list[float] | None = None
+        self.prior: list[list[float] | None] | None = None  # per question asked: its calibration prior
         self.says_precision = says_precision  # records name their precision (a run asked for --exact)
         self._scores = ScoreCache()
         self._unconditional = unconditional if unconditional is not None else ScoreCache()
-        spec = task.spec
-        if any(q.normalize == "pmi" for q in spec.questions):
+        asked = task.builder.asked
+        if any(q.normalize == "pmi" for q in asked):
             self.score_unconditional(list(task.builder.candidates.values()), task.builder.skips)
-        elif spec.normalize == "pmi" and not spec.choices and not spec.questions:
-            self.score_unconditional(list(task.builder.candidates.values()))
-        if spec.content_free:
-            self.prior = self._calibration_prior()
-        if any(q.content_free for q in spec.questions):
-            self.prior = self._question_priors()
+        if any(q.content_free for q in asked):
+            self.prior = self._priors()
         self._contests: list[Contest] | None = None  # set by `prune`: what score_pruned races
         self.says_pruned = False  # records name the labels left at their bound (`prune`)
 
@@ -184,8 +181,8 @@ class Scorer:
                 self._scores.put(key, known[key])
         elif todo and self._contests is not None:
             values = score_pruned(self.engine, self.prefix, list(todo.values()), self._contests)
-            for key, scores in zip(todo, values):
-                self._scores.put(key, scores)
+            for prep, scores in zip(todo.values(), values):
+                self._scores.put(prep.key, _combined(prep.groups, scores))
         elif todo:
             for prep, scores in zip(todo.values(), self.engine.score(self.prefix, [p.row for p in todo.values()])):
                 self._scores.put(prep.key, prep.groups.combine(scores))
@@ -207,26 +204,18 @@ class Scorer:
         if not self.says_pruned or not usable(self.engine):
             self._contests = None
             return False
-        self._contests = self._question_contests() if spec.questions else [self._label_contest()]
+        self._contests = self._contests_of()
         return True
 
-    def _label_contest(self) -> Contest:
-        """The labels, raced under the spec's normalisation and calibration."""
-        spec, builder = self.task.spec, self.task.builder
-        ids = list(builder.candidates.values())
-        uncond = [self.unconditional(c) for c in ids] if spec.normalize == "pmi" else []
-        keys = _reported_keys(spec.normalize, [len(c) for c in ids], list(builder.candidates), uncond, self.prior)
-        return Contest(0, len(ids), 0, keys, spec.threshold)
-
-    def _question_contests(self) -> list[Contest]:
-        """One contest per typed question: choice questions whose options have one text each are
-        raced, every other question is scored to the end."""
+    def _contests_of(self) -> list[Contest]:
+        """One contest per question asked: a question of a kind that races (a choice, a label
+        set) whose options have one text each is raced, every other one scored to the end."""
         builder, contests = self.task.builder, []
         ids = list(builder.candidates.values())
-        for i, q in enumerate(self.task.spec.questions):
+        for i, q in enumerate(builder.asked):
             at, end = builder.spans[i]
-            skip, prior = builder.skips[at], self.prior[i] if self.prior else None
-            if q.type != "choice" or not q.groups.plain:
+            skip, prior = builder.skips[at] if builder.skips else 0, self.prior[i] if self.prior else None
+            if not getattr(q.kind, "races", False) or not q.groups.plain:
                 contests.append(Contest(at, end, skip, race=False))
                 continue
             uncond = [self.unconditional(c) for c in ids[at:end]] if q.normalize == "pmi" else []
@@ -278,76 +267,54 @@ class Scorer:
         return self._unconditional.peek(candidate)
 
     # -- decisions ----------------------------------------------------------------------------
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Decision | Tags | Answers:
-        """What the item's label scores (`Groups.combine`d) decide: the distribution over its
-        candidates under the spec's normalisation and calibration and the best one, for a
-        multi-label task each label's probability and whether it is on, for typed questions each
-        question's decision."""
-        if self.task.spec.multi_label:
-            return judge_tags(logprobs, self.task.spec.tag_thresholds, self.prior)
-        if self.task.spec.questions:
-            return self._answers(logprobs, self.prior)
-        return self._judge(prep.candidates, prep.groups, logprobs, self.prior)
+    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Answers:
+        """What the item's scores (one per option, its texts combined) decide for each question
+        this scorer's spec asks (its normalisation, calibration, threshold), each from its own
+        part: a question's numbers never depend on another's."""
+        return self._answers(prep, logprobs, self.prior)
 
-    def _judge(self, candidates: Mapping[str, Candidate], groups: Groups, logprobs: Sequence[float],
-               prior: Sequence[float] | None) -> Decision:
-        spec, ids = self.task.spec, list(candidates.values())
-        uncond: list[float] = []
-        if spec.normalize == "pmi":
-            self.score_unconditional(ids)
-            uncond = groups.combine([self.unconditional(c) for c in ids])
-        tokens = groups.combine_lengths([len(c) for c in ids])
-        sizes: list[float] = []
-        if spec.normalize in ("chars", "bytes") and not groups.plain:  # a verbalizer: its forms' mean size
-            size = len if spec.normalize == "chars" else (lambda t: len(t.encode("utf-8")))
-            sizes = groups.combine_lengths([size(text) for text in candidates])
-        return judge(logprobs, spec.normalize, tokens, list(groups.names), uncond, prior, spec.threshold, sizes)
+    def _answers(self, prep: Prepared, logprobs: Sequence[float],
+                 priors: Sequence[Sequence[float] | None] | None) -> Answers:
+        ids, skips, asked = list(prep.candidates.values()), prep.skips, self.task.asked(prep)
+        decisions, parts = [], []
+        for i, (q, (at, end), (a, b)) in enumerate(zip(asked, prep.spans, prep.parts)):
+            counts = [len(c) - (skips[k] if skips else 0) for k, c in enumerate(ids[at:end], at)]
+            uncond: list[float] = []
+            if q.normalize == "pmi":
+                self.score_unconditional(ids[at:end], skips[at:end])  # an item's own options: once each
+                uncond = [self.unconditional(c) for c in ids[at:end]]
+            part = tuple(logprobs[a:b])
+            decisions.append(q.kind.decide(q, part, counts, uncond, priors[i] if priors else None))
+            parts.append(part)
+        return Answers(asked, tuple(decisions), tuple(parts))
 
-    def _decide(self, i: int, logprobs: Sequence[float], prior: Sequence[float] | None) -> Decision:
-        """Question i decided from its own candidates' log-probabilities (its span of the task's
-        candidates): a question's numbers never depend on another's."""
-        builder, q = self.task.builder, self.task.spec.questions[i]
-        at, end = builder.spans[i]
-        ids = list(builder.candidates.values())[at:end]
-        counts = [len(c) - s for c, s in zip(ids, builder.skips[at:end])]
-        uncond = [self.unconditional(c) for c in ids] if q.normalize == "pmi" else []
-        return decide_question(q, logprobs, counts, prior, uncond)
-
-    def _answers(self, logprobs: Sequence[float], priors: Sequence[Sequence[float] | None] | None) -> Answers:
-        """Typed questions: each question's decision from its span of the item's log-probabilities."""
-        parts = tuple(tuple(logprobs[at:end]) for at, end in self.task.builder.spans)
-        decisions = tuple(self._decide(i, part, priors[i] if priors else None) for i, part in enumerate(parts))
-        return Answers(self.task.spec.questions, decisions, parts)
-
-    def _question_priors(self) -> list[list[float] | None]:
+    def _priors(self) -> list[list[float] | None]:
         """Per calibrated question, its mean distribution over its content-free inputs (every
-        template field set to one of them), each scored like an item (only the calibrated
-        questions' candidates); None for the others."""
-        builder, questions = self.task.builder, self.task.spec.questions
-        calibrated = [i for i, q in enumerate(questions) if q.content_free]
-        picked = [k for i in calibrated for k in range(*builder.spans[i])]
-        ids = list(builder.candidates.values())
-        texts = list(dict.fromkeys(t for i in calibrated for t in questions[i].content_free))
-        rows = [Row(e.ids, e.prefix_len, [ids[k] for k in picked], [builder.skips[k] for k in picked])
-                for e in (self.task.content_free(text) for text in texts)]
-        scored = {t: dict(zip(picked, lps)) for t, lps in zip(texts, self.engine.score(self.prefix, rows))}
-        priors: list[list[float] | None] = [None] * len(questions)
-        for i in calibrated:
-            span = range(*builder.spans[i])
-            priors[i] = mean_distribution([self._decide(i, [scored[t][k] for k in span], None).probs
-                                           for t in questions[i].content_free])
-        return priors
+        template field set to one of them), each scored like an item; None for the others."""
+        builder, asked = self.task.builder, self.task.builder.asked
+        texts = list(dict.fromkeys(t for q in asked for t in q.content_free))
+        encoded = {t: self.task.content_free(t) for t in texts}
+        rows = [Row(e.ids, e.prefix_len, list(builder.candidates.values()), builder.skips) for e in encoded.values()]
+        decided = {}
+        for t, lps in zip(texts, self.engine.score(self.prefix, rows)):
+            free = Prepared(Item(f"content-free {t!r}", {}, 0), encoded[t], builder.candidates, builder.groups,
+                            builder.spans, builder.parts, builder.skips)
+            decided[t] = self._answers(free, builder.groups.combine(lps), None).decisions
+        return [mean_distribution([decided[t][i].probs for t in q.content_free]) if q.content_free else None
+                for i, q in enumerate(asked)]
 
-    def _calibration_prior(self) -> list[float]:
-        """The label prior on the content-free inputs, scored like any item: the mean label
-        distribution, or for a multi-label task each label's mean P(yes)."""
-        builder = self.task.builder
-        encoded = [self.task.content_free(text) for text in self.task.spec.content_free]
-        rows = [Row(e.ids, e.prefix_len, list(builder.candidates.values())) for e in encoded]
-        scores = [builder.groups.combine(lps) for lps in self.engine.score(self.prefix, rows)]
-        if self.task.spec.multi_label:
-            return mean_distribution([yes_probs(lps) for lps in scores])
-        return mean_distribution([self._judge(builder.candidates, builder.groups, lps, None).probs for lps in scores])
+
+def _combined(groups: Groups, scores: Sequence[float]) -> list[float]:
+    """Per option, its scored texts' log-probabilities combined; the positions of bounds (pruned
+    scoring, whose raced options have one text each) follow their option."""
+    if groups.plain:
+        return scores if isinstance(scores, Bounded) else list(scores)
+    out = groups.combine(scores)
+    pruned = getattr(scores, "pruned", ())
+    if not pruned:
+        return out
+    option = {m[0]: i for i, m in enumerate(groups.members) if len(m) == 1}
+    return Bounded(out, [option[k] for k in pruned])
 
 
 def _reported_keys(normalize: str, counts: list[int], texts: list[str], uncond: list[float],

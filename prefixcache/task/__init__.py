@@ -11,7 +11,11 @@
 - questions.py: a `questions:` pack read and checked, what an item's scores decide per question
   (`Answers`);
 - choice_kind.py, noul_kind.py, score_kind.py: one module per kind of question, each owning its
-  keys, its prompt branch, what it scores, its answer, its flat columns and its metrics;
+  keys, its prompt branch, what it scores, how it decides, its answer, its flat columns and its
+  metrics;
+- labels_kind.py, tags_kind.py, options_kind.py: a label spec as its one question (its labels,
+  its labels judged one by one, an item's own options), each owning how it decides, what
+  `--exact` measures of it and its record layout;
 - scoring_metrics.py: the metrics the kinds share (per-class precision/recall/F1, calibration error);
 - lint.py: label sets that first-token scoring would get wrong;
 - overrides.py: the spec with what the command line or `Classifier` sets instead (-m, --gold).

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from .decision import Decision
-from .kind import Question, choice_confidence, distribution_answer, option_texts, register, shown
+from .kind import Asked, Question, choice_confidence, distribution_answer, option_texts, register, shown
 from .scoring_metrics import calibration_error, per_class
 
 MOST = 255
@@ -23,8 +23,9 @@ def letter(i: int) -> str:
     return code
 
 
-class ChoiceKind:
+class ChoiceKind(Asked):
     name = "choice"
+    races = True  # pruned scoring may race its options (when each has one text)
     aliases: tuple[str, ...] = ()
 
     def parse(self, qid: str, entry: Mapping[str, Any], at: str) -> dict[str, Any]:

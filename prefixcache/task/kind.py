@@ -2,18 +2,22 @@
 fulfils and the registry it joins, the confidence formulas the System One conformance suite pins,
 and the helpers the kinds build their options and answers with. No torch here.
 
-The kinds: choice_kind.py, noul_kind.py, score_kind.py; a pack is read in questions.py.
+The kinds: choice_kind.py, noul_kind.py, score_kind.py; a pack is read in questions.py. A spec
+with labels (or choices) is the one-question case of the same path: labels_kind.py, tags_kind.py
+and options_kind.py each decide its one question and write the records as label specs write them
+(they are built from the spec, never named in a pack).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
 from ..errors import SpecError
-from .decision import Decision, Groups
+from .decision import Decision, Groups, Tags, judge
 
 
 def shown(value: Any) -> str:
@@ -116,6 +120,42 @@ class Kind(Protocol):
     def metrics(self, question: Question, answers: Sequence[Mapping[str, Any]], golds: Sequence[str]) -> dict[str, Any]:
         """Its metrics over answered items with gold options."""
 
+    def decide(self, question: Question, logprobs: Sequence[float], counts: Sequence[int],
+               unconditional: Sequence[float] = (), prior: Sequence[float] | None = None) -> Decision | Tags:
+        """What its options' log-probabilities decide (`logprobs`: one per option, its scored
+        texts already combined; `counts`, `unconditional`: one per scored text, its answer's
+        tokens and, for `pmi`, its log-probability after the content-free prompt)."""
+
+    def decision_logs(self, question: Question, decision: Decision | Tags) -> list[tuple[list[float], float | None]]:
+        """Each call its decision makes, as log-probabilities, with the log-threshold it is held
+        to (None: none): what `--exact` measures a close call and a rounding shift on."""
+
+
+class Asked:
+    """What a kind decides by default: its options' distribution under its normalisation and
+    calibration (`decide_question`), and each decision as the logs of that distribution with its
+    abstention threshold. The typed kinds and a label spec's kinds build on it."""
+
+    def decide(self, question: Question, logprobs: Sequence[float], counts: Sequence[int],
+               unconditional: Sequence[float] = (), prior: Sequence[float] | None = None) -> Decision | Tags:
+        return decide_question(question, logprobs, counts, prior, unconditional)
+
+    def decision_logs(self, question: Question, decision: Decision | Tags) -> list[tuple[list[float], float | None]]:
+        threshold = question.threshold
+        return [([math.log(max(p, 1e-300)) for p in decision.probs], None if threshold is None else math.log(threshold))]
+
+
+def decide_question(question: Question, logprobs: Sequence[float], token_counts: Sequence[int],
+                    prior: Sequence[float] | None = None, unconditional: Sequence[float] = ()) -> Decision:
+    """One question's distribution over its options from their log-probabilities (an option with
+    several scored texts: the log of their summed probability); `token_counts` and
+    `unconditional` (`pmi`: after the content-free prompt) are per scored text, combined here."""
+    groups = question.groups
+    size = len if question.normalize != "bytes" else (lambda text: len(text.encode("utf-8")))
+    return judge(list(logprobs), question.normalize, groups.combine_lengths(token_counts), list(question.options),
+                 groups.combine(unconditional) if unconditional else [], prior, question.threshold,
+                 groups.combine_lengths([size(t) for t in question.texts]))
+
 
 KINDS: dict[str, Kind] = {}
 
@@ -181,6 +221,6 @@ def distribution_answer(question: Question, decision: Decision, logprobs: Sequen
 
 
 def per_option_logprobs(question: Question, logprobs: Sequence[float]) -> dict[str, float]:
-    """`x_logprobs`: each option's summed log-probability before normalisation (several scored
-    texts: the log of their summed probability)."""
-    return dict(zip(question.options, question.groups.combine(logprobs)))
+    """`x_logprobs`: each option's log-probability before normalisation (several scored texts:
+    the log of their summed probability, as the option's scores arrive)."""
+    return dict(zip(question.options, logprobs))

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from .decision import Decision
-from .kind import Question, per_option_logprobs, register, shown
+from .kind import Asked, Question, per_option_logprobs, register, shown
 from .scoring_metrics import calibration_error
 
 YES, NO = "yes", "no"
@@ -16,7 +16,7 @@ _TRUE = (True, 1, "true", "yes", "True", "Yes", "TRUE", "YES", "1")
 _FALSE = (False, 0, "false", "no", "False", "No", "FALSE", "NO", "0")
 
 
-class NoulKind:
+class NoulKind(Asked):
     name = "noul"
     aliases = ("predicate",)
 

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from jinja2 import TemplateError
 
 from ..errors import ItemError, ModelError, SpecError
+from . import labels_kind, tags_kind
 from .decision import Groups
+from .kind import Question
 from .spec import (
     LETTERS,
     OPTIONS_FIELD,
@@ -83,7 +85,8 @@ class PromptBuilder:
         self._system = spec.system_text()
         self._after_question: str | None = None
         self.skips: tuple[int, ...] = ()  # typed questions: per candidate, its stem's ids (read, not scored)
-        self.spans: tuple[tuple[int, int], ...] = ()  # typed questions: per question, its candidates (start, end)
+        self.spans: tuple[tuple[int, int], ...] = ()  # per question asked, its candidates (start, end)
+        self.parts: tuple[tuple[int, int], ...] = ()  # per question asked, its options (start, end)
         self.prefix_ids = self._find_prefix()
         if not self.prefix_ids:
             raise SpecError(f"{spec.path}: the static prompt prefix is empty (no system text, no examples, and the "
@@ -282,25 +285,35 @@ class PromptBuilder:
         return out
 
     def _candidates(self) -> dict[str, tuple[int, ...]]:
-        """What is scored after each item of a label task: the labels' forms, or with
-        multi_label the yes and no branch of every label's question. `self.groups` says which
-        candidates make each label's score."""
+        """What is scored after each item: every scored text of every question asked (`asked`:
+        a pack's questions, or a label spec's one question; none for multiple choice, whose
+        options are the item's). `groups` says which candidates make each option's score,
+        `spans` and `parts` where each question's candidates and options start and end."""
         self._candidate_cache: dict[str, tuple[int, ...]] = {}
         self._anchor = self._tail_anchor()
         self._anchor_ids = self.encode(self._anchor)
         spec = self.spec
+        self.asked: tuple[Question, ...] = spec.questions or (
+            (tags_kind.question(spec) if spec.multi_label else labels_kind.question(spec),) if spec.labels else ())
         if spec.questions:
-            return self._question_candidates()
-        if spec.multi_label:
+            candidates = self._question_candidates()
+        elif spec.multi_label:
             members = [tuple(self.branch_text(spec.question_for(label), answer) for answer in spec.answers)
                        for label in spec.labels]
+            candidates = self._label_candidates(members, "yes/no")
         else:
-            members = [label.forms for label in spec.labels]
+            candidates = self._label_candidates([label.forms for label in spec.labels], "forms")
+        return candidates
+
+    def _label_candidates(self, members: list[tuple[str, ...]], kind: str) -> dict[str, tuple[int, ...]]:
+        """A label spec's candidates: each label's forms, or its yes and no branches (`whole`)."""
         texts = [text for group in members for text in group]
-        candidates = self.options(texts, whole=spec.multi_label)
+        candidates = self.options(texts, whole=kind == "yes/no")
         order = list(candidates)
-        self.groups = Groups(spec.label_names, tuple(tuple(order.index(t) for t in group) for group in members),
-                             "yes/no" if spec.multi_label else "forms")
+        self.groups = Groups(self.spec.label_names, tuple(tuple(order.index(t) for t in group) for group in members),
+                             kind)
+        self.spans = ((0, len(candidates)),) if members else ()
+        self.parts = ((0, len(members)),) if members else ()
         return candidates
 
     def _question_candidates(self) -> dict[str, tuple[int, ...]]:
@@ -325,7 +338,13 @@ class PromptBuilder:
                 skips.append(len(stem))
             spans.append((start, len(candidates)))
         self.skips, self.spans = tuple(skips), tuple(spans)
-        self.groups = Groups(tuple(candidates), tuple((i,) for i in range(len(candidates))), "forms")
+        names, members, parts = [], [], []
+        for q, (start, _) in zip(self.spec.questions, spans):
+            parts.append((len(names), len(names) + len(q.options)))
+            names += [f"{q.id}\x1f{option}" for option in q.options]
+            members += [tuple(start + i for i in m) for m in q.groups.members]
+        self.parts = tuple(parts)
+        self.groups = Groups(tuple(names), tuple(members), "forms")
         return candidates
 
     def encode_item(self, record: Mapping[str, Any], item_id: object = None) -> EncodedItem:

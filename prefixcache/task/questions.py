@@ -21,8 +21,8 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from . import choice_kind, noul_kind, score_kind  # noqa: F401  (each registers its kind)
-from .decision import DEFAULT_CONTENT_FREE, NORMALIZATIONS, Decision, judge
-from .kind import KINDS, Question, shown
+from .decision import DEFAULT_CONTENT_FREE, NORMALIZATIONS, Decision, Tags
+from .kind import KINDS, Question, decide_question, shown  # noqa: F401  (decide_question: one place to import it from)
 
 COMMON_KEYS = ("type", "instructions", "criteria", "normalize", "calibrate", "threshold", "gold", "read", "words", "list")
 READS = ("text", "letters")
@@ -91,25 +91,14 @@ def threshold_value(value: Any, at: str) -> float | None:
 
 
 # -- deciding ------------------------------------------------------------------------------------
-def decide_question(question: Question, logprobs: Sequence[float], token_counts: Sequence[int],
-                    prior: Sequence[float] | None = None, unconditional: Sequence[float] = ()) -> Decision:
-    """One question's distribution over its options from their summed log-probabilities (an
-    option with several scored texts: the log of their summed probability); `unconditional`
-    (`pmi`): the same after the content-free prompt."""
-    groups = question.groups
-    size = len if question.normalize != "bytes" else (lambda text: len(text.encode("utf-8")))
-    return judge(groups.combine(logprobs), question.normalize, groups.combine_lengths(token_counts),
-                 list(question.options), groups.combine(unconditional) if unconditional else [], prior,
-                 question.threshold, groups.combine_lengths([size(t) for t in question.texts]))
-
-
 @dataclass(frozen=True)
 class Answers:
-    """What an item's scores decide, per question (in pack order): its decision and the summed
-    log-probability of each scored text."""
+    """What an item's scores decide, per question asked (a pack's questions in order, or a label
+    spec's one question): its decision and each option's log-probability (its scored texts
+    combined)."""
 
     questions: tuple[Question, ...]
-    decisions: tuple[Decision, ...]
+    decisions: tuple[Decision | Tags, ...]
     logprobs: tuple[tuple[float, ...], ...]
 
     def answers(self) -> dict[str, dict[str, Any]]:
@@ -118,8 +107,7 @@ class Answers:
 
     def bounded(self, indices: Sequence[int]) -> dict[str, list[str]]:
         """Question id -> its options whose log-probs are bounds (pruned scoring), from their
-        indices in the item's candidates (questions' spans one after another; a pruned question's
-        options have one text each)."""
+        indices in the item's options (the questions' options one after another)."""
         out: dict[str, list[str]] = {}
         at = 0
         for q, lps in zip(self.questions, self.logprobs):
@@ -128,6 +116,10 @@ class Answers:
                 out[q.id] = picked
             at += len(lps)
         return out
+
+    def decision_logs(self) -> list[tuple[list[float], float | None]]:
+        """Every call the item's answers make, with the log-threshold each is held to (`--exact`)."""
+        return [entry for q, d in zip(self.questions, self.decisions) for entry in q.kind.decision_logs(q, d)]
 
 
 def answer_word(answer: Mapping[str, Any]) -> str:

@@ -7,13 +7,13 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from .decision import Decision
-from .kind import Question, distribution_answer, register, score_confidence, shown
+from .kind import Asked, Question, distribution_answer, register, score_confidence, shown
 from .scoring_metrics import calibration_error
 
 LEAST, MOST = 2, 10
 
 
-class ScoreKind:
+class ScoreKind(Asked):
     name = "score"
     aliases: tuple[str, ...] = ()
 

@@ -94,7 +94,7 @@ def decide_all(scorer: Scorer, preps: Sequence[Prepared], logprobs: Sequence[Seq
     """The scorer's decisions on every item (its spec has no threshold: tune applies its own)."""
     best, top, probs = [], [], []
     for prep, lps in zip(preps, logprobs):
-        decision = scorer.decide(prep, lps)
+        decision = scorer.decide(prep, lps).decisions[0]  # a label spec asks one question
         if scorer.task.spec.multi_label:
             probs.append(decision.probs)
             best.append(-1)

@@ -140,7 +140,7 @@ def test_a_damaged_converted_model_is_rebuilt_with_a_warning(quick_conversion, t
     assert all(oct(p.stat().st_mode & 0o777) == oct(0o700 if p.is_dir() else 0o600) for p in copy.rglob("*"))
     assert "are not used" in caplog.text and "converting again" in caplog.text
     item = next(iter(read_items(str(TICKETS))))
-    assert scorer.decide(scorer.task.prepare(item), scorer.score([scorer.task.prepare(item)]).logprobs[0]).best is not None
+    assert scorer.decide(scorer.task.prepare(item), scorer.score([scorer.task.prepare(item)]).logprobs[0]).decisions[0].best is not None
     assert weights.stat().st_size > 1000  # made again
 
 

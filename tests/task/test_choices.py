@@ -95,13 +95,13 @@ def test_label_task_pmi_and_calibration(chat_tokenizer, tmp_path):
     for text in ("N/A", ""):
         lps = score_naive(model, clf.task.content_free(text).ids, cands)
         dists.append(softmax([lp - u for lp, u in zip(lps, uncond)]))
-    assert clf.prior == pytest.approx(mean_distribution(dists), abs=1e-5)
+    assert len(clf.prior) == 1 and clf.prior[0] == pytest.approx(mean_distribution(dists), abs=1e-5)
     item = next(iter(read_items(str(_items(tmp_path)))))
     record = next(classify(clf, [item]))
     lps = score_naive(model, clf.task.prepare(item).enc.ids, cands)
     raw = softmax([lp - u for lp, u in zip(lps, uncond)])
     assert list(record["raw_probs"].values()) == pytest.approx(raw, abs=1e-4)
-    assert list(record["probs"].values()) == pytest.approx(calibrate(raw, clf.prior), abs=1e-4)
+    assert list(record["probs"].values()) == pytest.approx(calibrate(raw, clf.prior[0]), abs=1e-4)
     assert record["normalize"] == "pmi+calibrated"
 
 

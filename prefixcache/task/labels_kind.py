@@ -1,0 +1,59 @@
+"""A label spec's labels as its one question: one of the spec's labels, each scored as its name
+(or its words) right after the item's prompt, which lists them in the system text. Records keep
+the label layout (`label`, `prob`, `margin`, `probs`, `logprobs`, `raw_probs`, `gold`,
+`correct`). No torch here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .decision import Decision
+from .kind import Asked, Question
+from .spec import gold_value
+
+if TYPE_CHECKING:
+    from .spec import TaskSpec
+
+QUESTION_ID = "label"
+
+
+def r6(x: float) -> float:
+    return round(x, 6)
+
+
+class LabelsKind(Asked):
+    """The label set of a single-label spec (not a pack type: a spec's `labels:` builds it)."""
+
+    name = "labels"
+    races = True  # pruned scoring may race its options (when each has one text)
+
+    def branch(self, q: Question) -> str | None:
+        return None  # the labels are listed in the system text; candidates follow the item's prompt
+
+    def record(self, q: Question, spec: "TaskSpec", fields: dict[str, Any], decision: Decision,
+               logprobs: Sequence[float]) -> dict[str, Any]:
+        """The record's fields after the id and the kept input fields."""
+        names, best = q.options, decision.best
+        record = {"label": None if best is None else names[best],
+                  "prob": None if best is None else r6(decision.probs[best]), "margin": r6(decision.margin),
+                  "probs": {n: r6(p) for n, p in zip(names, decision.probs)}, "logprobs": dict(zip(names, logprobs))}
+        if decision.raw is not None:
+            record["raw_probs"] = {n: r6(p) for n, p in zip(names, decision.raw)}
+        if spec.gold:
+            gold = gold_value(fields, spec.gold)
+            record.update(gold=gold, correct=record["label"] is not None and record["label"] == gold)
+        return record
+
+    def prediction(self, q: Question, decision: Decision) -> str | None:
+        return None if decision.best is None else q.options[decision.best]
+
+
+LABELS = LabelsKind()
+
+
+def question(spec: "TaskSpec") -> Question:
+    """The spec's labels as one question: its labels the options, their forms the texts scored."""
+    return Question(id=QUESTION_ID, kind=LABELS, instructions="", options=spec.label_names,
+                    descriptions=tuple(label.description for label in spec.labels),
+                    said=tuple(label.forms for label in spec.labels), normalize=spec.normalize,
+                    content_free=spec.content_free, threshold=spec.threshold, gold=spec.gold)

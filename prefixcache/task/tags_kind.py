@@ -1,0 +1,61 @@
+"""A multi-label spec's labels as its one question: each label judged on its own by the spec's
+question about it, answered yes or no after the item (P(yes) against no), and on when that
+reaches the label's threshold. Records keep the multi-label layout (`labels`, `probs`,
+`logprobs`, `raw_probs`, `gold`, `correct`). No torch here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .decision import Tags, judge_tags, log_odds
+from .kind import Question
+from .labels_kind import r6
+from .spec import gold_tags
+
+if TYPE_CHECKING:
+    from .spec import TaskSpec
+
+QUESTION_ID = "labels"
+
+
+class TagsKind:
+    """The label set of a multi-label spec (not a pack type: `multi_label: true` builds it)."""
+
+    name = "tags"
+
+    def decide(self, q: Question, logprobs: Sequence[float], counts: Sequence[int],
+               unconditional: Sequence[float] = (), prior: Sequence[float] | None = None) -> Tags:
+        """`logprobs`: per label, log P(yes) against no (its yes and no branches combined)."""
+        return judge_tags(logprobs, q.extra["thresholds"], prior)
+
+    def decision_logs(self, q: Question, decision: Tags) -> list[tuple[list[float], float | None]]:
+        """Each label is a call of its own: its log-odds against its threshold's."""
+        return [([log_odds(p)], log_odds(t)) for p, t in zip(decision.probs, q.extra["thresholds"])]
+
+    def record(self, q: Question, spec: "TaskSpec", fields: dict[str, Any], tags: Tags,
+               logprobs: Sequence[float]) -> dict[str, Any]:
+        """The record's fields after the id and the kept input fields."""
+        names = q.options
+        record = {"labels": [n for n, on in zip(names, tags.on) if on],
+                  "probs": {n: r6(p) for n, p in zip(names, tags.probs)}, "logprobs": dict(zip(names, logprobs))}
+        if tags.raw is not None:
+            record["raw_probs"] = {n: r6(p) for n, p in zip(names, tags.raw)}
+        if spec.gold:
+            gold = gold_tags(fields, spec.gold, names, spec.gold_sep)
+            record.update(gold=gold, correct=gold == record["labels"])
+        return record
+
+    def prediction(self, q: Question, tags: Tags) -> str:
+        return " | ".join(n for n, on in zip(q.options, tags.on) if on)
+
+
+TAGS = TagsKind()
+
+
+def question(spec: "TaskSpec") -> Question:
+    """The spec's labels as one multi-label question (each label's yes and no branches are its
+    scored texts, combined into P(yes) against no)."""
+    return Question(id=QUESTION_ID, kind=TAGS, instructions=spec.question, options=spec.label_names,
+                    descriptions=tuple(label.description for label in spec.labels),
+                    said=tuple((spec.question_for(label),) for label in spec.labels), normalize="sum",
+                    content_free=spec.content_free, gold=spec.gold, extra={"thresholds": spec.tag_thresholds})
