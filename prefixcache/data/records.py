@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from ..errors import InputError
 from .items import Item, item_sha
 from ..task.decision import Bounded
+from ..task.kind import KINDS
 from ..task.questions import Answers, Question, answer_distribution, answer_word
 from ..task.spec import TaskSpec
 
@@ -292,7 +293,7 @@ def _from_flat_answers(row: Mapping[str, str], qids: Sequence[str]) -> Record:
         rest = key[len(qid) + len(SEP):] if key != qid else ""
         spread = next((k for k, short in _SPREAD.items() if rest.startswith(short + SEP)), None)
         if key == qid:
-            answer[answer["type"]] = (cell or None) if answer["type"] == "choice" else float(cell)
+            answer[answer["type"]] = KINDS[answer["type"]].value_of(cell)
         elif rest == "type":
             continue
         elif spread is not None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..data.records import Record, is_error
+from ..task.kind import KINDS
 from ..task.questions import Question
 from .junit import junit_xml
 from .markdown import cell
@@ -108,14 +109,9 @@ def summary_figures(v: Mapping[str, Any]) -> str:
 
 
 def kind_figures(v: Mapping[str, Any]) -> str:
-    """The figures that differ by kind, in words."""
-    if "macro_f1" in v:
-        return f"macro-F1 {v['macro_f1']:.3f}, coverage {v['coverage']:.3f}"
-    if "brier" in v:
-        return f"Brier {v['brier']:.3f}, log loss {v['log_loss']:.3f}"
-    if "mae" in v:
-        return f"MAE {v['mae']:.3f}"
-    return ""
+    """The figures that differ by kind (its `figures`), in words."""
+    kind = KINDS.get(v.get("type"))
+    return kind.figures(v) if kind is not None else ""
 
 
 def evaluate_questions(questions: Sequence[Question], records: Iterable[Record] = ()) -> QuestionsEvaluation:

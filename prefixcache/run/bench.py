@@ -302,7 +302,7 @@ def time_pruning(scorer: Scorer, items: Sequence[Item], batching: Batching, step
     differing = sum(record_prediction(a) != record_prediction(b) for a, b in zip(full, pruned))
     left = sum(_bounded(r.get("pruned")) for r in pruned) / len(items)
     spec = scorer.task.spec
-    raced = sum(len(q.options) for q in spec.questions if q.type == "choice" and q.groups.plain)
+    raced = sum(len(q.options) for q in spec.questions if q.kind.races and q.groups.plain)
     return PruningResult(len(items), full_ms, pruned_ms, full_tokens, pruned_tokens, left,
                          raced if spec.questions else len(spec.labels), spec.prunes("auto"), differing == 0, differing,
                          "options" if spec.questions else "labels")

@@ -394,7 +394,7 @@ class Job:
         """Typed questions: one answer for most items of a choice or yes/no question usually means a
         model biased toward it (a score question's levels may well pile up)."""
         for q in self.plan.spec.questions:
-            if q.type == "score":
+            if not q.kind.collapses:
                 continue
             mine = {word: n for k, n in counts.items() if k.startswith(f"{q.id}=")
                     for word in [k[len(q.id) + 1:]] if not word.startswith("(")}

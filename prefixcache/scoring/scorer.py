@@ -215,7 +215,7 @@ class Scorer:
         for i, q in enumerate(builder.asked):
             at, end = builder.spans[i]
             skip, prior = builder.skips[at] if builder.skips else 0, self.prior[i] if self.prior else None
-            if not getattr(q.kind, "races", False) or not q.groups.plain:
+            if not q.kind.races or not q.groups.plain:
                 contests.append(Contest(at, end, skip, race=False))
                 continue
             uncond = [self.unconditional(c) for c in ids[at:end]] if q.normalize == "pmi" else []

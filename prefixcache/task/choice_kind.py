@@ -25,7 +25,8 @@ def letter(i: int) -> str:
 
 class ChoiceKind(Asked):
     name = "choice"
-    races = True  # pruned scoring may race its options (when each has one text)
+    races = True
+    reads = ("text", "letters")
     aliases: tuple[str, ...] = ()
 
     def parse(self, qid: str, entry: Mapping[str, Any], at: str) -> dict[str, Any]:
@@ -82,6 +83,12 @@ class ChoiceKind(Asked):
         return distribution_answer(q, decision, logprobs, {
             "type": "choice", "choice": None if decision.best is None else q.options[decision.best],
             "confidence": choice_confidence(decision.probs)})
+
+    def value_of(self, cell: str) -> Any:
+        return cell or None  # an empty cell: it abstained
+
+    def figures(self, metrics: Mapping[str, Any]) -> str:
+        return f"macro-F1 {metrics['macro_f1']:.3f}, coverage {metrics['coverage']:.3f}"
 
     def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
         return dict(answer["probabilities"])

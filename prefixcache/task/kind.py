@@ -134,7 +134,20 @@ class Kind(Protocol):
 class Asked:
     """What a kind decides by default: its options' distribution under its normalisation and
     calibration (`decide_question`), and each decision as the logs of that distribution with its
-    abstention threshold. The typed kinds and a label spec's kinds build on it."""
+    abstention threshold. The typed kinds and a label spec's kinds build on it, and say what
+    sets them apart in these attributes:"""
+
+    races = False  # pruned scoring may race its options (those whose options have one text each)
+    reads: tuple[str, ...] = ("text",)  # the `read` values it takes
+    collapses = True  # one answer for most items hints at a biased model (not so for levels)
+
+    def value_of(self, cell: str) -> Any:
+        """Its answer's value from a CSV cell (the inverse of writing `answer[type]`)."""
+        return float(cell)
+
+    def figures(self, metrics: Mapping[str, Any]) -> str:
+        """What its metrics say beyond accuracy and calibration, in words."""
+        return ""
 
     def decide(self, question: Question, logprobs: Sequence[float], counts: Sequence[int],
                unconditional: Sequence[float] = (), prior: Sequence[float] | None = None) -> Decision | Tags:

@@ -25,7 +25,7 @@ class LabelsKind(Asked):
     """The label set of a single-label spec (not a pack type: a spec's `labels:` builds it)."""
 
     name = "labels"
-    races = True  # pruned scoring may race its options (when each has one text)
+    races = True
 
     def branch(self, q: Question) -> str | None:
         return None  # the labels are listed in the system text; candidates follow the item's prompt

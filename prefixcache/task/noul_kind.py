@@ -67,6 +67,9 @@ class NoulKind(Asked):
         out["x_logprobs"] = per_option_logprobs(q, logprobs)
         return out
 
+    def figures(self, metrics: Mapping[str, Any]) -> str:
+        return f"Brier {metrics['brier']:.3f}, log loss {metrics['log_loss']:.3f}"
+
     def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
         return {YES: answer["noul"], NO: 1 - answer["noul"]}
 

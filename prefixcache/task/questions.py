@@ -63,8 +63,9 @@ def parse_question(qid: str, entry: Any, where: str, normalize: str = "sum", cal
     if gold is not None and (not isinstance(gold, str) or not gold):
         raise SpecError(f"{at}: 'gold' must name the item field with the expected answer")
     fields = kind.parse(qid, entry, at)
-    if read == "letters" and kind.name != "choice":
-        raise SpecError(f"{at}: 'read: letters' applies to choice questions")
+    if read not in kind.reads:
+        takers = sorted({k.name for k in KINDS.values() if read in k.reads})
+        raise SpecError(f"{at}: 'read: {read}' applies to {' and '.join(takers)} questions")
     return Question(id=qid, kind=kind, instructions=shown(entry.get("instructions")), normalize=norm,
                     content_free=content_free_value(entry.get("calibrate", calibrate), at),
                     threshold=threshold_value(entry.get("threshold"), at), gold=gold, read=read, **fields)

@@ -16,6 +16,7 @@ LEAST, MOST = 2, 10
 class ScoreKind(Asked):
     name = "score"
     aliases: tuple[str, ...] = ()
+    collapses = False  # levels may well pile up
 
     def parse(self, qid: str, entry: Mapping[str, Any], at: str) -> dict[str, Any]:
         levels = entry.get("criteria")
@@ -58,6 +59,9 @@ class ScoreKind(Asked):
         return distribution_answer(q, decision, logprobs, {
             "type": "score", "score": sum(i * p for i, p in enumerate(probs)), "legend": dict(zip(q.options, q.descriptions)),
             "confidence": score_confidence(probs)})
+
+    def figures(self, metrics: Mapping[str, Any]) -> str:
+        return f"MAE {metrics['mae']:.3f}"
 
     def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
         return dict(answer["probabilities"])

@@ -140,7 +140,7 @@ class TaskSpec:
     def pruning_refusal(self) -> str | None:
         """Why pruned label scoring cannot apply to this task, or None."""
         if self.questions:
-            if any(q.type == "choice" and q.groups.plain for q in self.questions):
+            if any(q.kind.races and q.groups.plain for q in self.questions):
                 return None
             return "only choice questions whose options have one text each are pruned, and this pack has none"
         if self.choices:

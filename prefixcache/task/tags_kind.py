@@ -22,6 +22,7 @@ class TagsKind:
     """The label set of a multi-label spec (not a pack type: `multi_label: true` builds it)."""
 
     name = "tags"
+    races = False  # every label is judged
 
     def decide(self, q: Question, logprobs: Sequence[float], counts: Sequence[int],
                unconditional: Sequence[float] = (), prior: Sequence[float] | None = None) -> Tags:
