@@ -92,11 +92,15 @@ def test_gold_from_the_command_line_and_its_refusals(spec_file, emails, tmp_path
         assert result.exit_code == 2 and message in result.stderr, result.stderr
 
 
-def test_an_interrupted_question_run_resumes_to_the_same_records(spec_file, emails, tmp_path):
-    spec = spec_file(questions=PACK, system="You read e-mails.")
+WORDS = {**PACK, "team": {**PACK["team"], "words": {"billing": ["billing", "invoices"], "tech": ["tech", "bugs"]}}}
+
+
+@pytest.mark.parametrize("pack,stop", [(PACK, 4), (WORDS, 3)], ids=["texts", "words-mid-batch"])
+def test_an_interrupted_question_run_resumes_to_the_same_records(spec_file, emails, tmp_path, pack, stop):
+    spec = spec_file(questions=pack, system="You read e-mails.")
     whole, part = tmp_path / "whole.jsonl", tmp_path / "part.jsonl"
     assert invoke("run", spec, emails, "-o", whole, "-b", 2).exit_code == 0
-    assert invoke("run", spec, emails, "-o", part, "-b", 2, "-n", 4).exit_code == 0  # stopped at a batch boundary
+    assert invoke("run", spec, emails, "-o", part, "-b", 2, "-n", stop).exit_code == 0
     assert invoke("run", spec, emails, "-o", part, "-b", 2, "--resume").exit_code == 0
     assert records(part) == records(whole)
 
