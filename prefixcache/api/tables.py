@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 
 from ..data.records import Record, flat_answers, is_error, question_columns
 from ..errors import InputError
+from ..task.questions import label_kind
 from ..task.spec import TaskSpec
 
 
@@ -50,19 +51,13 @@ def prediction_columns(records: Sequence[Record], spec: TaskSpec, error: bool = 
     `team__p__billing`, ...)."""
     if spec.questions:
         return _question_columns(records, spec, error)
-    heads = ("labels",) if spec.multi_label else ("label", "prob", "margin")
-    cols: dict[str, list[Any]] = {name: [] for name in heads}
-    if spec.choices:
-        cols.update(index=[], probs=[])
-    else:
-        cols.update({f"prob_{name}": [] for name in spec.label_names})
+    fills = label_kind(spec).table(spec)
+    cols: dict[str, list[Any]] = {name: [] for name, _ in fills}
     cols["error"] = []
     for r in records:
         failed = is_error(r)
-        for name in heads + (("index", "probs") if spec.choices else ()):
-            cols[name].append(None if failed else r.get(name))
-        for name in spec.label_names if not spec.choices else ():
-            cols[f"prob_{name}"].append(None if failed else r["probs"][name])
+        for name, fill in fills:
+            cols[name].append(None if failed else fill(r))
         cols["error"].append(r.get("error"))
     if not any(cols["error"]) and not error:
         del cols["error"]

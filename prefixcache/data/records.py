@@ -29,7 +29,7 @@ from ..errors import InputError
 from .items import Item, item_sha
 from ..task.decision import Bounded
 from ..task.kind import KINDS
-from ..task.questions import Answers, Question, answer_distribution, answer_word
+from ..task.questions import Answers, Question, answer_distribution, answer_word, label_kind
 from ..task.spec import TaskSpec
 
 Record = dict[str, Any]
@@ -179,15 +179,8 @@ def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False, p
     if spec.questions:
         return ["id", *keep, *question_columns(spec.questions), *(["pruned"] if pruned else []),
                 *(["precision"] if precision else []), "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
-    head = ["id", *keep, "label"] + (["index", "scored"] if spec.choices else []) + ["prob", "margin"]
-    if spec.multi_label:
-        head = ["id", *keep, "labels"]
-    if spec.choices:
-        per_label = ["probs", "logprobs"]
-    else:
-        names = list(spec.label_names)
-        per_label = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
-        per_label += [f"raw_prob_{n}" for n in names] if spec.content_free else []
+    own, per_label = label_kind(spec).columns(spec)
+    head = ["id", *keep, *own]
     gold = ["gold", "correct"] if spec.gold else []
     return (head + per_label + (["pruned"] if pruned else []) + gold + ["normalize"] + (["precision"] if precision else [])
             + ["prefix_tokens", "item_tokens", "item_sha", "ms", "error"])

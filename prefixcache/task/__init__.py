@@ -15,7 +15,7 @@
   metrics;
 - labels_kind.py, tags_kind.py, options_kind.py: a label spec as its one question (its labels,
   its labels judged one by one, an item's own options), each owning how it decides, what
-  `--exact` measures of it and its record layout;
+  `--exact` measures of it, its record layout and its columns;
 - scoring_metrics.py: the metrics the kinds share (per-class precision/recall/F1, calibration error);
 - lint.py: label sets that first-token scoring would get wrong;
 - overrides.py: the spec with what the command line or `Classifier` sets instead (-m, --gold).

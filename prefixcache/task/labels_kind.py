@@ -5,7 +5,7 @@ the label layout (`label`, `prob`, `margin`, `probs`, `logprobs`, `raw_probs`, `
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .decision import Decision
 from .kind import Asked, Question
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .spec import TaskSpec
 
 QUESTION_ID = "label"
+HEAD = ["label", "prob", "margin"]  # the record's fields before the per-label ones
 
 
 def r6(x: float) -> float:
@@ -46,6 +47,17 @@ class LabelsKind(Asked):
 
     def prediction(self, q: Question, decision: Decision) -> str | None:
         return None if decision.best is None else q.options[decision.best]
+
+    def columns(self, spec: "TaskSpec") -> tuple[list[str], list[str]]:
+        """Its record's CSV columns: those before the per-label ones, and the per-label ones."""
+        names = list(spec.label_names)
+        per = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
+        return HEAD, per + ([f"raw_prob_{n}" for n in names] if spec.content_free else [])
+
+    def table(self, spec: "TaskSpec") -> list[tuple[str, Callable[[Mapping[str, Any]], Any]]]:
+        """The columns a table of predictions gets (Classifier), each with how a record fills it."""
+        return ([(h, lambda r, h=h: r.get(h)) for h in HEAD]
+                + [(f"prob_{n}", lambda r, n=n: r["probs"][n]) for n in spec.label_names])
 
 
 LABELS = LabelsKind()

@@ -5,7 +5,7 @@ lists in option order, `gold`, `correct`). No torch here."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .decision import Decision, judge
 from .kind import Asked, Question
@@ -46,6 +46,14 @@ class OptionsKind(Asked):
 
     def prediction(self, q: Question, decision: Decision) -> str | None:
         return None if decision.best is None else q.options[decision.best]
+
+    def columns(self, spec: "TaskSpec") -> tuple[list[str], list[str]]:
+        """Its record's CSV columns: the fields before the option lists, and the lists (JSON in a cell)."""
+        return ["label", "index", "scored", "prob", "margin"], ["probs", "logprobs"]
+
+    def table(self, spec: "TaskSpec") -> list[tuple[str, Callable[[Mapping[str, Any]], Any]]]:
+        """The columns a table of predictions gets (Classifier), each with how a record fills it."""
+        return [(h, lambda r, h=h: r.get(h)) for h in ("label", "prob", "margin", "index", "probs")]
 
 
 OPTIONS = OptionsKind()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
-from . import choice_kind, noul_kind, score_kind  # noqa: F401  (each registers its kind)
+from . import choice_kind, labels_kind, noul_kind, options_kind, score_kind, tags_kind  # noqa: F401  (typed kinds register)
 from .decision import DEFAULT_CONTENT_FREE, NORMALIZATIONS, Decision, Tags
 from .kind import KINDS, Question, decide_question, shown  # noqa: F401  (decide_question: one place to import it from)
 
@@ -131,3 +131,9 @@ def answer_word(answer: Mapping[str, Any]) -> str:
 def answer_distribution(answer: Mapping[str, Any]) -> dict[str, float]:
     """An answer as a distribution over its options (its kind's `distribution`), read from the answer alone."""
     return KINDS[answer["type"]].distribution(answer)
+
+
+def label_kind(spec: Any) -> Any:
+    """The kind of a label spec's one question: its labels, its labels judged one by one
+    (multi-label), or each item's own options (multiple choice)."""
+    return options_kind.OPTIONS if spec.choices else tags_kind.TAGS if spec.multi_label else labels_kind.LABELS

@@ -5,7 +5,7 @@ reaches the label's threshold. Records keep the multi-label layout (`labels`, `p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .decision import Tags, judge_tags, log_odds
 from .kind import Question
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .spec import TaskSpec
 
 QUESTION_ID = "labels"
+HEAD = ["labels"]  # the record's fields before the per-label ones
 
 
 class TagsKind:
@@ -48,6 +49,17 @@ class TagsKind:
 
     def prediction(self, q: Question, tags: Tags) -> str:
         return " | ".join(n for n, on in zip(q.options, tags.on) if on)
+
+    def columns(self, spec: "TaskSpec") -> tuple[list[str], list[str]]:
+        """Its record's CSV columns: those before the per-label ones, and the per-label ones."""
+        names = list(spec.label_names)
+        per = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
+        return HEAD, per + ([f"raw_prob_{n}" for n in names] if spec.content_free else [])
+
+    def table(self, spec: "TaskSpec") -> list[tuple[str, Callable[[Mapping[str, Any]], Any]]]:
+        """The columns a table of predictions gets (Classifier), each with how a record fills it."""
+        return ([(h, lambda r, h=h: r.get(h)) for h in HEAD]
+                + [(f"prob_{n}", lambda r, n=n: r["probs"][n]) for n in spec.label_names])
 
 
 TAGS = TagsKind()
