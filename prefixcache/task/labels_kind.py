@@ -50,14 +50,25 @@ class LabelsKind(Asked):
 
     def columns(self, spec: "TaskSpec") -> tuple[list[str], list[str]]:
         """Its record's CSV columns: those before the per-label ones, and the per-label ones."""
-        names = list(spec.label_names)
-        per = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
-        return HEAD, per + ([f"raw_prob_{n}" for n in names] if spec.content_free else [])
+        return per_label_columns(spec, HEAD)
 
     def table(self, spec: "TaskSpec") -> list[tuple[str, Callable[[Mapping[str, Any]], Any]]]:
         """The columns a table of predictions gets (Classifier), each with how a record fills it."""
-        return ([(h, lambda r, h=h: r.get(h)) for h in HEAD]
-                + [(f"prob_{n}", lambda r, n=n: r["probs"][n]) for n in spec.label_names])
+        return per_label_table(spec, HEAD)
+
+
+def per_label_columns(spec: "TaskSpec", head: list[str]) -> tuple[list[str], list[str]]:
+    """A label layout's CSV columns: `head`, then per label its probability, its log-probability
+    and, calibrated, its raw probability."""
+    names = list(spec.label_names)
+    per = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
+    return head, per + ([f"raw_prob_{n}" for n in names] if spec.content_free else [])
+
+
+def per_label_table(spec: "TaskSpec", head: list[str]) -> list[tuple[str, Callable[[Mapping[str, Any]], Any]]]:
+    """A label layout's table columns: `head`, then each label's probability."""
+    return ([(h, lambda r, h=h: r.get(h)) for h in head]
+            + [(f"prob_{n}", lambda r, n=n: r["probs"][n]) for n in spec.label_names])
 
 
 LABELS = LabelsKind()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .decision import Tags, judge_tags, log_odds
 from .kind import Question
-from .labels_kind import r6
+from .labels_kind import per_label_columns, per_label_table, r6
 from .spec import gold_tags
 
 if TYPE_CHECKING:
@@ -52,14 +52,11 @@ class TagsKind:
 
     def columns(self, spec: "TaskSpec") -> tuple[list[str], list[str]]:
         """Its record's CSV columns: those before the per-label ones, and the per-label ones."""
-        names = list(spec.label_names)
-        per = [f"prob_{n}" for n in names] + [f"logprob_{n}" for n in names]
-        return HEAD, per + ([f"raw_prob_{n}" for n in names] if spec.content_free else [])
+        return per_label_columns(spec, HEAD)
 
     def table(self, spec: "TaskSpec") -> list[tuple[str, Callable[[Mapping[str, Any]], Any]]]:
         """The columns a table of predictions gets (Classifier), each with how a record fills it."""
-        return ([(h, lambda r, h=h: r.get(h)) for h in HEAD]
-                + [(f"prob_{n}", lambda r, n=n: r["probs"][n]) for n in spec.label_names])
+        return per_label_table(spec, HEAD)
 
 
 TAGS = TagsKind()
