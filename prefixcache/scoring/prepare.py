@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 from ..errors import ItemError, TooLong
 from ..data.items import Item
 from ..model.load import ModelSource, load_tokenizer, model_context, resolve_model
-from ..task import options_kind
 from ..task.decision import Groups
 from ..task.kind import Question
+from ..task.questions import label_kind
 from ..task.prompt import EncodedItem, PromptBuilder
 from ..model.rows import Candidate, Row, trie
 from ..task.spec import LETTERS, TaskSpec, choice_list, field_text
@@ -168,7 +168,7 @@ class Task:
     def asked(self, prep: Prepared) -> tuple[Question, ...]:
         """The questions an item's scores answer, as this task's spec asks them: its pack's, its
         label set as one question, or its own options as one (multiple choice)."""
-        return self.builder.asked or (options_kind.question(self.spec, prep.texts),)
+        return self.builder.asked or (label_kind(self.spec).question(self.spec, prep.texts),)
 
     def content_free(self, text: str) -> EncodedItem:
         """The prompt with every template field set to `text` (e.g. "" or "N/A")."""

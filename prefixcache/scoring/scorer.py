@@ -290,16 +290,23 @@ class Scorer:
 
     def _priors(self) -> list[list[float] | None]:
         """Per calibrated question, its mean distribution over its content-free inputs (every
-        template field set to one of them), each scored like an item; None for the others."""
+        template field set to one of them), each scored like an item (only the calibrated
+        questions' candidates go through the model); None for the others."""
         builder, asked = self.task.builder, self.task.builder.asked
+        ids = list(builder.candidates.values())
+        picked = [k for q, span in zip(asked, builder.spans) if q.content_free for k in range(*span)]
         texts = list(dict.fromkeys(t for q in asked for t in q.content_free))
         encoded = {t: self.task.content_free(t) for t in texts}
-        rows = [Row(e.ids, e.prefix_len, list(builder.candidates.values()), builder.skips) for e in encoded.values()]
+        rows = [Row(e.ids, e.prefix_len, [ids[k] for k in picked], [builder.skips[k] for k in picked] if builder.skips
+                    else ()) for e in encoded.values()]
         decided = {}
         for t, lps in zip(texts, self.engine.score(self.prefix, rows)):
+            scores = [0.0] * len(ids)  # the uncalibrated questions' candidates are not scored: no prior asks them
+            for k, lp in zip(picked, lps):
+                scores[k] = lp
             free = Prepared(Item(f"content-free {t!r}", {}, 0), encoded[t], builder.candidates, builder.groups,
                             builder.spans, builder.parts, builder.skips)
-            decided[t] = self._answers(free, builder.groups.combine(lps), None).decisions
+            decided[t] = self._answers(free, builder.groups.combine(scores), None).decisions
         return [mean_distribution([decided[t][i].probs for t in q.content_free]) if q.content_free else None
                 for i, q in enumerate(asked)]
 

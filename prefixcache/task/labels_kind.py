@@ -45,6 +45,13 @@ class LabelsKind(Asked):
             record.update(gold=gold, correct=record["label"] is not None and record["label"] == gold)
         return record
 
+    def question(self, spec: "TaskSpec", options: Sequence[str] = ()) -> Question:
+        """The spec's labels as one question: its labels the options, their forms the texts scored."""
+        return Question(id=QUESTION_ID, kind=self, instructions="", options=spec.label_names,
+                        descriptions=tuple(label.description for label in spec.labels),
+                        said=tuple(label.forms for label in spec.labels), normalize=spec.normalize,
+                        content_free=spec.content_free, threshold=spec.threshold, gold=spec.gold)
+
     def prediction(self, q: Question, decision: Decision) -> str | None:
         return None if decision.best is None else q.options[decision.best]
 
@@ -73,10 +80,3 @@ def per_label_table(spec: "TaskSpec", head: list[str]) -> list[tuple[str, Callab
 
 LABELS = LabelsKind()
 
-
-def question(spec: "TaskSpec") -> Question:
-    """The spec's labels as one question: its labels the options, their forms the texts scored."""
-    return Question(id=QUESTION_ID, kind=LABELS, instructions="", options=spec.label_names,
-                    descriptions=tuple(label.description for label in spec.labels),
-                    said=tuple(label.forms for label in spec.labels), normalize=spec.normalize,
-                    content_free=spec.content_free, threshold=spec.threshold, gold=spec.gold)

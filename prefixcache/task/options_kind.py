@@ -44,6 +44,14 @@ class OptionsKind(Asked):
             record.update(gold=gold, correct=record["label"] is not None and record["label"] == meant)
         return record
 
+    def question(self, spec: "TaskSpec", options: Sequence[str] = ()) -> Question:
+        """An item's options as its one question: scored as their texts, or as letters."""
+        said = (tuple((LETTERS[i],) for i in range(len(options))) if spec.score_by == "letter"
+                else tuple((o,) for o in options))
+        return Question(id=QUESTION_ID, kind=self, instructions="", options=tuple(options),
+                        descriptions=(None,) * len(options), said=said, normalize=spec.normalize,
+                        threshold=spec.threshold, gold=spec.gold)
+
     def prediction(self, q: Question, decision: Decision) -> str | None:
         return None if decision.best is None else q.options[decision.best]
 
@@ -58,10 +66,3 @@ class OptionsKind(Asked):
 
 OPTIONS = OptionsKind()
 
-
-def question(spec: "TaskSpec", options: Sequence[str]) -> Question:
-    """An item's options as its one question: scored as their texts, or as letters."""
-    said = tuple((LETTERS[i],) for i in range(len(options))) if spec.score_by == "letter" else tuple((o,) for o in options)
-    return Question(id=QUESTION_ID, kind=OPTIONS, instructions="", options=tuple(options),
-                    descriptions=(None,) * len(options), said=said, normalize=spec.normalize,
-                    threshold=spec.threshold, gold=spec.gold)

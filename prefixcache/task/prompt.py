@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from jinja2 import TemplateError
 
 from ..errors import ItemError, ModelError, SpecError
-from . import labels_kind, tags_kind
 from .decision import Groups
 from .kind import Question
+from .questions import label_kind
 from .spec import (
     LETTERS,
     OPTIONS_FIELD,
@@ -293,17 +293,14 @@ class PromptBuilder:
         self._anchor = self._tail_anchor()
         self._anchor_ids = self.encode(self._anchor)
         spec = self.spec
-        self.asked: tuple[Question, ...] = spec.questions or (
-            (tags_kind.question(spec) if spec.multi_label else labels_kind.question(spec),) if spec.labels else ())
+        self.asked: tuple[Question, ...] = spec.questions or ((label_kind(spec).question(spec),) if spec.labels else ())
         if spec.questions:
-            candidates = self._question_candidates()
-        elif spec.multi_label:
+            return self._question_candidates()
+        if spec.multi_label:
             members = [tuple(self.branch_text(spec.question_for(label), answer) for answer in spec.answers)
                        for label in spec.labels]
-            candidates = self._label_candidates(members, "yes/no")
-        else:
-            candidates = self._label_candidates([label.forms for label in spec.labels], "forms")
-        return candidates
+            return self._label_candidates(members, "yes/no")
+        return self._label_candidates([label.forms for label in spec.labels], "forms")
 
     def _label_candidates(self, members: list[tuple[str, ...]], kind: str) -> dict[str, tuple[int, ...]]:
         """A label spec's candidates: each label's forms, or its yes and no branches (`whole`)."""

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import SpecError
 from . import choice_kind, labels_kind, noul_kind, options_kind, score_kind, tags_kind  # noqa: F401  (typed kinds register)
 from .decision import DEFAULT_CONTENT_FREE, NORMALIZATIONS, Decision, Tags
-from .kind import KINDS, Question, decide_question, shown  # noqa: F401  (decide_question: one place to import it from)
+from .kind import KINDS, Question, shown
 
 COMMON_KEYS = ("type", "instructions", "criteria", "normalize", "calibrate", "threshold", "gold", "read", "words", "list")
 READS = ("text", "letters")

@@ -47,6 +47,14 @@ class TagsKind:
             record.update(gold=gold, correct=gold == record["labels"])
         return record
 
+    def question(self, spec: "TaskSpec", options: Sequence[str] = ()) -> Question:
+        """The spec's labels as one multi-label question (each label's yes and no branches are its
+        scored texts, combined into P(yes) against no)."""
+        return Question(id=QUESTION_ID, kind=self, instructions=spec.question, options=spec.label_names,
+                        descriptions=tuple(label.description for label in spec.labels),
+                        said=tuple((spec.question_for(label),) for label in spec.labels), normalize="sum",
+                        content_free=spec.content_free, gold=spec.gold, extra={"thresholds": spec.tag_thresholds})
+
     def prediction(self, q: Question, tags: Tags) -> str:
         return " | ".join(n for n, on in zip(q.options, tags.on) if on)
 
@@ -61,11 +69,3 @@ class TagsKind:
 
 TAGS = TagsKind()
 
-
-def question(spec: "TaskSpec") -> Question:
-    """The spec's labels as one multi-label question (each label's yes and no branches are its
-    scored texts, combined into P(yes) against no)."""
-    return Question(id=QUESTION_ID, kind=TAGS, instructions=spec.question, options=spec.label_names,
-                    descriptions=tuple(label.description for label in spec.labels),
-                    said=tuple((spec.question_for(label),) for label in spec.labels), normalize="sum",
-                    content_free=spec.content_free, gold=spec.gold, extra={"thresholds": spec.tag_thresholds})

@@ -26,7 +26,7 @@ LABELS = ["tech", "billing, refunds", 'say "hi"']
 def _label_record(spec, item_id, logprobs, prior=None):
     decision = judge(logprobs, spec.normalize, [2, 3, 4], LABELS, prior=prior, threshold=spec.threshold)
     item = Item(item_id, {"text": "x", "answer": "tech"}, 1)
-    answers = Answers((labels_kind.question(spec),), (decision,), (tuple(logprobs),))
+    answers = Answers((labels_kind.LABELS.question(spec),), (decision,), (tuple(logprobs),))
     return make_record(spec, item, answers, prefix_tokens=40, item_tokens=7, ms=1.23456)
 
 
@@ -76,7 +76,7 @@ def test_multiple_choice_records_round_trip(tmp_path):
     options = ["four", "two", "six"]
     decision = judge([-2.0, -0.5, -3.0], "sum", [1, 1, 1], options)
     item = Item(3, {"text": "legs?", "choices": options, "answer": "four"}, 1)
-    answers = Answers((options_kind.question(spec, options),), (decision,), ((-2.0, -0.5, -3.0),))
+    answers = Answers((options_kind.OPTIONS.question(spec, options),), (decision,), ((-2.0, -0.5, -3.0),))
     record = make_record(spec, item, answers, 12, 5, 0.5)
     assert (record["label"], record["index"], record["correct"]) == ("two", 1, False)
     assert isinstance(record["probs"], list) and logprobs_in_order(record, options) == [-2.0, -0.5, -3.0]
