@@ -16,6 +16,7 @@ the functions that need them.
 | PreTrainedModel.hf_quantizer, config.quantization_config     | saving dequantised GGUF weights        |
 | /proc/cpuinfo flags amx_bf16, avx512_bf16                    | is bfloat16 matmul fast on this CPU    |
 | typer._click.exceptions (UsageError, NoArgsIsHelpError)      | usage errors as one line (typer ships its own click) |
+| the output embeddings called on the kept positions' states   | hidden states where tokens are scored  |
 """
 
 from __future__ import annotations
@@ -71,6 +72,19 @@ def hub_revision(repo_id: str, cache_dir: str | None = None) -> str | None:
     path = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir)
     parts = Path(path).parts if isinstance(path, str) else ()
     return parts[parts.index("snapshots") + 1] if "snapshots" in parts[:-1] else None
+
+
+@contextmanager
+def scored_states(model: PreTrainedModel, into: list) -> Iterator[None]:
+    """Append to `into` the input of the model's output embeddings (the lm_head) at each forward
+    within: the final hidden state, after the last norm, at exactly the positions whose logits
+    `logits_to_keep` keeps ([B, K, H]). Costs nothing: the forward computes it anyway."""
+    head = model.get_output_embeddings()
+    handle = head.register_forward_pre_hook(lambda module, args: into.append(args[0].detach()))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def cache_kwarg(model: PreTrainedModel) -> str:

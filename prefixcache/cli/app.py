@@ -29,14 +29,14 @@ from ..scoring.prepare import Batching, Task
 from .cache import cache_app
 from .options import (
     BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
-    EXAMPLES_OPT, FOLDS_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
+    EXAMPLES_OPT, FIT_JSON_OPT, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
     VERSION_OPT, LogLevel, run_options,
 )
 from .show import (rendered_text, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench,
-                   print_summary, print_tune)
+                   print_fit, print_summary, print_tune)
 from .terminal import Command, Commands, bench_step, err, say, errors, progress, reporting, setup_logging, signals, steps
 
 app = typer.Typer(
@@ -304,6 +304,43 @@ def tune(
             print_tune(result, top)
         if result.written and not quiet:
             say(f"wrote {result.written}" + ("" if result.chosen_keys else " (the spec as written: no winner)"))
+
+
+@app.command(cls=Command)
+@run_options(INPUT, MODEL, DEVICE, "batch_size", "batch_tokens", "gold", "gold_sep", "limit")
+def fit(
+    spec: Path = SPEC_ARG, labelled: str = LABELLED_ARG, output: Path = FITTED_OPT, folds: int = FOLDS_OPT,
+    seed: int = SEED_OPT, figures: Optional[Path] = FIT_JSON_OPT, overwrite: bool = OVERWRITE_FITTED_OPT,
+    quiet: bool = QUIET_OPT, log_interval: float = LOG_INTERVAL_OPT, debug: bool = DEBUG_OPT, **given: Any,
+) -> None:
+    """Train a head on your labelled items: a readout of the model's hidden state that answers
+    in place of the prompt's label scores.
+
+    Scores the labelled items once (the cached prefix, `run`'s batches), reads the model's final
+    hidden state where each answer is scored (the same forward), and fits a logistic regression per
+    question. Its accuracy, macro-F1 and calibration are measured held out (k-fold
+    cross-validation) beside the prompt alone on the same folds, with 95% bootstrap intervals.
+    Writes the fitted spec (`run`, `bench`, the Python API and Ray use it as any spec), the head
+    file beside it, and the figures as JSON.
+
+    Example:
+
+        prefixcache fit configs/support-tickets.yaml labelled.jsonl --gold category -o fitted.yaml
+
+        prefixcache run fitted.yaml new.jsonl -o predictions.jsonl
+    """
+    from ..tune.fit import FitOptions, fit as run_fit, plan_fit
+
+    setup_logging(quiet)
+    with errors(debug):
+        options = FitOptions(RunOptions(spec, labelled, **given), output, folds, seed, figures, overwrite)
+        plan = plan_fit(options)
+        with steps(quiet, log_interval) as step:
+            compat.quiet_libraries()
+            result = run_fit(options, step, plan)
+        print_fit(result)
+        if not quiet:
+            say("wrote " + ", ".join(str(p) for p in result.written))
 
 
 @app.command(cls=Command)

@@ -71,6 +71,9 @@ TUNED_OPT = typer.Option(None, "--output", "-o", help="Write the chosen spec her
 TUNE_JSON_OPT = typer.Option(False, "--json", metavar="", help="Print the findings as JSON instead of the table.")
 TUNE_MD_OPT = typer.Option(None, "--md", help="Append a Markdown leaderboard (a CI step summary, $GITHUB_STEP_SUMMARY).")
 OVERWRITE_TUNED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the tuned spec (-o) if it exists.")
+FITTED_OPT = typer.Option(..., "--output", "-o", help="The fitted spec to write (the spec with 'head:' set); the head (NAME.head.safetensors) and the figures (NAME.fit.json) are written beside it.", show_default=False)
+FIT_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON here instead of beside the fitted spec.")
+OVERWRITE_FITTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the fitted spec, its head and figures if they exist.")
 TUNE_TOP_OPT = typer.Option(12, "--top", min=1, help="Rows of the leaderboard shown (the spec as written and the pick always).")
 CLEAR_MODELS_OPT = typer.Option(False, "--models", metavar="", help="Also delete converted (dequantised GGUF) models.")
 

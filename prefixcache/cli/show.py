@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only r
     from ..run.dryrun import DryRun
     from ..run.job import RunResult
     from ..scoring.scorer import Rescoring
+    from ..tune.fit import FitResult
     from ..tune.job import TuneResult
 
 
@@ -300,6 +301,39 @@ def rendered_text(rendered: dict, decode: Callable[[list[int]], str]) -> str:
     return (f"=== item {rendered['id']}{asked} ===\n{prefix}"
             f"\n----- cached prefix above ({cut} tokens), the item's own {len(ids) - cut} tokens below -----\n"
             f"{own}\n----- candidates, scored {after} -----\n{candidates}\n\n")
+
+
+def print_fit(result: FitResult) -> None:
+    """fit's findings (stdout): per question the head and the prompt alone on the same held-out
+    folds, the gain, the verdict, the learning curve and anything said about the counts."""
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    o = result.options
+    for j in result.judged:
+        kind = "exact label sets" if j.binary else "accuracy"
+        table = Table(title=f"prefixcache fit · {escape(j.qid)} · {j.folds}-fold cross-validation over {j.items} "
+                            f"items", title_justify="left")
+        for col in ("readout", kind, "macro-F1", "ECE"):
+            table.add_column(col, justify="left" if col == "readout" else "right")
+        for name, f in (("head", j.head), ("prompt alone", j.prompt)):
+            table.add_row(name, _interval(f["accuracy"]), _interval(f["macro_f1"]), f"{f['ece']:.3f}",
+                          style="bold" if (name == "head") == (j.verdict == "head") and j.verdict != "tie" else None)
+        out.print(table)
+        g = j.gain
+        verdict = {"head": "the head is better beyond noise",
+                   "prompt": "the prompt alone is better: keep the spec without 'head'",
+                   "tie": "no difference beyond noise: the prompt alone is as good, and you may keep the spec "
+                          "without 'head'"}[j.verdict]
+        out.print(f"gain in {kind}: {g.value:+.3f} [{g.low:+.3f}, {g.high:+.3f}] (98%): {verdict}")
+        out.print(f"head: C={j.choice.C:g}, reads {j.choice.features.replace('+', ' and the options’ ')} "
+                  f"(chosen by inner cross-validation)")
+        if j.curve:
+            out.print("learning curve (held-out accuracy by labelled items a class): "
+                      + ", ".join(f"{c['per_class']}: {c['accuracy']:.3f}" for c in j.curve))
+        if j.thresholds:
+            out.print("thresholds: " + ", ".join(f"{escape(k)} {t:.2f}" for k, t in zip(j.counts, j.thresholds)))
+        for note in j.notes:
+            out.print(f"note: {escape(note)}")
+    out.print(f"reading states: {result.ms_per_item:.1f} ms/item; fitted spec: {escape(str(o.output))}")
 
 
 def print_tune(result: TuneResult, top: int) -> None:

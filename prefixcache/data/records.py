@@ -4,9 +4,11 @@ This is the only module that knows the record's layout; output.py owns the file 
 A label task's record, in JSONL:
 
     {"id", "label", "prob", "margin", "probs": {label: p}, "logprobs": {label: lp},
-     ["raw_probs": {label: p}], ["gold", "correct"], "normalize", "prefix_tokens", "item_tokens",
-     "item_sha", "ms"}
+     ["raw_probs": {label: p}], ["gold", "correct"], "normalize", ["readout"], "prefix_tokens",
+     "item_tokens", "item_sha", "ms"}
 
+With a fitted head (`head:` in the spec), "probs" and the label are the head's, "logprobs" stay the
+prompt's, and "readout" says "head" (a pack: per question, "head" or "prompt").
 A multi-label record has "labels" (the labels on, in label order) instead of "label", "prob" and
 "margin"; its "probs" are each label's P(yes) against no, "logprobs" their logs, and "gold" a list.
 Multiple choice adds "index" after "label" and holds "probs" and "logprobs" as lists in option
@@ -58,6 +60,9 @@ def make_record(spec: TaskSpec, item: Item, answers: Answers, prefix_tokens: int
         if bounded is not None:
             record["pruned"] = bounded.get(q.id, [])
         record["normalize"] = spec.normalize + ("+calibrated" if decision.raw is not None else "")
+    if spec.head is not None:  # which readout decided: the fitted head, or the prompt's scores
+        read = {q.id: "head" if spec.head.readout_for(q.id) else "prompt" for q in answers.questions}
+        record["readout"] = read if spec.questions else next(iter(read.values()))
     if precision is not None:  # a run mixing precisions says which made each record
         record["precision"] = precision
     record.update(
@@ -101,7 +106,7 @@ def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
 # Names a kept field may not take: the record's own fields (and, in CSV, its per-label columns).
 RECORD_FIELDS = ("id", "answers", "label", "labels", "index", "scored", "prob", "margin", "probs", "logprobs", "raw_probs", "pruned", "gold",
                  "correct",
-                 "normalize", "precision", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
+                 "normalize", "readout", "precision", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
 
 
 def input_fields(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,11 +183,12 @@ def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False, p
     one cell each)."""
     if spec.questions:
         return ["id", *keep, *question_columns(spec.questions), *(["pruned"] if pruned else []),
-                *(["precision"] if precision else []), "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
+                *(["readout"] if spec.head else []), *(["precision"] if precision else []), "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
     own, per_label = label_kind(spec).columns(spec)
     head = ["id", *keep, *own]
     gold = ["gold", "correct"] if spec.gold else []
-    return (head + per_label + (["pruned"] if pruned else []) + gold + ["normalize"] + (["precision"] if precision else [])
+    return (head + per_label + (["pruned"] if pruned else []) + gold + ["normalize"] + (["readout"] if spec.head else [])
+            + (["precision"] if precision else [])
             + ["prefix_tokens", "item_tokens", "item_sha", "ms", "error"])
 
 
@@ -277,7 +283,7 @@ def _from_flat_answers(row: Mapping[str, str], qids: Sequence[str]) -> Record:
         if qid is None:
             if key in _INTS + _FLOATS:
                 record[key] = None if cell == "" else (float(cell) if key in _FLOATS else int(cell))
-            elif key == "pruned":
+            elif key in ("pruned", "readout"):
                 record[key] = json.loads(cell)
             elif key != "error" or cell:
                 record[key] = cell

@@ -156,7 +156,7 @@ class OpenItems:
         slots[gather[real]] = torch.arange(B * Wq).view(B, Wq)[real]
         as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
         empty = as_long([])
-        return Layout(as_long(ids), as_long(pos), torch.arange(T2), gather, slots, allowed, empty, empty, []), key_gather
+        return Layout(as_long(ids), as_long(pos), torch.arange(T2), gather, slots, allowed, empty, empty, [], []), key_gather
 
 
 @torch.inference_mode()

@@ -19,11 +19,13 @@ every position of every layer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
 import torch
 
 from . import attention
@@ -66,6 +68,7 @@ class Layout:
     term_rows: torch.Tensor  # [C] which kept logit row scores each candidate token
     term_toks: torch.Tensor  # [C] the candidate token scored there
     sizes: list[list[int]]  # per row, per candidate: its token count
+    firsts: list[list[int]]  # per row, per candidate: the kept row its first scored token is read from
 
 
 def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
@@ -91,7 +94,7 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
     suffixes = [list(r.ids[r.prefix_len:]) for r in rows]
     lengths = [len(s) + len(t) for s, t in zip(suffixes, tries)]
     B, W, T = len(rows), max(lengths), sum(lengths)
-    ids, pos, keep, term_rows, term_toks, sizes = [], [], [], [], [], []
+    ids, pos, keep, term_rows, term_toks, sizes, firsts = [], [], [], [], [], [], []
     gather = torch.full((B, W), T, dtype=torch.long)  # [B, W]; T marks padding
     allowed = torch.zeros(B, W, prefix_len + W, dtype=torch.bool)  # [B, W, P + W]
     for b, (row, suffix, t) in enumerate(zip(rows, suffixes, tries)):
@@ -102,32 +105,38 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
         gather[b, off:] = torch.arange(start, start + n + m)
         allowed[b, :, :row.prefix_len] = True  # only the prefix ids this item shares
         _own_mask(allowed[b, :, prefix_len:], off, n, t)
-        _terms(row, t, start + n, keep, term_rows, term_toks)
+        firsts.append(_terms(row, t, start + n, keep, term_rows, term_toks))
         sizes.append([len(c) - row.skip(i) for i, c in enumerate(row.candidates)])
     slots = torch.zeros(T, dtype=torch.long)  # [T]
     real = gather < T
     slots[gather[real]] = torch.arange(B * W).view(B, W)[real]
     as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     return Layout(as_long(ids), as_long(pos), as_long(keep), gather, slots, allowed,
-                  as_long(term_rows), as_long(term_toks), sizes)
+                  as_long(term_rows), as_long(term_toks), sizes, firsts)
 
 
-def _terms(row: Row, t: Trie, end: int, keep: list[int], term_rows: list[int], term_toks: list[int]) -> None:
+def _terms(row: Row, t: Trie, end: int, keep: list[int], term_rows: list[int], term_toks: list[int]) -> list[int]:
     """One row's scored tokens: each is read from the logits at the item's end (packed index
     `end - 1`) or at its trie node's, and only those positions are kept (a typed question's text
-    is read, not scored: no logits there; a row without candidates keeps its end's)."""
+    is read, not scored: no logits there; a row without candidates keeps its end's). Returns,
+    per candidate, the kept row its first scored token is read from (its answer position)."""
     kept: dict[int, int] = {}  # packed index -> kept row
     wanted = [end - 1] if not row.candidates else []  # a bare item (model/branches.py): the logits at its end
+    starts = []  # per candidate, its first scored token's index in `wanted`
     for i, cand in enumerate(row.candidates):
         skip = row.skip(i)  # context ids before the scored ones: read (trie nodes), not scored
+        starts.append(len(wanted))
         wanted += [end - 1 if k == 0 else end + t.paths[i][k - 1] for k in range(skip, len(cand))]
         term_toks += cand[skip:]
+    rows = []
     for at in wanted:
         if at not in kept:
             kept[at] = len(keep)
             keep.append(at)
-        if row.candidates:
-            term_rows.append(kept[at])
+        rows.append(kept[at])
+    if row.candidates:
+        term_rows += rows
+    return [rows[k] for k in starts]
 
 
 def _own_mask(own: torch.Tensor, off: int, n: int, t: Trie) -> None:
@@ -308,6 +317,14 @@ class Engine:
         b, w = lay.slots[lay.keep] // W, lay.slots[lay.keep] % W
         return flat[(b * K + w - (W - K)).to(flat.device)]  # [R, V]
 
+    @staticmethod
+    def _standard_kept(lay: Layout, hidden: torch.Tensor) -> torch.Tensor:
+        """The padded path's lm_head input [B, K, H] at the kept positions, [R, H] (as its logits)."""
+        B, K, H = hidden.shape
+        W = lay.gather.shape[1]
+        b, w = lay.slots[lay.keep] // W, lay.slots[lay.keep] % W
+        return hidden.reshape(B * K, H)[(b * K + w - (W - K)).to(hidden.device)]  # [R, H]
+
     def _standard_mask(self, lay: Layout, P: int) -> torch.Tensor | dict[str, torch.Tensor]:
         """The explicit [B, 1, W, P + W] mask; for a model mixing full and sliding-window layers,
         one per layer type (a 4D mask given alone would be used by both)."""
@@ -338,9 +355,21 @@ class Engine:
         if not bool(diff <= tol):
             raise UnsupportedAttention(f"its scores differ from the standard path by {float(diff):.2g}")
 
-    @torch.inference_mode()
     def score(self, prefix: Prefix, rows: Sequence[Row]) -> list[list[float]]:
         """Summed log-probabilities, one list per row, one float per candidate (in order)."""
+        return self._score(prefix, rows, None)[0]
+
+    def score_with_states(self, prefix: Prefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]]
+                          ) -> tuple[list[list[float]], list[np.ndarray]]:
+        """`score`, and per row the final hidden state (after the last norm: what the lm_head
+        reads) at the answer position of each candidate in `wanted[b]` (indices into the row's
+        candidates), float32 [len(wanted[b]), H]. The same forward computes both: the states are
+        those the candidates' first tokens are scored from."""
+        return self._score(prefix, rows, wanted)
+
+    @torch.inference_mode()
+    def _score(self, prefix: Prefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]] | None
+               ) -> tuple[list[list[float]], list[np.ndarray]]:
         P = len(prefix.ids)
         for r in rows:
             if (not 0 <= r.prefix_len <= P or r.prefix_len >= len(r.ids)
@@ -348,18 +377,26 @@ class Engine:
                 raise ValueError("each row needs a prefix_len <= the prefix, own ids, and candidates with ids to score")
         lay = layout(P, rows)
         self.label_tokens += len(lay.ids) - sum(len(r.ids) - r.prefix_len for r in rows)
-        logits = None
-        if self.backend == "shared":
-            try:
-                logits = self.forward_shared(prefix, lay)
-                if self.unchecked:
-                    self._check_shared(logits, self._standard_or_unsupported(prefix, lay))
-            except attention.UnsupportedAttention as exc:
-                self._fall_back(exc)
-                logits = None
-        if logits is None:
-            logits = self._standard_or_unsupported(prefix, lay)
+        logits, states = None, []  # states: the lm_head's input of each forward, in order
+        with compat.scored_states(self.model, states) if wanted is not None else contextlib.nullcontext():
+            if self.backend == "shared":
+                try:
+                    logits = self.forward_shared(prefix, lay)
+                    hidden = states[-1][0] if wanted is not None else None  # [R, H]
+                    if self.unchecked:
+                        self._check_shared(logits, self._standard_or_unsupported(prefix, lay))
+                except attention.UnsupportedAttention as exc:
+                    self._fall_back(exc)
+                    logits = None
+            if logits is None:
+                logits = self._standard_or_unsupported(prefix, lay)
+                hidden = self._standard_kept(lay, states[-1]) if wanted is not None else None
         self._scored = True
+        picked_states = []
+        if wanted is not None:
+            for b, cands in enumerate(wanted):
+                at = torch.tensor([lay.firsts[b][i] for i in cands], dtype=torch.long, device=hidden.device)
+                picked_states.append(hidden[at].float().cpu().numpy())  # [len(cands), H]
         # log p = logit - logsumexp(logits): a reduction over the vocabulary, no [R, V] written.
         rows_, toks = lay.term_rows.to(logits.device), lay.term_toks.to(logits.device)
         lse = torch.logsumexp(logits.float(), dim=-1)  # [R]
@@ -371,4 +408,4 @@ class Engine:
                 row.append(float(sum(picked[at: at + n])))
                 at += n
             results.append(row)
-        return results
+        return results, picked_states

@@ -85,6 +85,29 @@ def resolve_model(ref: str | None, base_dir: str | Path = ".", trust_remote_code
     return ModelSource(ref, "hub", ref, trust_remote_code, revision)
 
 
+def model_content_identity(source: ModelSource) -> str:
+    """What distinguishes one model's weights from another's, by content and never by where or
+    when the files were written (a reinstalled model keeps it): for files and folders, per file its
+    name, size and the digest of its first and last MiB (config and tokenizer files whole); for hub
+    ids the id and revision asked for."""
+    if source.kind == "hub":
+        return f"hub:{source.path}" + (f"@{source.revision}" if source.revision else "")
+    path = Path(source.path)
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}|{size}\n".encode())
+        with open(f, "rb") as stream:
+            if size <= 2 << 20:
+                h.update(stream.read())
+                continue
+            h.update(stream.read(1 << 20))
+            stream.seek(-(1 << 20), os.SEEK_END)
+            h.update(stream.read())
+    return f"{source.kind}:{h.hexdigest()[:32]}"
+
+
 def model_identity(source: ModelSource) -> str:
     """What distinguishes one model's weights from another's, cheaply: for files and folders
     their names, sizes and modification times (and config.json's bytes), for hub ids the id."""

@@ -63,6 +63,7 @@ class Plan:
             "device": device.split(":")[0], "dtype": dtype_name(o.dtype, device),
             "batch_size": o.batch_size, "batch_tokens": o.batch_tokens,
             "keep": "all" if self.keep is None else list(self.keep), "exact": o.exact,
+            **({"head": self.spec.head.digest} if self.spec.head else {}),
             **({"gold_sep": self.spec.gold_sep} if self.spec.multi_label and self.spec.gold else {}),
             **({"prune": o.prune} if self.spec.prunes("on") and (o.prune != "auto" or self.spec.prunes("auto")) else {}),
             # whether records are pruned, whatever the words that said so: a resume never mixes the two
@@ -103,6 +104,9 @@ def make_plan(options: RunOptions) -> Plan:
         raise OutputError("sharded and multi-process runs need an input file and an output file (-o)")
     _not_the_input(options, stream)
     spec = load_options_spec(options)
+    if options.exact and spec.head is not None:
+        raise UsageError(f"{spec.head.path}: --exact scores close calls of the prompt again in float32, and a "
+                         f"fitted head decides from hidden states: leave --exact out (or 'head' out of the spec)")
     if options.exact and options.dtype not in ("bfloat16", "float16"):
         raise UsageError("--exact re-scores the close calls of a bfloat16 or float16 run in float32: "
                          "give --dtype bfloat16 (or float16)")

@@ -13,12 +13,13 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from ..errors import ItemError, TooLong
 from ..data.items import Item
-from ..model.load import ModelSource, load_tokenizer, model_context, resolve_model
+from ..model.load import ModelSource, load_tokenizer, model_content_identity, model_context, resolve_model
 from ..task.decision import Groups
+from ..task.head import fingerprint
 from ..task.kind import Question
 from ..task.questions import label_kind
 from ..task.prompt import EncodedItem, PromptBuilder
@@ -113,6 +114,8 @@ class Task:
         self.builder = PromptBuilder(spec, tokenizer)
         self.load_seconds = load_seconds
         self.cache_dir = cache_dir  # where converted GGUF models are looked for (None: unknown)
+        if spec.head is not None:
+            spec.head.check(self.head_fingerprint())
 
     @classmethod
     def from_spec(cls, spec: TaskSpec, cache_dir: Path) -> "Task":
@@ -169,6 +172,28 @@ class Task:
         """The questions an item's scores answer, as this task's spec asks them: its pack's, its
         label set as one question, or its own options as one (multiple choice)."""
         return self.builder.asked or (label_kind(self.spec).question(self.spec, prep.texts),)
+
+    @property
+    def questions(self) -> tuple[Question, ...]:
+        """The questions every item is asked (a pack's, or a label spec's one; not multiple choice)."""
+        return self.builder.asked or (label_kind(self.spec).question(self.spec, self.spec.label_names),)
+
+    def head_fingerprint(self) -> dict[str, str]:
+        """What a head fitted on this task is fitted on (task/head.py `fingerprint`)."""
+        free = self.content_free("")
+        questions = [(q.id, q.type, q.instructions, [*q.options, *(t for said in q.said for t in said)])
+                     for q in self.questions]
+        return fingerprint(model_content_identity(self.source), self.builder.prefix_ids,
+                           free.ids[free.prefix_len:], self.spec.template.text, questions)
+
+    def answer_positions(self, prep: Prepared, binary: Sequence[bool]) -> list[list[int]]:
+        """Per question asked, the candidates whose first scored token marks its answer position:
+        its first candidate, or (a question whose options are each judged yes/no, `binary`) each
+        option's first."""
+        out = []
+        for (at, _), (a, b), each in zip(prep.spans, prep.parts, binary):
+            out.append([prep.groups.members[k][0] for k in range(a, b)] if each else [at])
+        return out
 
     def content_free(self, text: str) -> EncodedItem:
         """The prompt with every template field set to `text` (e.g. "" or "N/A")."""

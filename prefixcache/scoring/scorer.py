@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
 from .. import compat
+import numpy as np
+
 from ..model.engine import Engine, Prefix
 from ..errors import ModelError
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
@@ -27,6 +29,7 @@ from ..model.rows import Candidate, Row
 from ..data.items import Item
 from ..task.decision import Bounded, Groups, linear_keys, mean_distribution
 from ..model.store import PrefixStore, prefix_key
+from ..task.head import decided_by
 from ..task.questions import Answers
 from ..task.spec import TaskSpec
 from .prepare import Prepared, Task
@@ -126,6 +129,11 @@ class Scorer:
             self.prior = self._priors()
         self._contests: list[Contest] | None = None  # set by `prune`: what score_pruned races
         self.says_pruned = False  # records name the labels left at their bound (`prune`)
+        self.head = task.spec.head  # a fitted readout: decides from the states scoring computes
+        self._readouts = [self.head.readout_for(q.id) for q in task.questions] if self.head else []
+        self._states = ScoreCache()  # by prompt: per question read by the head, its answer states
+        if self.head is not None:
+            self.head.check_width(engine.model.config.get_text_config().hidden_size)
 
     @classmethod
     def load(cls, task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto",
@@ -175,6 +183,8 @@ class Scorer:
         """Summed log-probs of each item's candidates, in candidate order. Prompts not seen
         recently go through the model in one forward pass; `known` (by `Prepared.key`) supplies
         scores read back from an earlier run's records instead: what this pass would compute."""
+        if self.head is not None:
+            return self._score_with_states(preps)
         todo = {p.key: p for p in preps if p.key not in self._scores}
         if todo and known is not None:
             for key in todo:
@@ -188,6 +198,38 @@ class Scorer:
                 self._scores.put(prep.key, prep.groups.combine(scores))
         computed = [] if known is not None else list(todo.values())
         return Scores([self._scores.get(p.key) for p in preps], computed)  # get: recency, the same in every run
+
+    def _score_with_states(self, preps: Sequence[Prepared]) -> Scores:
+        """`score` for a spec with a head: every option scored to the end (the prompt's
+        log-probabilities are kept in the records) and, from the same forward, the states the head
+        reads. Scores read back from records carry no states: those prompts are scored again."""
+        todo = {p.key: p for p in preps if p.key not in self._scores or p.key not in self._states}
+        if todo:
+            reads = [None if r is None else r.binary for r in self._readouts]
+            values, states = self.score_reading(list(todo.values()), reads)
+            for key, scores, found in zip(todo, values, states):
+                self._scores.put(key, scores)
+                self._states.put(key, found)
+        return Scores([self._scores.get(p.key) for p in preps], list(todo.values()))
+
+    def score_reading(self, preps: Sequence[Prepared], reads: Sequence[bool | None]
+                      ) -> tuple[list[list[float]], list[list[np.ndarray]]]:
+        """Each item's options' log-probabilities (as `score` gives them, every option to the
+        end) and, per question whose `reads[i]` is not None, the final hidden states at its answer
+        position: [1, H], or [K, H] where `reads[i]` is True (each option judged yes/no at its
+        own). Both from one forward pass."""
+        positions = [self.task.answer_positions(p, [bool(r) for r in reads]) for p in preps]
+        wanted = [[c for r, cands in zip(reads, pos) if r is not None for c in cands] for pos in positions]
+        values, states = self.engine.score_with_states(self.prefix, [p.row for p in preps], wanted)
+        split = []
+        for pos, found in zip(positions, states):
+            parts, at = [], 0
+            for r, cands in zip(reads, pos):
+                if r is not None:
+                    parts.append(found[at: at + len(cands)])
+                    at += len(cands)
+            split.append(parts)
+        return [p.groups.combine(v) for p, v in zip(preps, values)], split
 
     def prune(self, mode: str = "auto", exact: bool = False) -> bool:
         """Pruned label scoring, as `TaskSpec.prunes` says for `mode` ("auto", "on", "off"):
@@ -270,8 +312,16 @@ class Scorer:
     def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Answers:
         """What the item's scores (one per option, its texts combined) decide for each question
         this scorer's spec asks (its normalisation, calibration, threshold), each from its own
-        part: a question's numbers never depend on another's."""
-        return self._answers(prep, logprobs, self.prior)
+        part: a question's numbers never depend on another's. With a head, the questions it reads
+        are decided by it, from the states scored with the item (`score`)."""
+        answers = self._answers(prep, logprobs, self.prior)
+        if self.head is None:
+            return answers
+        decisions, states = list(answers.decisions), iter(self._states.peek(prep.key))
+        for i, (q, r) in enumerate(zip(answers.questions, self._readouts)):
+            if r is not None:
+                decisions[i] = decided_by(r, q, next(states), answers.logprobs[i])
+        return Answers(answers.questions, tuple(decisions), answers.logprobs)
 
     def _answers(self, prep: Prepared, logprobs: Sequence[float],
                  priors: Sequence[Sequence[float] | None] | None) -> Answers:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import difflib
 import string
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
 
 from ..errors import SpecError
 from .decision import NORMALIZATIONS
+from .head import Head, load_head
 from .questions import Question, content_free_value, parse_pack, threshold_value
 from .spec import (
     DEFAULT_ANSWER_PREFIX,
@@ -267,8 +269,9 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
     if data.get("model") == "":
         raise SpecError(f"{path}: 'model' is empty; leave it out for the embedded default model, or name one "
                         f"(a hub id, a folder or a .gguf file)")
+    head = _head(data, path, choices)
     if "questions" in data:
-        return _question_spec(data, path, template, fmt, norm, trust, id_field)
+        return replace(_question_spec(data, path, template, fmt, norm, trust, id_field), head=head)
     tagging = _tagging(data, path, choices, labels)
     if tagging and norm != "sum":
         raise SpecError(f"{path}: a multi_label task compares two answers to the same question: normalize "
@@ -292,8 +295,19 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
         threshold=None if tagging else _threshold(data.get("threshold"), path),
         revision=_want_str(data, "revision", path),
         score_by=_score_by(data, path, choices),
+        head=head,
         **tagging,
     )
+
+
+def _head(data: Mapping[str, Any], path: Path, choices: str | None) -> Head | None:
+    """The fitted readout a spec names, read and checked (before any model loads)."""
+    if data.get("head") is None:
+        return None
+    if choices is not None:
+        raise SpecError(f"{path}: 'head' cannot be used with 'choices': each item has its own options, and a head "
+                        f"is fitted on one set of answers")
+    return load_head(data["head"], path)
 
 
 QUESTION_REFUSED = ("labels", "choices", "multi_label", "question", "answers", "gold_sep", "score_by", "gold", "threshold")

@@ -15,6 +15,7 @@ from ..errors import InputError
 
 
 if TYPE_CHECKING:
+    from .head import Head
     from .kind import Question
 
 FORMATS = ("auto", "chat", "plain")
@@ -42,6 +43,7 @@ KNOWN_KEYS = (
     "answers",
     "gold_sep",
     "questions",
+    "head",
 )
 DEFAULT_QUESTION = "Is this about {label}?"
 DEFAULT_ANSWERS = ("yes", "no")
@@ -128,6 +130,7 @@ class TaskSpec:
     gold_sep: str = DEFAULT_GOLD_SEP  # multi-label: what separates labels in a gold string
     digest: str | None = None  # sha256 of the spec file's bytes (None: not read from a file)
     questions: tuple[Question, ...] = ()  # typed questions (task/questions.py); then no labels
+    head: Head | None = None  # a fitted readout (task/head.py): decides from hidden states
 
     @property
     def has_gold(self) -> bool:
@@ -139,6 +142,8 @@ class TaskSpec:
 
     def pruning_refusal(self) -> str | None:
         """Why pruned label scoring cannot apply to this task, or None."""
+        if self.head is not None:
+            return "a fitted head reads every item's states, and its records keep every option's prompt score"
         if self.questions:
             if any(q.kind.races and q.groups.plain for q in self.questions):
                 return None

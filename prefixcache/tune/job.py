@@ -116,8 +116,9 @@ def plan_tune(options: TuneOptions) -> TunePlan:
     check_distinct({"-o": options.output}, {"LABELLED": o.items, "--test": options.test, "--variants": options.variants,
                                             **{f"--examples {p}": p for p in options.examples}})
     found = variants(spec_file, base, options.variants, options.systems, options.examples, options.models, o.gold_sep)
-    items = _labelled(o.items, o, found)
-    test = _labelled(options.test, o, found) if options.test else []
+    specs = list({id(v.spec): v.spec for v in found}.values())
+    items = labelled_items(o.items, o, specs)
+    test = labelled_items(options.test, o, specs) if options.test else []
     if options.test is None and len(items) < max(MIN_ITEMS, 2 * options.folds):
         raise InputError(f"{o.items}: {len(items)} labelled items are too few to choose by {options.folds}-fold "
                          f"cross-validation; tune needs at least {max(MIN_ITEMS, 2 * options.folds)}")
@@ -152,18 +153,19 @@ def _held_out(labelled: str, test_path: Optional[str], items: list[Item], test: 
                          f"item {shared[0].id!r}); figures on them would not be held out: remove them from one file")
 
 
-def _labelled(path: str, o: RunOptions, found: list[Variant]) -> list[Item]:
-    """A file's items, every one checked against every variant's spec (fields, options, gold)."""
+def labelled_items(path: str, o: RunOptions, specs: list[TaskSpec],
+                   stdin: str = "tune reads its labelled items from a file (it scores them once per variant)"
+                   ) -> list[Item]:
+    """A file's items, every one checked against every spec (fields, options, gold)."""
     if path == "-":
-        raise InputError("tune reads its labelled items from a file (it scores them once per variant), not stdin")
+        raise InputError(f"{stdin}, not stdin")
     fmt = detect_format(path, o.input_format)
-    specs = list({id(v.spec): v.spec for v in found}.values())
 
     def check(record: Mapping[str, Any]) -> None:
         for spec in specs:
             spec.check_record(record)
 
-    spec = found[0].spec
+    spec = specs[0]
     total = scan_items(path, fmt, spec.id_field, check, spec.id_field_given, None, o.delimiter, o.encoding)
     items = read_items(path, fmt, spec.id_field, o.delimiter, o.encoding)
     return [item for n, item in zip(range(min(total, o.limit or total)), items)]

@@ -16,10 +16,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..data.items import Item
-from ..scoring.build import build_on, load_engine
+from ..scoring.build import build_on, build_scorer, load_engine
 from ..scoring.options import ScoringOptions
 from ..scoring.prepare import Batching, Prepared, Task
 from ..scoring.scorer import Scorer
+from ..task.kind import Question
+from ..task.spec import TaskSpec
 from .rules import Decided, Rule
 from .variants import Variant
 
@@ -104,3 +106,47 @@ def decide_all(scorer: Scorer, preps: Sequence[Prepared], logprobs: Sequence[Seq
             top.append(decision.probs[decision.best])
     return Decided(np.array(best, dtype=int), np.array(top, dtype=float),
                    np.array(probs, dtype=float).reshape(len(preps), -1) if scorer.task.spec.multi_label else None)
+
+
+@dataclass
+class States:
+    """The labelled items' pass for `fit`: per question fitted, its answer states [N, U, H], its
+    options' log-probabilities [N, K] and the prompt rule's decisions; the task's fingerprint."""
+
+    per_question: list[tuple[np.ndarray, np.ndarray, list]]
+    ms_per_item: float
+    fingerprint: dict[str, str]
+
+
+def read_states(spec: TaskSpec, items: Sequence[Item], questions: Sequence[Question], options: ScoringOptions,
+                batching: Batching, step: Step = lambda what, done, total: None) -> States:
+    """Score the items in `run`'s batches, every option to the end, reading the final hidden state
+    at each fitted question's answer position from the same forward."""
+    options = options.replace(prune="off", exact=False)
+    step("loading the tokenizer", 0, 0)
+    task = Task.from_spec(spec, options.cache_dir)
+    step(f"loading the model {task.source.ref}", 0, 0)
+    scorer = build_scorer(task, options)
+    fitted = {q.id for q in questions}
+    asked = task.questions
+    reads = [(q.kind.name == "tags") if q.id in fitted else None for q in asked]
+    index = [i for i, q in enumerate(asked) if q.id in fitted]
+    states: list[list[np.ndarray]] = [[] for _ in index]
+    logprobs: list[list] = [[] for _ in index]
+    decisions: list[list] = [[] for _ in index]
+    seconds, done = 0.0, 0
+    step("reading states", 0, len(items))
+    for batch in task.batches(items, batching, scorer.context):
+        start = time.perf_counter()
+        values, found = scorer.score_reading(batch, reads)
+        seconds += time.perf_counter() - start
+        for prep, lps, per in zip(batch, values, found):
+            answers = scorer.decide(prep, lps)
+            for n, (i, s) in enumerate(zip(index, per)):
+                states[n].append(s)
+                logprobs[n].append(answers.logprobs[i])
+                decisions[n].append(answers.decisions[i])
+        done += len(batch)
+        step("reading states", done, len(items))
+    per_question = [(np.stack(s), np.array(lp, dtype=float), d) for s, lp, d in zip(states, logprobs, decisions)]
+    return States(per_question, 1000 * seconds / max(len(items), 1), task.head_fingerprint())

@@ -200,7 +200,7 @@ def _intervals(outcomes: Mapping[Any, Outcome], default: Config, goal: Goal, see
     items = len(outcomes[keys[0]].correct)
     points = {k: figures(o, np.ones(items)) for k, o in outcomes.items()}
     draws: dict[Any, dict[str, list]] = {k: {} for k in keys}
-    for weights in _resamples(items, seed):
+    for weights in resamples(items, seed):
         for k, outcome in outcomes.items():
             for name, values in figures(outcome, weights).items():
                 if values is not None:
@@ -208,15 +208,15 @@ def _intervals(outcomes: Mapping[Any, Outcome], default: Config, goal: Goal, see
     out: dict[Any, Any] = {}
     for k in keys:
         out[k] = {name: (None if points[k][name] is None else
-                         _figure(float(points[k][name]), np.concatenate(draws[k][name])))
+                         interval(float(points[k][name]), np.concatenate(draws[k][name])))
                   for name in points[k]}
     figure = goal.figure
     diff = np.concatenate(draws["tuned"][figure]) - np.concatenate(draws[default][figure])
-    out["gain"] = _figure(float(points["tuned"][figure] - points[default][figure]), diff, GAIN_LEVEL)
+    out["gain"] = interval(float(points["tuned"][figure] - points[default][figure]), diff, GAIN_LEVEL)
     return out
 
 
-def _figure(value: float, draws: np.ndarray, level: float = LEVEL) -> Figure:
+def interval(value: float, draws: np.ndarray, level: float = LEVEL) -> Figure:
     """A bias-corrected percentile interval (Efron 1987): the percentiles are moved by how far
     the resamples' median sits from the figure. Macro-F1 needs it: a resample that misses a rare
     label scores it 0, so the resamples fall below the figure and plain percentiles can leave the
@@ -229,7 +229,7 @@ def _figure(value: float, draws: np.ndarray, level: float = LEVEL) -> Figure:
     return Figure(value, float(np.percentile(draws, 100 * low)), float(np.percentile(draws, 100 * high)))
 
 
-def _resamples(items: int, seed: int, chunk: int = 100) -> Iterator[np.ndarray]:
+def resamples(items: int, seed: int, chunk: int = 100) -> Iterator[np.ndarray]:
     """RESAMPLES bootstrap resamples of the items, as counts per item, a chunk at a time."""
     rng = np.random.default_rng(seed + 1)
     for start in range(0, RESAMPLES, chunk):

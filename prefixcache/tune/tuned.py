@@ -107,7 +107,7 @@ def write_tuned(path: Path, spec_file: SpecFile, keys: Mapping[str, Any], header
         text = tuned_text("", {}, header) + yaml.safe_dump(dict(wanted), sort_keys=False, allow_unicode=False, width=10**6)
     if not _reads_back(text, wanted, spec_file.path):
         raise OutputError(f"{path}: the tuned spec would not read back as the spec that was scored; not written")
-    spec_from_mapping(spec_text_data(text, spec_file.path), spec_file.path)  # it is a valid spec, or this is a bug
+    spec_from_mapping(spec_text_data(text, path), path)  # it is a valid spec where it is written, or this is a bug
     safefile.replace(path, text, what="the tuned spec")
 
 

@@ -1,0 +1,260 @@
+"""A fitted readout (`head:` in a spec): per question, a logistic regression on the model's final
+hidden state at the question's answer position, read from a safetensors file and checked before
+any model loads. No torch here.
+
+The file holds, per question `i`, float arrays `{i}.mean`, `{i}.scale` ([U, D]: the standardisation),
+`{i}.coef` ([K, D]) and `{i}.intercept` ([K]), and in its metadata (`prefixcache_head`, JSON) the
+questions (id, options, whether each option is its own yes/no head), which features it reads, and
+the fingerprint of what it was fitted on: the model, the prompt prefix's token ids, the item's
+prompt around its fields, and the questions. A question of one of several options has one unit
+(U = 1) whose features are the state where its first option token is scored (and, when it says so,
+its options' prompt log-probabilities): probabilities are softmax(coef z + intercept) over its K
+options. A multi-label spec's labels are each their own yes/no head (U = K), each reading the state
+where its own yes/no is scored: P(on) = sigmoid(coef[k] z[k] + intercept[k]).
+
+A head is data, never code: nothing is unpickled; every array is checked for shape and finiteness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import SpecError
+from .decision import Decision, Tags, decide
+
+FORMAT = "prefixcache-head"
+VERSION = 1
+META_KEY = "prefixcache_head"
+MAX_BYTES = 1 << 30  # a head of 150 options on a 4096-wide state is ~5 MB; far larger is not one
+FEATURES = ("state", "state+logprobs")
+FINGERPRINT_PARTS = {  # part -> what to say when it differs; the most specific first (labels and the
+    "model": "model",  # template change the prefix too: the labels are listed in the system text, and the
+    "questions": "label set or questions",  # template's text before its first field is part of the prefix)
+    "template": "item prompt (template, answer prefix or chat template)",
+    "prefix": "prompt prefix (system text, examples or chat template)",
+}
+
+
+@dataclass(frozen=True)
+class Readout:
+    """One question's head. `binary`: each option is its own yes/no head (tags)."""
+
+    qid: str
+    options: tuple[str, ...]
+    binary: bool
+    features: str  # "state" or "state+logprobs"
+    mean: np.ndarray  # [U, D]
+    scale: np.ndarray  # [U, D]
+    coef: np.ndarray  # [K, D]
+    intercept: np.ndarray  # [K]
+
+    @property
+    def units(self) -> int:
+        """Answer positions read: one per option (binary), else one."""
+        return len(self.options) if self.binary else 1
+
+    @property
+    def hidden(self) -> int:
+        """The width of the state it reads."""
+        return self.coef.shape[1] - (self._extra if self.features == "state+logprobs" else 0)
+
+    @property
+    def _extra(self) -> int:
+        return 1 if self.binary else len(self.options)
+
+    def probs(self, states: np.ndarray, logprobs: Sequence[float]) -> list[float]:
+        """The head's probabilities from `states` ([U, H] float) and the options' prompt
+        log-probabilities (K): a distribution over the options, or per option P(on)."""
+        x = np.asarray(states, dtype=np.float64)  # [U, H]
+        if self.features == "state+logprobs":
+            lp = np.asarray(logprobs, dtype=np.float64)
+            x = np.concatenate([x, lp[:, None] if self.binary else lp[None, :]], axis=1)  # [U, D]
+        z = (x - self.mean) / self.scale  # [U, D]
+        if self.binary:
+            logits = (self.coef * z).sum(axis=1) + self.intercept  # [K]
+            return [float(v) for v in 1.0 / (1.0 + np.exp(-np.clip(logits, -700, 700)))]
+        logits = self.coef @ z[0] + self.intercept  # [K]
+        logits -= logits.max()
+        e = np.exp(logits)
+        return [float(v) for v in e / e.sum()]
+
+
+@dataclass(frozen=True)
+class Head:
+    """A spec's fitted readouts, one per question, and what they were fitted on."""
+
+    path: str
+    readouts: tuple[Readout, ...]
+    fingerprint: Mapping[str, str]
+    layer: str  # which state: "final" (after the last norm, what the lm_head reads)
+    digest: str  # sha256 of the file's bytes: a run's output is tied to it
+    fitted: Mapping[str, Any]  # what fit says of itself (counts, chosen C), shown by `--dry-run`-like views
+
+    def check(self, found: Mapping[str, str]) -> None:
+        """Refuse, in one line, a head fitted on another model, prompt or label set."""
+        for part, what in FINGERPRINT_PARTS.items():
+            if self.fingerprint.get(part) != found.get(part):
+                raise SpecError(f"{self.path}: this head was fitted with another {what} than the "
+                                f"spec now has; it would decide from states it never saw: fit it again "
+                                f"(prefixcache fit) or remove 'head' from the spec")
+
+    def readout_for(self, qid: str) -> Readout | None:
+        """The question's readout, or None (that question is answered by the prompt)."""
+        return next((r for r in self.readouts if r.qid == qid), None)
+
+    def check_width(self, hidden: int) -> None:
+        """Refuse a head whose state width is not the model's."""
+        if self.readouts and self.readouts[0].hidden != hidden:
+            raise SpecError(f"{self.path}: this head reads states of width {self.readouts[0].hidden}, and the model's "
+                            f"are {hidden} wide: it was fitted on another model; fit it again")
+
+
+def fingerprint(model: str, prefix_ids: Sequence[int], template_ids: Sequence[int], template: str,
+                questions: Sequence[tuple[str, str, str, Sequence[str]]]) -> dict[str, str]:
+    """What a head is fitted on, as digests: the model's identity, the prefix's token ids, the
+    content-free item's ids and the template, and per question its id, kind, text and options."""
+    def digest(value: Any) -> str:
+        return hashlib.sha256(json.dumps(value, ensure_ascii=False).encode("utf-8")).hexdigest()[:32]
+
+    return {"model": digest(model), "prefix": digest(list(prefix_ids)),
+            "template": digest([template, list(template_ids)]),
+            "questions": digest([[qid, kind, text, list(options)] for qid, kind, text, options in questions])}
+
+
+# -- the file --------------------------------------------------------------------------------------
+def head_bytes(readouts: Sequence[Readout], fingerprint_: Mapping[str, str], layer: str,
+               fitted: Mapping[str, Any]) -> bytes:
+    """The head file's contents (safetensors: arrays and a JSON header)."""
+    from safetensors.numpy import save
+
+    tensors: dict[str, np.ndarray] = {}
+    for i, r in enumerate(readouts):
+        for name in ("mean", "scale", "coef", "intercept"):
+            tensors[f"{i}.{name}"] = np.ascontiguousarray(getattr(r, name), dtype=np.float32)
+    meta = {"format": FORMAT, "version": VERSION, "layer": layer, "fingerprint": dict(fingerprint_),
+            "questions": [{"id": r.qid, "options": list(r.options), "binary": r.binary, "features": r.features}
+                          for r in readouts], "fitted": dict(fitted)}
+    return save(tensors, metadata={META_KEY: json.dumps(meta, ensure_ascii=False)})
+
+
+def load_head(value: Any, spec_path: Path) -> Head:
+    """The `head:` key: a path (relative to the spec's folder) to a head file, read and checked.
+    Raises SpecError naming the file for anything a head file must not be."""
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(f"{spec_path}: 'head' must be the path of a head file written by prefixcache fit")
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = spec_path.parent / path
+    where = f"{spec_path}: head {value!r}"
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise SpecError(f"{where}: cannot be read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecError(f"{where} is not a regular file")
+    if st.st_size > MAX_BYTES:
+        raise SpecError(f"{where} is {st.st_size} bytes, larger than any head ({MAX_BYTES}): not a head file")
+    _check_owner(st, where)
+    return _parse(path.read_bytes(), where, str(path))
+
+
+def _check_owner(st: os.stat_result, where: str) -> None:
+    """A head decides the answers: refuse one that someone else could have changed (owned by
+    another user, or writable by group or others)."""
+    me = os.geteuid() if hasattr(os, "geteuid") else None
+    if me is None:
+        return
+    if st.st_uid not in (me, 0):
+        raise SpecError(f"{where} belongs to another user (uid {st.st_uid}); a head decides your answers: "
+                        f"copy it to a file of your own, or fit your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise SpecError(f"{where} can be written by other users (mode {stat.S_IMODE(st.st_mode):o}); a head "
+                        f"decides your answers: chmod go-w it")
+
+
+def _parse(data: bytes, where: str, path: str) -> Head:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    bad = f"{where} is not a head file written by prefixcache fit"
+    try:
+        arrays = load(data)
+        meta = _metadata(data)
+    except (SafetensorError, ValueError, OverflowError, RecursionError) as exc:
+        raise SpecError(f"{bad} ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})") from None
+    try:
+        info = json.loads(meta[META_KEY])
+    except (KeyError, TypeError, ValueError, RecursionError):
+        raise SpecError(f"{bad} (no readable '{META_KEY}' header)") from None
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        raise SpecError(f"{bad} (its header is not a head's)")
+    if info.get("version") != VERSION:
+        raise SpecError(f"{where} is a head of version {info.get('version')!r}; this prefixcache reads version "
+                        f"{VERSION}: fit it again")
+    questions, fp = info.get("questions"), info.get("fingerprint")
+    if (not isinstance(questions, list) or not questions or not isinstance(fp, dict)
+            or set(fp) != set(FINGERPRINT_PARTS) or not all(isinstance(v, str) for v in fp.values())):
+        raise SpecError(f"{bad} (its header lacks the questions or the fingerprint)")
+    readouts = tuple(_readout(i, q, arrays, bad) for i, q in enumerate(questions))
+    expected = {f"{i}.{n}" for i in range(len(readouts)) for n in ("mean", "scale", "coef", "intercept")}
+    if set(arrays) != expected:
+        raise SpecError(f"{bad} (it holds arrays {sorted(set(arrays) ^ expected)[:3]} it should not, or lacks them)")
+    fitted = info.get("fitted") if isinstance(info.get("fitted"), dict) else {}
+    return Head(path, readouts, dict(fp), str(info.get("layer", "final")), hashlib.sha256(data).hexdigest(), fitted)
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    """The safetensors header's `__metadata__` (the arrays are read by safetensors itself)."""
+    if len(data) < 8:
+        raise ValueError("truncated")
+    n = int.from_bytes(data[:8], "little")
+    if n > len(data) - 8:
+        raise ValueError("truncated header")
+    header = json.loads(data[8: 8 + n])
+    return header.get("__metadata__") or {}
+
+
+def _readout(i: int, q: Any, arrays: Mapping[str, np.ndarray], bad: str) -> Readout:
+    if (not isinstance(q, dict) or not isinstance(q.get("id"), str) or not isinstance(q.get("options"), list)
+            or len(q["options"]) < 2 or not all(isinstance(o, str) for o in q["options"])
+            or not isinstance(q.get("binary"), bool) or q.get("features") not in FEATURES):
+        raise SpecError(f"{bad} (question {i + 1} of its header is malformed)")
+    try:
+        mean, scale, coef, intercept = (np.asarray(arrays[f"{i}.{n}"], dtype=np.float64)
+                                        for n in ("mean", "scale", "coef", "intercept"))
+    except KeyError as exc:
+        raise SpecError(f"{bad} (array {exc.args[0]} is missing)") from None
+    K, U = len(q["options"]), len(q["options"]) if q["binary"] else 1
+    if coef.ndim != 2 or coef.shape[0] != K or coef.shape[1] < 2:
+        raise SpecError(f"{bad} (question {q['id']!r}: coef has shape {list(coef.shape)}, not [{K}, width])")
+    D = coef.shape[1]
+    for name, arr, shape in (("mean", mean, (U, D)), ("scale", scale, (U, D)), ("intercept", intercept, (K,))):
+        if arr.shape != shape:
+            raise SpecError(f"{bad} (question {q['id']!r}: {name} has shape {list(arr.shape)}, not {list(shape)})")
+    for name, arr in (("mean", mean), ("scale", scale), ("coef", coef), ("intercept", intercept)):
+        if not np.isfinite(arr).all():
+            raise SpecError(f"{bad} (question {q['id']!r}: {name} holds NaN or infinite values)")
+    if (scale <= 0).any():
+        raise SpecError(f"{bad} (question {q['id']!r}: a scale is not positive)")
+    extra = (1 if q["binary"] else K) if q["features"] == "state+logprobs" else 0
+    if D - extra < 1:
+        raise SpecError(f"{bad} (question {q['id']!r}: no state features)")
+    return Readout(q["id"], tuple(q["options"]), q["binary"], q["features"], mean, scale, coef, intercept)
+
+
+def decided_by(readout: Readout, question: Any, states: np.ndarray, logprobs: Sequence[float]) -> Decision | Tags:
+    """The head's decision for one question: its probabilities, decided as the question's own
+    threshold says (a label set or choice abstains below it; each tag is on at its threshold)."""
+    probs = readout.probs(states, logprobs)
+    if readout.binary:
+        return Tags(probs, None, [p >= t for p, t in zip(probs, question.extra["thresholds"])])
+    best, margin = decide(probs, question.threshold)
+    return Decision(probs, None, best, margin)

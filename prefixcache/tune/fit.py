@@ -1,0 +1,181 @@
+"""One `prefixcache fit`, end to end: `fit(FitOptions)` gives a `FitResult`.
+
+Every check that needs no model comes first (the spec, its gold fields, the labelled items, the
+files to write); then the labelled items are scored once in `run`'s batches, the final hidden
+state at each question's answer position read from the same forward (tune/passes.py), and each
+question's readout is judged against the prompt rule on held-out folds and fitted on every item
+(tune/heads.py). It writes the head file, the fitted spec (the spec with `head:` set) and the
+figures as JSON. It never prints: progress goes through `step`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from .. import safefile
+from ..data.items import Item
+from ..data.output import check_distinct
+from ..errors import SpecError, UsageError
+from ..run.options import RunOptions
+from ..run.plan import load_options_spec
+from ..scoring.prepare import Batching
+from ..task.head import head_bytes
+from ..task.kind import Question
+from ..task.questions import label_kind
+from ..task.spec import TaskSpec, gold_tags, gold_value
+from ..task.specfile import SpecFile, read_spec_file
+from .heads import Judged, Labelled, judge
+from .job import labelled_items
+from .tuned import check_tuned_output, relocated, write_tuned
+
+MIN_ITEMS = 10
+LAYER = "final"  # the state after the last norm: what the lm_head reads (docs/fit.md says why)
+Step = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """What a fit takes. `run` carries the spec, the labelled items and how they are read, --gold,
+    the model, device and batches; `output` is the fitted spec (the head and figures go beside it)."""
+
+    run: RunOptions
+    output: Path
+    folds: int = 5
+    seed: int = 0
+    figures: Optional[Path] = None  # the JSON figures (default: OUTPUT with .fit.json)
+    overwrite: bool = False
+
+    @property
+    def head_path(self) -> Path:
+        return self.output.with_name(self.output.stem + ".head.safetensors")
+
+    @property
+    def figures_path(self) -> Path:
+        return self.figures or self.output.with_name(self.output.stem + ".fit.json")
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    spec: TaskSpec
+    spec_file: SpecFile
+    items: list[Item]
+    questions: tuple[Question, ...]  # the questions fitted: those with gold values
+
+
+@dataclass
+class FitResult:
+    options: FitOptions
+    plan: FitPlan
+    judged: list[Judged]
+    ms_per_item: float
+    written: list[Path] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec": str(self.options.run.spec), "labelled": str(self.options.run.items),
+                "items": len(self.plan.items), "folds": self.options.folds, "seed": self.options.seed,
+                "layer": LAYER, "ms_per_item": round(self.ms_per_item, 3),
+                "questions": [j.to_json() for j in self.judged],
+                "written": [str(p) for p in self.written]}
+
+
+def plan_fit(options: FitOptions) -> FitPlan:
+    """Every check that needs no model: a mistake costs a second, not a model load."""
+    o = options.run
+    if options.folds < 2:
+        raise UsageError("--folds must be 2 or more")
+    spec_file = read_spec_file(o.spec)
+    spec = load_options_spec(o, spec_file)
+    if spec.choices:
+        raise SpecError(f"{spec.path}: fit trains a head on one set of answers, and with 'choices' each item has its "
+                        f"own options; fit a spec with labels or typed questions")
+    questions = tuple(q for q in spec.questions if q.gold) if spec.questions else (
+        (label_kind(spec).question(spec, spec.label_names),) if spec.gold else ())
+    if not questions:
+        raise SpecError("fit learns from gold values: name the field with --gold FIELD (or 'gold' in the spec; "
+                        "for typed questions, a question's 'gold' or --gold QUESTION=FIELD)")
+    for path in (options.output, options.head_path, options.figures_path):
+        check_tuned_output(path, o.spec, options.overwrite)
+    check_distinct({"-o": options.output, "head": options.head_path, "--json": options.figures_path},
+                   {"LABELLED": o.items})
+    items = labelled_items(o.items, o, [spec], "fit reads its labelled items from a file")
+    if len(items) < max(MIN_ITEMS, 2 * options.folds):
+        raise UsageError(f"{o.items}: {len(items)} labelled items are too few to fit and judge a head by "
+                         f"{options.folds}-fold cross-validation; fit needs at least {max(MIN_ITEMS, 2 * options.folds)}")
+    return FitPlan(replace(spec, head=None), spec_file, items, questions)
+
+
+def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: Optional[FitPlan] = None) -> FitResult:
+    """Plan, read the items' states, judge and fit each question's readout, write the files."""
+    from .passes import read_states  # torch: once the checks have passed
+
+    plan = plan or plan_fit(options)
+    o = options.run
+    read = read_states(plan.spec, plan.items, plan.questions, o.scoring(), Batching(o.batch_size, o.batch_tokens), step)
+    judged, readouts = [], []
+    for q, (states, logprobs, decisions) in zip(plan.questions, read.per_question):
+        data = labelled(q, plan.spec, plan.items, states, logprobs, decisions)
+        step(f"judging {q.id}", 0, options.folds + 1)
+        j, r = judge(data, options.folds, options.seed, lambda done, total, q=q: step(f"judging {q.id}", done, total))
+        judged.append(j)
+        readouts.append(r)
+    result = FitResult(options, plan, judged, read.ms_per_item)
+    _write(result, readouts, read.fingerprint)
+    return result
+
+
+def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: np.ndarray, logprobs: np.ndarray,
+             decisions: Sequence[Any]) -> Labelled:
+    """One question's labelled data from the items, their states, log-probs and prompt decisions."""
+    binary = q.kind.name == "tags"
+    if binary:
+        gold = np.array([[o in gold_tags(item.record, q.gold, q.options, spec.gold_sep) for o in q.options]
+                         for item in items], dtype=bool)
+        prompt = np.array([d.probs for d in decisions], dtype=float)
+        said = np.array([d.on for d in decisions], dtype=bool)
+    else:
+        golds = [_option(q, spec, item) for item in items]
+        gold = np.array([q.options.index(g) for g in golds], dtype=int)
+        prompt = np.array([d.probs for d in decisions], dtype=float)
+        said = np.array([-1 if d.best is None else d.best for d in decisions], dtype=int)
+    return Labelled(q.id, q.options, binary, states, logprobs, gold, prompt, said)
+
+
+def _option(q: Question, spec: TaskSpec, item: Item) -> str:
+    """The item's gold option for a question (the spec's check of the item has passed)."""
+    if spec.questions:
+        return q.kind.option_of(q, item.record[q.gold])
+    return gold_value(item.record, q.gold)
+
+
+def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> None:
+    """The head file, then the fitted spec that names it, then the figures."""
+    options, plan = result.options, result.plan
+    fitted = {"items": len(plan.items), "folds": options.folds,
+              "questions": {j.qid: {"verdict": j.verdict, "C": j.choice.C, "features": j.choice.features}
+                            for j in result.judged}}
+    safefile.replace(options.head_path, head_bytes(readouts, fingerprint, LAYER, fitted), "the head file")
+    keys: dict[str, Any] = {**relocated(plan.spec_file.data, options.run.spec, options.output),
+                            "head": options.head_path.name}
+    tags = next((j for j in result.judged if j.thresholds), None)
+    if tags is not None and not plan.spec.questions:
+        keys["threshold"] = dict(zip(plan.spec.label_names, tags.thresholds))
+    write_tuned(options.output, plan.spec_file, keys, header(result))
+    result.written = [options.output, options.head_path, options.figures_path]
+    safefile.replace(options.figures_path, json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n",
+                     "the figures")
+
+
+def header(result: FitResult) -> str:
+    """The fitted spec's first comment lines: what decides, and on what evidence."""
+    lines = [f"prefixcache fit: a head fitted on {len(result.plan.items)} labelled items decides "
+             f"({result.options.folds}-fold cross-validation, held out)"]
+    for j in result.judged:
+        h, p = j.head["accuracy"], j.prompt["accuracy"]
+        lines.append(f"{j.qid}: accuracy {h.value:.3f} [{h.low:.3f}, {h.high:.3f}] with the head, "
+                     f"{p.value:.3f} [{p.low:.3f}, {p.high:.3f}] with the prompt alone")
+    return "\n".join(lines)

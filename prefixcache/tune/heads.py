@@ -1,0 +1,346 @@
+"""Fitting readouts on labelled items' states, and judging them honestly against the prompt rule.
+scikit-learn (the `fit` extra) is imported by the functions that fit; no torch here.
+
+One question's labelled data (`Labelled`) holds, per item, the final hidden state at its answer
+position(s), its options' prompt log-probabilities, its gold option(s) and what the prompt rule
+decided. A readout is a standardised logistic regression (multinomial over the options, or one
+binary per tag). Its regularisation C and whether it also reads the options' prompt
+log-probabilities are chosen by an inner cross-validation on the items it is fitted on, by log-loss
+(a proper score: it rewards calibrated probabilities as well as right answers). Every figure is
+held out: in k-fold cross-validation each fold is predicted by a readout chosen and fitted on the
+other folds, and the prompt rule is measured on the same items, paired, with bootstrap intervals
+(tune/selection.py owns the folds and the intervals).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import UsageError
+from ..task.head import Readout
+from ..task.scoring_metrics import calibration_error
+from .selection import GAIN_LEVEL, LEVEL, Figure, cv_splits, interval, resamples
+
+C_GRID = (0.01, 0.1, 1.0)  # on standardised states: strong to mild regularisation
+FEATURE_SETS = ("state", "state+logprobs")
+INNER_FOLDS = 3
+CURVE = (1, 2, 4, 8, 16, 32)  # labelled items a class in the learning curve
+ABSENT = -30.0  # the logit of an option no fitted item had: never answered
+
+
+@dataclass
+class Labelled:
+    """One question's labelled items. Multiclass: `gold` [N] option index, `prompt` [N, K] the
+    prompt rule's distribution, `said` [N] its answer (-1: abstained). Binary (tags): `gold`
+    [N, K] bool, `prompt` [N, K] P(on), `said` [N, K] bool."""
+
+    qid: str
+    options: tuple[str, ...]
+    binary: bool
+    states: np.ndarray  # [N, U, H]
+    logprobs: np.ndarray  # [N, K]
+    gold: np.ndarray
+    prompt: np.ndarray
+    said: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.gold)
+
+    def strata(self) -> list[str]:
+        return ["|".join(map(str, np.flatnonzero(g))) for g in self.gold] if self.binary else [str(g) for g in self.gold]
+
+    def counts(self) -> dict[str, int]:
+        """Labelled items per option (binary: items where it is on)."""
+        if self.binary:
+            return {o: int(self.gold[:, k].sum()) for k, o in enumerate(self.options)}
+        return {o: int((self.gold == k).sum()) for k, o in enumerate(self.options)}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the inner cross-validation chose."""
+
+    C: float
+    features: str
+
+
+@dataclass
+class Judged:
+    """One question's held-out comparison of the head with the prompt rule."""
+
+    qid: str
+    binary: bool
+    items: int
+    folds: int
+    head: dict[str, Figure | float | None]
+    prompt: dict[str, Figure | float | None]
+    gain: Figure  # accuracy (binary: exact sets) of the head minus the prompt's, paired
+    verdict: str  # "head", "prompt" (the prompt is better), "tie" (no difference beyond noise)
+    choice: Choice  # what the final readout uses (chosen on every item)
+    counts: dict[str, int]
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    thresholds: list[float] | None = None  # binary: each tag's, chosen on held-out probabilities
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        def js(figures: dict) -> dict:
+            return {k: (v.to_json() if isinstance(v, Figure) else v) for k, v in figures.items()}
+
+        return {"question": self.qid, "kind": "tags" if self.binary else "one of", "items": self.items,
+                "folds": self.folds, "head": js(self.head), "prompt": js(self.prompt), "gain": self.gain.to_json(),
+                "verdict": self.verdict, "chosen": {"C": self.choice.C, "features": self.choice.features},
+                "labelled_per_option": self.counts, "learning_curve": self.curve,
+                **({"thresholds": dict(zip(self.counts, self.thresholds))} if self.thresholds else {}),
+                "notes": self.notes}
+
+
+# -- the design matrix and one readout ---------------------------------------------------------
+def design(data: Labelled, features: str, unit: int | None = None) -> np.ndarray:
+    """The features a readout reads: [N, H] (+ [N, K] log-probs); binary: of tag `unit`, [N, H] (+1)."""
+    if data.binary:
+        x = data.states[:, unit, :]
+        return np.concatenate([x, data.logprobs[:, unit:unit + 1]], axis=1) if features != "state" else x
+    x = data.states[:, 0, :]
+    return np.concatenate([x, data.logprobs], axis=1) if features != "state" else x
+
+
+def _standardised(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    return mean, np.where(scale > 1e-6, scale, 1.0)
+
+
+def fit_multiclass(x: np.ndarray, y: np.ndarray, k: int, c: float) -> tuple[np.ndarray, ...]:
+    """A standardised multinomial logistic regression over `k` options: (mean [D], scale [D],
+    coef [K, D], intercept [K]); an option absent from `y` gets the logit ABSENT (never answered)."""
+    from sklearn.linear_model import LogisticRegression
+
+    mean, scale = _standardised(x)
+    z = (x - mean) / scale
+    present = np.unique(y)
+    coef, intercept = np.zeros((k, x.shape[1])), np.full(k, ABSENT)
+    if len(present) == 1:
+        intercept[present[0]] = 0.0
+        return mean, scale, coef, intercept
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # convergence warnings: the result is used as it is, and judged held out
+        model = LogisticRegression(C=c, max_iter=500).fit(z, y)
+    if len(present) == 2:  # one row, for the second class: split it so that softmax gives the same
+        coef[present[0]], coef[present[1]] = -model.coef_[0] / 2, model.coef_[0] / 2
+        intercept[present[0]], intercept[present[1]] = -model.intercept_[0] / 2, model.intercept_[0] / 2
+    else:
+        coef[present], intercept[present] = model.coef_, model.intercept_
+    return mean, scale, coef, intercept
+
+
+def fit_binary(x: np.ndarray, y: np.ndarray, c: float) -> tuple[np.ndarray, ...]:
+    """A standardised binary logistic regression: (mean [D], scale [D], coef [D], intercept);
+    a tag always on or always off in `y` gets a constant near-certain answer."""
+    from sklearn.linear_model import LogisticRegression
+
+    mean, scale = _standardised(x)
+    if y.all() or not y.any():
+        return mean, scale, np.zeros(x.shape[1]), np.float64(-ABSENT if y.all() else ABSENT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = LogisticRegression(C=c, max_iter=500).fit((x - mean) / scale, y)
+    return mean, scale, model.coef_[0], np.float64(model.intercept_[0])
+
+
+def softmax_rows(logits: np.ndarray) -> np.ndarray:
+    logits = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(logits)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def fitted_probs(data: Labelled, train: np.ndarray, test: np.ndarray, choice: Choice) -> np.ndarray:
+    """Probabilities for the `test` items from a readout fitted on the `train` items: [n, K]."""
+    k = len(data.options)
+    if data.binary:
+        out = np.empty((len(test), k))
+        for u in range(k):
+            x = design(data, choice.features, u)
+            mean, scale, coef, b = fit_binary(x[train], data.gold[train, u], choice.C)
+            out[:, u] = 1 / (1 + np.exp(-np.clip(((x[test] - mean) / scale) @ coef + b, -700, 700)))
+        return out
+    x = design(data, choice.features)
+    mean, scale, coef, b = fit_multiclass(x[train], data.gold[train], k, choice.C)
+    return softmax_rows(((x[test] - mean) / scale) @ coef.T + b)
+
+
+def readout(data: Labelled, choice: Choice) -> Readout:
+    """The readout fitted on every item, as a head file stores it."""
+    k = len(data.options)
+    if data.binary:
+        parts = [fit_binary(design(data, choice.features, u), data.gold[:, u], choice.C) for u in range(k)]
+        mean, scale = np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
+        coef, intercept = np.stack([p[2] for p in parts]), np.array([float(p[3]) for p in parts])
+    else:
+        m, s, coef, intercept = fit_multiclass(design(data, choice.features), data.gold, k, choice.C)
+        mean, scale = m[None], s[None]
+    return Readout(data.qid, data.options, data.binary, choice.features, mean, scale, coef, intercept)
+
+
+# -- choosing C and the features -----------------------------------------------------------------
+def log_loss(data: Labelled, idx: np.ndarray, probs: np.ndarray) -> float:
+    """Mean negative log-likelihood of the gold answers (binary: summed over tags)."""
+    p = np.clip(probs, 1e-12, 1 - 1e-12)
+    if data.binary:
+        g = data.gold[idx]
+        return float(-(g * np.log(p) + (~g) * np.log(1 - p)).sum(axis=1).mean())
+    return float(-np.log(p[np.arange(len(idx)), data.gold[idx]]).mean())
+
+
+def choose(data: Labelled, items: np.ndarray, seed: int) -> Choice:
+    """The (C, features) of least held-out log-loss in an inner cross-validation over `items`."""
+    folds = min(INNER_FOLDS, len(items))
+    splits = cv_splits([data.strata()[i] for i in items], folds, seed)
+    best: tuple[float, Choice] | None = None
+    for features in FEATURE_SETS:
+        for c in C_GRID:
+            choice = Choice(c, features)
+            loss = 0.0
+            for train, test in splits:
+                loss += log_loss(data, items[test], fitted_probs(data, items[train], items[test], choice)) * len(test)
+            if best is None or loss < best[0] - 1e-9:
+                best = (loss, choice)
+    assert best is not None
+    return best[1]
+
+
+# -- the held-out comparison -----------------------------------------------------------------------
+def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None] = lambda done, total: None
+          ) -> tuple[Judged, Readout]:
+    """Cross-validate the head beside the prompt rule on the same folds; then the readout fitted
+    on every item (with the C and features chosen on every item)."""
+    notes = _check_counts(data, folds)
+    splits = cv_splits(data.strata(), folds, seed)
+    probs = np.empty(data.prompt.shape)
+    everything = np.arange(data.n)
+    for f, (train, test) in enumerate(splits):
+        step(f, folds + 1)
+        probs[test] = fitted_probs(data, train, test, choose(data, train, seed))
+    step(folds, folds + 1)
+    choice = choose(data, everything, seed)
+    thresholds = _tag_thresholds(data, probs) if data.binary else None
+    head_said = probs >= np.asarray(thresholds) if data.binary else probs.argmax(axis=1)
+    head = figures(data, head_said, probs, seed)
+    prompt = figures(data, data.said, data.prompt, seed)
+    gain = paired_gain(data, head_said, data.said, seed)
+    verdict = "head" if gain.low > 0 else "prompt" if gain.high < 0 else "tie"
+    judged = Judged(data.qid, data.binary, data.n, len(splits), head, prompt, gain, verdict, choice, data.counts(),
+                    notes=notes, thresholds=thresholds)
+    if not data.binary:
+        judged.curve = learning_curve(data, splits, choice, seed)
+    final = readout(data, choice)
+    return judged, final
+
+
+def _check_counts(data: Labelled, folds: int) -> list[str]:
+    """Refuse what cannot be fitted; say, in a line each, what will be rough."""
+    counts = data.counts()
+    if data.binary:
+        if not any(counts.values()):
+            raise UsageError(f"{data.qid}: no labelled item has any label on: a head needs items of each kind")
+        return [f"label {o!r} is on for {n} of {data.n} labelled items: its head answers it "
+                f"{'never' if n == 0 else 'always' if n == data.n else 'from very little'}"
+                for o, n in counts.items() if n < 2 or n > data.n - 2]
+    present = [o for o, n in counts.items() if n]
+    if len(present) < 2:
+        raise UsageError(f"{data.qid}: every labelled item has the gold {present[0]!r}: a head needs items of two "
+                         f"options or more")
+    notes = [f"{', '.join(repr(o) for o, n in counts.items() if not n)}: no labelled item, the head never answers "
+             f"{'it' if sum(not n for n in counts.values()) == 1 else 'them'}"] if len(present) < len(counts) else []
+    rare = [f"{o!r} ({n})" for o, n in counts.items() if 0 < n < folds]
+    if rare:
+        notes.append(f"fewer labelled items than folds ({folds}) for {', '.join(rare[:5])}"
+                     f"{' and more' if len(rare) > 5 else ''}: those folds are fitted without them, so the "
+                     f"held-out figures understate the head")
+    return notes
+
+
+def _tag_thresholds(data: Labelled, probs: np.ndarray) -> list[float]:
+    """Each tag's threshold: the one of best F1 on its held-out probabilities (ties: nearest 0.5)."""
+    grid = np.round(np.arange(0.05, 0.96, 0.05), 2)
+    out = []
+    for u in range(len(data.options)):
+        g = data.gold[:, u]
+        best = max(grid, key=lambda t: (_f1(probs[:, u] >= t, g), -abs(t - 0.5)))
+        out.append(float(best))
+    return out
+
+
+def _f1(said: np.ndarray, gold: np.ndarray) -> float:
+    tp, fp, fn = (said & gold).sum(), (said & ~gold).sum(), (~said & gold).sum()
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
+def _scores(data: Labelled, said: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """Accuracy (binary: exact sets) and macro-F1 under bootstrap weights [R, N]."""
+    if data.binary:
+        right = (said == data.gold).all(axis=1)
+        on_said, on_gold = said, data.gold
+    else:
+        right = said == data.gold
+        k = len(data.options)
+        on_said = said[:, None] == np.arange(k)[None]
+        on_gold = data.gold[:, None] == np.arange(k)[None]
+    total = weights.sum(axis=1)
+    tp = weights @ (on_said & on_gold)
+    fp = weights @ (on_said & ~on_gold)
+    fn = weights @ (~on_said & on_gold)
+    seen = (tp + fp + fn) > 0  # classes in the gold or the answers of this resample
+    f1 = np.where(seen, 2 * tp / np.maximum(2 * tp + fp + fn, 1e-12), 0.0)
+    macro = f1.sum(axis=1) / np.maximum(seen.sum(axis=1), 1)
+    return {"accuracy": (weights @ right) / total, "macro_f1": macro}
+
+
+def figures(data: Labelled, said: np.ndarray, probs: np.ndarray, seed: int) -> dict[str, Figure | float | None]:
+    """Held-out accuracy and macro-F1 with their bootstrap intervals, and the calibration error."""
+    point = {k: float(v[0]) for k, v in _scores(data, said, np.ones((1, data.n))).items()}
+    draws: dict[str, list] = {"accuracy": [], "macro_f1": []}
+    for w in resamples(data.n, seed):
+        for k, v in _scores(data, said, w).items():
+            draws[k].append(v)
+    out: dict[str, Figure | float | None] = {k: interval(point[k], np.concatenate(draws[k]), LEVEL) for k in point}
+    if data.binary:
+        conf = np.where(said, probs, 1 - probs).ravel()
+        right = (said == data.gold).ravel()
+    else:
+        top = probs.max(axis=1)
+        conf, right = top, (said == data.gold)
+    out["ece"] = round(float(calibration_error(conf.tolist(), right.tolist())), 6)
+    return out
+
+
+def paired_gain(data: Labelled, head: np.ndarray, prompt: np.ndarray, seed: int) -> Figure:
+    """The head's accuracy minus the prompt's on the same resamples (98%: a 1% chance of calling
+    a winner where there is none)."""
+    point = float(_scores(data, head, np.ones((1, data.n)))["accuracy"][0]
+                  - _scores(data, prompt, np.ones((1, data.n)))["accuracy"][0])
+    diffs = [_scores(data, head, w)["accuracy"] - _scores(data, prompt, w)["accuracy"] for w in resamples(data.n, seed)]
+    return interval(point, np.concatenate(diffs), GAIN_LEVEL)
+
+
+def learning_curve(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray]], choice: Choice, seed: int
+                   ) -> list[dict[str, Any]]:
+    """Held-out accuracy of a readout fitted on n labelled items a class (n in CURVE, up to the
+    largest class's count; a class with fewer gives what it has), with the final C and features."""
+    rng = np.random.default_rng(seed + 2)
+    largest = max(data.counts().values())
+    out = []
+    for n in CURVE:
+        if n > largest:
+            break
+        right = 0
+        for train, test in splits:
+            picked = np.concatenate([rng.permutation(train[data.gold[train] == k])[:n] for k in np.unique(data.gold[train])])
+            probs = fitted_probs(data, np.sort(picked), test, choice)
+            right += int((probs.argmax(axis=1) == data.gold[test]).sum())
+        out.append({"per_class": n, "accuracy": round(right / data.n, 6)})
+    return out

@@ -1,0 +1,299 @@
+"""`prefixcache fit`: the states it reads are those of one full forward of the rendered prompt; a
+head fitted where the labels are separable in the state answers every held-out item right where
+the prompt does not; a fitted spec answers the same through `run` and the Python API, whatever
+the batches, and continues an interrupted output; a head fitted on another model, prompt,
+template or label set, or a damaged or foreign head file, is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from helpers import TEXTS, invoke, json_lines, make_spec, write_spec
+from prefixcache.errors import SpecError
+from prefixcache.model.engine import Engine
+from prefixcache.model.rows import Row
+from prefixcache.task.head import Readout, head_bytes, load_head
+from prefixcache.task.prompt import PromptBuilder
+from prefixcache.task.specfile import load_spec
+
+LABELS2 = ["billing", "technical"]
+WORDS = {"billing": "refund", "technical": "crashes"}  # a word a label, repeated: far apart in any state
+
+
+def _toy(tmp_path, n=40, name="labelled.jsonl"):
+    """Items whose word says their label (separable in a state that reads it), of several
+    lengths, in an order the labels do not follow."""
+    rows = []
+    for k in range(n):
+        label = LABELS2[(k * 7 + k // 3) % 2]
+        rows.append({"id": f"i{k}", "text": " ".join([WORDS[label]] * (3 + k % 4)), "gold": label})
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _final_states(model, ids):
+    """The lm_head's input at every position of one plain forward: [T, H]."""
+    seen = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([list(ids)]))
+    finally:
+        hook.remove()
+    return seen[0][0]
+
+
+# -- the states ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ("shared", "standard"))
+def test_states_equal_those_of_one_full_forward_of_the_rendered_prompt(arch_model, chat_tokenizer, tmp_path, backend):
+    arch, model = arch_model
+    builder = PromptBuilder(make_spec(tmp_path), chat_tokenizer)
+    engine = Engine(model, backend)
+    prefix = engine.prefill(builder.prefix_ids)
+    cands = list(builder.candidates.values())
+    encoded = [builder.encode_item({"text": t}) for t in TEXTS[:6]]
+    rows = [Row(e.ids, e.prefix_len, cands) for e in encoded]
+    plain = engine.score(prefix, rows)
+    scores, states = engine.score_with_states(prefix, rows, [[0, len(cands) - 1]] * len(rows))
+    assert scores == plain  # reading the states changes no score
+    for e, found in zip(encoded, states):
+        want = _final_states(model, e.ids)[-1].numpy()  # the item's last position: the first label token's
+        assert found.shape == (2, want.shape[0])
+        assert np.abs(found - want).max() < 1e-5, arch
+
+
+def test_a_questions_states_are_read_where_its_options_start(chat_tokenizer, tmp_path):
+    """A typed question's answer position is after its own text: the state there equals the full
+    forward of the item's prompt followed by the question's text."""
+    from conftest import tiny_model
+
+    from prefixcache.scoring.prepare import Task
+    from prefixcache.data.items import Item
+
+    model = tiny_model("llama", len(chat_tokenizer))
+    spec = make_spec(tmp_path, questions={"team": {"type": "choice", "instructions": "Which team?",
+                                                   "criteria": {"billing": None, "technical": None}},
+                                          "blocked": {"type": "noul", "instructions": "Is the customer blocked?"}})
+    task = Task(spec, None, chat_tokenizer)
+    engine = Engine(model)
+    prefix = engine.prefill(task.builder.prefix_ids)
+    prep = task.prepare(Item("a", {"text": TEXTS[0]}, 1))
+    wanted = [at for at, _ in prep.spans]
+    _, states = engine.score_with_states(prefix, [prep.row], [wanted])
+    ids = list(prep.candidates.values())
+    for n, at in enumerate(wanted):
+        stem = ids[at][:prep.skips[at]]  # the question's text: read, not scored
+        want = _final_states(model, list(prep.enc.ids) + list(stem))[-1].numpy()
+        assert np.abs(states[0][n] - want).max() < 1e-5
+
+
+# -- the head file's arithmetic -------------------------------------------------------------------
+def test_a_head_gives_the_probabilities_of_the_regression_it_stores():
+    from sklearn.linear_model import LogisticRegression
+    from prefixcache.tune.heads import fit_multiclass
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(60, 8)), rng.integers(0, 3, 60)
+    mean, scale, coef, b = fit_multiclass(x, y, 3, 0.5)
+    r = Readout("q", ("a", "b", "c"), False, "state", mean[None], scale[None], coef, b)
+    want = LogisticRegression(C=0.5, max_iter=500).fit((x - mean) / scale, y).predict_proba((x[:5] - mean) / scale)
+    for row, w in zip(x[:5], want):
+        assert np.allclose(r.probs(row[None], [0.0] * 3), w, atol=1e-6)
+
+
+# -- fit, end to end on a tiny model ----------------------------------------------------------------
+@pytest.fixture
+def fitted(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS2, gold="gold")
+    labelled = _toy(tmp_path)
+    out = tmp_path / "fitted.yaml"
+    result = invoke("fit", spec, labelled, "-o", out, "--folds", "4", "-q")
+    assert result.exit_code == 0, result.output
+    return spec, labelled, out
+
+
+def test_a_head_answers_every_held_out_item_where_the_labels_are_separable(fitted, tmp_path):
+    spec, labelled, out = fitted
+    figures = json.loads((tmp_path / "fitted.fit.json").read_text())
+    q = figures["questions"][0]
+    assert q["head"]["accuracy"]["value"] == 1.0
+    assert q["prompt"]["accuracy"]["value"] < 1.0  # a random model's label scores miss some
+    assert q["verdict"] == "head" and q["gain"]["low"] > 0
+    assert [c["per_class"] for c in q["learning_curve"]] == [1, 2, 4, 8, 16]
+    data = yaml.safe_load(out.read_text())
+    assert data["head"] == "fitted.head.safetensors" and out.read_text().startswith("# prefixcache fit:")
+    preds = tmp_path / "preds.jsonl"
+    result = invoke("run", out, labelled, "-o", preds, "--metrics", tmp_path / "m.json", "-q")
+    assert result.exit_code == 0, result.output
+    records = json_lines(preds)
+    assert all(r["readout"] == "head" and r["correct"] for r in records)
+    plain = json_lines(_run(spec, labelled, tmp_path / "plain.jsonl"))
+    for r, p in zip(records, plain):  # the prompt's log-probabilities are kept as they were
+        assert r["logprobs"] == pytest.approx(p["logprobs"], abs=1e-5) and "readout" not in p
+
+
+def _run(spec, items, out, *extra):
+    result = invoke("run", spec, items, "-o", out, "--overwrite", "-q", *extra)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_a_fitted_spec_answers_the_same_through_run_the_api_and_any_batches(fitted, tmp_path):
+    from prefixcache import Classifier
+
+    _, labelled, out = fitted
+    one = json_lines(_run(out, labelled, tmp_path / "one.jsonl", "--batch-size", "1"))
+    many = json_lines(_run(out, labelled, tmp_path / "many.jsonl", "--batch-size", "16"))
+    rows = [json.loads(line) for line in labelled.read_text().splitlines()]
+    api = list(Classifier(out, device="cpu", dtype="float32").classify(rows))
+    for a, b, c in zip(one, many, api):
+        assert a["label"] == b["label"] == c["label"]
+        assert a["probs"] == pytest.approx(b["probs"], abs=1e-5) and a["probs"] == pytest.approx(c["probs"], abs=1e-5)
+        assert c["readout"] == "head"
+
+
+def test_an_interrupted_fitted_run_continues_to_the_same_records(fitted, tmp_path):
+    _, labelled, out = fitted
+    whole = json_lines(_run(out, labelled, tmp_path / "whole.jsonl", "--batch-size", "8"))
+    part = tmp_path / "part.jsonl"
+    lines = (tmp_path / "whole.jsonl").read_text().splitlines(keepends=True)
+    part.write_text("".join(lines[:13]))  # as a kill mid-batch leaves it
+    (tmp_path / "part.jsonl.prefixcache.json").write_text((tmp_path / "whole.jsonl.prefixcache.json").read_text())
+    result = invoke("run", out, labelled, "-o", part, "--resume", "--batch-size", "8", "-q")
+    assert result.exit_code == 0, result.output
+    resumed = json_lines(part)
+    assert [r["id"] for r in resumed] == [r["id"] for r in whole]
+    for a, b in zip(resumed, whole):
+        assert a["label"] == b["label"] and a["probs"] == pytest.approx(b["probs"], abs=1e-6)
+
+
+@pytest.mark.parametrize("change, what", [
+    ({"system": "You route tickets, tersely."}, "prompt prefix"),
+    ({"template": "Message: {text}"}, "item prompt"),
+    ({"labels": ["billing", "technical", "account"]}, "label set or questions"),
+])
+def test_a_fitted_spec_refuses_a_changed_prompt_template_or_label_set(fitted, tmp_path, change, what):
+    _, labelled, out = fitted
+    data = {**yaml.safe_load(out.read_text()), **change}
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(data))
+    result = invoke("run", edited, labelled, "-o", tmp_path / "x.jsonl", "-q")
+    assert result.exit_code == 2
+    assert f"this head was fitted with another {what}" in result.output and "fit it again" in result.output
+
+
+def test_a_fitted_spec_refuses_another_model(fitted, tmp_path, chat_tokenizer):
+    from conftest import tiny_model
+
+    _, labelled, out = fitted
+    other = tmp_path / "other-model"
+    tiny_model("llama", len(chat_tokenizer), seed=1).save_pretrained(other)
+    chat_tokenizer.save_pretrained(other)
+    result = invoke("run", out, labelled, "-o", tmp_path / "x.jsonl", "-m", other, "-q")
+    assert result.exit_code == 2 and "this head was fitted with another model" in result.output
+
+
+def test_a_fitted_spec_refuses_exact_and_says_pruning_does_not_apply(fitted, tmp_path):
+    _, labelled, out = fitted
+    result = invoke("run", out, labelled, "-o", tmp_path / "x.jsonl", "--exact", "--dtype", "bfloat16", "-q")
+    assert result.exit_code == 2 and "--exact" in result.output and "head" in result.output
+
+
+# -- hostile and damaged head files ---------------------------------------------------------------
+def _damaged(good: bytes, how: str) -> bytes:
+    from safetensors.numpy import load, save
+
+    meta = json.loads(good[8: 8 + int.from_bytes(good[:8], "little")])["__metadata__"]
+    arrays = load(good)
+    if how == "truncated":
+        return good[: len(good) // 2]
+    if how == "nan":
+        arrays["0.coef"] = arrays["0.coef"].copy()
+        arrays["0.coef"][0, 0] = np.nan
+        return save(arrays, metadata=meta)
+    if how == "shape":
+        arrays["0.coef"] = arrays["0.coef"][:, :-1].copy()
+        return save(arrays, metadata=meta)
+    if how == "pickle":
+        import pickle
+
+        return pickle.dumps({"coef": [1, 2]})
+    if how == "header":
+        info = json.loads(meta["prefixcache_head"])
+        info["questions"][0]["options"] = "billing"
+        return save(arrays, metadata={"prefixcache_head": json.dumps(info)})
+    if how == "deep":
+        return save(arrays, metadata={"prefixcache_head": "[" * 100000 + "]" * 100000})
+    raise ValueError(how)
+
+
+@pytest.mark.parametrize("how", ["truncated", "nan", "shape", "pickle", "header", "deep"])
+def test_a_damaged_head_file_is_refused_before_the_model_loads(fitted, tmp_path, how):
+    _, labelled, out = fitted
+    head = tmp_path / "fitted.head.safetensors"
+    head.write_bytes(_damaged(head.read_bytes(), how))
+    with pytest.raises(SpecError, match="not a head file written by prefixcache fit"):
+        load_spec(out)
+    result = invoke("run", out, labelled, "-o", tmp_path / "x.jsonl", "-q")
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "head" in result.output
+
+
+def test_a_head_someone_else_can_change_is_refused(fitted, tmp_path):
+    _, _, out = fitted
+    head = tmp_path / "fitted.head.safetensors"
+    os.chmod(head, 0o664)
+    with pytest.raises(SpecError, match="can be written by other users"):
+        load_spec(out)
+    os.chmod(head, 0o644)
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    os.chown(head, 12345, -1)
+    with pytest.raises(SpecError, match="belongs to another user"):
+        load_spec(out)
+
+
+def test_a_head_round_trips_through_its_file(tmp_path):
+    rng = np.random.default_rng(1)
+    r = Readout("labels", ("a", "b"), True, "state+logprobs", rng.normal(size=(2, 5)), np.ones((2, 5)),
+                rng.normal(size=(2, 5)), rng.normal(size=2))
+    fp = {"model": "m", "prefix": "p", "template": "t", "questions": "q"}
+    path = tmp_path / "h.safetensors"
+    path.write_bytes(head_bytes([r], fp, "final", {}))
+    os.chmod(path, 0o644)
+    back = load_head(str(path), tmp_path / "spec.yaml").readouts[0]
+    states = rng.normal(size=(2, 4))
+    assert back.probs(states, [-0.1, -2.0]) == pytest.approx(r.probs(states, [-0.1, -2.0]), abs=1e-6)
+
+
+# -- what fit refuses ------------------------------------------------------------------------------
+def test_fit_refuses_multiple_choice_and_a_spec_without_gold(tmp_path, tiny_model_dir):
+    labelled = _toy(tmp_path)
+    mc = write_spec(tmp_path, name="mc.yaml", model=str(tiny_model_dir), labels=None, choices="options")
+    result = invoke("fit", mc, labelled, "-o", tmp_path / "f.yaml")
+    assert result.exit_code == 2 and "choices" in result.output
+    plain = write_spec(tmp_path, name="plain.yaml", model=str(tiny_model_dir), labels=LABELS2)
+    result = invoke("fit", plain, labelled, "-o", tmp_path / "f.yaml")
+    assert result.exit_code == 2 and "--gold" in result.output
+
+
+def test_fit_of_tags_writes_a_threshold_per_label(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS2, multi_label=True, gold="gold")
+    rows = [json.loads(line) for line in _toy(tmp_path).read_text().splitlines()]
+    for k, r in enumerate(rows):  # some items carry both labels
+        r["gold"] = r["gold"] + (",billing" if k % 5 == 0 and r["gold"] == "technical" else "")
+    labelled = tmp_path / "tags.jsonl"
+    labelled.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "tags-fitted.yaml"
+    result = invoke("fit", spec, labelled, "-o", out, "--folds", "3", "-q")
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load(out.read_text())
+    assert set(data["threshold"]) == set(LABELS2)
+    preds = json_lines(_run(out, labelled, tmp_path / "tags-out.jsonl"))
+    assert all(r["readout"] == "head" and set(r["probs"]) == set(LABELS2) for r in preds)
