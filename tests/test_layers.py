@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "prefixcache"
 ALLOWED = {
     "cli": {"serve", "tune", "run", "reports", "scoring", "model", "data", "task"},
     "serve": {"scoring", "model", "data", "task"},
-    "api": {"run", "reports", "scoring", "model", "data", "task"},
+    "api": {"tune", "run", "reports", "scoring", "model", "data", "task"},
     "tune": {"run", "reports", "scoring", "model", "data", "task"},
     "run": {"reports", "scoring", "model", "data", "task"},
     "reports": {"data", "task"},

@@ -35,6 +35,9 @@ from ..task.keys import spec_from_mapping
 from ..task.spec import TaskSpec
 from ..task.specfile import load_spec
 from .progress import bar_for
+from .tables import rows_of
+
+GOLD = "\x00gold"  # the labels Classifier.fit is given, as the items' gold field (no column is named so)
 
 if TYPE_CHECKING:
     from ..scoring.scorer import ItemScorer
@@ -100,6 +103,7 @@ class Classifier:
             self.scorer: ItemScorer = build_scorer(self.task, self.options)
         self.batching = Batching(batch_size, batch_tokens, pruned=self.scorer.pruning)
         self._zero_shot: dict[tuple[str, ...], Classifier] = {}
+        self.fit_figures: Optional[list[dict[str, Any]]] = None  # set on what `fit` returns
 
     @property
     def labels(self) -> list[str]:
@@ -163,6 +167,59 @@ class Classifier:
         rows = rows_of_columns(batch)
         records = list(self.classify(rows, total=len(rows), on_error="skip"))
         return add_predictions_to_columns(dict(batch), records, self.spec, prefix)
+
+    # -- a head trained on your labels (scikit-learn's conventions) -----------------------------
+    def fit(self, X: Any, y: Any, *, folds: int = 5, seed: int = 0) -> "Classifier":
+        """A classifier of the same spec whose head, fitted on these labelled items, decides (as
+        `prefixcache fit` writes it): `X` strings, dicts of fields, or a DataFrame or Table; `y`
+        their labels (a list, a Series, or the name of a column of `X`; multi-label: lists of
+        labels or strings separated by the spec's `gold_sep`). This classifier is left as it is.
+        The held-out figures of the head beside the prompt alone are in `.fit_figures` (one dict
+        per question, as `fit`'s JSON). Raises UsageError for too few items or one class only."""
+        from ..tune.fit import fit_heads, fitted_questions, MIN_ITEMS
+        from ..scoring.build import build_on
+
+        if self.spec.questions:
+            raise UsageError("Classifier.fit learns a label spec's labels; for typed questions, name each one's gold "
+                             "field and use prefixcache fit")
+        rows = X if isinstance(X, (list, tuple)) else rows_of(X) if hasattr(X, "columns") or hasattr(X, "to_pylist") \
+            else list(X)
+        labels = [r[y] for r in rows] if isinstance(y, str) and rows and isinstance(rows[0], Mapping) else list(y)
+        if len(labels) != len(rows):
+            raise InputError(f"{len(rows)} items and {len(labels)} labels: give one label an item")
+        if len(rows) < max(MIN_ITEMS, 2 * folds):
+            raise UsageError(f"{len(rows)} labelled items are too few to fit and judge a head by {folds}-fold "
+                             f"cross-validation; fit needs at least {max(MIN_ITEMS, 2 * folds)}")
+        spec = dataclasses.replace(self.spec, gold=GOLD, head=None)
+        items = [dataclasses.replace(item, record={**item.record, GOLD: label})
+                 for item, label in zip(self._items(rows), labels)]
+        for item in items:
+            spec.check_record(item.record)
+        base = build_on(self.task.with_spec(spec), self.scorer.engine, self.options.replace(prune="off", exact=False))
+        found = fit_heads(base, items, fitted_questions(spec), self.batching, folds, seed)
+        keys: dict[str, Any] = {"head": found.head()}
+        if self.spec.multi_label:
+            keys["tag_thresholds"] = tuple(found.judged[0].thresholds)
+        twin = copy.copy(self)
+        twin.spec = dataclasses.replace(self.spec, **keys)
+        twin.task = self.task.with_spec(twin.spec)
+        twin.scorer = build_on(twin.task, self.scorer.engine, self.options)
+        twin._zero_shot = {}
+        twin.fit_figures = [j.to_json() for j in found.judged]
+        return twin
+
+    def predict(self, X: Any) -> list[Any]:
+        """The label of each item (multi-label: its list of labels; None where it abstains)."""
+        rows = X if isinstance(X, (list, tuple, str)) else rows_of(X) if hasattr(X, "columns") else list(X)
+        return [r["labels"] if self.spec.multi_label else r.get("label") for r in self.classify(rows)]
+
+    def predict_proba(self, X: Any) -> Any:
+        """Each item's probability of each label, in `labels` order: a numpy array [N, K]
+        (multi-label: each label's own probability of applying)."""
+        import numpy as np
+
+        rows = X if isinstance(X, (list, tuple, str)) else rows_of(X) if hasattr(X, "columns") else list(X)
+        return np.array([[r["probs"][n] for n in self.labels] for r in self.classify(rows)], dtype=float)
 
     # -- zero-shot pipeline style ---------------------------------------------------------------
     def __call__(self, sequences: Any, candidate_labels: Optional[Sequence[str]] = None,

@@ -18,7 +18,9 @@
   `--exact` measures of it, its record layout and its columns;
 - scoring_metrics.py: the metrics the kinds share (per-class precision/recall/F1, calibration error);
 - lint.py: label sets that first-token scoring would get wrong;
-- overrides.py: the spec with what the command line or `Classifier` sets instead (-m, --gold).
+- overrides.py: the spec with what the command line or `Classifier` sets instead (-m, --gold);
+- head.py: a fitted readout (`head:`): the head file read and checked, its fingerprint, and the
+  probabilities it gives from hidden states (numpy, no torch).
 
 May import: errors. Imported by every layer above it.
 """

@@ -254,12 +254,8 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
     template = parse_template(_want_str(data, "template", path, "{text}"), f"{path}: 'template'")
     choices = _want_str(data, "choices", path)
     labels = () if "questions" in data else _labels(data.get("labels"), path, choices)
-    fmt = _want_str(data, "format", path, "auto")
-    if fmt not in FORMATS:
-        raise SpecError(f"{path}: 'format' must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    norm = _want_str(data, "normalize", path, "sum")
-    if norm not in NORMALIZATIONS:
-        raise SpecError(f"{path}: 'normalize' must be one of {', '.join(NORMALIZATIONS)}, got {norm!r}")
+    fmt = _one_of(data, "format", path, "auto", FORMATS)
+    norm = _one_of(data, "normalize", path, "sum", NORMALIZATIONS)
     trust = data.get("trust_remote_code", False)
     if not isinstance(trust, bool):
         raise SpecError(f"{path}: 'trust_remote_code' must be true or false")
@@ -298,6 +294,13 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
         head=head,
         **tagging,
     )
+
+
+def _one_of(data: Mapping[str, Any], key: str, path: Path, default: str, allowed: tuple[str, ...]) -> str:
+    value = _want_str(data, key, path, default)
+    if value not in allowed:
+        raise SpecError(f"{path}: '{key}' must be one of {', '.join(allowed)}, got {value!r}")
+    return value
 
 
 def _head(data: Mapping[str, Any], path: Path, choices: str | None) -> Head | None:

@@ -1,4 +1,5 @@
-"""`prefixcache tune`: choosing the prompt and the decision rule on labelled items, honestly.
+"""`prefixcache tune` and `prefixcache fit`: choosing the prompt and the decision rule, or training a
+head, on labelled items, honestly.
 
 - variants.py: the prompt variants and models compared (no torch);
 - rules.py: decision rules, and what they decide as arrays over the items (no torch);
@@ -7,7 +8,11 @@
 - passes.py: each variant's one scoring pass over the items (the torch side);
 - tuned.py: the chosen spec, written with the user's comments kept;
 - leaderboard.py: the findings as words, JSON and Markdown (no torch);
-- job.py: `tune(TuneOptions)` from checks to `TuneResult`.
+- job.py: `tune(TuneOptions)` from checks to `TuneResult`;
+- heads.py: `fit`'s readouts (logistic regressions on hidden states, scikit-learn) judged against
+  the prompt rule on the same held-out folds (no torch);
+- fit.py: `fit(FitOptions)`: checks, the states read, each question's head judged and fitted, the
+  head file, the fitted spec and the figures written.
 
 May import: run, reports, scoring, model, data, task, compat, errors. Never prints; imported by cli.
 """

@@ -10,6 +10,7 @@ figures as JSON. It never prints: progress goes through `step`.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,7 +25,7 @@ from ..errors import SpecError, UsageError
 from ..run.options import RunOptions
 from ..run.plan import load_options_spec
 from ..scoring.prepare import Batching
-from ..task.head import head_bytes
+from ..task.head import Head, Readout, head_bytes
 from ..task.kind import Question
 from ..task.questions import label_kind
 from ..task.spec import TaskSpec, gold_tags, gold_value
@@ -90,14 +91,7 @@ def plan_fit(options: FitOptions) -> FitPlan:
         raise UsageError("--folds must be 2 or more")
     spec_file = read_spec_file(o.spec)
     spec = load_options_spec(o, spec_file)
-    if spec.choices:
-        raise SpecError(f"{spec.path}: fit trains a head on one set of answers, and with 'choices' each item has its "
-                        f"own options; fit a spec with labels or typed questions")
-    questions = tuple(q for q in spec.questions if q.gold) if spec.questions else (
-        (label_kind(spec).question(spec, spec.label_names),) if spec.gold else ())
-    if not questions:
-        raise SpecError("fit learns from gold values: name the field with --gold FIELD (or 'gold' in the spec; "
-                        "for typed questions, a question's 'gold' or --gold QUESTION=FIELD)")
+    questions = fitted_questions(spec)
     for path in (options.output, options.head_path, options.figures_path):
         check_tuned_output(path, o.spec, options.overwrite)
     check_distinct({"-o": options.output, "head": options.head_path, "--json": options.figures_path},
@@ -111,21 +105,64 @@ def plan_fit(options: FitOptions) -> FitPlan:
 
 def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: Optional[FitPlan] = None) -> FitResult:
     """Plan, read the items' states, judge and fit each question's readout, write the files."""
-    from .passes import read_states  # torch: once the checks have passed
+    from .passes import fit_scorer  # torch: once the checks have passed
 
     plan = plan or plan_fit(options)
     o = options.run
-    read = read_states(plan.spec, plan.items, plan.questions, o.scoring(), Batching(o.batch_size, o.batch_tokens), step)
+    scorer = fit_scorer(plan.spec, o.scoring(), step)
+    fitted = fit_heads(scorer, plan.items, plan.questions, Batching(o.batch_size, o.batch_tokens), options.folds,
+                       options.seed, step)
+    result = FitResult(options, plan, fitted.judged, fitted.ms_per_item)
+    _write(result, fitted.readouts, fitted.fingerprint)
+    return result
+
+
+@dataclass
+class Fitted:
+    """Each question's judgement and readout, the task's fingerprint and the cost of reading states."""
+
+    judged: list[Judged]
+    readouts: list[Readout]
+    fingerprint: dict[str, str]
+    ms_per_item: float
+
+    def head(self, path: str = "<fitted in Python>") -> Head:
+        """The readouts as the head a spec holds (what the head file, read back, gives)."""
+        return Head(path, tuple(self.readouts), self.fingerprint, LAYER, "", {})
+
+
+def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question], batching: Batching, folds: int,
+              seed: int, step: Step = lambda what, done, total: None) -> Fitted:
+    """Read the labelled items' states with `scorer` (its spec without a head), then judge and fit
+    a readout for each question."""
+    from .passes import read_states  # torch
+
+    spec = scorer.task.spec
+    read = read_states(scorer, items, questions, batching, step)
     judged, readouts = [], []
-    for q, (states, logprobs, decisions) in zip(plan.questions, read.per_question):
-        data = labelled(q, plan.spec, plan.items, states, logprobs, decisions)
-        step(f"judging {q.id}", 0, options.folds + 1)
-        j, r = judge(data, options.folds, options.seed, lambda done, total, q=q: step(f"judging {q.id}", done, total))
+    for q, (states, logprobs, decisions) in zip(questions, read.per_question):
+        data = labelled(q, spec, items, states, logprobs, decisions)
+        step(f"judging {q.id}", 0, folds + 1)
+        j, r = judge(data, folds, seed, lambda done, total, q=q: step(f"judging {q.id}", done, total))
         judged.append(j)
         readouts.append(r)
-    result = FitResult(options, plan, judged, read.ms_per_item)
-    _write(result, readouts, read.fingerprint)
-    return result
+    return Fitted(judged, readouts, read.fingerprint, read.ms_per_item)
+
+
+def fitted_questions(spec: TaskSpec) -> tuple[Question, ...]:
+    """The questions a head can be fitted for: a label spec's one (with a gold field), a pack's
+    questions with gold; refuses multiple choice, whose options differ per item."""
+    if spec.choices:
+        raise SpecError(f"{spec.path}: fit trains a head on one set of answers, and with 'choices' each item has its "
+                        f"own options; fit a spec with labels or typed questions")
+    questions = tuple(q for q in spec.questions if q.gold) if spec.questions else (
+        (label_kind(spec).question(spec, spec.label_names),) if spec.gold else ())
+    if not questions:
+        raise SpecError("fit learns from gold values: name the field with --gold FIELD (or 'gold' in the spec; "
+                        "for typed questions, a question's 'gold' or --gold QUESTION=FIELD)")
+    if importlib.util.find_spec("sklearn") is None:
+        raise UsageError("fit needs scikit-learn: pip install 'prefixcache[fit]' (or pip install scikit-learn)")
+    return questions
 
 
 def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: np.ndarray, logprobs: np.ndarray,

@@ -118,15 +118,20 @@ class States:
     fingerprint: dict[str, str]
 
 
-def read_states(spec: TaskSpec, items: Sequence[Item], questions: Sequence[Question], options: ScoringOptions,
-                batching: Batching, step: Step = lambda what, done, total: None) -> States:
-    """Score the items in `run`'s batches, every option to the end, reading the final hidden state
-    at each fitted question's answer position from the same forward."""
-    options = options.replace(prune="off", exact=False)
+def fit_scorer(spec: TaskSpec, options: ScoringOptions, step: Step = lambda what, done, total: None) -> Scorer:
+    """The scorer `read_states` reads with: the spec's prompt, no head, every option scored."""
     step("loading the tokenizer", 0, 0)
     task = Task.from_spec(spec, options.cache_dir)
     step(f"loading the model {task.source.ref}", 0, 0)
-    scorer = build_scorer(task, options)
+    return build_scorer(task, options.replace(prune="off", exact=False))
+
+
+def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Question], batching: Batching,
+                step: Step = lambda what, done, total: None) -> States:
+    """Score the items in `run`'s batches, every option to the end, reading the final hidden state
+    at each fitted question's answer position from the same forward (`scorer`: a spec without a
+    head, so that its decisions are the prompt rule's)."""
+    task = scorer.task
     fitted = {q.id for q in questions}
     asked = task.questions
     reads = [(q.kind.name == "tags") if q.id in fitted else None for q in asked]

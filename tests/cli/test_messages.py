@@ -80,7 +80,7 @@ def test_spec_errors_do_not_import_torch(tmp_path):
         ("labels: []\n", "{path}: 'labels' is empty"),
         ("labels: [a, a]\n", "{path}: label 'a' is listed twice"),
         ("labels: [a]\ncolor: red\n", "{path}: unknown key 'color'; known keys: model, revision, system, labels, examples, template, "
-                                      "id_field, format, normalize, answer_prefix, choices, score_by, gold, calibrate, threshold, trust_remote_code, multi_label, question, answers, gold_sep, questions"),
+                                      "id_field, format, normalize, answer_prefix, choices, score_by, gold, calibrate, threshold, trust_remote_code, multi_label, question, answers, gold_sep, questions, head"),
     ],
 )
 def test_bad_spec_is_one_line_and_exit_2(tmp_path, text, message):

@@ -159,6 +159,24 @@ def test_a_fitted_spec_answers_the_same_through_run_the_api_and_any_batches(fitt
         assert c["readout"] == "head"
 
 
+def test_classifier_fit_gives_the_head_prefixcache_fit_writes(fitted, tmp_path):
+    from prefixcache import Classifier
+
+    spec, labelled, out = fitted
+    rows = [json.loads(line) for line in labelled.read_text().splitlines()]
+    clf = Classifier(spec, gold=None, device="cpu", dtype="float32", progress=False)
+    texts = [{"id": r["id"], "text": r["text"]} for r in rows]
+    head = clf.fit(texts, [r["gold"] for r in rows], folds=4)
+    assert clf.spec.head is None and head.spec.head is not None  # the classifier fitted is left as it was
+    assert head.fit_figures[0]["head"]["accuracy"]["value"] == 1.0
+    cli = json_lines(_run(out, labelled, tmp_path / "cli.jsonl"))
+    api = list(head.classify(texts))
+    for a, b in zip(api, cli):
+        assert a["label"] == b["label"] and a["probs"] == pytest.approx(b["probs"], abs=1e-6)
+    assert head.predict(texts) == [r["gold"] for r in rows]
+    assert head.predict_proba(texts[:3]).shape == (3, 2)
+
+
 def test_an_interrupted_fitted_run_continues_to_the_same_records(fitted, tmp_path):
     _, labelled, out = fitted
     whole = json_lines(_run(out, labelled, tmp_path / "whole.jsonl", "--batch-size", "8"))
