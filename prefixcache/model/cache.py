@@ -2,6 +2,7 @@
 
     <cache>/models/<key>/    converted (dequantised GGUF) models, one folder each (load.py)
     <cache>/prefixes/        prefilled prefixes and the cache's signing secret (store.py)
+    <cache>/states/<key>/    the hidden states `fit` read from labelled items, a folder a fit (tune/states.py)
 
 The cache is `--cache-dir` or `cache_dir=`, else PREFIXCACHE_CACHE_DIR, else
 $XDG_CACHE_HOME/prefixcache (~/.cache/prefixcache); PREFIXCACHE_STORE_MAX_MB bounds the prefix
@@ -40,6 +41,11 @@ def models_dir(cache_dir: Union[str, os.PathLike]) -> Path:
 def prefixes_dir(cache_dir: Union[str, os.PathLike]) -> Path:
     """Prefilled prefixes (the prefix store) and the cache's signing secret."""
     return Path(cache_dir) / "prefixes"
+
+
+def states_dir(cache_dir: Union[str, os.PathLike]) -> Path:
+    """The states `fit` read, kept so that an interrupted fit continues and a refit is free."""
+    return Path(cache_dir) / "states"
 
 
 def store_max_bytes() -> Optional[int]:

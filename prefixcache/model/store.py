@@ -30,7 +30,7 @@ from safetensors.torch import save
 from .engine import Prefix
 from .. import safefile
 from ..errors import OutputError
-from .cache import models_dir, prefixes_dir
+from .cache import models_dir, prefixes_dir, states_dir
 from .load import remove_stale_conversions
 from .private import ForeignCache, cache_secret, owned, signed_by
 
@@ -238,6 +238,8 @@ def clear_cache(cache_dir: Path, models: bool = False) -> tuple[int, bool]:
             owned(Path(cache_dir))  # never another user's files
         store = PrefixStore(prefixes_dir(cache_dir))
         removed = store.clear() if store.root.is_dir() else 0
+        if states_dir(cache_dir).is_dir():  # what fit kept: derived data, cleared with the prefixes
+            shutil.rmtree(states_dir(cache_dir))
         gone = models and models_dir(cache_dir).is_dir()
         if gone:
             _clear_models(models_dir(cache_dir), store._key())

@@ -9,6 +9,7 @@ prefix store (or is prefilled once and kept there). The items go through the sam
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -23,7 +24,10 @@ from ..scoring.scorer import Scorer
 from ..task.kind import Question
 from ..task.spec import TaskSpec
 from .rules import Decided, Rule
+from .states import StateStore
 from .variants import Variant
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -127,25 +131,37 @@ def fit_scorer(spec: TaskSpec, options: ScoringOptions, step: Step = lambda what
 
 
 def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Question], batching: Batching,
-                step: Step = lambda what, done, total: None) -> States:
+                step: Step = lambda what, done, total: None, keep: bool = True) -> States:
     """Score the items in `run`'s batches, every option to the end, reading the final hidden state
     at each fitted question's answer position from the same forward (`scorer`: a spec without a
-    head, so that its decisions are the prompt rule's)."""
+    head, so that its decisions are the prompt rule's). With `keep`, each batch's states are kept
+    in the cache (tune/states.py): a batch kept by an earlier fit of the same task is read back."""
     task = scorer.task
     fitted = {q.id for q in questions}
     asked = task.questions
     reads = [(q.kind.name == "tags") if q.id in fitted else None for q in asked]
     index = [i for i, q in enumerate(asked) if q.id in fitted]
+    fingerprint = task.head_fingerprint()
+    store = StateStore(task.cache_dir, fingerprint, scorer.dtype, scorer.device.split(":")[0], reads) \
+        if keep and task.cache_dir is not None else None
     states: list[list[np.ndarray]] = [[] for _ in index]
     logprobs: list[list] = [[] for _ in index]
     decisions: list[list] = [[] for _ in index]
-    seconds, done = 0.0, 0
+    seconds, done, kept = 0.0, 0, 0
     step("reading states", 0, len(items))
     for batch in task.batches(items, batching, scorer.context):
-        start = time.perf_counter()
-        values, found = scorer.score_reading(batch, reads)
-        seconds += time.perf_counter() - start
-        for prep, lps, per in zip(batch, values, found):
+        keys = [p.key for p in batch]
+        found = store.get(keys) if store is not None else None
+        if found is not None:
+            values, per_item = [f[0] for f in found], [f[1] for f in found]
+            kept += len(batch)
+        else:
+            start = time.perf_counter()
+            values, per_item = scorer.score_reading(batch, reads)
+            seconds += time.perf_counter() - start
+            if store is not None:
+                store.put(keys, values, per_item)
+        for prep, lps, per in zip(batch, values, per_item):
             answers = scorer.decide(prep, lps)
             for n, (i, s) in enumerate(zip(index, per)):
                 states[n].append(s)
@@ -153,5 +169,8 @@ def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Quest
                 decisions[n].append(answers.decisions[i])
         done += len(batch)
         step("reading states", done, len(items))
+    if kept:
+        log.info("%d of %d items' states read back from an earlier fit of this task", kept, len(items))
     per_question = [(np.stack(s), np.array(lp, dtype=float), d) for s, lp, d in zip(states, logprobs, decisions)]
-    return States(per_question, 1000 * seconds / max(len(items), 1), task.head_fingerprint())
+    scored = len(items) - kept
+    return States(per_question, 1000 * seconds / scored if scored else 0.0, fingerprint)

@@ -315,3 +315,36 @@ def test_fit_of_tags_writes_a_threshold_per_label(tmp_path, tiny_model_dir):
     assert set(data["threshold"]) == set(LABELS2)
     preds = json_lines(_run(out, labelled, tmp_path / "tags-out.jsonl"))
     assert all(r["readout"] == "head" and set(r["probs"]) == set(LABELS2) for r in preds)
+
+
+# -- an interrupted fit continues ---------------------------------------------------------------
+def test_an_interrupted_fit_continues_from_the_states_it_kept(tmp_path, tiny_model_dir, monkeypatch):
+    from prefixcache.run.options import RunOptions
+    from prefixcache.scoring.scorer import Scorer
+    from prefixcache.tune.fit import FitOptions, fit
+
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS2, gold="gold")
+    rows = [json.loads(line) for line in _toy(tmp_path).read_text().splitlines()]
+    labelled = tmp_path / "distinct.jsonl"  # every prompt its own: none is read back for another
+    labelled.write_text("".join(json.dumps({**r, "text": f"{r['text']} {r['id']}"}) + "\n" for r in rows))
+    forwards = []
+    real = Scorer.score_reading
+    monkeypatch.setattr(Scorer, "score_reading", lambda self, preps, reads: forwards.append(len(preps)) or
+                        real(self, preps, reads))
+
+    def options(out, cache):
+        return FitOptions(RunOptions(spec, str(labelled), batch_size=8, cache_dir=cache), out, folds=4)
+
+    def stop_after_two_batches(what, done, total):
+        if what == "reading states" and done >= 16:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(options(tmp_path / "a.yaml", tmp_path / "cache"), stop_after_two_batches)
+    assert forwards == [8, 8] and not (tmp_path / "a.yaml").exists()
+    fit(options(tmp_path / "a.yaml", tmp_path / "cache"))
+    assert forwards == [8, 8, 8, 8, 8]  # the two batches kept are read back, not scored
+    fit(options(tmp_path / "b.yaml", tmp_path / "fresh-cache"))  # uninterrupted, from nothing
+    assert (tmp_path / "a.head.safetensors").read_bytes() == (tmp_path / "b.head.safetensors").read_bytes()
+    result = invoke("cache", "clear", "--cache-dir", tmp_path / "cache")
+    assert result.exit_code == 0 and not (tmp_path / "cache" / "states").exists()
