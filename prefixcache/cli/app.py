@@ -29,7 +29,7 @@ from ..scoring.prepare import Batching, Task
 from .cache import cache_app
 from .options import (
     BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
-    EXAMPLES_OPT, FIT_JSON_OPT, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
+    EXAMPLES_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
@@ -343,6 +343,13 @@ def fit(
             say("wrote " + ", ".join(str(p) for p in result.written))
 
 
+def served_heads(paths: list[Path]) -> list[Any]:
+    """The `--head` files, each read and checked before the model loads."""
+    from ..task.head import load_head
+
+    return [load_head(str(p), Path("--head")) for p in paths]
+
+
 @app.command(cls=Command)
 def serve(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="A hub id, a model folder or a .gguf file (default: the embedded model)."),
@@ -355,6 +362,7 @@ def serve(
     max_batch: int = typer.Option(16, "--max-batch", min=1, help="At most this many requests in one forward pass."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
+    head: list[Path] = SERVE_HEAD_OPT,
     debug: bool = DEBUG_OPT,
 ) -> None:
     """Answer typed decisions over HTTP: TypeSafe's System One (`POST /v1/systemone`) and OpenAI's
@@ -378,8 +386,10 @@ def serve(
     with errors(debug):
         setup_logging(False)
         key = None if api_key_env is None else api_key(api_key_env, f"--api-key-env {api_key_env}")
+        heads = served_heads(head)
         compat.quiet_libraries()
-        start(model, ScoringOptions.from_environment(device=device, dtype=dtype), host, port, key, batch_wait_ms, max_batch)
+        start(model, ScoringOptions.from_environment(device=device, dtype=dtype), host, port, key, batch_wait_ms, max_batch,
+              heads=heads)
 
 
 @app.command(cls=Command)
@@ -392,6 +402,7 @@ def decide(
     batch_size: int = typer.Option(16, "--batch-size", "-b", min=1, help="Requests in one forward pass at most."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
+    head: list[Path] = SERVE_HEAD_OPT,
     quiet: bool = QUIET_OPT,
     debug: bool = DEBUG_OPT,
 ) -> None:
@@ -414,7 +425,8 @@ def decide(
     with errors(debug):
         setup_logging(quiet)
         compat.quiet_libraries()
-        decider = Decider(model, ScoringOptions.from_environment(device=device, dtype=dtype))
+        heads = served_heads(head)
+        decider = Decider(model, ScoringOptions.from_environment(device=device, dtype=dtype), heads=heads)
         shown = not quiet and err.is_terminal
 
         def step(done: int, total: int) -> None:

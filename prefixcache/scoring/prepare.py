@@ -178,12 +178,13 @@ class Task:
         """The questions every item is asked (a pack's, or a label spec's one; not multiple choice)."""
         return self.builder.asked or (label_kind(self.spec).question(self.spec, self.spec.label_names),)
 
-    def head_fingerprint(self) -> dict[str, str]:
-        """What a head fitted on this task is fitted on (task/head.py `fingerprint`)."""
+    def head_fingerprint(self, model: str | None = None) -> dict[str, str]:
+        """What a head fitted on this task is fitted on (task/head.py `fingerprint`); `model`: the
+        model's `model_content_identity` when the caller has it already."""
         free = self.content_free("")
         questions = [(q.id, q.type, q.instructions, [*q.options, *(t for said in q.said for t in said)])
                      for q in self.questions]
-        return fingerprint(model_content_identity(self.source), self.builder.prefix_ids,
+        return fingerprint(model or model_content_identity(self.source), self.builder.prefix_ids,
                            free.ids[free.prefix_len:], self.spec.template.text, questions)
 
     def answer_positions(self, prep: Prepared, binary: Sequence[bool]) -> list[list[int]]:

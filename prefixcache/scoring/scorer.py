@@ -205,12 +205,32 @@ class Scorer:
         reads. Scores read back from records carry no states: those prompts are scored again."""
         todo = {p.key: p for p in preps if p.key not in self._scores or p.key not in self._states}
         if todo:
-            reads = [None if r is None else r.binary for r in self._readouts]
-            values, states = self.score_reading(list(todo.values()), reads)
+            values, states = self.score_reading(list(todo.values()), self.reads)
             for key, scores, found in zip(todo, values, states):
                 self._scores.put(key, scores)
                 self._states.put(key, found)
         return Scores([self._scores.get(p.key) for p in preps], list(todo.values()))
+
+    @property
+    def reads(self) -> list[bool | None]:
+        """Per question asked, what its head reads: None (no head), False (the state where its
+        options start), True (each option judged yes/no: the state where each one's is scored)."""
+        return [None if r is None else r.binary for r in self._readouts] or [None] * len(self.task.questions)
+
+    def answer_positions(self, prep: Prepared, reads: Sequence[bool | None]) -> list[int]:
+        """The candidates whose answer states the questions read by `reads` need, in question order."""
+        positions = self.task.answer_positions(prep, [bool(r) for r in reads])
+        return [c for r, cands in zip(reads, positions) if r is not None for c in cands]
+
+    def split_states(self, prep: Prepared, reads: Sequence[bool | None], found: np.ndarray) -> list[np.ndarray]:
+        """The states read at `answer_positions` ([n, H]), per question read: [1, H] or [K, H]."""
+        parts, at = [], 0
+        for r, (a, b) in zip(reads, prep.parts):
+            if r is not None:
+                n = b - a if r else 1
+                parts.append(found[at: at + n])
+                at += n
+        return parts
 
     def score_reading(self, preps: Sequence[Prepared], reads: Sequence[bool | None]
                       ) -> tuple[list[list[float]], list[list[np.ndarray]]]:
@@ -218,18 +238,10 @@ class Scorer:
         end) and, per question whose `reads[i]` is not None, the final hidden states at its answer
         position: [1, H], or [K, H] where `reads[i]` is True (each option judged yes/no at its
         own). Both from one forward pass."""
-        positions = [self.task.answer_positions(p, [bool(r) for r in reads]) for p in preps]
-        wanted = [[c for r, cands in zip(reads, pos) if r is not None for c in cands] for pos in positions]
+        wanted = [self.answer_positions(p, reads) for p in preps]
         values, states = self.engine.score_with_states(self.prefix, [p.row for p in preps], wanted)
-        split = []
-        for pos, found in zip(positions, states):
-            parts, at = [], 0
-            for r, cands in zip(reads, pos):
-                if r is not None:
-                    parts.append(found[at: at + len(cands)])
-                    at += len(cands)
-            split.append(parts)
-        return [p.groups.combine(v) for p, v in zip(preps, values)], split
+        return ([p.groups.combine(v) for p, v in zip(preps, values)],
+                [self.split_states(p, reads, found) for p, found in zip(preps, states)])
 
     def prune(self, mode: str = "auto", exact: bool = False) -> bool:
         """Pruned label scoring, as `TaskSpec.prunes` says for `mode` ("auto", "on", "off"):
@@ -314,10 +326,14 @@ class Scorer:
         this scorer's spec asks (its normalisation, calibration, threshold), each from its own
         part: a question's numbers never depend on another's. With a head, the questions it reads
         are decided by it, from the states scored with the item (`score`)."""
+        return self.decide_read(prep, logprobs, self._states.peek(prep.key) if self.head is not None else [])
+
+    def decide_read(self, prep: Prepared, logprobs: Sequence[float], states: Sequence[np.ndarray]) -> Answers:
+        """`decide`, the head reading `states` (per question it reads, as `score_reading` gives them)."""
         answers = self._answers(prep, logprobs, self.prior)
         if self.head is None:
             return answers
-        decisions, states = list(answers.decisions), iter(self._states.peek(prep.key))
+        decisions, states = list(answers.decisions), iter(states)
         for i, (q, r) in enumerate(zip(answers.questions, self._readouts)):
             if r is not None:
                 decisions[i] = decided_by(r, q, next(states), answers.logprobs[i])

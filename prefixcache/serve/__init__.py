@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from ..errors import UsageError
 from ..scoring.options import ScoringOptions
+
+if TYPE_CHECKING:
+    from ..task.head import Head
 
 log = logging.getLogger("prefixcache.serve")
 
@@ -39,7 +42,7 @@ def api_key(variable: str, said_as: str) -> str:
 
 def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1", port: int = 8000,
           key: Optional[str] = None, wait_ms: float = 25.0, batch: int = 16,
-          ready: Optional[Callable[[int], None]] = None) -> None:
+          ready: Optional[Callable[[int], None]] = None, heads: Sequence[Head] = ()) -> None:
     """Load the model and answer requests until SIGINT or SIGTERM, which stop taking requests
     and return once those in flight are answered (a second Ctrl-C returns at once). `ready(port)`
     is called once the socket listens (default: a line on stderr)."""
@@ -55,7 +58,7 @@ def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1"
     if host not in ("127.0.0.1", "localhost", "::1") and key is None:
         log.warning("serving on %s without an API key: anyone who can reach this port can use the model "
                     "(set one with --api-key-env)", host)
-    app, batcher = served_app(model, options, key, wait_ms, batch)
+    app, batcher = served_app(model, options, key, wait_ms, batch, heads)
     config = uvicorn.Config(app, host=host, port=port, access_log=False,
                             log_level="warning", timeout_graceful_shutdown=60, lifespan="off")
     server = StoppableServer(config)

@@ -23,7 +23,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from datetime import date
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import uvicorn
 from starlette.applications import Starlette
@@ -35,6 +35,7 @@ from ..errors import SpecError, TooLong
 from . import decisions, systemone
 from ..scoring.options import ScoringOptions
 from .decider import Batcher, Decided, Decider
+from ..task.head import Head
 from .errors import Invalid
 
 log = logging.getLogger("prefixcache.serve")
@@ -114,10 +115,11 @@ def _authorized(request: Request, key: str | None) -> bool:
 
 
 def served_app(model: str | None, options: ScoringOptions, key: str | None = None, wait_ms: float = 25.0,
-               batch: int = 16) -> tuple[Starlette, Batcher]:
+               batch: int = 16, heads: Sequence[Head] = ()) -> tuple[Starlette, Batcher]:
     """What `serve` runs, and each Ray Serve replica (serve/rayserve.py): the model loaded, its
-    batcher's worker started (`wait_ms`, `batch`: see `Batcher`) and the app answering with it."""
-    decider = Decider(model, options)
+    batcher's worker started (`wait_ms`, `batch`: see `Batcher`) and the app answering with it;
+    `heads`: fitted heads, each answering the requests of the pack it was fitted on."""
+    decider = Decider(model, options, heads=heads)
     batcher = Batcher(decider, wait_ms / 1000, batch)
     return build_app(batcher, Settings(decider.name, key)), batcher
 

@@ -35,6 +35,8 @@ from ..scoring.build import build_on, load_engine
 from ..scoring.options import ScoringOptions
 from ..scoring.prepare import Prepared, Task
 from ..scoring.scorer import Scorer
+from ..model.load import model_content_identity
+from ..task.head import Head
 from ..task.keys import spec_from_mapping
 from ..task.kind import shown
 
@@ -78,8 +80,10 @@ class Decider:
     embedded default); `prefixes`: how many prefilled prefixes to keep in memory; `packs`: how
     many question packs (their tokenised options, their calibration) to keep."""
 
-    def __init__(self, model: str | None, options: ScoringOptions, prefixes: int = 16, packs: int = 64):
+    def __init__(self, model: str | None, options: ScoringOptions, prefixes: int = 16, packs: int = 64,
+                 heads: Sequence[Head] = ()):
         self.options = options
+        self.heads = tuple(heads)  # fitted heads: each answers the requests whose pack and prompt it was fitted on
         base = spec_from_mapping({"model": model, "labels": ["yes", "no"]} if model else {"labels": ["yes", "no"]})
         self.base = Task.from_spec(base, options.cache_dir)
         self.engine = load_engine(self.base, options)
@@ -89,6 +93,9 @@ class Decider:
         self._packs: OrderedDict[str, Scorer] = OrderedDict()  # a pack's scorer: its task, calibration, prefix
         self.max_prefixes, self.max_packs = prefixes, packs
         self.lock = threading.Lock()  # one forward at a time: `decide` is called from one worker thread
+        self._model_id = model_content_identity(self.base.source) if self.heads else None
+        for head in self.heads:
+            head.check_width(self.engine.model.config.get_text_config().hidden_size)
 
     @property
     def context(self) -> int | None:
@@ -101,6 +108,11 @@ class Decider:
             self._packs.move_to_end(key)
             return self._packs[key], True
         task = self.base.with_spec(spec_from_mapping(spec_of(ask), "request"))
+        if self.heads:  # a head fitted on exactly this pack, prompt and model answers it
+            found = task.head_fingerprint(self._model_id)
+            head = next((h for h in self.heads if dict(h.fingerprint) == found), None)
+            if head is not None:
+                task = self.base.with_spec(dataclasses.replace(task.spec, head=head))
         ids = tuple(task.builder.prefix_ids)
         known = ids in self._prefixes
         if known:
@@ -134,10 +146,19 @@ class Decider:
             for i, (scorer, _, _) in ready.items():
                 by_prefix.setdefault(id(scorer.prefix), []).append(i)
             for members in by_prefix.values():
-                scores = self.engine.score(ready[members[0]][0].prefix, [ready[i][1].row for i in members])
-                for i, lps in zip(members, scores):
+                prefix, rows = ready[members[0]][0].prefix, [ready[i][1].row for i in members]
+                wanted = [ready[i][0].answer_positions(ready[i][1], ready[i][0].reads) for i in members]
+                if any(wanted):  # some pack is answered by a head: its states, from the same forward
+                    scores, states = self.engine.score_with_states(prefix, rows, wanted)
+                else:
+                    scores, states = self.engine.score(prefix, rows), [None] * len(members)
+                for i, lps, found in zip(members, scores, states):
                     scorer, prep, cached = ready[i]
-                    answers = scorer.decide(prep, prep.groups.combine(lps)).answers()
+                    read = scorer.split_states(prep, scorer.reads, found) if found is not None else []
+                    answers = scorer.decide_read(prep, prep.groups.combine(lps), read).answers()
+                    for q, r in zip(scorer.task.questions, scorer.reads):
+                        if r is not None:  # answered by the fitted head, not the prompt's scores
+                            answers[q.id]["x_readout"] = "head"
                     read = len(prep.enc.ids) + len(trie(list(prep.candidates.values())))
                     prefix = prep.enc.prefix_len
                     out[i] = Decided(answers, read, prefix if cached else 0, 0.0, 0 if cached else prefix)

@@ -12,7 +12,8 @@ head, on labelled items, honestly.
 - heads.py: `fit`'s readouts (logistic regressions on hidden states, scikit-learn) judged against
   the prompt rule on the same held-out folds (no torch);
 - fit.py: `fit(FitOptions)`: checks, the states read, each question's head judged and fitted, the
-  head file, the fitted spec and the figures written.
+  head file, the fitted spec and the figures written;
+- states.py: the states a fit read, kept in the cache a batch a file: an interrupted fit continues.
 
 May import: run, reports, scoring, model, data, task, compat, errors. Never prints; imported by cli.
 """

@@ -348,3 +348,42 @@ def test_an_interrupted_fit_continues_from_the_states_it_kept(tmp_path, tiny_mod
     assert (tmp_path / "a.head.safetensors").read_bytes() == (tmp_path / "b.head.safetensors").read_bytes()
     result = invoke("cache", "clear", "--cache-dir", tmp_path / "cache")
     assert result.exit_code == 0 and not (tmp_path / "cache" / "states").exists()
+
+
+# -- the decisions server and decide ---------------------------------------------------------------
+def test_decide_answers_a_fitted_pack_with_its_head_as_run_does(tmp_path, tiny_model_dir):
+    """A head fitted on a spec of the server's shape (system: the instructions, template: "{state}")
+    answers the requests that ask its questions with those instructions, as `run` answers the items."""
+    questions = {"team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "technical": None},
+                          "gold": "gold"},
+                 "blocked": {"type": "noul", "instructions": "Is the customer blocked?"}}
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), system="Route the ticket.", template="{state}",
+                      questions=questions)
+    rows = [json.loads(line) for line in _toy(tmp_path).read_text().splitlines()]
+    labelled = tmp_path / "states.jsonl"
+    labelled.write_text("".join(json.dumps({"id": r["id"], "state": r["text"], "gold": r["gold"]}) + "\n" for r in rows))
+    fitted = tmp_path / "fitted.yaml"
+    result = invoke("fit", spec, labelled, "-o", fitted, "--folds", "4", "-q")
+    assert result.exit_code == 0, result.output
+    records = json_lines(_run(fitted, labelled, tmp_path / "run.jsonl"))
+    assert all(r["readout"] == {"team": "head", "blocked": "prompt"} for r in records)
+    asked = {k: {kk: vv for kk, vv in v.items() if kk != "gold"} for k, v in questions.items()}
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps({"model": "local", "instructions": "Route the ticket.", "state": r["text"],
+                                            "questions": asked}) + "\n" for r in rows[:12]))
+    out = tmp_path / "responses.jsonl"
+    result = invoke("decide", requests, "-o", out, "-m", tiny_model_dir, "--head", tmp_path / "fitted.head.safetensors",
+                    "-b", 5, "-q")
+    assert result.exit_code == 0, result.output
+    for line, record in zip(json_lines(out), records):
+        answers = line["response"]["body"]["answers"]
+        assert answers["team"]["x_readout"] == "head" and "x_readout" not in answers["blocked"]
+        assert answers["team"]["choice"] == record["answers"]["team"]["choice"]
+        for option, p in record["answers"]["team"]["probabilities"].items():
+            assert answers["team"]["probabilities"][option] == pytest.approx(p, abs=1e-5)
+    other = tmp_path / "other.jsonl"  # other instructions: the head is not applied
+    other.write_text(requests.read_text().replace("Route the ticket.", "Route it."))
+    result = invoke("decide", other, "-o", tmp_path / "o.jsonl", "-m", tiny_model_dir, "--head",
+                    tmp_path / "fitted.head.safetensors", "-q")
+    assert result.exit_code == 0 and all("x_readout" not in line["response"]["body"]["answers"]["team"]
+                                         for line in json_lines(tmp_path / "o.jsonl"))
