@@ -291,3 +291,35 @@ def test_real_model_questions_sample_equals_a_full_reencode(scorer, cache_dir):
                                                                  prep.skips)])[0]
     got = [stored["answers"][q.id]["x_logprobs"][o] for q in task.spec.questions for o in q.options]
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-3
+
+
+def test_real_model_fit_head_answers_from_the_states_of_a_full_reencode(tmp_path, cache_dir):
+    """fit on the embedded model, then run the fitted spec: each record's probabilities are the
+    head's applied to the final hidden state of one full forward of the item's rendered prompt."""
+    import torch
+
+    from prefixcache.task.head import load_head
+
+    out = tmp_path / "irony-fitted.yaml"
+    labelled = ROOT / "data" / "samples" / "irony.jsonl"
+    result = invoke("fit", ROOT / "configs" / "irony.yaml", labelled, "-o", out, "--folds", "3", "--device", "cpu",
+                    "--dtype", "float32", "-q")
+    assert result.exit_code == 0, result.output
+    figures = json.loads((tmp_path / "irony-fitted.fit.json").read_text())["questions"][0]
+    assert figures["items"] == 99 and figures["verdict"] in ("head", "prompt", "tie")
+    preds = tmp_path / "preds.jsonl"
+    result = invoke("run", out, labelled, "-o", preds, "--device", "cpu", "--dtype", "float32", "--limit", "6", "-q")
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in preds.read_text().splitlines()]
+    scorer = _scorer(out, cache_dir)
+    readout = load_head(str(tmp_path / "irony-fitted.head.safetensors"), out).readouts[0]
+    model, names = scorer.engine.model, list(scorer.task.spec.label_names)
+    for item, record in zip(list(read_items(str(labelled)))[:2], records):
+        seen = []
+        hook = model.get_output_embeddings().register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+        with torch.no_grad():
+            model(input_ids=torch.tensor([list(scorer.task.builder.encode_item(item.record, item.id).ids)]))
+        hook.remove()
+        want = readout.probs(seen[0][0, -1:].numpy(), [record["logprobs"][n] for n in names])
+        assert record["readout"] == "head"
+        assert max(abs(record["probs"][n] - p) for n, p in zip(names, want)) < 1e-4
