@@ -29,7 +29,7 @@ from ..scoring.prepare import Batching, Task
 from .cache import cache_app
 from .options import (
     BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
-    EXAMPLES_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
+    EXAMPLES_OPT, REPORT_FIT_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
@@ -223,19 +223,22 @@ def diff(
 @run_options("overwrite")
 def report(
     output: str = REPORT_OUTPUT_ARG, html_file: str = REPORT_HTML_OPT, compare_with: Optional[str] = COMPARE_OPT,
-    debug: bool = DEBUG_OPT, **given: Any,
+    fit_figures: Optional[str] = REPORT_FIT_OPT, debug: bool = DEBUG_OPT, **given: Any,
 ) -> None:
     """Write one self-contained HTML page about an output: summary, evaluation, figures, confident
-    mistakes and closest calls (and with --compare, the diff with another run).
+    mistakes and closest calls (and with --compare, the diff with another run; with --fit, the
+    head's held-out figures and learning curve).
 
     Example:
 
         prefixcache report out.jsonl -o report.html --compare before.jsonl
+
+        prefixcache report out.jsonl -o report.html --fit fitted.fit.json
     """
     from ..reports.htmlpage import write_report  # matplotlib: an optional extra
 
     with errors(debug):
-        write_report(output, html_file, compare_with, given["overwrite"])
+        write_report(output, html_file, compare_with, given["overwrite"], fit_figures)
         err.print(f"wrote {html_file}", markup=False)
 
 

@@ -74,6 +74,7 @@ OVERWRITE_TUNED_OPT = typer.Option(False, "--overwrite", metavar="", help="Repla
 FITTED_OPT = typer.Option(..., "--output", "-o", help="The fitted spec to write (the spec with 'head:' set); the head (NAME.head.safetensors) and the figures (NAME.fit.json) are written beside it.", show_default=False)
 FIT_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON here instead of beside the fitted spec.")
 OVERWRITE_FITTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the fitted spec, its head and figures if they exist.")
+REPORT_FIT_OPT = typer.Option(None, "--fit", metavar="FIGURES", help="The figures prefixcache fit wrote (NAME.fit.json): add the head's held-out figures beside the prompt's and its learning curve.")
 SERVE_HEAD_OPT = typer.Option([], "--head", metavar="FILE", help="A head written by prefixcache fit (NAME.head.safetensors): it answers the requests whose instructions and questions are those of the spec it was fitted on (system: the instructions, template: \"{state}\"), on this model; repeat for more.", show_default=False)
 TUNE_TOP_OPT = typer.Option(12, "--top", min=1, help="Rows of the leaderboard shown (the spec as written and the pick always).")
 CLEAR_MODELS_OPT = typer.Option(False, "--models", metavar="", help="Also delete converted (dequantised GGUF) models.")

@@ -163,8 +163,14 @@ th{background:#f4f4f4} .kpi{display:flex;gap:2rem;flex-wrap:wrap;margin:1rem 0}
 """
 
 
-def build_report(output: str, compare_with: str | None = None, top: int = 15) -> str:
-    """The HTML page for one output of `run` (and its diff with another)."""
+def build_report(output: str, compare_with: str | None = None, top: int = 15, fit: str | None = None) -> str:
+    """The HTML page for one output of `run` (and its diff with another; `fit`: the figures of the
+    `prefixcache fit` whose head answered it)."""
+    page = _build(output, compare_with, top)
+    return page if fit is None else page.replace("</body></html>", _fit_section(_pyplot(), fit) + "</body></html>")
+
+
+def _build(output: str, compare_with: str | None, top: int) -> str:
     plt = _pyplot()
     records = read_records(output, strict=True).records
     if not records:
@@ -311,13 +317,58 @@ def _compare_section(cmp: Comparison, before: str, top: int) -> str:
     return head + "</p>" + (flips if rows else "") + ids
 
 
-def write_report(output: str, target: str, compare_with: str | None = None, overwrite: bool = False) -> None:
+def _fit_section(plt: Any, path: str) -> str:
+    """What `fit` found (its JSON figures): per question the head beside the prompt alone on the
+    same held-out folds, and the learning curve."""
+    try:
+        found = json.loads(Path(path).read_text(encoding="utf-8"))
+        questions = found["questions"]
+        rows = [(q["question"], name, q[key]["accuracy"], q[key]["macro_f1"], q[key]["ece"], q["verdict"], q)
+                for q in questions for name, key in (("head", "head"), ("prompt alone", "prompt"))]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"--fit {path}: not the figures of prefixcache fit (its .fit.json): {exc}") from None
+    head = (f"<h2>the head (prefixcache fit)</h2><p class=muted>{html.escape(str(found.get('items')))} labelled items, "
+            f"{html.escape(str(found.get('folds')))}-fold cross-validation, held out; 95% bootstrap intervals</p>")
+    cells = "".join(f"<tr><td>{html.escape(q)}</td><td>{name}</td><td>{_interval(a)}</td><td>{_interval(f)}</td>"
+                    f"<td>{e:.3f}</td><td>{VERDICTS.get(v, html.escape(str(v))) if name == 'head' else ''}</td></tr>"
+                    for q, name, a, f, e, v, _ in rows)
+    table = ("<table><thead><tr><th>question</th><th>readout</th><th>accuracy</th><th>macro-F1</th><th>ECE</th>"
+             f"<th>verdict</th></tr></thead><tbody>{cells}</tbody></table>")
+    curves = [q for q in questions if q.get("learning_curve")]
+    if not curves:
+        return head + table
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for q in curves:
+        xs = [c["per_class"] for c in q["learning_curve"]]
+        ax.plot(xs, [c["accuracy"] for c in q["learning_curve"]], marker="o", label=f"{q['question']}: head")
+        ax.axhline(q["prompt"]["accuracy"]["value"], linestyle=":", linewidth=1, color=ax.lines[-1].get_color(),
+                   label=f"{q['question']}: prompt alone")
+    ax.set_xscale("log", base=2)
+    ticks = sorted({c["per_class"] for q in curves for c in q["learning_curve"]})
+    ax.set_xticks(ticks, [str(t) for t in ticks])  # plain numbers (the report's text is never TeX)
+    ax.minorticks_off()
+    ax.set_xlabel("labelled items a class")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title("learning curve")
+    ax.legend(fontsize=7)
+    return head + table + "<div class=figures>" + _svg(fig) + "</div>"
+
+
+VERDICTS = {"head": "the head is better", "prompt": "the prompt alone is better", "tie": "no difference beyond noise"}
+
+
+def _interval(figure: Any) -> str:
+    return f"{figure['value']:.3f} [{figure['low']:.3f}, {figure['high']:.3f}]"
+
+
+def write_report(output: str, target: str, compare_with: str | None = None, overwrite: bool = False,
+                 fit: str | None = None) -> None:
     """Write the page to `target`; an existing file is refused unless `overwrite`, and so is
     `target` naming an output it reads (whatever `overwrite`)."""
-    check_distinct({"-o": target}, {"the output": output, "--compare": compare_with},
+    check_distinct({"-o": target}, {"the output": output, "--compare": compare_with, "--fit": fit},
                    outputs=("the output", "--compare"))
     safefile.check_target(target, "-o")
     if Path(target).exists() and not overwrite:
         raise InputError(f"{target}: already exists; give --overwrite to replace it, or another -o")
-    page = build_report(output, compare_with)
+    page = build_report(output, compare_with, fit=fit)
     safefile.replace(target, page, what="the report")

@@ -139,6 +139,18 @@ def test_a_head_answers_every_held_out_item_where_the_labels_are_separable(fitte
         assert r["logprobs"] == pytest.approx(p["logprobs"], abs=1e-5) and "readout" not in p
 
 
+def test_the_report_shows_the_heads_figures_and_learning_curve(fitted, tmp_path):
+    _, labelled, out = fitted
+    preds = _run(out, labelled, tmp_path / "preds.jsonl")
+    page = tmp_path / "report.html"
+    result = invoke("report", preds, "-o", page, "--fit", tmp_path / "fitted.fit.json")
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    assert "the head (prefixcache fit)" in text and "the head is better" in text and "learning curve" in text
+    result = invoke("report", preds, "-o", tmp_path / "r2.html", "--fit", labelled)
+    assert result.exit_code == 2 and "not the figures of prefixcache fit" in result.output
+
+
 def _run(spec, items, out, *extra):
     result = invoke("run", spec, items, "-o", out, "--overwrite", "-q", *extra)
     assert result.exit_code == 0, result.output
