@@ -258,7 +258,7 @@ class Classifier:
             mode = dict(multi_label=True, normalize="sum", threshold=None, tag_thresholds=(0.5,) * len(labels)
                         ) if multi_label else dict(multi_label=False, tag_thresholds=())
             twin.spec = dataclasses.replace(self.spec, labels=spec_from_mapping({"labels": list(labels)}).labels,
-                                            examples=(), gold=None, **mode)
+                                            examples=(), gold=None, head=None, **mode)  # a head knows its own labels only
             twin.task = self.task.with_spec(twin.spec)
             twin.scorer = build_on(twin.task, self.scorer.engine, self.options.replace(cache_store=False, exact=False))
             twin.batching = dataclasses.replace(self.batching, pruned=twin.scorer.pruning)

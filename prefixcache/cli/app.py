@@ -5,6 +5,7 @@ stdout carries data only (records, rendered prompts); progress, summaries and er
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from itertools import islice
@@ -169,6 +170,10 @@ def bench(
     with errors(debug):
         options = RunOptions(spec, items, **given)
         task_spec = load_options_spec(options)
+        if task_spec.head is not None:  # the modes compare label scores; the head adds no forward work
+            say("bench: the head reads states the scoring forward computes anyway: timing the spec's scoring, "
+                "its labels compared as the prompt decides them")
+            task_spec = dataclasses.replace(task_spec, head=None)
         naive, cached = bench_sizes(task_spec, limit, max_items)
         records = list(islice(read_options_items(options, task_spec), cached))
         if not records:

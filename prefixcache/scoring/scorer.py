@@ -183,6 +183,8 @@ class Scorer:
         """Summed log-probs of each item's candidates, in candidate order. Prompts not seen
         recently go through the model in one forward pass; `known` (by `Prepared.key`) supplies
         scores read back from an earlier run's records instead: what this pass would compute."""
+        if self.head is not None and known is not None:  # records written: nothing is decided again
+            return Scores([known[p.key] for p in preps], [])
         if self.head is not None:
             return self._score_with_states(preps)
         todo = {p.key: p for p in preps if p.key not in self._scores}
@@ -202,7 +204,8 @@ class Scorer:
     def _score_with_states(self, preps: Sequence[Prepared]) -> Scores:
         """`score` for a spec with a head: every option scored to the end (the prompt's
         log-probabilities are kept in the records) and, from the same forward, the states the head
-        reads. Scores read back from records carry no states: those prompts are scored again."""
+        reads. (A batch whose records are all written is not scored: `score` returns the scores
+        read back from them, and nothing of it is decided again.)"""
         todo = {p.key: p for p in preps if p.key not in self._scores or p.key not in self._states}
         if todo:
             values, states = self.score_reading(list(todo.values()), self.reads)

@@ -142,8 +142,9 @@ def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question],
     judged, readouts = [], []
     for q, (states, logprobs, decisions) in zip(questions, read.per_question):
         data = labelled(q, spec, items, states, logprobs, decisions)
-        step(f"judging {q.id}", 0, folds + 1)
-        j, r = judge(data, folds, seed, lambda done, total, q=q: step(f"judging {q.id}", done, total))
+        what = f"judging {q.id}: {folds}-fold cross-validation, then the head on every item"
+        step(what, 0, 0)
+        j, r = judge(data, folds, seed, lambda done, total: step(what, done, total))
         judged.append(j)
         readouts.append(r)
     return Fitted(judged, readouts, read.fingerprint, read.ms_per_item)

@@ -189,6 +189,18 @@ def test_classifier_fit_gives_the_head_prefixcache_fit_writes(fitted, tmp_path):
     assert head.predict_proba(texts[:3]).shape == (3, 2)
 
 
+def test_bench_and_zero_shot_labels_take_a_fitted_spec(fitted, tmp_path):
+    from prefixcache import Classifier
+
+    _, labelled, out = fitted
+    result = invoke("bench", out, labelled, "--limit", "2", "--max-items", "4")
+    assert result.exit_code == 0, result.output
+    assert "the head reads states the scoring forward computes anyway" in result.stderr
+    clf = Classifier(out, device="cpu", dtype="float32", progress=False)
+    found = clf(["refund refund"], candidate_labels=["refund", "bug"])  # other labels: the prompt answers
+    assert set(found["labels"]) == {"refund", "bug"}
+
+
 def test_an_interrupted_fitted_run_continues_to_the_same_records(fitted, tmp_path):
     _, labelled, out = fitted
     whole = json_lines(_run(out, labelled, tmp_path / "whole.jsonl", "--batch-size", "8"))
