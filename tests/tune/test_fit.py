@@ -197,7 +197,7 @@ def test_bench_and_zero_shot_labels_take_a_fitted_spec(fitted, tmp_path):
     assert result.exit_code == 0, result.output
     assert "the head reads states the scoring forward computes anyway" in result.stderr
     clf = Classifier(out, device="cpu", dtype="float32", progress=False)
-    found = clf(["refund refund"], candidate_labels=["refund", "bug"])  # other labels: the prompt answers
+    found = clf("refund refund", candidate_labels=["refund", "bug"])  # other labels: the prompt answers
     assert set(found["labels"]) == {"refund", "bug"}
 
 
