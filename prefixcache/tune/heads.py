@@ -25,7 +25,7 @@ from ..task.head import Readout
 from ..task.scoring_metrics import calibration_error
 from .selection import GAIN_LEVEL, LEVEL, Figure, cv_splits, interval, resamples
 
-C_GRID = (0.01, 0.1, 1.0)  # on standardised states: strong to mild regularisation
+C_GRID = (0.01, 0.1, 1.0)  # on standardised states: strong to mild regularisation (fitted in this order)
 FEATURE_SETS = ("state", "state+logprobs")
 INNER_FOLDS = 3
 CURVE = (1, 2, 4, 8, 16, 32)  # labelled items a class in the learning curve
@@ -115,41 +115,53 @@ def _standardised(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.where(scale > 1e-6, scale, 1.0)
 
 
-def fit_multiclass(x: np.ndarray, y: np.ndarray, k: int, c: float) -> tuple[np.ndarray, ...]:
-    """A standardised multinomial logistic regression over `k` options: (mean [D], scale [D],
-    coef [K, D], intercept [K]); an option absent from `y` gets the logit ABSENT (never answered)."""
+def fit_multiclass(x: np.ndarray, y: np.ndarray, k: int, cs: Sequence[float]) -> list[tuple[np.ndarray, ...]]:
+    """Standardised multinomial logistic regressions over `k` options, one per C in `cs` (in
+    order, each started from the one before: the regularisation path costs little more than its
+    first fit): (mean [D], scale [D], coef [K, D], intercept [K]). An option absent from `y` gets
+    the logit ABSENT (never answered)."""
     from sklearn.linear_model import LogisticRegression
 
     mean, scale = _standardised(x)
     z = (x - mean) / scale
     present = np.unique(y)
-    coef, intercept = np.zeros((k, x.shape[1])), np.full(k, ABSENT)
-    if len(present) == 1:
-        intercept[present[0]] = 0.0
-        return mean, scale, coef, intercept
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # convergence warnings: the result is used as it is, and judged held out
-        model = LogisticRegression(C=c, max_iter=500).fit(z, y)
-    if len(present) == 2:  # one row, for the second class: split it so that softmax gives the same
-        coef[present[0]], coef[present[1]] = -model.coef_[0] / 2, model.coef_[0] / 2
-        intercept[present[0]], intercept[present[1]] = -model.intercept_[0] / 2, model.intercept_[0] / 2
-    else:
-        coef[present], intercept[present] = model.coef_, model.intercept_
-    return mean, scale, coef, intercept
+    out = []
+    model = LogisticRegression(max_iter=500, warm_start=True)
+    for c in cs:
+        coef, intercept = np.zeros((k, x.shape[1])), np.full(k, ABSENT)
+        if len(present) == 1:
+            intercept[present[0]] = 0.0
+            out.append((mean, scale, coef, intercept))
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # convergence warnings: the result is used as it is, and judged held out
+            model.set_params(C=c).fit(z, y)
+        if len(present) == 2:  # one row, for the second class: split it so that softmax gives the same
+            coef[present[0]], coef[present[1]] = -model.coef_[0] / 2, model.coef_[0] / 2
+            intercept[present[0]], intercept[present[1]] = -model.intercept_[0] / 2, model.intercept_[0] / 2
+        else:
+            coef[present], intercept[present] = model.coef_, model.intercept_
+        out.append((mean, scale, coef, intercept))
+    return out
 
 
-def fit_binary(x: np.ndarray, y: np.ndarray, c: float) -> tuple[np.ndarray, ...]:
-    """A standardised binary logistic regression: (mean [D], scale [D], coef [D], intercept);
-    a tag always on or always off in `y` gets a constant near-certain answer."""
+def fit_binary(x: np.ndarray, y: np.ndarray, cs: Sequence[float]) -> list[tuple[np.ndarray, ...]]:
+    """Standardised binary logistic regressions, one per C in `cs` (warm-started along them):
+    (mean [D], scale [D], coef [D], intercept); a tag always on or always off in `y` gets a
+    constant near-certain answer."""
     from sklearn.linear_model import LogisticRegression
 
     mean, scale = _standardised(x)
     if y.all() or not y.any():
-        return mean, scale, np.zeros(x.shape[1]), np.float64(-ABSENT if y.all() else ABSENT)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = LogisticRegression(C=c, max_iter=500).fit((x - mean) / scale, y)
-    return mean, scale, model.coef_[0], np.float64(model.intercept_[0])
+        return [(mean, scale, np.zeros(x.shape[1]), np.float64(-ABSENT if y.all() else ABSENT))] * len(cs)
+    z, out = (x - mean) / scale, []
+    model = LogisticRegression(max_iter=500, warm_start=True)
+    for c in cs:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.set_params(C=c).fit(z, y)
+        out.append((mean, scale, model.coef_[0].copy(), np.float64(model.intercept_[0])))
+    return out
 
 
 def softmax_rows(logits: np.ndarray) -> np.ndarray:
@@ -158,30 +170,32 @@ def softmax_rows(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
-def fitted_probs(data: Labelled, train: np.ndarray, test: np.ndarray, choice: Choice) -> np.ndarray:
-    """Probabilities for the `test` items from a readout fitted on the `train` items: [n, K]."""
+def fitted_probs(data: Labelled, train: np.ndarray, test: np.ndarray, features: str, cs: Sequence[float]
+                 ) -> list[np.ndarray]:
+    """Probabilities for the `test` items from readouts fitted on the `train` items, one [n, K]
+    array per C in `cs`."""
     k = len(data.options)
     if data.binary:
-        out = np.empty((len(test), k))
+        out = [np.empty((len(test), k)) for _ in cs]
         for u in range(k):
-            x = design(data, choice.features, u)
-            mean, scale, coef, b = fit_binary(x[train], data.gold[train, u], choice.C)
-            out[:, u] = 1 / (1 + np.exp(-np.clip(((x[test] - mean) / scale) @ coef + b, -700, 700)))
+            x = design(data, features, u)
+            for probs, (mean, scale, coef, b) in zip(out, fit_binary(x[train], data.gold[train, u], cs)):
+                probs[:, u] = 1 / (1 + np.exp(-np.clip(((x[test] - mean) / scale) @ coef + b, -700, 700)))
         return out
-    x = design(data, choice.features)
-    mean, scale, coef, b = fit_multiclass(x[train], data.gold[train], k, choice.C)
-    return softmax_rows(((x[test] - mean) / scale) @ coef.T + b)
+    x = design(data, features)
+    return [softmax_rows(((x[test] - mean) / scale) @ coef.T + b)
+            for mean, scale, coef, b in fit_multiclass(x[train], data.gold[train], k, cs)]
 
 
 def readout(data: Labelled, choice: Choice) -> Readout:
     """The readout fitted on every item, as a head file stores it."""
     k = len(data.options)
     if data.binary:
-        parts = [fit_binary(design(data, choice.features, u), data.gold[:, u], choice.C) for u in range(k)]
+        parts = [fit_binary(design(data, choice.features, u), data.gold[:, u], [choice.C])[0] for u in range(k)]
         mean, scale = np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
         coef, intercept = np.stack([p[2] for p in parts]), np.array([float(p[3]) for p in parts])
     else:
-        m, s, coef, intercept = fit_multiclass(design(data, choice.features), data.gold, k, choice.C)
+        m, s, coef, intercept = fit_multiclass(design(data, choice.features), data.gold, k, [choice.C])[0]
         mean, scale = m[None], s[None]
     return Readout(data.qid, data.options, data.binary, choice.features, mean, scale, coef, intercept)
 
@@ -202,13 +216,13 @@ def choose(data: Labelled, items: np.ndarray, seed: int) -> Choice:
     splits = cv_splits([data.strata()[i] for i in items], folds, seed)
     best: tuple[float, Choice] | None = None
     for features in FEATURE_SETS:
-        for c in C_GRID:
-            choice = Choice(c, features)
-            loss = 0.0
-            for train, test in splits:
-                loss += log_loss(data, items[test], fitted_probs(data, items[train], items[test], choice)) * len(test)
+        losses = np.zeros(len(C_GRID))
+        for train, test in splits:
+            for n, probs in enumerate(fitted_probs(data, items[train], items[test], features, C_GRID)):
+                losses[n] += log_loss(data, items[test], probs) * len(test)
+        for c, loss in zip(C_GRID, losses):
             if best is None or loss < best[0] - 1e-9:
-                best = (loss, choice)
+                best = (float(loss), Choice(c, features))
     assert best is not None
     return best[1]
 
@@ -224,7 +238,8 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     everything = np.arange(data.n)
     for f, (train, test) in enumerate(splits):
         step(f, folds + 1)
-        probs[test] = fitted_probs(data, train, test, choose(data, train, seed))
+        chosen = choose(data, train, seed)
+        probs[test] = fitted_probs(data, train, test, chosen.features, [chosen.C])[0]
     step(folds, folds + 1)
     choice = choose(data, everything, seed)
     thresholds = _tag_thresholds(data, probs) if data.binary else None
@@ -340,7 +355,7 @@ def learning_curve(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray
         right = 0
         for train, test in splits:
             picked = np.concatenate([rng.permutation(train[data.gold[train] == k])[:n] for k in np.unique(data.gold[train])])
-            probs = fitted_probs(data, np.sort(picked), test, choice)
+            probs = fitted_probs(data, np.sort(picked), test, choice.features, [choice.C])[0]
             right += int((probs.argmax(axis=1) == data.gold[test]).sum())
         out.append({"per_class": n, "accuracy": round(right / data.n, 6)})
     return out

@@ -101,7 +101,7 @@ def test_a_head_gives_the_probabilities_of_the_regression_it_stores():
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(60, 8)), rng.integers(0, 3, 60)
-    mean, scale, coef, b = fit_multiclass(x, y, 3, 0.5)
+    mean, scale, coef, b = fit_multiclass(x, y, 3, [0.5])[0]
     r = Readout("q", ("a", "b", "c"), False, "state", mean[None], scale[None], coef, b)
     want = LogisticRegression(C=0.5, max_iter=500).fit((x - mean) / scale, y).predict_proba((x[:5] - mean) / scale)
     for row, w in zip(x[:5], want):
