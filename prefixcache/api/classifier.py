@@ -69,6 +69,13 @@ def _spec_of(spec: SpecLike, keys: Mapping[str, Any]) -> TaskSpec:
     return load_spec(spec, **keys)  # the file's keys, those given here set anew
 
 
+def _rows(X: Any) -> Any:
+    """Items as `classify` takes them, from strings, dicts, a DataFrame or a Table (or any iterable)."""
+    if isinstance(X, (str, list, tuple)):
+        return X
+    return rows_of(X) if hasattr(X, "columns") or hasattr(X, "to_pylist") else list(X)
+
+
 class Classifier:
     """A spec's model and prefilled prefix, loaded once, classifying items from Python.
 
@@ -182,8 +189,7 @@ class Classifier:
         if self.spec.questions:
             raise UsageError("Classifier.fit learns a label spec's labels; for typed questions, name each one's gold "
                              "field and use prefixcache fit")
-        rows = X if isinstance(X, (list, tuple)) else rows_of(X) if hasattr(X, "columns") or hasattr(X, "to_pylist") \
-            else list(X)
+        rows = _rows(X)
         labels = [r[y] for r in rows] if isinstance(y, str) and rows and isinstance(rows[0], Mapping) else list(y)
         if len(labels) != len(rows):
             raise InputError(f"{len(rows)} items and {len(labels)} labels: give one label an item")
@@ -210,16 +216,14 @@ class Classifier:
 
     def predict(self, X: Any) -> list[Any]:
         """The label of each item (multi-label: its list of labels; None where it abstains)."""
-        rows = X if isinstance(X, (list, tuple, str)) else rows_of(X) if hasattr(X, "columns") else list(X)
-        return [r["labels"] if self.spec.multi_label else r.get("label") for r in self.classify(rows)]
+        return [r["labels"] if self.spec.multi_label else r.get("label") for r in self.classify(_rows(X))]
 
     def predict_proba(self, X: Any) -> Any:
         """Each item's probability of each label, in `labels` order: a numpy array [N, K]
         (multi-label: each label's own probability of applying)."""
         import numpy as np
 
-        rows = X if isinstance(X, (list, tuple, str)) else rows_of(X) if hasattr(X, "columns") else list(X)
-        return np.array([[r["probs"][n] for n in self.labels] for r in self.classify(rows)], dtype=float)
+        return np.array([[r["probs"][n] for n in self.labels] for r in self.classify(_rows(X))], dtype=float)
 
     # -- zero-shot pipeline style ---------------------------------------------------------------
     def __call__(self, sequences: Any, candidate_labels: Optional[Sequence[str]] = None,

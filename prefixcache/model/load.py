@@ -91,11 +91,9 @@ def model_content_identity(source: ModelSource) -> str:
     name, size and the digest of its first and last MiB (config and tokenizer files whole); for hub
     ids the id and revision asked for."""
     if source.kind == "hub":
-        return f"hub:{source.path}" + (f"@{source.revision}" if source.revision else "")
-    path = Path(source.path)
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+        return _hub_identity(source)
     h = hashlib.sha256()
-    for f in files:
+    for f in _model_files(source):
         size = f.stat().st_size
         h.update(f"{f.name}|{size}\n".encode())
         with open(f, "rb") as stream:
@@ -112,16 +110,24 @@ def model_identity(source: ModelSource) -> str:
     """What distinguishes one model's weights from another's, cheaply: for files and folders
     their names, sizes and modification times (and config.json's bytes), for hub ids the id."""
     if source.kind == "hub":
-        return f"hub:{source.path}" + (f"@{source.revision}" if source.revision else "")
-    path = Path(source.path)
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+        return _hub_identity(source)
     h = hashlib.sha256()
-    for f in files:
+    for f in _model_files(source):
         st = f.stat()
         h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
         if f.name == "config.json":
             h.update(f.read_bytes())
-    return f"{source.kind}:{path.name}:{h.hexdigest()[:16]}"
+    return f"{source.kind}:{Path(source.path).name}:{h.hexdigest()[:16]}"
+
+
+def _hub_identity(source: ModelSource) -> str:
+    return f"hub:{source.path}" + (f"@{source.revision}" if source.revision else "")
+
+
+def _model_files(source: ModelSource) -> list[Path]:
+    """A model file, or a model folder's files, in name order."""
+    path = Path(source.path)
+    return [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
 
 
 def _converted_dir(source: ModelSource, cache_dir: Path) -> Path:

@@ -18,6 +18,7 @@ from ..errors import OutputError, SpecError, UsageError
 from ..model.load import dtype_name, model_identity, pick_device
 from ..reports.evaluation import Gates
 from ..scoring.prepare import Batching, spec_model
+from ..task.head import exact_refusal
 from ..task.overrides import with_overrides
 from ..task.spec import TaskSpec
 from ..task.specfile import read_spec_file, SpecFile
@@ -105,8 +106,7 @@ def make_plan(options: RunOptions) -> Plan:
     _not_the_input(options, stream)
     spec = load_options_spec(options)
     if options.exact and spec.head is not None:
-        raise UsageError(f"{spec.head.path}: --exact scores close calls of the prompt again in float32, and a "
-                         f"fitted head decides from hidden states: leave --exact out (or 'head' out of the spec)")
+        raise UsageError(exact_refusal(spec.head))
     if options.exact and options.dtype not in ("bfloat16", "float16"):
         raise UsageError("--exact re-scores the close calls of a bfloat16 or float16 run in float32: "
                          "give --dtype bfloat16 (or float16)")

@@ -27,6 +27,7 @@ import logging
 
 from .. import compat
 from ..errors import UsageError
+from ..task.head import exact_refusal
 from ..model.cache import prefixes_dir
 from ..model.engine import Engine, Prefix
 from ..model.load import pick_device
@@ -47,8 +48,7 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
     from .exact import CheckedScorer
 
     if options.exact and task.spec.head is not None:
-        raise UsageError(f"{task.spec.head.path}: --exact scores close calls of the prompt again in float32, and a "
-                         f"fitted head decides from hidden states: leave --exact out (or 'head' out of the spec)")
+        raise UsageError(exact_refusal(task.spec.head))
     store = prefix_store(options)
     device = pick_device(options.device)
     if options.exact and not compat.bf16_matmul(device):

@@ -117,6 +117,12 @@ class Head:
                             f"are {hidden} wide: it was fitted on another model; fit it again")
 
 
+def exact_refusal(head: Head) -> str:
+    """Why `--exact` cannot run with a head, in one line."""
+    return (f"{head.path}: --exact scores close calls of the prompt again in float32, and a fitted head decides "
+            f"from hidden states: leave --exact out (or 'head' out of the spec)")
+
+
 def fingerprint(model: str, prefix_ids: Sequence[int], template_ids: Sequence[int], template: str,
                 questions: Sequence[tuple[str, str, str, Sequence[str]]]) -> dict[str, str]:
     """What a head is fitted on, as digests: the model's identity, the prefix's token ids, the

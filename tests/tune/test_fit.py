@@ -187,6 +187,11 @@ def test_classifier_fit_gives_the_head_prefixcache_fit_writes(fitted, tmp_path):
         assert a["label"] == b["label"] and a["probs"] == pytest.approx(b["probs"], abs=1e-6)
     assert head.predict(texts) == [r["gold"] for r in rows]
     assert head.predict_proba(texts[:3]).shape == (3, 2)
+    import pandas as pd
+
+    table = pd.DataFrame(rows)  # a DataFrame and the name of its label column
+    again = clf.fit(table, "gold", folds=4)
+    assert again.predict(table) == [r["gold"] for r in rows]
 
 
 def test_bench_and_zero_shot_labels_take_a_fitted_spec(fitted, tmp_path):
