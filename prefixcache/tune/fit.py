@@ -180,7 +180,7 @@ def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: np.ndar
         gold = np.array([q.options.index(g) for g in golds], dtype=int)
         prompt = np.array([d.probs for d in decisions], dtype=float)
         said = np.array([-1 if d.best is None else d.best for d in decisions], dtype=int)
-    return Labelled(q.id, q.options, binary, states, logprobs, gold, prompt, said)
+    return Labelled(q.id, q.options, binary, states, logprobs, gold, prompt, said, None if binary else q.threshold)
 
 
 def _option(q: Question, spec: TaskSpec, item: Item) -> str:

@@ -46,6 +46,7 @@ class Labelled:
     gold: np.ndarray
     prompt: np.ndarray
     said: np.ndarray
+    threshold: float | None = None  # multiclass: the spec's, below which an answer abstains (-1)
 
     @property
     def n(self) -> int:
@@ -243,7 +244,7 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     step(folds, folds + 1)
     choice = choose(data, everything, seed)
     thresholds = _tag_thresholds(data, probs) if data.binary else None
-    head_said = probs >= np.asarray(thresholds) if data.binary else probs.argmax(axis=1)
+    head_said = probs >= np.asarray(thresholds) if data.binary else answered(probs, data.threshold)
     head = figures(data, head_said, probs, seed)
     prompt = figures(data, data.said, data.prompt, seed)
     gain = paired_gain(data, head_said, data.said, seed)
@@ -254,6 +255,13 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
         judged.curve = learning_curve(data, splits, choice, seed)
     final = readout(data, choice)
     return judged, final
+
+
+def answered(probs: np.ndarray, threshold: float | None) -> np.ndarray:
+    """Each item's most probable option, or -1 where its probability is below `threshold` (as
+    `run` abstains with the spec's threshold)."""
+    best = probs.argmax(axis=1)
+    return best if threshold is None else np.where(probs.max(axis=1) >= threshold, best, -1)
 
 
 def _check_counts(data: Labelled, folds: int) -> list[str]:
