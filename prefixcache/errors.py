@@ -47,6 +47,11 @@ class ModelError(PrefixcacheError):
     exit_code = EXIT_MODEL
 
 
+class PrefixTooLong(ModelError):
+    """The static prompt prefix (system text, examples; a request's instructions) does not fit the
+    model's context: it is never cut to fit."""
+
+
 class ItemError(PrefixcacheError):
     """One item cannot be scored (for example it is longer than the model's context)."""
 

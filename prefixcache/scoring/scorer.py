@@ -22,7 +22,7 @@ from .. import compat
 import numpy as np
 
 from ..model.engine import Engine, Prefix
-from ..errors import ModelError
+from ..errors import PrefixTooLong
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
 from ..model.branches import usable
 from ..model.rows import Candidate, Row
@@ -152,7 +152,7 @@ class Scorer:
         prefilled (and then kept there)."""
         ids = task.builder.prefix_ids
         if engine.max_positions and len(ids) >= engine.max_positions:
-            raise ModelError(
+            raise PrefixTooLong(
                 f"the static prompt prefix has {len(ids)} tokens, more than the "
                 f"model's context of {engine.max_positions}; shorten the system text or the examples"
             )

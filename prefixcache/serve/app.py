@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import SpecError, TooLong
+from ..errors import PrefixTooLong, SpecError, TooLong
 from . import decisions, systemone
 from ..scoring.options import ScoringOptions
 from .decider import Batcher, Decided, Decider
@@ -158,7 +158,7 @@ def _systemone_route(decide: Decide, settings: Settings) -> Callable[[Request], 
             return _json(422, {"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error.jsondecode"}]})
         except Invalid as exc:
             return _json(*systemone.invalid(exc))
-        except (SpecError, TooLong) as exc:
+        except (SpecError, TooLong, PrefixTooLong) as exc:
             return _json(*systemone.refused(exc))
         request.state.usage = (len(ask.questions), decided)
         return _json(200, systemone.answer(decided, settings.model))
@@ -181,7 +181,7 @@ def _decisions_route(decide: Decide, settings: Settings) -> Callable[[Request], 
             return _json(*decisions.failure(400, str(exc), code="invalid_json"))
         except Invalid as exc:
             return _json(*decisions.invalid(exc))
-        except (SpecError, TooLong) as exc:
+        except (SpecError, TooLong, PrefixTooLong) as exc:
             return _json(*decisions.refused(exc))
         request.state.usage = (len(questions), decided)
         return _json(200, decisions.answer(decided, questions, settings.model))

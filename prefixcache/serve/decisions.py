@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import SpecError, TooLong
+from ..errors import SpecError, TooLong, PrefixTooLong
 from .decider import Ask, Decided
 from .errors import Invalid, said
 
@@ -168,6 +168,6 @@ def refused(exc: Exception) -> tuple[int, dict[str, Any]]:
     model's context (both 400); any other error is raised again."""
     if isinstance(exc, SpecError):
         return failure(400, said(exc), param="questions", code="invalid_value")
-    if isinstance(exc, TooLong):
+    if isinstance(exc, (TooLong, PrefixTooLong)):
         return failure(400, said(exc), param="input", code="max_tokens_exceeded")
     raise exc

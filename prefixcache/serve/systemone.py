@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import SpecError, TooLong
+from ..errors import SpecError, TooLong, PrefixTooLong
 from .decider import Ask, Decided, state_text
 from .errors import Invalid, said
 
@@ -75,9 +75,9 @@ def failure(status: int, error_type: str, message: str) -> tuple[int, dict[str, 
 
 def refused(exc: Exception) -> tuple[int, dict[str, Any]]:
     """The answer to a request the engine refused: a pack `run` would refuse (422), a state
-    beyond the model's context (400 `max_tokens_exceeded`); any other error is raised again."""
+    or instructions beyond the model's context (400 `max_tokens_exceeded`); any other error is raised again."""
     if isinstance(exc, SpecError):
         return invalid(Invalid([(("body", "questions"), said(exc), "value_error")]))
-    if isinstance(exc, TooLong):
+    if isinstance(exc, (TooLong, PrefixTooLong)):
         return failure(400, "max_tokens_exceeded", said(exc))
     raise exc

@@ -185,6 +185,12 @@ def test_bad_requests_get_their_documented_status_and_shape(server):
     assert got == 400 and payload["detail"]["error_type"] == "max_tokens_exceeded"
     got, payload = post(oa, {"model": "x", "input": long_state, "questions": [{"type": "predicate", "instructions": "x"}]})
     assert got == 400 and payload["error"]["code"] == "max_tokens_exceeded"
+    # instructions longer than the context: the cached prefix cannot hold them (never a 5xx)
+    got, payload = post(so, {**good, "instructions": long_state})
+    assert got == 400 and payload["detail"]["error_type"] == "max_tokens_exceeded"
+    got, payload = post(oa, {"model": "x", "input": [{"role": "system", "content": long_state}, {"role": "user", "content": "hi"}],
+                             "questions": [{"type": "predicate", "instructions": "x"}]})
+    assert got == 400 and payload["error"]["code"] == "max_tokens_exceeded"
     got, payload = post(so, None, raw=b"x" * (9 * 1024 * 1024))
     assert got == 413 and payload["detail"]["error_type"] == "request_too_large"
     plain = post(so, good)[1]["answers"]
@@ -242,6 +248,7 @@ def test_decide_replays_requests_as_the_server_answers_them_and_resumes(server, 
         {"custom_id": "bad", "model": "x", "state": "s", "questions": {"q": {"type": "score", "instructions": "x",
                                                                            "criteria": ["only one"]}}},
         {"custom_id": "d", "model": "x", "state": {"subject": "Charged twice", "body": TICKET}, "questions": PACK},
+        {"custom_id": "long", "model": "x", "instructions": " ".join(["refund"] * 20000), "state": TICKET, "questions": PACK},
     ]
     requests = tmp_path / "requests.jsonl"
     requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -250,7 +257,7 @@ def test_decide_replays_requests_as_the_server_answers_them_and_resumes(server, 
     assert result.exit_code == 4  # one request refused, as the server refuses it
     got = records(out)
     assert [(r["custom_id"], r["line"], r["response"]["status_code"]) for r in got] == [
-        ("a", 1, 200), (None, 2, 200), ("bad", 3, 422), ("d", 4, 200)]
+        ("a", 1, 200), (None, 2, 200), ("bad", 3, 422), ("d", 4, 200), ("long", 5, 400)]
     for line, response in zip(lines, got):
         body = {k: v for k, v in line.items() if k != "custom_id"}
         status, want = post(server.url + ("/v1/decisions" if "input" in body else "/v1/systemone"), body)
@@ -262,5 +269,5 @@ def test_decide_replays_requests_as_the_server_answers_them_and_resumes(server, 
     whole = out.read_text()
     out.write_text("".join(whole.splitlines(keepends=True)[:2]) + '{"custom_id": "ba')  # stopped mid-line
     assert invoke("decide", requests, "-o", out, "-m", long_model_dir, "--resume").exit_code == 4
-    assert [r["line"] for r in records(out)] == [1, 2, 3, 4] and records(out)[3] == got[3]
+    assert [r["line"] for r in records(out)] == [1, 2, 3, 4, 5] and records(out)[3] == got[3]
     assert invoke("decide", requests, "-o", out, "-m", long_model_dir).exit_code == 2  # exists: not overwritten
