@@ -160,18 +160,20 @@ class Classifier:
         and `error` for rows that could not be scored (no text, too long); the input columns are
         kept and the row order is the input's. `prefix` goes before each prediction column's name;
         None: none, or "pred_" when the table has a column of one of those names (a gold `label`)."""
-        from .tables import add_predictions, rows_of
+        from .tables import add_predictions, check_columns, rows_of
 
         rows = rows_of(table)
+        check_columns(list(table.column_names if hasattr(table, "column_names") else table.columns), self.spec)
         records = list(self.classify(rows, total=len(rows), on_error="skip"))
         return add_predictions(table, records, self.spec, prefix)
 
     def batch_fn(self, batch: Mapping[str, list], prefix: Optional[str] = None) -> dict[str, list]:
         """For Hugging Face `datasets`: `ds.map(clf.batch_fn, batched=True)` (a dict of columns in,
         the same with the prediction columns added out; `prefix` as `classify_df`'s)."""
-        from .tables import add_predictions_to_columns, rows_of_columns
+        from .tables import add_predictions_to_columns, check_columns, rows_of_columns
 
         rows = rows_of_columns(batch)
+        check_columns(list(batch), self.spec)
         records = list(self.classify(rows, total=len(rows), on_error="skip"))
         return add_predictions_to_columns(dict(batch), records, self.spec, prefix)
 

@@ -35,6 +35,16 @@ def rows_of_columns(batch: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(names, values)) for values in zip(*(batch[n] for n in names))]
 
 
+def check_columns(names: Sequence[str], spec: TaskSpec) -> None:
+    """Refuse a table without a column the template uses (as `run` refuses such a file): every
+    row would fail the same way."""
+    missing = [f for f in spec.item_fields() if f not in names]
+    if missing:
+        raise InputError(f"the table has no column {missing[0]!r}, which the template uses "
+                         f"({spec.template.text!r}); its columns: {', '.join(map(repr, names[:12]))}"
+                         f"{' ...' if len(names) > 12 else ''}")
+
+
 def _names_ok(names: Sequence[Any]) -> None:
     odd = next((name for name in names if not isinstance(name, str)), None)
     if odd is not None:

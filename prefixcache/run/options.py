@@ -117,7 +117,7 @@ class RunOptions:
                                    help="A hub model's branch, tag or commit (instead of the spec's 'revision').")
     gold: Optional[str] = _opt(None, "--gold", help=(
         "Item field with the expected label or option (overrides the spec's 'gold'); typed questions: "
-        "QUESTION=FIELD pairs separated by commas."))
+        "QUESTION=FIELD pairs separated by commas. --gold '' runs a spec that names one on unlabelled items."))
     gold_sep: Optional[str] = _opt(None, "--gold-sep", help=(
         "Multi-label: what separates the labels in a gold string (default ','; a JSON list is always read as one)."))
     metrics: Optional[Path] = _opt(None, "--metrics", help="Write the evaluation as JSON to this file.")

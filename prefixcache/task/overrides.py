@@ -14,8 +14,12 @@ from .spec import TaskSpec
 def with_overrides(spec: TaskSpec, gold: Optional[str] = None, model: Optional[str] = None,
                    revision: Optional[str] = None, gold_sep: Optional[str] = None) -> TaskSpec:
     """The spec with what the command line (or environment) sets instead. A model given there is
-    a path relative to the current folder, not the spec's."""
-    if gold and spec.questions:
+    a path relative to the current folder, not the spec's. `gold=""`: no gold field at all (a
+    spec with one, run on unlabelled items)."""
+    if gold == "":
+        spec = dataclasses.replace(spec, gold=None, questions=tuple(dataclasses.replace(q, gold=None)
+                                                                     for q in spec.questions))
+    elif gold and spec.questions:
         spec = dataclasses.replace(spec, questions=_question_golds(spec, gold))
     elif gold:
         if "=" in gold and not any(gold == f for f in spec.template.fields):

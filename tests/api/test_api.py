@@ -191,6 +191,17 @@ def test_blank_rows_get_an_error_and_the_others_their_predictions(tiny_clf):
     assert [e is not None for e in batch["error"]] == [True if t in (None, "") or t != t else False for t in texts]
 
 
+def test_a_table_without_the_templates_column_is_refused_in_one_line(tiny_clf):
+    pd = pytest.importorskip("pandas")
+    pa = pytest.importorskip("pyarrow")
+
+    for call, table in ((tiny_clf.classify_df, pd.DataFrame({"body": ["a", "b"]})),
+                        (tiny_clf.classify_df, pa.table({"body": ["a", "b"]})),
+                        (tiny_clf.batch_fn, {"body": ["a", "b"]})):
+        with pytest.raises(InputError, match="the table has no column 'text', which the template uses .*'body'"):
+            call(table)
+
+
 def test_a_string_is_one_text_everywhere(tiny_clf):
     records = list(tiny_clf.classify("hello"))
     assert len(records) == 1 and records[0]["label"] == tiny_clf("hello")["labels"][0]

@@ -337,3 +337,18 @@ def test_render_text_shows_the_prompt_with_the_split_marked(spec_path, items_pat
     own, candidates = rest.split("\n----- candidates, scored after the item -----\n")
     assert prefix + own == as_json["prompt"]
     assert [line.split(":")[0].strip() for line in candidates.strip().splitlines()] == [repr(c) for c in as_json["candidates"]]
+
+
+def test_an_empty_gold_runs_a_labelled_spec_on_unlabelled_items(tmp_path, spec_file):
+    spec = spec_file(labels=["tech", "billing"], gold="label")
+    items = tmp_path / "unlabelled.jsonl"
+    items.write_text('{"id": 1, "text": "The app crashes"}\n{"id": 2, "text": "Charged twice"}\n')
+    refused = invoke("run", spec, items, "-o", tmp_path / "a.jsonl")
+    assert refused.exit_code == 2 and "label" in refused.stderr
+    result = invoke("run", spec, items, "-o", tmp_path / "b.jsonl", "--gold", "")
+    assert result.exit_code == 0, result.output
+    assert all("gold" not in json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines())
+    qspec = spec_file(name="q.yaml", questions={"team": {"type": "choice", "instructions": "Which team?",
+                                                        "criteria": {"tech": None, "billing": None}, "gold": "team"}})
+    assert invoke("run", qspec, items, "-o", tmp_path / "c.jsonl").exit_code == 2
+    assert invoke("run", qspec, items, "-o", tmp_path / "d.jsonl", "--gold", "").exit_code == 0
