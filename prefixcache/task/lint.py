@@ -31,10 +31,18 @@ def _what(owner: dict[str, list[str]], text: str, word: str = "label ") -> str:
 
 def lint_layout(builder: PromptBuilder) -> list[str]:
     """Warnings about spec keys the prompt's layout does not use."""
+    warnings = []
     if builder.mode == "chat" and builder.spec.answer_prefix != DEFAULT_ANSWER_PREFIX:
-        return ["'answer_prefix' is not used: the model's chat template puts the answer in the assistant's turn; "
-                "give 'format: plain' to use it"]
-    return []
+        warnings.append("'answer_prefix' is not used: the model's chat template puts the answer in the assistant's "
+                        "turn; give 'format: plain' to use it")
+    for q in builder.spec.questions:
+        described = [o for o, d in zip(q.options, q.descriptions) if d]
+        if q.extra.get("list", True) is False and described:
+            warnings.append(f"question {q.id!r}: 'list: false' shows the model only the instructions, so the "
+                            f"descriptions of {len(described)} option{'s' * (len(described) != 1)} (first: "
+                            f"{described[0]!r}) are never read; list the options, or put what matters in the "
+                            f"instructions")
+    return warnings
 
 
 def lint_labels(builder: PromptBuilder) -> list[str]:

@@ -55,3 +55,16 @@ def test_many_groups_sharing_first_tokens_are_one_line(chat_tokenizer, tmp_path)
     warnings = lint_labels(PromptBuilder(make_spec(tmp_path, labels=labels), chat_tokenizer))
     shared = [w for w in warnings if "share their first token" in w]
     assert len(shared) == 1 and shared[0].startswith("5 groups of labels share their first token ('tech one', 'tech two'")
+
+
+def test_descriptions_hidden_by_list_false_are_a_warning(chat_tokenizer, tmp_path):
+    from prefixcache.task.lint import lint_layout
+
+    def warned(listed):
+        spec = make_spec(tmp_path, questions={"team": {"type": "choice", "instructions": "Which team?", "list": listed,
+                                                       "criteria": {"billing": "invoices and refunds", "tech": None}}})
+        return lint_layout(PromptBuilder(spec, chat_tokenizer))
+
+    assert warned(True) == []
+    [line] = warned(False)
+    assert line.startswith("question 'team': 'list: false' shows the model only the instructions") and "'billing'" in line
