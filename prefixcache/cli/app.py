@@ -27,6 +27,7 @@ from ..run.options import RunOptions, bench_sizes
 from ..run.plan import load_options_spec, read_options_items
 from ..run.shards import merge_parts
 from ..scoring.prepare import Batching, Task
+from ..serve.defaults import BATCH_WAIT_MS, MAX_BATCH
 from .cache import cache_app
 from .options import (
     BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
@@ -365,9 +366,9 @@ def serve(
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port, said on stderr)."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Name of an environment variable holding "
                                               "the API key that requests must send as Authorization: Bearer KEY."),
-    batch_wait_ms: float = typer.Option(25.0, "--batch-wait-ms", min=0.0, help="Under load, how long a forward "
+    batch_wait_ms: float = typer.Option(BATCH_WAIT_MS, "--batch-wait-ms", min=0.0, help="Under load, how long a forward "
                                         "pass waits for more requests to join it (a lone request never waits)."),
-    max_batch: int = typer.Option(16, "--max-batch", min=1, help="At most this many requests in one forward pass."),
+    max_batch: int = typer.Option(MAX_BATCH, "--max-batch", min=1, help="At most this many requests in one forward pass."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
     head: list[Path] = SERVE_HEAD_OPT,
@@ -407,7 +408,7 @@ def decide(
     output: Path = typer.Option(..., "--output", "-o", help="Where the responses go, one JSON line per request."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="A hub id, a model folder or a .gguf file (default: the embedded model)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an output from its last complete line."),
-    batch_size: int = typer.Option(16, "--batch-size", "-b", min=1, help="Requests in one forward pass at most."),
+    batch_size: int = typer.Option(MAX_BATCH, "--batch-size", "-b", min=1, help="Requests in one forward pass at most."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
     head: list[Path] = SERVE_HEAD_OPT,

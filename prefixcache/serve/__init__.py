@@ -5,6 +5,7 @@ Modules:
     systemone.py  the System One wire format: request, answer, errors
     decisions.py  the OpenAI Decisions wire format: request, answer, errors
     errors.py     what a wire format raises for a request it cannot take
+    defaults.py   the server's defaults (batch wait, batch size, prefixes and packs kept), in one place
     app.py        the HTTP app (Starlette on uvicorn): routes, bodies, auth, access log, clean stops
     replay.py     `decide`: a file of requests answered in order, resumable
     loadtest.py   a load benchmark for a running server (python -m prefixcache.serve.loadtest URL)
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from ..errors import UsageError
 from ..scoring.options import ScoringOptions
+from .defaults import BATCH_WAIT_MS, MAX_BATCH
 
 if TYPE_CHECKING:
     from ..task.head import Head
@@ -41,7 +43,7 @@ def api_key(variable: str, said_as: str) -> str:
 
 
 def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1", port: int = 8000,
-          key: Optional[str] = None, wait_ms: float = 25.0, batch: int = 16,
+          key: Optional[str] = None, wait_ms: float = BATCH_WAIT_MS, batch: int = MAX_BATCH,
           ready: Optional[Callable[[int], None]] = None, heads: Sequence[Head] = ()) -> None:
     """Load the model and answer requests until SIGINT or SIGTERM, which stop taking requests
     and return once those in flight are answered (a second Ctrl-C returns at once). `ready(port)`

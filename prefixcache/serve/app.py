@@ -35,6 +35,7 @@ from ..errors import PrefixTooLong, SpecError, TooLong
 from . import decisions, systemone
 from ..scoring.options import ScoringOptions
 from .decider import Batcher, Decided, Decider
+from .defaults import BATCH_WAIT_MS, MAX_BATCH
 from ..task.head import Head
 from .errors import Invalid
 
@@ -114,8 +115,8 @@ def _authorized(request: Request, key: str | None) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
-def served_app(model: str | None, options: ScoringOptions, key: str | None = None, wait_ms: float = 25.0,
-               batch: int = 16, heads: Sequence[Head] = ()) -> tuple[Starlette, Batcher]:
+def served_app(model: str | None, options: ScoringOptions, key: str | None = None, wait_ms: float = BATCH_WAIT_MS,
+               batch: int = MAX_BATCH, heads: Sequence[Head] = ()) -> tuple[Starlette, Batcher]:
     """What `serve` runs, and each Ray Serve replica (serve/rayserve.py): the model loaded, its
     batcher's worker started (`wait_ms`, `batch`: see `Batcher`) and the app answering with it;
     `heads`: fitted heads, each answering the requests of the pack it was fitted on."""

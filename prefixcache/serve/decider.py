@@ -37,6 +37,7 @@ from ..scoring.prepare import Prepared, Task
 from ..scoring.scorer import Scorer
 from ..model.load import model_content_identity
 from ..task.head import Head
+from .defaults import BATCH_WAIT_MS, MAX_BATCH, PACKS, PREFIXES
 from ..task.keys import spec_from_mapping
 from ..task.kind import shown
 
@@ -80,7 +81,7 @@ class Decider:
     embedded default); `prefixes`: how many prefilled prefixes to keep in memory; `packs`: how
     many question packs (their tokenised options, their calibration) to keep."""
 
-    def __init__(self, model: str | None, options: ScoringOptions, prefixes: int = 16, packs: int = 64,
+    def __init__(self, model: str | None, options: ScoringOptions, prefixes: int = PREFIXES, packs: int = PACKS,
                  heads: Sequence[Head] = ()):
         self.options = options
         self.heads = tuple(heads)  # fitted heads: each answers the requests whose pack and prompt it was fitted on
@@ -101,6 +102,11 @@ class Decider:
     def context(self) -> int | None:
         return self.engine.max_positions
 
+    @property
+    def prefixes_in_memory(self) -> int:
+        """Prefilled prefixes held in memory (by the prefix cache or a kept pack): at most `max_prefixes`."""
+        return len({id(p) for p in self._prefixes.values()} | {id(s.prefix) for s in self._packs.values()})
+
     def _pack(self, ask: Ask) -> tuple[Scorer, bool]:
         """The scorer of the ask's pack, and whether its prefix was in memory already (read from the cache)."""
         key = json.dumps([ask.instructions, ask.questions], ensure_ascii=False, sort_keys=True, default=str)
@@ -120,9 +126,12 @@ class Decider:
             scorer = build_on(task, self.engine, self.options, self._prefixes[ids])
         else:  # from the prefix store on disk, else prefilled (and kept there)
             scorer = build_on(task, self.engine, self.options)
+            known = scorer.prefix_source == "loaded"  # read from the cache on disk: not written by this request
             self._prefixes[ids] = scorer.prefix
             while len(self._prefixes) > self.max_prefixes:
-                self._prefixes.popitem(last=False)
+                _, gone = self._prefixes.popitem(last=False)
+                for old in [k for k, s in self._packs.items() if s.prefix is gone]:  # nothing keeps it alive
+                    del self._packs[old]
         self._packs[key] = scorer
         while len(self._packs) > self.max_packs:
             self._packs.popitem(last=False)
@@ -178,7 +187,7 @@ class Batcher:
     pass took several, or more are queued) it first waits up to `wait` seconds for the clients just
     answered to send again, so that they share the next pass; a lone client never waits."""
 
-    def __init__(self, decider: Decider, wait: float = 0.005, size: int = 16):
+    def __init__(self, decider: Decider, wait: float = BATCH_WAIT_MS / 1000, size: int = MAX_BATCH):
         self.decider, self.wait, self.size = decider, wait, size
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._last = 0  # asks in the last pass

@@ -23,6 +23,7 @@ from typing import Any, Optional, Union
 from ..errors import InputError
 from ..scoring.options import ScoringOptions
 from .decider import Decider
+from .defaults import MAX_BATCH
 from .replay import answer_lines, request_digest
 
 ADDED = ("custom_id", "request_sha", "status_code", "body")
@@ -33,7 +34,7 @@ class Decide:
     pandas DataFrame or a dict of columns) with the responses to the requests in `column` (JSON
     text, or already-parsed objects), decided `batch_size` requests to a forward pass."""
 
-    def __init__(self, model: Optional[str] = None, *, column: str = "text", batch_size: int = 16,
+    def __init__(self, model: Optional[str] = None, *, column: str = "text", batch_size: int = MAX_BATCH,
                  device: str = "auto", dtype: str = "auto", cache_dir: Optional[Union[str, Path]] = None):
         if batch_size < 1:
             raise InputError(f"batch_size must be 1 or more, not {batch_size}")

@@ -26,6 +26,7 @@ from ..errors import UsageError
 from ..scoring.options import ScoringOptions
 from . import api_key
 from .app import served_app
+from .defaults import BATCH_WAIT_MS, MAX_BATCH
 
 OPTIONS = ("model", "num_replicas", "api_key_env", "batch_wait_ms", "max_batch", "device", "dtype")
 
@@ -36,8 +37,8 @@ class Decisions:
     """One replica: `prefixcache serve`'s app over its own model, built once the replica starts.
     The API key is read from the replica's environment, never passed through Ray's own state."""
 
-    def __init__(self, model: Optional[str] = None, api_key_env: Optional[str] = None, batch_wait_ms: float = 25.0,
-                 max_batch: int = 16, device: str = "auto", dtype: str = "auto"):
+    def __init__(self, model: Optional[str] = None, api_key_env: Optional[str] = None, batch_wait_ms: float = BATCH_WAIT_MS,
+                 max_batch: int = MAX_BATCH, device: str = "auto", dtype: str = "auto"):
         key = None if api_key_env is None else api_key(api_key_env, f"api_key_env {api_key_env} (where the replica runs)")
         options = ScoringOptions.from_environment(device=device, dtype=dtype)
         # not `self.app`: Ray's ingress wrapper has a read-only `app` of its own
@@ -53,7 +54,7 @@ class Decisions:
 
 
 def deployment(model: Optional[str] = None, *, num_replicas: int = 1, api_key_env: Optional[str] = None,
-               batch_wait_ms: float = 25.0, max_batch: int = 16, device: str = "auto", dtype: str = "auto",
+               batch_wait_ms: float = BATCH_WAIT_MS, max_batch: int = MAX_BATCH, device: str = "auto", dtype: str = "auto",
                ray_actor_options: Optional[dict] = None) -> Any:
     """The application to `serve.run`: `num_replicas` replicas of the server over `model` (None:
     the embedded default), each with the options `prefixcache serve` takes; `ray_actor_options`
@@ -73,8 +74,8 @@ def app(args: Mapping[str, str]) -> Any:
         raise UsageError(f"unknown option {unknown[0]!r}; known: {', '.join(OPTIONS)}")
     try:
         return deployment(args.get("model") or None, num_replicas=int(args.get("num_replicas", 1)),
-                          api_key_env=args.get("api_key_env"), batch_wait_ms=float(args.get("batch_wait_ms", 25.0)),
-                          max_batch=int(args.get("max_batch", 16)), device=args.get("device", "auto"),
+                          api_key_env=args.get("api_key_env"), batch_wait_ms=float(args.get("batch_wait_ms", BATCH_WAIT_MS)),
+                          max_batch=int(args.get("max_batch", MAX_BATCH)), device=args.get("device", "auto"),
                           dtype=args.get("dtype", "auto"))
     except ValueError as exc:
         raise UsageError(f"num_replicas, max_batch and batch_wait_ms are numbers: {exc}") from exc

@@ -23,6 +23,7 @@ from .. import safefile
 from ..errors import InputError, OutputError
 from . import decisions, systemone
 from .decider import Ask, Decided, Decider
+from .defaults import MAX_BATCH
 from .errors import Invalid
 
 
@@ -102,7 +103,7 @@ def done_lines(output: Path) -> tuple[list[dict], int]:
     return records, size
 
 
-def replay(decider: Decider, requests: Path, output: Path, resume: bool = False, batch: int = 16,
+def replay(decider: Decider, requests: Path, output: Path, resume: bool = False, batch: int = MAX_BATCH,
            on_pass: Optional[Callable[[int, int], None]] = None) -> Replayed:
     """Answer every request line of `requests` into `output`; `on_pass(done, total)` after each pass."""
     lines = list(_lines(requests))

@@ -271,3 +271,19 @@ def test_decide_replays_requests_as_the_server_answers_them_and_resumes(server, 
     assert invoke("decide", requests, "-o", out, "-m", long_model_dir, "--resume").exit_code == 4
     assert [r["line"] for r in records(out)] == [1, 2, 3, 4, 5] and records(out)[3] == got[3]
     assert invoke("decide", requests, "-o", out, "-m", long_model_dir).exit_code == 2  # exists: not overwritten
+
+
+def test_prefixes_kept_in_memory_are_bounded_and_one_read_from_disk_is_not_reported_as_written(long_model_dir, tmp_path):
+    from prefixcache.scoring.options import ScoringOptions
+    from prefixcache.serve.decider import Ask, Decider
+
+    options = ScoringOptions.from_environment(tmp_path / "cache", device="cpu", dtype="float32")
+    decider = Decider(str(long_model_dir), options, prefixes=2)
+    asks = [Ask(f"You read tickets, {n}.", TICKET, {"refund": PACK["refund"]}) for n in range(4)]
+    for ask in asks:  # four instructions, each asked twice: four packs, at most two prefixes held
+        first, again = decider.decide([ask])[0], decider.decide([ask])[0]
+        assert first.written_tokens > 0 and first.cached_tokens == 0 and again.cached_tokens == first.written_tokens
+        assert decider.prefixes_in_memory <= 2
+    fresh = Decider(str(long_model_dir), options)  # a new process: its prefixes are on disk, none in memory
+    got = fresh.decide([asks[0]])[0]
+    assert got.written_tokens == 0 and got.cached_tokens > 0  # read from the prefix store, not computed
