@@ -360,8 +360,8 @@ def served_heads(paths: list[Path]) -> list[Any]:
 
 
 @app.command(cls=Command)
+@run_options(MODEL, DEVICE)
 def serve(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="A hub id, a model folder or a .gguf file (default: the embedded model)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (default: this machine only)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port, said on stderr)."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Name of an environment variable holding "
@@ -369,10 +369,9 @@ def serve(
     batch_wait_ms: float = typer.Option(BATCH_WAIT_MS, "--batch-wait-ms", min=0.0, help="Under load, how long a forward "
                                         "pass waits for more requests to join it (a lone request never waits)."),
     max_batch: int = typer.Option(MAX_BATCH, "--max-batch", min=1, help="At most this many requests in one forward pass."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
     head: list[Path] = SERVE_HEAD_OPT,
     debug: bool = DEBUG_OPT,
+    *, model: Optional[str], revision: Optional[str], device: str, dtype: str, cache_dir: Path,
 ) -> None:
     """Answer typed decisions over HTTP: TypeSafe's System One (`POST /v1/systemone`) and OpenAI's
     Decisions (`POST /v1/decisions`), with `GET /v1/models` and `GET /health`.
@@ -397,23 +396,22 @@ def serve(
         key = None if api_key_env is None else api_key(api_key_env, f"--api-key-env {api_key_env}")
         heads = served_heads(head)
         compat.quiet_libraries()
-        start(model, ScoringOptions.from_environment(device=device, dtype=dtype), host, port, key, batch_wait_ms, max_batch,
-              heads=heads)
+        start(model, ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype), host, port, key, batch_wait_ms,
+              max_batch, heads=heads, revision=revision)
 
 
 @app.command(cls=Command)
+@run_options(MODEL, DEVICE)
 def decide(
     requests: Path = typer.Argument(..., help="Request bodies, one JSON object a line (System One or OpenAI "
                                     "Decisions; an optional custom_id is echoed)."),
     output: Path = typer.Option(..., "--output", "-o", help="Where the responses go, one JSON line per request."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="A hub id, a model folder or a .gguf file (default: the embedded model)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an output from its last complete line."),
     batch_size: int = typer.Option(MAX_BATCH, "--batch-size", "-b", min=1, help="Requests in one forward pass at most."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
     head: list[Path] = SERVE_HEAD_OPT,
     quiet: bool = QUIET_OPT,
     debug: bool = DEBUG_OPT,
+    *, model: Optional[str], revision: Optional[str], device: str, dtype: str, cache_dir: Path,
 ) -> None:
     """Answer logged decision requests offline, in order, with the engine of `serve`: one response
     line per request line, `{"custom_id", "line", "request_sha", "response": {"status_code",
@@ -435,7 +433,8 @@ def decide(
         setup_logging(quiet)
         compat.quiet_libraries()
         heads = served_heads(head)
-        decider = Decider(model, ScoringOptions.from_environment(device=device, dtype=dtype), heads=heads)
+        decider = Decider(model, ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype), heads=heads,
+                          revision=revision)
         shown = not quiet and err.is_terminal
 
         def step(done: int, total: int) -> None:

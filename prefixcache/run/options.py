@@ -112,7 +112,8 @@ class RunOptions:
     limit: Optional[int] = _opt(None, "--limit", "-n", min=1, help="Process only the first N items.")
     model: Optional[str] = _opt(
         None, "--model", "-m", group="model", envvar="PREFIXCACHE_MODEL",
-        help="The model, instead of the spec's: a hub id, a local model folder or a .gguf file.")
+        help="The model (instead of the spec's, where there is one): a hub id, a local model folder or a .gguf "
+             "file; default: the embedded model.")
     revision: Optional[str] = _opt(None, "--revision", group="model",
                                    help="A hub model's branch, tag or commit (instead of the spec's 'revision').")
     gold: Optional[str] = _opt(None, "--gold", help=(

@@ -44,7 +44,7 @@ def api_key(variable: str, said_as: str) -> str:
 
 def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1", port: int = 8000,
           key: Optional[str] = None, wait_ms: float = BATCH_WAIT_MS, batch: int = MAX_BATCH,
-          ready: Optional[Callable[[int], None]] = None, heads: Sequence[Head] = ()) -> None:
+          ready: Optional[Callable[[int], None]] = None, heads: Sequence[Head] = (), revision: Optional[str] = None) -> None:
     """Load the model and answer requests until SIGINT or SIGTERM, which stop taking requests
     and return once those in flight are answered (a second Ctrl-C returns at once). `ready(port)`
     is called once the socket listens (default: a line on stderr)."""
@@ -60,7 +60,7 @@ def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1"
     if host not in ("127.0.0.1", "localhost", "::1") and key is None:
         log.warning("serving on %s without an API key: anyone who can reach this port can use the model "
                     "(set one with --api-key-env)", host)
-    app, batcher = served_app(model, options, key, wait_ms, batch, heads)
+    app, batcher = served_app(model, options, key, wait_ms, batch, heads, revision)
     config = uvicorn.Config(app, host=host, port=port, access_log=False,
                             log_level="warning", timeout_graceful_shutdown=60, lifespan="off")
     server = StoppableServer(config)

@@ -116,11 +116,11 @@ def _authorized(request: Request, key: str | None) -> bool:
 
 
 def served_app(model: str | None, options: ScoringOptions, key: str | None = None, wait_ms: float = BATCH_WAIT_MS,
-               batch: int = MAX_BATCH, heads: Sequence[Head] = ()) -> tuple[Starlette, Batcher]:
+               batch: int = MAX_BATCH, heads: Sequence[Head] = (), revision: str | None = None) -> tuple[Starlette, Batcher]:
     """What `serve` runs, and each Ray Serve replica (serve/rayserve.py): the model loaded, its
     batcher's worker started (`wait_ms`, `batch`: see `Batcher`) and the app answering with it;
     `heads`: fitted heads, each answering the requests of the pack it was fitted on."""
-    decider = Decider(model, options, heads=heads)
+    decider = Decider(model, options, heads=heads, revision=revision)
     batcher = Batcher(decider, wait_ms / 1000, batch)
     return build_app(batcher, Settings(decider.name, key)), batcher
 

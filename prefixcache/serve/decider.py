@@ -82,10 +82,11 @@ class Decider:
     many question packs (their tokenised options, their calibration) to keep."""
 
     def __init__(self, model: str | None, options: ScoringOptions, prefixes: int = PREFIXES, packs: int = PACKS,
-                 heads: Sequence[Head] = ()):
+                 heads: Sequence[Head] = (), revision: str | None = None):
         self.options = options
         self.heads = tuple(heads)  # fitted heads: each answers the requests whose pack and prompt it was fitted on
-        base = spec_from_mapping({"model": model, "labels": ["yes", "no"]} if model else {"labels": ["yes", "no"]})
+        base = spec_from_mapping({"labels": ["yes", "no"], **({"model": model} if model else {}),
+                                  **({"revision": revision} if revision else {})})
         self.base = Task.from_spec(base, options.cache_dir)
         self.engine = load_engine(self.base, options)
         self.name = Path(self.base.source.path).name.removesuffix(".gguf") if self.base.source.kind != "hub" \
