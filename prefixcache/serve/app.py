@@ -128,19 +128,35 @@ def served_app(model: str | None, options: ScoringOptions, key: str | None = Non
 def build_app(batcher: Batcher, settings: Settings) -> Starlette:
     """The app answering with `batcher`'s model."""
 
-    async def decide(ask) -> Decided:
-        return await asyncio.wrap_future(batcher.submit(ask))
+    async def decide(ask, request: Request) -> Decided:
+        """The ask's answer; while it waits, whether its client is still there: a client that
+        hung up abandons it (dropped from the queue when nobody else waits for it)."""
+        future = batcher.submit(ask)
+        waiting = asyncio.wrap_future(future)
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return waiting.result()
+            if await request.is_disconnected():
+                batcher.abandon(future)  # not cancelled: another caller may share it; the worker settles it
+                waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # read: never "not retrieved"
+                raise ClientGone()
 
     routes = [Route("/v1/systemone", _systemone_route(decide, settings), methods=["POST"]),
               Route("/v1/decisions", _decisions_route(decide, settings), methods=["POST"]),
               Route("/v1/models", _models_route(settings), methods=["GET"]),
-              Route("/health", _health_route(settings), methods=["GET"])]
+              Route("/health", _health_route(settings, batcher), methods=["GET"])]
     app = Starlette(routes=routes)
     app.add_middleware(_AccessLog)
     return app
 
 
-Decide = Callable[[Any], Awaitable[Decided]]
+Decide = Callable[[Any, Request], Awaitable[Decided]]
+DISCONNECT_POLL_S = 0.05  # how often a waiting request checks that its client is still there
+
+
+class ClientGone(Exception):
+    """The client hung up while its request waited: nothing is sent (logged as 499)."""
 
 
 def _systemone_route(decide: Decide, settings: Settings) -> Callable[[Request], Awaitable[Response]]:
@@ -152,7 +168,9 @@ def _systemone_route(decide: Decide, settings: Settings) -> Callable[[Request], 
             return fail(401, "authentication_error", "a valid API key is required (Authorization: Bearer KEY)")
         try:
             ask = systemone.parse(await _body(request, settings.max_body))
-            decided = await decide(ask)
+            decided = await decide(ask, request)
+        except ClientGone:
+            return Response(status_code=499)
         except TooLarge:
             return fail(413, "request_too_large", f"the request body is over {settings.max_body} bytes")
         except BadBody as exc:
@@ -174,7 +192,9 @@ def _decisions_route(decide: Decide, settings: Settings) -> Callable[[Request], 
                                             code="invalid_api_key"))
         try:
             ask, questions = decisions.parse(await _body(request, settings.max_body))
-            decided = await decide(ask)
+            decided = await decide(ask, request)
+        except ClientGone:
+            return Response(status_code=499)
         except TooLarge:
             return _json(*decisions.failure(413, f"the request body is over {settings.max_body} bytes",
                                             code="request_too_large"))
@@ -203,9 +223,11 @@ def _models_route(settings: Settings) -> Callable[[Request], Awaitable[Response]
     return route
 
 
-def _health_route(settings: Settings) -> Callable[[Request], Awaitable[Response]]:
+def _health_route(settings: Settings, batcher: Batcher) -> Callable[[Request], Awaitable[Response]]:
     async def route(request: Request) -> Response:
-        return _json(200, {"status": "ok", "model": settings.model})
+        return _json(200, {"status": "ok", "model": settings.model, "passes": batcher.passes,
+                           "computed": batcher.computed, "shared": batcher.shared, "dropped": batcher.dropped,
+                           "waiting": batcher.waiting})
 
     return route
 

@@ -37,7 +37,7 @@ from ..scoring.prepare import Prepared, Task
 from ..scoring.scorer import Scorer
 from ..model.load import model_content_identity
 from ..task.head import Head
-from .defaults import BATCH_WAIT_MS, MAX_BATCH, PACKS, PREFIXES
+from .defaults import BATCH_WAIT_MS, MAX_BATCH, PACKS, PREFIXES, RECENT, RECENT_S
 from ..task.keys import spec_from_mapping
 from ..task.kind import shown
 
@@ -176,29 +176,77 @@ class Decider:
         return [dataclasses.replace(d, ms=ms) if isinstance(d, Decided) else d for d in out]
 
 
+class Abandoned(Exception):
+    """Every client waiting for an ask hung up before its pass: it was not computed."""
+
+
 @dataclass
 class _Job:
     ask: Ask
+    key: str  # the ask as canonical JSON: identical asks share one job
     future: Future = field(default_factory=Future)
+    waiters: int = 1  # callers waiting for it; none left: abandoned, dropped from the queue
+
+
+def ask_key(ask: Ask) -> str:
+    """An ask as canonical JSON: two requests with the same instructions, state and questions are one."""
+    return json.dumps([ask.instructions, ask.state, ask.questions], ensure_ascii=False, sort_keys=True, default=str)
 
 
 class Batcher:
     """A decider in one worker thread, deciding the asks that arrive together in one pass:
     `submit` returns a future. A pass takes every ask queued, up to `size`; under load (the last
     pass took several, or more are queued) it first waits up to `wait` seconds for the clients just
-    answered to send again, so that they share the next pass; a lone client never waits."""
+    answered to send again, so that they share the next pass; a lone client never waits.
 
-    def __init__(self, decider: Decider, wait: float = BATCH_WAIT_MS / 1000, size: int = MAX_BATCH):
+    An ask identical to one queued or in a pass waits for that one (a client retrying after its
+    timeout is not computed twice), and one answered within `recent_s` seconds is answered again
+    from memory (at most `recent` of them kept). An ask whose every caller `abandon`s it before its
+    pass (a client that hung up) is dropped, never computed. `passes`, `computed`, `shared` and
+    `dropped` count what happened; `waiting` is what is queued or in a pass."""
+
+    def __init__(self, decider: Decider, wait: float = BATCH_WAIT_MS / 1000, size: int = MAX_BATCH,
+                 recent: int = RECENT, recent_s: float = RECENT_S):
         self.decider, self.wait, self.size = decider, wait, size
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._last = 0  # asks in the last pass
+        self._lock = threading.Lock()  # guards the jobs below, taken by callers and the worker
+        self._waiting: dict[str, _Job] = {}  # queued or in a pass, by key
+        self._recent: OrderedDict[str, tuple[float, Decided]] = OrderedDict()  # answered, by key
+        self.max_recent, self.recent_s = recent, recent_s
+        self.passes = self.computed = self.shared = self.dropped = 0
         self._thread = threading.Thread(target=self._run, name="prefixcache-model", daemon=True)
         self._thread.start()
 
     def submit(self, ask: Ask) -> Future:
-        job = _Job(ask)
+        key = ask_key(ask)
+        with self._lock:
+            done = self._recent.get(key)
+            if done is not None and time.monotonic() - done[0] <= self.recent_s:
+                self.shared += 1
+                answered: Future = Future()
+                answered.set_result(done[1])
+                return answered
+            job = self._waiting.get(key)
+            if job is not None:
+                job.waiters += 1
+                self.shared += 1
+                return job.future
+            job = self._waiting[key] = _Job(ask, key)
         self._queue.put(job)
         return job.future
+
+    @property
+    def waiting(self) -> int:
+        """Asks queued or in a pass."""
+        return len(self._waiting)
+
+    def abandon(self, future: Future) -> None:
+        """A caller of `submit` no longer waits for `future` (its client hung up)."""
+        with self._lock:
+            job = next((j for j in self._waiting.values() if j.future is future), None)
+            if job is not None:
+                job.waiters -= 1
 
     def close(self) -> None:
         """Finish the asks queued, then stop the worker."""
@@ -222,10 +270,23 @@ class Batcher:
                     stop = True
                     break
                 jobs.append(more)
+            jobs = self._live(jobs)
             self._last = len(jobs)
-            self._answer(jobs)
+            if jobs:
+                self._answer(jobs)
             if stop:
                 return
+
+    def _live(self, jobs: list[_Job]) -> list[_Job]:
+        """The jobs someone still waits for; the others are dropped, their futures told why."""
+        with self._lock:
+            gone = [j for j in jobs if j.waiters <= 0]
+            for job in gone:
+                del self._waiting[job.key]
+            self.dropped += len(gone)
+        for job in gone:
+            _settle(job.future, Abandoned())
+        return [j for j in jobs if j.waiters > 0]
 
     def _answer(self, jobs: list[_Job]) -> None:
         try:
@@ -233,8 +294,26 @@ class Batcher:
         except Exception as exc:  # noqa: BLE001 - the model failed: every caller of the pass hears of it
             log.exception("deciding a batch of %d requests failed", len(jobs))
             results = [exc] * len(jobs)
+        with self._lock:
+            self.passes += 1
+            self.computed += len(jobs)
+            now = time.monotonic()
+            for job, result in zip(jobs, results):
+                del self._waiting[job.key]
+                if isinstance(result, Decided):
+                    self._recent[job.key] = (now, result)
+                    self._recent.move_to_end(job.key)
+            while len(self._recent) > self.max_recent:
+                self._recent.popitem(last=False)
         for job, result in zip(jobs, results):
-            if isinstance(result, Exception):
-                job.future.set_exception(result)
-            else:
-                job.future.set_result(result)
+            _settle(job.future, result)
+
+
+def _settle(future: Future, result: Any) -> None:
+    """Give a future its result or exception, unless it was cancelled: the worker never dies of it."""
+    if not future.set_running_or_notify_cancel():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)

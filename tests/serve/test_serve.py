@@ -287,3 +287,50 @@ def test_prefixes_kept_in_memory_are_bounded_and_one_read_from_disk_is_not_repor
     fresh = Decider(str(long_model_dir), options)  # a new process: its prefixes are on disk, none in memory
     got = fresh.decide([asks[0]])[0]
     assert got.written_tokens == 0 and got.cached_tokens > 0  # read from the prefix store, not computed
+
+
+def _hang_up(url: str, body: dict) -> None:
+    """Send a whole request, then close the connection without reading the answer (a client gone)."""
+    import socket
+    from urllib.parse import urlparse
+
+    at = urlparse(url)
+    data = json.dumps(body).encode()
+    with socket.create_connection((at.hostname, at.port), timeout=10) as sock:
+        sock.sendall(f"POST {at.path} HTTP/1.1\r\nHost: {at.netloc}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+
+
+def test_abandoned_requests_are_not_computed_and_identical_ones_are_computed_once(long_model_dir):
+    served = Served(long_model_dir, "--max-batch", "1")  # one request a pass: the others queue behind it
+    so = served.url + "/v1/systemone"
+    health = served.url + "/health"
+
+    def counts() -> dict:
+        with urllib.request.urlopen(health, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    try:
+        base = counts()
+        with ThreadPoolExecutor(4) as pool:
+            slow = pool.submit(post, so, {"model": "x", "state": f"{TICKET} " * 300, "questions": PACK})
+            deadline = time.monotonic() + 30  # the slow one is in its pass before the others arrive
+            while counts()["waiting"] == 0 and not slow.done() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for n in range(3):
+                _hang_up(so, {"model": "x", "state": f"gone {n} {TICKET}", "questions": PACK})
+            same = {"model": "x", "state": f"twice {TICKET}", "questions": PACK}
+            twice = [pool.submit(post, so, same) for _ in range(2)]
+            assert slow.result()[0] == 200
+            first, second = (f.result() for f in twice)
+        assert first == second and first[0] == 200
+        assert post(so, same) == first  # a retry just after: answered again, not computed
+        after = counts()
+        assert after["dropped"] - base["dropped"] == 3  # the three hung up while queued: never computed
+        assert after["computed"] - base["computed"] == 2  # the slow one and the identical pair, once
+        assert after["shared"] - base["shared"] == 2
+        assert served.stop() == 0
+    finally:
+        if served.proc.poll() is None:
+            served.proc.kill()
+    assert sum(" 499 " in line for line in served.lines) == 3
