@@ -120,9 +120,9 @@ def served_app(model: str | None, options: ScoringOptions, key: str | None = Non
     """What `serve` runs, and each Ray Serve replica (serve/rayserve.py): the model loaded, its
     batcher's worker started (`wait_ms`, `batch`: see `Batcher`) and the app answering with it;
     `heads`: fitted heads, each answering the requests of the pack it was fitted on."""
-    decider = Decider(model, options, heads=heads, revision=revision)
-    batcher = Batcher(decider, wait_ms / 1000, batch)
-    return build_app(batcher, Settings(decider.name, key)), batcher
+    # the model is loaded on the worker thread that will run it (see Batcher._build)
+    batcher = Batcher(lambda: Decider(model, options, heads=heads, revision=revision), wait_ms / 1000, batch)
+    return build_app(batcher, Settings(batcher.decider.name, key)), batcher
 
 
 def build_app(batcher: Batcher, settings: Settings) -> Starlette:

@@ -66,10 +66,11 @@ def run_load(url: str, clients: int, requests: int, questions: dict[str, Any] | 
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
+    run = f"{clients}.{time.time_ns() % 10**9}"  # every body its own: the server computes identical requests once
 
     def client(k: int) -> None:
         for n in range(k, requests, clients):
-            body = json.dumps({"model": "local", "state": TICKETS[n % len(TICKETS)] + f" (ref {n})",
+            body = json.dumps({"model": "local", "state": TICKETS[n % len(TICKETS)] + f" (ref {run}.{n})",
                                "questions": pack}).encode()
             request = urllib.request.Request(endpoint, data=body, headers={"Content-Type": "application/json"})
             start = time.perf_counter()
