@@ -74,9 +74,11 @@ def _per_label_table(console: Console, evaluation: Evaluation | TagEvaluation) -
 
 
 def _rescored(figures: Rescoring) -> str:
+    from ..scoring.exact import bound_text  # a run with --exact: torch is loaded already
+
     share = figures.rescored / figures.scored if figures.scored else 0.0
     return (f" · {figures.rescored} of {figures.scored} items re-scored in float32 ({share:.0%}; "
-            f"gap bound {figures.bound:.3g})")
+            f"{bound_text(figures.bound)})")
 
 
 def print_evaluation(console: Console, evaluation: Evaluation | TagEvaluation | QuestionsEvaluation) -> None:
@@ -224,8 +226,10 @@ def print_precision_bench(report: PrecisionReport) -> None:
     table.add_row(r.dtype, f"{r.fast_ms:.1f}", f"{r.float32_ms / r.fast_ms:.2f}x", str(r.labels_differ_fast))
     table.add_row(f"{r.dtype} --exact", f"{r.exact_ms:.1f}", f"{r.float32_ms / r.exact_ms:.2f}x", str(r.labels_differ_exact))
     out.print(table)
+    from ..scoring.exact import bound_text  # the bench loaded torch already
+
     out.print(f"--exact re-scored {r.rescored} of {r.items} items in float32 ({r.rescored / max(r.items, 1):.0%}), "
-              f"gap bound {r.bound:.3g} · it holds a float32 copy of the weights too: +{r.extra_weights_mb:.0f} MB",
+              f"{bound_text(r.bound)} · it holds a float32 copy of the weights too: +{r.extra_weights_mb:.0f} MB",
               soft_wrap=True)
 
 

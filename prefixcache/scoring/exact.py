@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -28,6 +29,14 @@ log = logging.getLogger(__name__)
 
 SAFETY = 2.0  # the bound is this many times the largest rounding shift measured
 FLOOR = 0.02  # never below this gap (in log-probability)
+PAYS = 0.8  # the low-precision pass and its re-scoring must cost at most this share of float32 alone
+FLOAT32_ONLY = 1e9  # the bound that means: every call is close, so items are scored in float32 alone
+
+
+def bound_text(bound: float) -> str:
+    """A gap bound in words: its value, or that items are scored in float32 alone."""
+    return "then float32 alone (the low-precision pass did not pay)" if bound >= FLOAT32_ONLY \
+        else f"gap bound {bound:.3g}"
 
 
 class CheckedScorer(Scorer):
@@ -43,6 +52,9 @@ class CheckedScorer(Scorer):
         super().__init__(*args, **kwargs)
         self.bound: float | None = None  # set by the first batch
         self.rescored = self.checked = 0
+        self._float32_s = 0.0  # float32 alone per item, measured on the first batch
+        self._spent_s = 0.0  # after the first batch: the low-precision passes and their re-scoring
+        self._first_items = 0  # the first batch's items (all re-scored: the measurement)
         self._precision: dict[tuple, str] = {}
 
     @classmethod
@@ -73,20 +85,65 @@ class CheckedScorer(Scorer):
         self.exact.clear()
         self._precision.clear()
         self.bound, self.rescored, self.checked = None, 0, 0
+        self._float32_s = self._spent_s = 0.0
+        self._first_items = 0
 
     def score(self, preps: Sequence[Prepared], known: Mapping[tuple, list[float]] | None = None) -> Scores:
+        if self.bound is not None and self.bound >= FLOAT32_ONLY and known is None:
+            return self._float32_only(preps)
+        start = time.perf_counter()
         scores = super().score(preps, known)
         if known is not None or not preps:
             return scores  # scores read back from records: what was written stands
+        spent = time.perf_counter() - start
         fresh = {p.key: p for p in scores.computed}
         self.checked += len(fresh)
-        if self.bound is None:
-            close = list(fresh.values())  # the first batch is measured both ways
-        else:
-            close = [p for p in fresh.values() if self._gap(p, self._scores.peek(p.key)) < self.bound]
+        first = self.bound is None
+        gaps = [self._gap(p, self._scores.peek(p.key)) for p in fresh.values()]
+        close = list(fresh.values()) if first else [  # the first batch is measured both ways
+            p for p, gap in zip(fresh.values(), gaps) if gap < self.bound]
+        start = time.perf_counter()
         if close:
             self._rescore(close)
+        rescoring = time.perf_counter() - start
+        if first and fresh:
+            self._float32_s, self._first_items = rescoring / len(fresh), len(fresh)  # float32 alone, per item
+            # what the next batches would cost: the low-precision pass, and its calls closer than the bound
+            # (judged on the low-precision scores this batch had before it was re-scored)
+            share = sum(g < self.bound for g in gaps) / len(gaps)
+            self._decide_pays(spent / len(fresh) / self._float32_s + share, share)
+        else:
+            self._spent_s += spent + rescoring
+            self._pays_or_not()
         return Scores([self._scores.peek(p.key) for p in preps], scores.computed)
+
+    def _pays_or_not(self) -> None:
+        """After a later batch: whether the low-precision passes and their re-scoring so far cost
+        less than PAYS of float32 alone (per item, as the first batch measured it)."""
+        items = self.checked - self._first_items
+        if self._float32_s and items > 0:
+            self._decide_pays(self._spent_s / (items * self._float32_s), (self.rescored - self._first_items) / items)
+
+    def _decide_pays(self, cost: float, share: float) -> None:
+        """When `cost` (of float32 alone) is PAYS or more, every later item is scored in float32
+        alone (said once; the bound that says so is kept in the output's fingerprint, so a run
+        continued later does the same)."""
+        if cost >= PAYS and self.bound is not None and self.bound < FLOAT32_ONLY:
+            log.warning("--exact: %.0f%% of the calls are closer than this model's rounding can move them (bound %.3g), "
+                        "and re-scoring them costs %.2fx float32 alone: the other items are scored in float32 alone",
+                        100 * share, self.bound, cost)
+            self.bound = FLOAT32_ONLY
+
+    def _float32_only(self, preps: Sequence[Prepared]) -> Scores:
+        """Score in float32 alone (the low-precision pass would not pay: `_pays_or_not`)."""
+        todo = [p for p in preps if p.key not in self._scores]
+        if todo:
+            for prep, logprobs in zip(todo, self.exact.score(todo).logprobs):
+                self._scores.put(prep.key, logprobs)
+                self._precision[prep.key] = "float32"
+            self.checked += len(todo)
+            self.rescored += len(todo)
+        return Scores([self._scores.get(p.key) for p in preps], todo)
 
     def _rescore(self, close: list[Prepared]) -> None:
         exact = self.exact.score(close)

@@ -4,9 +4,10 @@ float32 run on the same items: the same labels, and re-scored records equal to f
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
-from helpers import TEXTS, invoke, write_spec
+from helpers import TEXTS, invoke, json_lines, write_spec
 
 from prefixcache import compat
 
@@ -45,10 +46,28 @@ def test_after_the_first_batch_only_close_calls_are_rescored(job, tmp_path, monk
     spec, items, fp32 = job
     monkeypatch.setattr(exact, "FLOOR", 0.0)
     monkeypatch.setattr(exact, "SAFETY", 0.0)  # a bound of 0: nothing after the measured first batch
+    monkeypatch.setattr(exact, "PAYS", math.inf)  # the low-precision pass always pays here (on a tiny model it may not)
     result, records = _exact_run(spec, items, tmp_path / "exact.jsonl")
     precisions = [r["precision"] for r in records]
     assert precisions[:4] == ["float32"] * 4 and set(precisions[4:]) == {"bfloat16"}
     assert "4 of 22 items re-scored in float32" in result.stderr
+
+
+def test_when_the_low_precision_pass_does_not_pay_the_rest_is_scored_in_float32_and_stays_so(job, tmp_path, monkeypatch):
+    spec, items, fp32 = job
+    monkeypatch.setattr(exact, "PAYS", 0.0)  # nothing pays: after the first batch, float32 alone
+    result, records = _exact_run(spec, items, tmp_path / "exact.jsonl")
+    assert {r["precision"] for r in records} == {"float32"} and "the other items are scored in float32 alone" in result.stderr
+    assert [r["label"] for r in records] == [r["label"] for r in fp32]
+    assert "then float32 alone (the low-precision pass did not pay)" in result.stderr
+    part = tmp_path / "part.jsonl"  # continued after a stop: the float32 decision is kept, not measured anew
+    lines = (tmp_path / "exact.jsonl").read_text().splitlines(keepends=True)
+    part.write_text("".join(lines[:10]))
+    (tmp_path / "part.jsonl.prefixcache.json").write_text((tmp_path / "exact.jsonl.prefixcache.json").read_text())
+    monkeypatch.setattr(exact, "PAYS", math.inf)
+    resumed = invoke("run", spec, items, "-o", part, "-b", 4, "--dtype", "bfloat16", "--exact", "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert [r["precision"] for r in json_lines(part)][10:] == ["float32"] * (len(records) - 10)
 
 
 def test_labels_equal_a_float32_run_and_rescored_records_are_float32_records(job, tmp_path):
