@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..data.items import Item
+from ..errors import UsageError
 from ..model.engine import Prefix
 from ..model.rows import trie
 from ..scoring.build import build_on, load_engine
@@ -83,7 +84,10 @@ class Decider:
 
     def __init__(self, model: str | None, options: ScoringOptions, prefixes: int = PREFIXES, packs: int = PACKS,
                  heads: Sequence[Head] = (), revision: str | None = None):
-        self.options = options
+        if options.exact or options.prune == "on":
+            raise UsageError("the decisions server scores every option of every question in one precision: "
+                             "--exact and --prune on are for run, not for serve or decide")
+        self.options = options.replace(prune="off")
         self.heads = tuple(heads)  # fitted heads: each answers the requests whose pack and prompt it was fitted on
         base = spec_from_mapping({"labels": ["yes", "no"], **({"model": model} if model else {}),
                                   **({"revision": revision} if revision else {})})

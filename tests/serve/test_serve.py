@@ -334,3 +334,14 @@ def test_abandoned_requests_are_not_computed_and_identical_ones_are_computed_onc
         if served.proc.poll() is None:
             served.proc.kill()
     assert sum(" 499 " in line for line in served.lines) == 3
+
+
+def test_exact_and_pruning_are_refused_by_the_server_not_ignored(tmp_path):
+    from prefixcache.errors import UsageError
+    from prefixcache.scoring.options import ScoringOptions
+    from prefixcache.serve.decider import Decider
+
+    for changes in ({"exact": True}, {"prune": "on"}):
+        options = ScoringOptions.from_environment(tmp_path, device="cpu", dtype="float32").replace(**changes)
+        with pytest.raises(UsageError, match="--exact and --prune on are for run"):
+            Decider(None, options)
