@@ -345,3 +345,27 @@ def test_exact_and_pruning_are_refused_by_the_server_not_ignored(tmp_path):
         options = ScoringOptions.from_environment(tmp_path, device="cpu", dtype="float32").replace(**changes)
         with pytest.raises(UsageError, match="--exact and --prune on are for run"):
             Decider(None, options)
+
+
+def test_the_client_snippets_in_the_docs_run(server):
+    """Each snippet of docs/serve.md's Clients section, run against a server (its address put in)."""
+    import re
+    import shutil
+
+    from helpers import ROOT
+
+    text = (ROOT / "docs" / "serve.md").read_text()
+    section = text.split("## Clients", 1)[1].split("\n## ", 1)[0]
+    snippets = re.findall(r"```(python|bash)\n(.*?)```", section, re.S)
+    assert [lang for lang, _ in snippets] == ["python", "python", "bash"]
+    for lang, code in snippets:
+        code = code.replace("http://127.0.0.1:8000", server.url)
+        if lang == "bash":
+            if shutil.which("curl") is None:
+                continue
+            done = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0 and json.loads(done.stdout)["answers"]["refund"]["type"] == "noul", done.stderr
+            continue
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip(), code
