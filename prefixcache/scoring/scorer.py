@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
-from .. import compat
 import numpy as np
 
+from .. import compat
 from ..model.engine import Engine, Prefix
 from ..errors import PrefixTooLong
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
@@ -218,7 +218,9 @@ class Scorer:
     def reads(self) -> list[bool | None]:
         """Per question asked, what its head reads: None (no head), False (the state where its
         options start), True (each option judged yes/no: the state where each one's is scored)."""
-        return [None if r is None else r.binary for r in self._readouts] or [None] * len(self.task.questions)
+        if not self._readouts:
+            return [None] * len(self.task.questions)
+        return [None if r is None else r.binary for r in self._readouts]
 
     def answer_positions(self, prep: Prepared, reads: Sequence[bool | None]) -> list[int]:
         """The candidates whose answer states the questions read by `reads` need, in question order."""

@@ -31,16 +31,16 @@ from typing import Any, Callable, Mapping, Sequence
 from ..data.items import Item
 from ..errors import UsageError
 from ..model.engine import Prefix
+from ..model.load import model_content_identity
 from ..model.rows import trie
 from ..scoring.build import build_on, load_engine
 from ..scoring.options import ScoringOptions
 from ..scoring.prepare import Prepared, Task
 from ..scoring.scorer import Scorer
-from ..model.load import model_content_identity
 from ..task.head import Head
-from .defaults import BATCH_WAIT_MS, MAX_BATCH, PACKS, PREFIXES, RECENT, RECENT_S
 from ..task.keys import spec_from_mapping
 from ..task.kind import shown
+from .defaults import BATCH_WAIT_MS, MAX_BATCH, PACKS, PREFIXES, RECENT, RECENT_S
 
 log = logging.getLogger(__name__)
 
