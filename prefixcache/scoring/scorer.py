@@ -382,6 +382,31 @@ class Scorer:
                 for i, q in enumerate(asked)]
 
 
+def decide_together(asked: Sequence[tuple[Scorer, Prepared]]) -> list[Answers]:
+    """Items of several scorers on one engine (a server's requests: each its own pack of
+    questions) decided in as few forward passes as their prefixes allow: the items of scorers that
+    share a prefilled prefix go through one pass, with the states their heads read; each is
+    decided by its own scorer (normalisation, calibration, thresholds, head). In input order.
+    Every option is scored to the end: no pruning, one precision."""
+    out: list[Answers | None] = [None] * len(asked)
+    by_prefix: dict[int, list[int]] = {}
+    for i, (scorer, _) in enumerate(asked):
+        by_prefix.setdefault(id(scorer.prefix), []).append(i)
+    for members in by_prefix.values():
+        first = asked[members[0]][0]
+        rows = [asked[i][1].row for i in members]
+        wanted = [asked[i][0].answer_positions(asked[i][1], asked[i][0].reads) for i in members]
+        if any(wanted):  # some scorer's head reads states: from the same forward
+            scores, states = first.engine.score_with_states(first.prefix, rows, wanted)
+        else:
+            scores, states = first.engine.score(first.prefix, rows), [None] * len(members)
+        for i, lps, found in zip(members, scores, states):
+            scorer, prep = asked[i]
+            read = scorer.split_states(prep, scorer.reads, found) if found is not None else []
+            out[i] = scorer.decide_read(prep, prep.groups.combine(lps), read)
+    return out  # type: ignore[return-value]
+
+
 def _combined(groups: Groups, scores: Sequence[float]) -> list[float]:
     """Per option, its scored texts' log-probabilities combined; the positions of bounds (pruned
     scoring, whose raced options have one text each) follow their option."""

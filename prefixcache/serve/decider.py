@@ -36,7 +36,8 @@ from ..model.rows import trie
 from ..scoring.build import build_on, load_engine
 from ..scoring.options import ScoringOptions
 from ..scoring.prepare import Prepared, Task
-from ..scoring.scorer import Scorer
+from ..scoring.scorer import Scorer, decide_together
+from ..task.questions import Answers
 from ..task.head import Head
 from ..task.keys import spec_from_mapping
 from ..task.kind import shown
@@ -156,28 +157,24 @@ class Decider:
                                 cached)
                 except Exception as exc:  # noqa: BLE001 - a refused ask is answered with its error
                     out[i] = exc
-            by_prefix: dict[int, list[int]] = {}
-            for i, (scorer, _, _) in ready.items():
-                by_prefix.setdefault(id(scorer.prefix), []).append(i)
-            for members in by_prefix.values():
-                prefix, rows = ready[members[0]][0].prefix, [ready[i][1].row for i in members]
-                wanted = [ready[i][0].answer_positions(ready[i][1], ready[i][0].reads) for i in members]
-                if any(wanted):  # some pack is answered by a head: its states, from the same forward
-                    scores, states = self.engine.score_with_states(prefix, rows, wanted)
-                else:
-                    scores, states = self.engine.score(prefix, rows), [None] * len(members)
-                for i, lps, found in zip(members, scores, states):
-                    scorer, prep, cached = ready[i]
-                    read = scorer.split_states(prep, scorer.reads, found) if found is not None else []
-                    answers = scorer.decide_read(prep, prep.groups.combine(lps), read).answers()
-                    for q, r in zip(scorer.task.questions, scorer.reads):
-                        if r is not None:  # answered by the fitted head, not the prompt's scores
-                            answers[q.id]["x_readout"] = "head"
-                    read = len(prep.enc.ids) + len(trie(list(prep.candidates.values())))
-                    prefix = prep.enc.prefix_len
-                    out[i] = Decided(answers, read, prefix if cached else 0, 0.0, 0 if cached else prefix)
+            order = list(ready)
+            decided = decide_together([(ready[i][0], ready[i][1]) for i in order])
+            for i, answers in zip(order, decided):
+                scorer, prep, cached = ready[i]
+                out[i] = _decided(scorer, prep, answers, cached)
         ms = (time.perf_counter() - start) * 1000
         return [dataclasses.replace(d, ms=ms) if isinstance(d, Decided) else d for d in out]
+
+
+def _decided(scorer: Scorer, prep: Prepared, answers: Answers, cached: bool) -> Decided:
+    """An ask's answers in the System One shape (a head's marked `x_readout`) and its usage."""
+    shaped = answers.answers()
+    for q, r in zip(scorer.task.questions, scorer.reads):
+        if r is not None:  # answered by the fitted head, not the prompt's scores
+            shaped[q.id]["x_readout"] = "head"
+    read = len(prep.enc.ids) + len(trie(list(prep.candidates.values())))
+    prefix = prep.enc.prefix_len
+    return Decided(shaped, read, prefix if cached else 0, 0.0, 0 if cached else prefix)
 
 
 class Abandoned(Exception):
