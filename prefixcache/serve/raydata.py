@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from ..errors import InputError
 from ..scoring.options import ScoringOptions
+from ..task.head import load_head
 from .decider import Decider
 from .defaults import MAX_BATCH
 from .replay import answer_lines, request_digest
@@ -35,10 +36,12 @@ class Decide:
     text, or already-parsed objects), decided `batch_size` requests to a forward pass."""
 
     def __init__(self, model: Optional[str] = None, *, column: str = "text", batch_size: int = MAX_BATCH,
-                 device: str = "auto", dtype: str = "auto", cache_dir: Optional[Union[str, Path]] = None):
+                 device: str = "auto", dtype: str = "auto", cache_dir: Optional[Union[str, Path]] = None,
+                 heads: Sequence[Union[str, Path]] = ()):
         if batch_size < 1:
             raise InputError(f"batch_size must be 1 or more, not {batch_size}")
-        self.decider = Decider(model, ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype))
+        self.decider = Decider(model, ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype),
+                               heads=[load_head(str(h), Path("heads")) for h in heads])
         self.column, self.batch_size = column, batch_size
 
     def __call__(self, batch: Any) -> Any:

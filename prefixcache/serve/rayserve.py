@@ -18,17 +18,19 @@ Ray.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
 
 from ray import serve
 
 from ..errors import UsageError
 from ..scoring.options import ScoringOptions
 from . import api_key
+from ..task.head import load_head
 from .app import served_app
 from .defaults import BATCH_WAIT_MS, MAX_BATCH
 
-OPTIONS = ("model", "num_replicas", "api_key_env", "batch_wait_ms", "max_batch", "device", "dtype")
+OPTIONS = ("model", "num_replicas", "api_key_env", "batch_wait_ms", "max_batch", "device", "dtype", "heads")
 
 
 @serve.deployment(name="prefixcache-decisions", max_ongoing_requests=64, graceful_shutdown_timeout_s=60)
@@ -38,11 +40,12 @@ class Decisions:
     The API key is read from the replica's environment, never passed through Ray's own state."""
 
     def __init__(self, model: Optional[str] = None, api_key_env: Optional[str] = None, batch_wait_ms: float = BATCH_WAIT_MS,
-                 max_batch: int = MAX_BATCH, device: str = "auto", dtype: str = "auto"):
+                 max_batch: int = MAX_BATCH, device: str = "auto", dtype: str = "auto", heads: Sequence[str] = ()):
         key = None if api_key_env is None else api_key(api_key_env, f"api_key_env {api_key_env} (where the replica runs)")
         options = ScoringOptions.from_environment(device=device, dtype=dtype)
+        found = [load_head(h, Path("heads")) for h in heads]  # read where the replica runs
         # not `self.app`: Ray's ingress wrapper has a read-only `app` of its own
-        self._served, self.batcher = served_app(model, options, key, batch_wait_ms, max_batch)
+        self._served, self.batcher = served_app(model, options, key, batch_wait_ms, max_batch, found)
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._served
@@ -55,20 +58,21 @@ class Decisions:
 
 def deployment(model: Optional[str] = None, *, num_replicas: int = 1, api_key_env: Optional[str] = None,
                batch_wait_ms: float = BATCH_WAIT_MS, max_batch: int = MAX_BATCH, device: str = "auto", dtype: str = "auto",
-               ray_actor_options: Optional[dict] = None) -> Any:
+               ray_actor_options: Optional[dict] = None, heads: Sequence[str] = ()) -> Any:
     """The application to `serve.run`: `num_replicas` replicas of the server over `model` (None:
     the embedded default), each with the options `prefixcache serve` takes; `ray_actor_options`
-    (for example `{"num_gpus": 1}`) what each replica reserves (Ray Serve's default: one CPU)."""
+    (for example `{"num_gpus": 1}`) what each replica reserves (Ray Serve's default: one CPU);
+    `heads`: paths of head files (prefixcache fit), read where each replica runs."""
     if num_replicas < 1 or max_batch < 1 or batch_wait_ms < 0:
         raise UsageError("num_replicas and max_batch must be 1 or more, batch_wait_ms 0 or more")
     placed = Decisions.options(num_replicas=num_replicas, **({"ray_actor_options": ray_actor_options}
                                                               if ray_actor_options else {}))
-    return placed.bind(model, api_key_env, batch_wait_ms, max_batch, device, dtype)
+    return placed.bind(model, api_key_env, batch_wait_ms, max_batch, device, dtype, tuple(str(h) for h in heads))
 
 
 def app(args: Mapping[str, str]) -> Any:
     """The application builder `serve run prefixcache.serve.rayserve:app key=value ...` calls,
-    with the keys of `deployment` as text."""
+    with the keys of `deployment` as text (`heads`: head files separated by commas)."""
     unknown = sorted(set(args) - set(OPTIONS))
     if unknown:
         raise UsageError(f"unknown option {unknown[0]!r}; known: {', '.join(OPTIONS)}")
@@ -76,6 +80,7 @@ def app(args: Mapping[str, str]) -> Any:
         return deployment(args.get("model") or None, num_replicas=int(args.get("num_replicas", 1)),
                           api_key_env=args.get("api_key_env"), batch_wait_ms=float(args.get("batch_wait_ms", BATCH_WAIT_MS)),
                           max_batch=int(args.get("max_batch", MAX_BATCH)), device=args.get("device", "auto"),
-                          dtype=args.get("dtype", "auto"))
+                          dtype=args.get("dtype", "auto"),
+                          heads=[h for h in args.get("heads", "").split(",") if h.strip()])
     except ValueError as exc:
         raise UsageError(f"num_replicas, max_batch and batch_wait_ms are numbers: {exc}") from exc

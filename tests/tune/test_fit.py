@@ -410,6 +410,16 @@ def test_decide_answers_a_fitted_pack_with_its_head_as_run_does(tmp_path, tiny_m
         assert answers["team"]["choice"] == record["answers"]["team"]["choice"]
         for option, p in record["answers"]["team"]["probabilities"].items():
             assert answers["team"]["probabilities"][option] == pytest.approx(p, abs=1e-5)
+    import pandas as pd
+
+    from prefixcache.serve.raydata import Decide  # decide on Ray Data: the same head, read where it runs
+
+    decided = Decide(str(tiny_model_dir), heads=[tmp_path / "fitted.head.safetensors"], batch_size=5)(
+        pd.DataFrame({"text": requests.read_text().splitlines()}))
+    for body, line in zip(decided["body"], json_lines(out)):
+        got, want = json.loads(body)["answers"]["team"], line["response"]["body"]["answers"]["team"]
+        assert got["x_readout"] == "head" and got["choice"] == want["choice"]
+        assert got["probabilities"] == pytest.approx(want["probabilities"], abs=1e-6)
     other = tmp_path / "other.jsonl"  # other instructions: the head is not applied
     other.write_text(requests.read_text().replace("Route the ticket.", "Route it."))
     result = invoke("decide", other, "-o", tmp_path / "o.jsonl", "-m", tiny_model_dir, "--head",
