@@ -337,7 +337,10 @@ def print_fit(result: FitResult) -> None:
             out.print("thresholds: " + ", ".join(f"{escape(k)} {t:.2f}" for k, t in zip(j.counts, j.thresholds)))
         for note in j.notes:
             out.print(f"note: {escape(note)}")
-    out.print(f"reading states: {result.ms_per_item:.1f} ms/item; fitted spec: {escape(str(o.output))}")
+    items = len(result.plan.items)
+    read = f"{result.ms_per_item:.1f} ms/item" if result.kept < items else "none scored"
+    kept = f" ({result.kept} of {items} items read back from an earlier fit)" if result.kept else ""
+    out.print(f"reading states: {read}{kept}; fitted spec: {escape(str(o.output))}")
 
 
 def print_tune(result: TuneResult, top: int) -> None:

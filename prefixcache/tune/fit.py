@@ -74,12 +74,13 @@ class FitResult:
     plan: FitPlan
     judged: list[Judged]
     ms_per_item: float
+    kept: int = 0  # items whose states were read back from an earlier fit of the same task
     written: list[Path] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"spec": str(self.options.run.spec), "labelled": str(self.options.run.items),
                 "items": len(self.plan.items), "folds": self.options.folds, "seed": self.options.seed,
-                "layer": LAYER, "ms_per_item": round(self.ms_per_item, 3),
+                "layer": LAYER, "ms_per_item": round(self.ms_per_item, 3), "states_read_back": self.kept,
                 "questions": [j.to_json() for j in self.judged],
                 "written": [str(p) for p in self.written]}
 
@@ -112,7 +113,7 @@ def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: 
     scorer = fit_scorer(plan.spec, o.scoring(), step)
     fitted = fit_heads(scorer, plan.items, plan.questions, Batching(o.batch_size, o.batch_tokens), options.folds,
                        options.seed, step)
-    result = FitResult(options, plan, fitted.judged, fitted.ms_per_item)
+    result = FitResult(options, plan, fitted.judged, fitted.ms_per_item, fitted.kept)
     _write(result, fitted.readouts, fitted.fingerprint)
     return result
 
@@ -125,6 +126,7 @@ class Fitted:
     readouts: list[Readout]
     fingerprint: dict[str, str]
     ms_per_item: float
+    kept: int = 0  # items whose states an earlier fit had read
 
     def head(self, path: str = "<fitted in Python>") -> Head:
         """The readouts as the head a spec holds (what the head file, read back, gives)."""
@@ -147,7 +149,7 @@ def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question],
         j, r = judge(data, folds, seed, lambda done, total: step(what, done, total))
         judged.append(j)
         readouts.append(r)
-    return Fitted(judged, readouts, read.fingerprint, read.ms_per_item)
+    return Fitted(judged, readouts, read.fingerprint, read.ms_per_item, read.kept)
 
 
 def fitted_questions(spec: TaskSpec) -> tuple[Question, ...]:

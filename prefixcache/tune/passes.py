@@ -118,8 +118,9 @@ class States:
     options' log-probabilities [N, K] and the prompt rule's decisions; the task's fingerprint."""
 
     per_question: list[tuple[np.ndarray, np.ndarray, list]]
-    ms_per_item: float
+    ms_per_item: float  # scoring the items not read back
     fingerprint: dict[str, str]
+    kept: int = 0  # items whose states were read back from an earlier fit
 
 
 def fit_scorer(spec: TaskSpec, options: ScoringOptions, step: Step = lambda what, done, total: None) -> Scorer:
@@ -173,4 +174,4 @@ def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Quest
         log.info("%d of %d items' states read back from an earlier fit of this task", kept, len(items))
     per_question = [(np.stack(s), np.array(lp, dtype=float), d) for s, lp, d in zip(states, logprobs, decisions)]
     scored = len(items) - kept
-    return States(per_question, 1000 * seconds / scored if scored else 0.0, fingerprint)
+    return States(per_question, 1000 * seconds / scored if scored else 0.0, fingerprint, kept)
