@@ -193,7 +193,7 @@ def _parse(data: bytes, where: str, path: str) -> Head:
     bad = f"{where} is not a head file written by prefixcache fit"
     try:
         arrays = load(data)
-        meta = _metadata(data)
+        meta = metadata_of(data)
     except (SafetensorError, ValueError, OverflowError, RecursionError) as exc:
         raise SpecError(f"{bad} ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})") from None
     try:
@@ -217,8 +217,9 @@ def _parse(data: bytes, where: str, path: str) -> Head:
     return Head(path, readouts, dict(fp), str(info.get("layer", "final")), hashlib.sha256(data).hexdigest(), fitted)
 
 
-def _metadata(data: bytes) -> dict[str, str]:
-    """The safetensors header's `__metadata__` (the arrays are read by safetensors itself)."""
+def metadata_of(data: bytes) -> dict[str, str]:
+    """A safetensors file's `__metadata__` (the arrays are read by safetensors itself). Raises
+    ValueError for a truncated or unreadable header."""
     if len(data) < 8:
         raise ValueError("truncated")
     n = int.from_bytes(data[:8], "little")

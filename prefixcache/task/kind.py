@@ -140,6 +140,7 @@ class Asked:
     races = False  # pruned scoring may race its options (those whose options have one text each)
     reads: tuple[str, ...] = ("text",)  # the `read` values it takes
     collapses = True  # one answer for most items hints at a biased model (not so for levels)
+    judged_each = False  # each option is a yes/no call of its own (a fitted head reads one state per option)
 
     def value_of(self, cell: str) -> Any:
         """Its answer's value from a CSV cell (the inverse of writing `answer[type]`)."""

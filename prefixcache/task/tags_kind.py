@@ -24,6 +24,7 @@ class TagsKind:
 
     name = "tags"
     races = False  # every label is judged
+    judged_each = True  # each label a yes/no call of its own, read where its own answer is scored
 
     def decide(self, q: Question, logprobs: Sequence[float], counts: Sequence[int],
                unconditional: Sequence[float] = (), prior: Sequence[float] | None = None) -> Tags:

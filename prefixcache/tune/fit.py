@@ -171,7 +171,7 @@ def fitted_questions(spec: TaskSpec) -> tuple[Question, ...]:
 def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: np.ndarray, logprobs: np.ndarray,
              decisions: Sequence[Any]) -> Labelled:
     """One question's labelled data from the items, their states, log-probs and prompt decisions."""
-    binary = q.kind.name == "tags"
+    binary = q.kind.judged_each
     if binary:
         gold = np.array([[o in gold_tags(item.record, q.gold, q.options, spec.gold_sep) for o in q.options]
                          for item in items], dtype=bool)

@@ -132,19 +132,19 @@ def fit_scorer(spec: TaskSpec, options: ScoringOptions, step: Step = lambda what
 
 
 def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Question], batching: Batching,
-                step: Step = lambda what, done, total: None, keep: bool = True) -> States:
+                step: Step = lambda what, done, total: None) -> States:
     """Score the items in `run`'s batches, every option to the end, reading the final hidden state
     at each fitted question's answer position from the same forward (`scorer`: a spec without a
-    head, so that its decisions are the prompt rule's). With `keep`, each batch's states are kept
-    in the cache (tune/states.py): a batch kept by an earlier fit of the same task is read back."""
+    head, so that its decisions are the prompt rule's). Each batch's states are kept in the cache
+    (tune/states.py): a batch kept by an earlier fit of the same task is read back."""
     task = scorer.task
     fitted = {q.id for q in questions}
     asked = task.questions
-    reads = [(q.kind.name == "tags") if q.id in fitted else None for q in asked]
+    reads = [q.kind.judged_each if q.id in fitted else None for q in asked]
     index = [i for i, q in enumerate(asked) if q.id in fitted]
     fingerprint = task.head_fingerprint()
     store = StateStore(task.cache_dir, fingerprint, scorer.dtype, scorer.device.split(":")[0], reads) \
-        if keep and task.cache_dir is not None else None
+        if task.cache_dir is not None else None
     states: list[list[np.ndarray]] = [[] for _ in index]
     logprobs: list[list] = [[] for _ in index]
     decisions: list[list] = [[] for _ in index]

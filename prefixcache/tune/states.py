@@ -23,6 +23,7 @@ import numpy as np
 from .. import safefile
 from ..model.cache import states_dir
 from ..model.private import ForeignCache, private_folder
+from ..task.head import metadata_of
 
 log = logging.getLogger(__name__)
 Entry = tuple[list[float], list[np.ndarray]]  # an item's options' log-probs, and per question read its states
@@ -57,8 +58,7 @@ class StateStore:
         data = path.read_bytes()
         try:
             arrays = load(data)
-            header = json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])
-            digests = json.loads(header["__metadata__"]["items"])
+            digests = json.loads(metadata_of(data)["items"])
             for n, digest in enumerate(digests):
                 states = [arrays[f"q{k}"][n] for k in range(sum(1 for a in arrays if a.startswith("q")))]
                 self.entries[digest] = (arrays["logprobs"][n].tolist(), states)
