@@ -254,3 +254,12 @@ def spec_three_labels(spec_file):
 def spec_four_labels(spec_file):
     """tech, technical, billing and a two-word label."""
     return spec_file(labels=["tech", "technical", "billing", "account access"])
+
+
+@pytest.fixture
+def races_of_any_size(monkeypatch):
+    """Pruned scoring races however few candidate tokens an item has (the tiny models' label sets
+    are small; a run scores those in full, as a race would not pay)."""
+    from prefixcache.scoring import scorer
+
+    monkeypatch.setattr(scorer, "MIN_RACE_TOKENS", 0)

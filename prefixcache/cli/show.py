@@ -22,7 +22,7 @@ from ..reports.diff import QuestionsComparison
 
 if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only read their figures
     from ..reports.diff import Comparison
-    from ..run.bench import BenchReport, PrecisionReport, QuestionsResult
+    from ..run.bench import BenchReport, PrecisionReport, PruningResult, QuestionsResult
     from ..run.dryrun import DryRun
     from ..run.job import RunResult
     from ..scoring.scorer import Rescoring
@@ -150,23 +150,31 @@ def print_bench(report: BenchReport) -> None:
     )
     if report.questions is not None:
         _print_questions_bench(out, report.questions)
-    p = report.pruning
-    if p is not None:
-        one = p.what[:-1]
-        table = Table(title=f"pruned scoring · {p.labels} {p.what} · {p.items} items")
-        for col in (f"{one} scoring", "ms/item", "speed-up", "candidate tokens/item", f"{p.what} left at a bound/item"):
-            table.add_column(col, justify="left" if col == f"{one} scoring" else "right")
-        table.add_row(f"every {one} to the end", f"{p.full_ms:.1f}", "1.00x", f"{p.full_label_tokens:.1f}", "0")
-        table.add_row("pruned (--prune on)", f"{p.pruned_ms:.1f}", f"{p.full_ms / p.pruned_ms:.2f}x",
-                      f"{p.pruned_label_tokens:.1f}", f"{p.pruned_labels:.1f}")
-        out.print(table)
-        out.print(f"same {'answers' if p.what == 'options' else 'labels'} both ways: "
-                  + ("yes" if p.same_labels else f"NO ({p.items_differing} items differ)"), soft_wrap=True)
-        auto = p.auto
-        out.print(f"the default (--prune auto) {'prunes' if auto else 'does not prune'} {p.labels} {p.what}: "
-                  f"{p.pruned_ms / p.full_ms if auto else 1.0:.2f}x the time of scoring every {one}"
-                  + ("; --prune off is faster here" if auto and p.pruned_ms > p.full_ms else "")
-                  + ("; --prune on is faster here" if not auto and p.pruned_ms < p.full_ms else ""), soft_wrap=True)
+    if report.pruning is not None:
+        _print_pruning_bench(out, report.pruning)
+
+
+def _print_pruning_bench(out: Console, p: PruningResult) -> None:
+    """bench on a task pruning applies to: every candidate scored against each pruned mode."""
+    one = p.what[:-1]
+    table = Table(title=f"pruned scoring · {p.labels} {p.what} · {p.items} items")
+    for col in (f"{one} scoring", "ms/item", "speed-up", "candidate tokens/item", f"{p.what} left at a bound/item",
+                "largest probability difference"):
+        table.add_column(col, justify="left" if col == f"{one} scoring" else "right")
+    table.add_row(f"every {one} to the end (--prune auto, off)", f"{p.full_ms:.1f}", "1.00x",
+                  f"{p.full_label_tokens:.1f}", "0", "0")
+    for mode, r in p.races.items():
+        table.add_row(f"--prune {mode}", f"{r.ms:.1f}", f"{p.full_ms / r.ms:.2f}x", f"{r.label_tokens:.1f}",
+                      f"{r.left:.1f}", f"{r.prob_gap:.1e}")
+    out.print(table)
+    out.print(f"same {'answers' if p.what == 'options' else 'labels'} every way: "
+              + ("yes" if p.same_labels else "NO (" + ", ".join(f"--prune {m}: {r.items_differing} items differ"
+                                                                 for m, r in p.races.items()) + ")"), soft_wrap=True)
+    fastest = min(p.races, key=lambda m: p.races[m].ms)
+    if p.races[fastest].ms < p.full_ms:
+        out.print(f"--prune {fastest} is the fastest here ({p.full_ms / p.races[fastest].ms:.2f}x)", soft_wrap=True)
+    else:
+        out.print(f"pruning does not pay here: the default (--prune auto) scores every {one}", soft_wrap=True)
 
 
 def _print_questions_bench(out: Console, q: QuestionsResult) -> None:

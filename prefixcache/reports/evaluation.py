@@ -92,7 +92,7 @@ class Evaluation(Gated):
     failed: int = 0  # items written as error records
     bins: list = field(default_factory=lambda: [[0, 0.0, 0] for _ in range(CALIBRATION_BINS)])  # [items, confidence, correct]
     confusion: Counter = field(default_factory=Counter)  # (gold, predicted) -> count
-    bounded: int = 0  # records with labels pruned scoring left at a bound (their probabilities within 1e-4)
+    bounded: int = 0  # records with labels pruned scoring left at a bound (their decision exact)
 
     def add(self, gold: str, predicted: str | None, correct: bool | None = None, prob: float | None = None) -> None:
         """One item: its gold value and prediction (`correct` when the record decided it, e.g. a
@@ -143,7 +143,7 @@ class Evaluation(Gated):
             "abstained": self.abstained, "failed": self.failed, "coverage": self.coverage, "ece": self.ece,
         }
         if self.bounded:
-            data["items_with_pruned_labels"] = self.bounded  # their probabilities are within 1e-4 of full scoring's
+            data["items_with_pruned_labels"] = self.bounded  # their decision is full scoring's
         if self.labels is not None:
             columns, rows = self.matrix()
             data.update(macro_f1=self.macro_f1, per_label=self.per_label(),
@@ -161,8 +161,8 @@ class Evaluation(Gated):
                   + (f" · macro-F1 {self.macro_f1:.3f}" if self.labels is not None else "") + gate, ""]
         lines += [f"- gate failed: {failure}" for failure in failures] + ([""] if failures else [])
         if self.bounded:
-            lines += [f"{self.bounded} items had labels pruned (the decision is exact, the probabilities within 1e-4)",
-                      ""]
+            lines += [f"{self.bounded} items had labels pruned (the decision is exact; the probabilities within 1e-4 "
+                      f"with --prune exact, lower bounds for the labels scored to the end with --prune on)", ""]
         if self.labels is not None:
             lines += ["| label | precision | recall | F1 | support |", "|---|---|---|---|---|"]
             lines += [f"| {cell(k)} | {v['precision']:.3f} | {v['recall']:.3f} | {v['f1']:.3f} | {v['support']} |"

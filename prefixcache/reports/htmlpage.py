@@ -276,8 +276,8 @@ def _summary_line(records: Sequence[Record], info: dict[str, Any]) -> str:
 
 def _pruned_note(scored: Sequence[Record]) -> str:
     n = sum(bool(r.get("pruned")) for r in scored)
-    return (f"{n} items with labels pruned: their label is exact, their probabilities within 1e-4 of scoring "
-            f"every label") if n else ""
+    return (f"{n} items with labels pruned: their label is exact; their probabilities within 1e-4 of scoring "
+            f"every label with --prune exact, lower bounds for the labels scored to the end with --prune on") if n else ""
 
 
 def _model_name(identity: str) -> str:

@@ -264,48 +264,76 @@ def time_questions(scorer: Scorer, items: Sequence[Item], batching: Batching, st
 
 
 @dataclass
+class PruningRace:
+    """One pruned mode (`--prune on` or `exact`) against scoring every candidate, on the same items."""
+
+    ms: float  # per item
+    label_tokens: float  # candidate tokens run through the model, per item
+    left: float  # candidates left at their bound, per item
+    items_differing: int  # items whose answer differs from full scoring's
+    prob_gap: float  # the largest difference of a reported probability from full scoring's
+
+
+@dataclass
 class PruningResult:
-    """The run pipeline with every label scored to the end, and with pruned label scoring, on the
+    """The run pipeline with every label scored to the end, and with each pruned mode, on the
     same items: time, label tokens run through the model, and whether every label agrees."""
 
     items: int
     full_ms: float  # per item
-    pruned_ms: float
     full_label_tokens: float  # per item
-    pruned_label_tokens: float
-    pruned_labels: float  # labels left at their bound, per item
+    races: dict[str, PruningRace]  # by mode: "on", "exact"
     labels: int  # the task's labels
-    auto: bool  # whether the default, --prune auto, prunes this task
-    same_labels: bool
-    items_differing: int
     what: str = "labels"  # what is pruned: "labels", or typed questions' "options"
+
+    @property
+    def same_labels(self) -> bool:
+        return all(r.items_differing == 0 for r in self.races.values())
 
 
 def time_pruning(scorer: Scorer, items: Sequence[Item], batching: Batching, step: Step = _quiet) -> PruningResult:
-    """Time the pipeline both ways on `items` (each after a warm-up), one after the other."""
-    runs = []
-    for mode in ("off", "on"):
-        scorer.prune(mode)
-        batching = dataclasses.replace(batching, pruned=mode == "on")  # as `run` forms its batches
-        warm = items[: min(batching.size, WARM_ITEMS)]  # a few items: their time gives the estimate
-        scorer.clear()  # scores kept from an earlier mode would make the warm-up (and the estimate) free
-        about = _seconds(lambda: list(classify(scorer, warm, batching))) / len(warm) * len(items)  # warm-up
-        scorer.clear()
-        step(f"timing pruned label scoring {mode} on {len(items)} items" + (f" (about {_duration(about)})"
-                                                                           if about >= 10 else ""))
-        fed, start = scorer.engine.label_tokens, time.perf_counter()
-        records = list(classify(scorer, items, batching))
-        ms = 1000 * (time.perf_counter() - start) / len(items)
-        runs.append((ms, (scorer.engine.label_tokens - fed) / len(items), records))
+    """Time the pipeline every way on `items` (each after a warm-up), one after the other."""
+    runs = {mode: _time_mode(scorer, items, batching, mode, step) for mode in ("off", "on", "exact")}
     scorer.prune("off")
-    (full_ms, full_tokens, full), (pruned_ms, pruned_tokens, pruned) = runs
-    differing = sum(record_prediction(a) != record_prediction(b) for a, b in zip(full, pruned))
-    left = sum(_bounded(r.get("pruned")) for r in pruned) / len(items)
+    full_ms, full_tokens, full = runs.pop("off")
+    races = {mode: PruningRace(ms, tokens, sum(_bounded(r.get("pruned")) for r in records) / len(items),
+                               sum(record_prediction(a) != record_prediction(b) for a, b in zip(full, records)),
+                               max((_gap(a, b) for a, b in zip(full, records)), default=0.0))
+             for mode, (ms, tokens, records) in runs.items()}
     spec = scorer.task.spec
     raced = sum(len(q.options) for q in spec.questions if q.kind.races and q.groups.plain)
-    return PruningResult(len(items), full_ms, pruned_ms, full_tokens, pruned_tokens, left,
-                         raced if spec.questions else len(spec.labels), spec.prunes("auto"), differing == 0, differing,
+    return PruningResult(len(items), full_ms, full_tokens, races, raced if spec.questions else len(spec.labels),
                          "options" if spec.questions else "labels")
+
+
+def _time_mode(scorer: Scorer, items: Sequence[Item], batching: Batching, mode: str,
+               step: Step) -> tuple[float, float, list[dict]]:
+    """ms/item, candidate tokens/item and the records of the pipeline with `--prune mode`."""
+    scorer.prune(mode)
+    batching = dataclasses.replace(batching, pruned=mode != "off")  # as `run` forms its batches
+    warm = items[: min(batching.size, WARM_ITEMS)]  # a few items: their time gives the estimate
+    scorer.clear()  # scores kept from an earlier mode would make the warm-up (and the estimate) free
+    about = _seconds(lambda: list(classify(scorer, warm, batching))) / len(warm) * len(items)  # warm-up
+    scorer.clear()
+    step(f"timing --prune {mode} on {len(items)} items" + (f" (about {_duration(about)})" if about >= 10 else ""))
+    fed, start = scorer.engine.label_tokens, time.perf_counter()
+    records = list(classify(scorer, items, batching))
+    ms = 1000 * (time.perf_counter() - start) / len(items)
+    return ms, (scorer.engine.label_tokens - fed) / len(items), records
+
+
+def _gap(full: Mapping, pruned: Mapping) -> float:
+    """The largest difference between two records' reported probabilities (labels, or every
+    typed question's options)."""
+    pairs = [(full.get("probs"), pruned.get("probs"))]
+    theirs = pruned.get("answers") or {}
+    pairs += [(a.get("probabilities"), theirs.get(qid, {}).get("probabilities"))
+              for qid, a in (full.get("answers") or {}).items()]
+    gap = 0.0
+    for a, b in pairs:
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            gap = max([gap] + [abs(a[k] - b[k]) for k in a if k in b])
+    return gap
 
 
 def _bounded(pruned: Sequence[str] | Mapping[str, Sequence[str]] | None) -> int:

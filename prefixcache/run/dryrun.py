@@ -76,11 +76,11 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
 def _pruning_words(spec: TaskSpec, mode: str, pruned: bool) -> str:
     """What --prune does on this task, for the dry run's summary."""
     if pruned:
-        return ("labels pruned (--prune on; the label tokens above are those of scoring every label, the time is "
-                "measured pruned)")
+        return (f"labels pruned (--prune {mode}; the label tokens above are those of scoring every label, the time "
+                f"is measured pruned)")
     if spec.prunes("on") and mode == "auto" and len(spec.labels) >= MANY_LABELS:
-        return ("every label scored to the end (--prune on would leave negligible labels at a bound; bench says "
-                "whether that pays with this model)")
+        return ("every label scored to the end (--prune on would stop scoring the labels that cannot win; bench "
+                "says how much faster that is with this model)")
     return ""
 
 

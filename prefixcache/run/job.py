@@ -31,6 +31,7 @@ from ..data.records import Record, id_text, ids_digest, is_error, item_sha
 from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted
 from ..reports.evaluation import Evaluation, Gates, add_record, evaluation_for, write_reports
 from ..scoring.prepare import Task, spec_model
+from ..task.kind import COLLAPSE_MIN_ITEMS, COLLAPSE_SHARE
 from ..task.lint import lint_labels, lint_layout
 from ..task.questions import answer_word
 from ..task.spec import LETTERS
@@ -43,7 +44,6 @@ if TYPE_CHECKING:  # the scorer brings torch: imported once a model is needed (l
     from ..scoring.scorer import ItemScorer, Rescoring
 
 log = logging.getLogger("prefixcache")
-COLLAPSE_SHARE, COLLAPSE_MIN_ITEMS = 0.9, 20  # warn when this share of at least this many items gets one label
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from ..task.spec import TaskSpec
 Format = Literal["jsonl", "csv", "tsv", "json", "parquet"]
 OutFormat = Literal["jsonl", "csv"]
 OnError = Literal["fail", "skip"]
-Prune = Literal["auto", "on", "off"]
+Prune = Literal["auto", "on", "exact", "off"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
@@ -141,9 +141,10 @@ class RunOptions:
         "(docs/models.md); `bench --exact` measures yours."))
     prune: str = _opt("auto", "--prune", cli_type=Prune, help=(
         "Labels, and typed questions' choice questions: score the candidates best-first and stop scoring those "
-        "whose probability can no longer matter (the same answers, every probability within 1e-4; records list "
-        "those left at a bound). auto (the default): every candidate is scored, as pruning was measured not to "
-        "pay on the embedded model's flat distributions; bench says whether on pays for yours."))
+        "that can no longer win. on: the same answers (and abstentions), the other probabilities computed with "
+        "the candidates left at a bound (the winner's a lower bound); exact: also every probability within 1e-4, "
+        "which pays only where the model is sure of its answers. Records list the candidates left at a bound. "
+        "auto (the default): every candidate is scored. bench times each on your spec."))
     cache_dir: Path = _opt(
         None, "--cache-dir", group="model", factory=cache_root, envvar="PREFIXCACHE_CACHE_DIR",
         cli_type=Optional[Path], parse=lambda path: path.expanduser() if path else cache_root(),

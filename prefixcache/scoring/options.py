@@ -19,7 +19,7 @@ class ScoringOptions:
         cache_dir: converted models and stored prefixes.
         device, dtype: "auto" (CUDA when present, float32 on the CPU) or a name.
         exact: --exact: low precision with close calls scored again in float32.
-        prune: "auto", "on" or "off" (--prune).
+        prune: "auto", "on", "exact" or "off" (--prune).
         cache_store: keep and reuse prefilled prefixes in the prefix store.
         store_max_bytes: the prefix store's bound (None: its default).
     """

@@ -11,10 +11,12 @@ normalisation and calibration as a ranking key) bounds its final key from above.
    whose options have several texts), giving every raced candidate its first-token bound;
 2. in each contest (the label set, or one choice question) the few candidates with the highest
    bounds are scored to the end;
-3. every other candidate whose bound is below the best complete key can never win, and while the
-   candidates so bounded hold a negligible share of the probability (below) they are left at their
-   bounds; the candidates still in the race are scored one token deeper, which tightens their
-   bounds, and so on until none is left. Each pass runs only new trie nodes (the kept keys and
+3. every other candidate whose bound is below the best complete key can never win and is left at
+   its bound (with `Contest.mass`, only while the candidates so bounded hold a negligible share of
+   the probability, below); the candidates still in the race are scored one token deeper, which
+   tightens their bounds, for DEEPEN steps, and those still in the race then are scored to the
+   end (a pass reads every weight whatever its size: many short steps cost more than they save).
+   Each pass runs only new trie nodes (the kept keys and
    values of the item and of every node run before are attended to, never run again), so a race
    never costs more tokens than full scoring, however little it prunes. Every decision is the
    item's own: its values do not depend on the batch it is scored in;
@@ -22,17 +24,23 @@ normalisation and calibration as a ranking key) bounds its final key from above.
    at their bounds (a lower bound of the probability); when that cannot settle abstention, they
    are scored to the end too.
 
-A candidate leaves the race only while every candidate left at its bound together holds at most
-MASS (1e-5) of the probability, at their bounds, in each distribution a record reports (the
-decision's, and the raw one when calibrated). So the decision (argmax, abstention) is exactly that
-of full scoring, and every reported probability is within about MASS of it: a complete
-candidate's differs only through the bounded candidates' share of the total, and a bounded one's
-own is at most that share. A bounded candidate's log-prob is its value over the tokens scored
-before it left the race, an upper bound, and `Bounded.pruned` says which.
+Two races (`Contest.mass`). The fast one (`--prune on`, mass None) leaves a candidate as soon as
+it cannot win: the decision (argmax, abstention) and the winner's log-prob are exactly those of
+full scoring, and the other probabilities are computed with the candidates left at their bounds
+(the winner's is then a lower bound of its true value). The exact one (`--prune exact`, mass
+MASS = 1e-5) leaves a candidate only while every candidate left at its bound together holds at
+most MASS of the probability, at their bounds, in each distribution a record reports (the
+decision's, and the raw one when calibrated): every reported probability is then within about
+MASS of full scoring's (a complete candidate's differs only through the bounded candidates' share
+of the total, and a bounded one's own is at most that share), which a confident model's
+candidates reach at their first token and a flat distribution's rarely do. Either way a bounded
+candidate's log-prob is its value over the tokens scored before it left the race, an upper
+bound, and `Bounded.pruned` says which.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -42,6 +50,7 @@ from ..model.engine import Engine, Prefix
 from ..task.decision import Bounded
 from .prepare import Prepared
 
+DEEPEN = 2  # race steps that go one token deeper; the candidates still racing after them are scored to the end
 FIRST = 4  # candidates of a contest scored to the end before pruning: the highest first-token bounds
 SLACK = 1e-9  # a bound must fall this far below the best key to prune (no float ties decide)
 MASS = 1e-5  # the most probability all candidates left at their bounds may hold, in every reported distribution
@@ -54,7 +63,9 @@ class Contest:
     their span of each row's candidates; `skip`: leading ids of each that are read, not scored
     (the question's text); `keys`: per reported distribution (the decision's first, then the raw
     one when calibrated) each candidate's (scale, offset); `threshold`: the decision's abstention
-    threshold; `race`: False scores every candidate to the end (nothing is pruned)."""
+    threshold; `race`: False scores every candidate to the end (nothing is pruned); `mass`: the
+    most probability the candidates left at their bounds may hold (None: any, a candidate leaves
+    as soon as it cannot win)."""
 
     at: int
     end: int
@@ -62,6 +73,7 @@ class Contest:
     keys: Sequence[Keys] = ()
     threshold: float | None = None
     race: bool = True
+    mass: float | None = None
 
 
 def score_pruned(engine: Engine, prefix: Prefix, preps: Sequence[Prepared], contests: Sequence[Contest]) -> list[Bounded]:
@@ -72,8 +84,8 @@ def score_pruned(engine: Engine, prefix: Prefix, preps: Sequence[Prepared], cont
     race.feed({b: [race.cands[b][c.at][:c.skip] for c in raced if c.skip]
                + [race.cands[b][i][:-1] for c in contests if not c.race for i in range(c.at, c.end)] for b in race.items})
     race.feed({b: [race.cands[b][i][:-1] for c in raced for i in race.top(b, c, FIRST)] for b in race.items})
-    while True:  # each item's candidates still in the race, one token deeper
-        deeper = {b: [race.cands[b][i][:race.depth[b][i]] for c in raced for i in race.in_race(b, c)] for b in race.items}
+    for step in itertools.count():  # each item's candidates still in the race, one token deeper (or to the end)
+        deeper = {b: race.deeper(b, [i for c in raced for i in race.in_race(b, c)], step) for b in race.items}
         deeper = {b: nodes for b, nodes in deeper.items() if nodes}
         if not deeper:
             break
@@ -119,6 +131,14 @@ class _Race:
                 d, total = d + 1, total + value
             self.depth[b][i], self.lps[b][i] = d, total
 
+    def deeper(self, b: int, racing: Sequence[int], step: int) -> list[Node]:
+        """The nodes item b feeds next: its racing candidates one token deeper, or, from step
+        DEEPEN on, to the end: a pass costs a read of every weight whatever its size, so a race
+        of many short steps costs more than the tokens it saves."""
+        if step >= DEEPEN:
+            return [self.cands[b][i][:-1] for i in racing]
+        return [self.cands[b][i][:self.depth[b][i]] for i in racing]
+
     def keys(self, b: int, c: Contest, which: int = 0) -> list[float]:
         scales, offsets = c.keys[which]
         lps = self.lps[b]
@@ -146,20 +166,20 @@ class _Race:
     def in_race(self, b: int, c: Contest) -> list[int]:
         """Incomplete candidates still racing: those that could still win (their bound reaches the
         best complete key; a tie may win from an earlier position), and those whose probability
-        could still matter: the incomplete candidates left at their bounds may hold at most MASS
-        of the probability, in every distribution a record reports, so that every reported
-        probability is within about MASS of full scoring's."""
+        could still matter (`Contest.mass`): the incomplete candidates left at their bounds may
+        hold at most that share of the probability, in every distribution a record reports, so
+        that every reported probability is within about as much of full scoring's."""
         found, open_ = self.best(b, c), self.open(b, c)
         keys = self.keys(b, c)
         racing = {i for i in open_ if found is None or keys[i - c.at] >= found[1] - SLACK}
-        for which in range(len(c.keys)):
+        for which in range(len(c.keys) if c.mass is not None else 0):
             keys = self.keys(b, c, which)
             top = max(keys)
             total = sum(math.exp(k - top) for k in keys)
             held = 0.0
             for i in sorted(open_, key=lambda i: keys[i - c.at]):  # the least probable stay at their bounds first
                 held += math.exp(keys[i - c.at] - top)
-                if held > MASS * total:
+                if held > c.mass * total:
                     racing.update(j for j in open_ if keys[j - c.at] >= keys[i - c.at])
                     break
         return sorted(racing)

@@ -8,6 +8,7 @@ Modules:
     defaults.py   the server's defaults (batch wait, batch size, prefixes and packs kept), in one place
     app.py        the HTTP app (Starlette on uvicorn): routes, bodies, auth, access log, clean stops
     replay.py     `decide`: a file of requests answered in order, resumable
+    tally.py      answers counted per pack and question: one that takes nearly every request is said once
     loadtest.py   a load benchmark for a running server (python -m prefixcache.serve.loadtest URL)
     raydata.py    `decide` on Ray Data: a callable for map_batches, one decider per actor (no Ray import)
     rayserve.py   the server as N Ray Serve replicas (imports Ray; the `rayserve` extra)

@@ -35,6 +35,8 @@ from ..model.load import model_content_identity
 from ..model.rows import trie
 from ..scoring.build import build_on, load_engine
 from ..scoring.options import ScoringOptions
+from ..task.spec import PRUNING
+from .tally import AnswerTally
 from ..scoring.prepare import Prepared, Task
 from ..scoring.scorer import Scorer, decide_together
 from ..task.questions import Answers
@@ -85,9 +87,10 @@ class Decider:
 
     def __init__(self, model: str | None, options: ScoringOptions, prefixes: int = PREFIXES, packs: int = PACKS,
                  heads: Sequence[Head] = (), revision: str | None = None):
-        if options.exact or options.prune == "on":
+        if options.exact or options.prune in PRUNING:
             raise UsageError("the decisions server scores every option of every question in one precision: "
-                             "--exact and --prune on are for run, not for serve or decide")
+                             f"--exact and --prune {options.prune if options.prune in PRUNING else 'on'} are for "
+                             "run, not for serve or decide")
         self.options = options.replace(prune="off")
         self.heads = tuple(heads)  # fitted heads: each answers the requests whose pack and prompt it was fitted on
         base = spec_from_mapping({"labels": ["yes", "no"], **({"model": model} if model else {}),
@@ -97,6 +100,7 @@ class Decider:
         self.name = Path(self.base.source.path).name.removesuffix(".gguf") if self.base.source.kind != "hub" \
             else self.base.source.ref  # the served model, as answers name it
         self._prefixes: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
+        self.tally = AnswerTally(packs)  # answers per pack and question: a collapse is said once
         self._packs: OrderedDict[str, Scorer] = OrderedDict()  # a pack's scorer: its task, calibration, prefix
         self.max_prefixes, self.max_packs = prefixes, packs
         self.lock = threading.Lock()  # one forward at a time: `decide` is called from one worker thread
@@ -115,7 +119,7 @@ class Decider:
 
     def _pack(self, ask: Ask) -> tuple[Scorer, bool]:
         """The scorer of the ask's pack, and whether its prefix was in memory already (read from the cache)."""
-        key = json.dumps([ask.instructions, ask.questions], ensure_ascii=False, sort_keys=True, default=str)
+        key = pack_key(ask)
         if key in self._packs:
             self._packs.move_to_end(key)
             return self._packs[key], True
@@ -162,8 +166,14 @@ class Decider:
             for i, answers in zip(order, decided):
                 scorer, prep, cached = ready[i]
                 out[i] = _decided(scorer, prep, answers, cached)
+                self.tally.add(pack_key(asks[i]), scorer.task.questions, out[i].answers)
         ms = (time.perf_counter() - start) * 1000
         return [dataclasses.replace(d, ms=ms) if isinstance(d, Decided) else d for d in out]
+
+
+def pack_key(ask: Ask) -> str:
+    """An ask's pack (its instructions and questions) as canonical JSON."""
+    return json.dumps([ask.instructions, ask.questions], ensure_ascii=False, sort_keys=True, default=str)
 
 
 def _decided(scorer: Scorer, prep: Prepared, answers: Answers, cached: bool) -> Decided:

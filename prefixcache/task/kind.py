@@ -29,6 +29,9 @@ def shown(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+COLLAPSE_SHARE, COLLAPSE_MIN_ITEMS = 0.9, 20  # a collapse warning: this share of at least this many items gets one answer
+
+
 @dataclass(frozen=True)
 class Question:
     """One typed question of a pack.

@@ -49,6 +49,7 @@ DEFAULT_QUESTION = "Is this about {label}?"
 DEFAULT_ANSWERS = ("yes", "no")
 DEFAULT_GOLD_SEP = ","
 DEFAULT_ANSWER_PREFIX = "Answer:"  # the plain layout's line before the answer
+PRUNING = ("on", "exact")  # the --prune modes that race (TaskSpec.prunes)
 
 
 @dataclass(frozen=True)
@@ -158,12 +159,12 @@ class TaskSpec:
 
     def prunes(self, mode: str, exact: bool = False) -> bool:
         """Whether a run with `--prune mode` scores this task's labels pruned; never with --exact,
-        whose re-scoring compares every label. Only "on" prunes: pruning keeps every reported
-        probability exact, so a label leaves the race only once its probability is negligible,
-        and measured on the embedded model (whose label distributions are flat: 0.74x at 106
-        labels with examples, docs/performance.md) the race costs more than it saves. "auto",
-        the default, scores every label; `bench` says whether "on" pays for a model and spec."""
-        return mode == "on" and not exact and self.pruning_refusal() is None
+        whose re-scoring compares every label. "on" (the decision exact, the other probabilities
+        computed with the labels left at their bounds) and "exact" (every probability within
+        1e-4 too) prune; "auto", the default, scores every label, so that every probability is
+        exact without a race that only pays with confident models (`bench` says whether either
+        pays for a model and spec)."""
+        return mode in PRUNING and not exact and self.pruning_refusal() is None
 
     def question_for(self, label: Label) -> str:
         """The multi-label question about one label."""

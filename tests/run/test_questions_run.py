@@ -105,13 +105,14 @@ def test_an_interrupted_question_run_resumes_to_the_same_records(spec_file, emai
     assert records(part) == records(whole)
 
 
+@pytest.mark.usefixtures("races_of_any_size")
 def test_a_pruned_question_run_says_which_options_are_bounds_and_resumes_from_csv(spec_file, emails, tmp_path):
     spec = spec_file(questions=PACK, system="You read e-mails.")
     whole, full, part = tmp_path / "whole.jsonl", tmp_path / "full.jsonl", tmp_path / "part.csv"
-    assert invoke("run", spec, emails, "-o", whole, "-b", 2, "--prune", "on").exit_code == 0
+    assert invoke("run", spec, emails, "-o", whole, "-b", 2, "--prune", "exact").exit_code == 0
     assert invoke("run", spec, emails, "-o", full, "-b", 2).exit_code == 0
-    assert invoke("run", spec, emails, "-o", part, "-b", 2, "-n", 4, "--prune", "on").exit_code == 0
-    assert invoke("run", spec, emails, "-o", part, "-b", 2, "--prune", "on", "--resume").exit_code == 0
+    assert invoke("run", spec, emails, "-o", part, "-b", 2, "-n", 4, "--prune", "exact").exit_code == 0
+    assert invoke("run", spec, emails, "-o", part, "-b", 2, "--prune", "exact", "--resume").exit_code == 0
     assert invoke("run", spec, emails, "-o", part, "--prune", "off", "--resume").exit_code != 0  # records would mix
     pruned, every = records(whole), records(full)
     assert all(set(r["pruned"]) <= {"team"} for r in pruned) and all("pruned" not in r for r in every)
