@@ -35,7 +35,7 @@ from .options import (
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
-    VERSION_OPT, LogLevel, run_options,
+    VERSION_OPT, LogLevel, run_options, ALLOW_HOST_OPT, ALLOW_ORIGIN_OPT, DRAIN_SECONDS_OPT, MAX_REQUEST_TOKENS_OPT,
 )
 from .show import (rendered_text, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench,
                    print_fit, print_summary, print_tune)
@@ -369,6 +369,8 @@ def serve(
     batch_wait_ms: float = typer.Option(BATCH_WAIT_MS, "--batch-wait-ms", min=0.0, help="Under load, how long a forward "
                                         "pass waits for more requests to join it (a lone request never waits)."),
     max_batch: int = typer.Option(MAX_BATCH, "--max-batch", min=1, help="At most this many requests in one forward pass."),
+    max_request_tokens: int = MAX_REQUEST_TOKENS_OPT, drain_seconds: float = DRAIN_SECONDS_OPT,
+    allow_host: list[str] = ALLOW_HOST_OPT, allow_origin: list[str] = ALLOW_ORIGIN_OPT,
     head: list[Path] = SERVE_HEAD_OPT,
     debug: bool = DEBUG_OPT,
     *, model: Optional[str], revision: Optional[str], device: str, dtype: str, cache_dir: Path,
@@ -379,25 +381,27 @@ def serve(
     A request `{instructions: S, state: T, questions: Q}` is answered as `run` answers an item whose
     state is T under the spec `{system: S, template: "{state}", questions: Q}`. Requests that
     arrive together share one forward pass; the instructions' prefix is kept between requests.
-    Ctrl-C or SIGTERM stop taking requests, finish those in flight and exit 0. Needs the `serve`
-    extra: pip install 'prefixcache[serve]'.
+    Ctrl-C or SIGTERM stop taking requests, answer those queued for up to --drain-seconds (then
+    503) and exit 0. Needs the `serve` extra: pip install 'prefixcache[serve]'.
 
     Example:
 
         prefixcache serve --port 8000
 
-        curl -s localhost:8000/v1/systemone -d '{"model": "any", "state": "I was charged twice", "questions": {"refund": {"type": "noul", "instructions": "Does the customer want money back?"}}}'
+        curl -s localhost:8000/v1/systemone -H 'Content-Type: application/json' -d '{"model": "any", "state": "I was charged twice", "questions": {"refund": {"type": "noul", "instructions": "Does the customer want money back?"}}}'
     """
     from ..scoring.options import ScoringOptions
     from ..serve import api_key, serve as start  # the serve extra is imported (or refused) by `start`
+    from ..serve.defaults import Limits
 
     with errors(debug):
         setup_logging(False)
         key = None if api_key_env is None else api_key(api_key_env, f"--api-key-env {api_key_env}")
         heads = served_heads(head)
         compat.quiet_libraries()
+        limits = Limits(max_request_tokens, drain_seconds, tuple(allow_host), tuple(allow_origin))
         start(model, ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype), host, port, key, batch_wait_ms,
-              max_batch, heads=heads, revision=revision)
+              max_batch, heads=heads, revision=revision, limits=limits)
 
 
 @app.command(cls=Command)

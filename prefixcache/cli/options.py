@@ -18,6 +18,7 @@ import typer
 from .. import __version__
 from ..errors import EXIT_GATE
 from ..run.options import Flag, RunOptions, flags
+from ..serve.defaults import DRAIN_S, MAX_REQUEST_TOKENS
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -75,6 +76,19 @@ FITTED_OPT = typer.Option(..., "--output", "-o", help="The fitted spec to write 
 FIT_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON here instead of beside the fitted spec.")
 OVERWRITE_FITTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the fitted spec, its head and figures if they exist.")
 REPORT_FIT_OPT = typer.Option(None, "--fit", metavar="FIGURES", help="The figures prefixcache fit wrote (NAME.fit.json): add the head's held-out figures beside the prompt's and its learning curve.")
+MAX_REQUEST_TOKENS_OPT = typer.Option(MAX_REQUEST_TOKENS, "--max-request-tokens", min=1, help=(
+    "The most tokens one request may have to score (its state, its questions and their options): more is answered "
+    "413, never computed. A light request waits at most for one pass of about this size."))
+DRAIN_SECONDS_OPT = typer.Option(DRAIN_S, "--drain-seconds", min=0.0, help=(
+    "After SIGTERM or Ctrl-C, how long requests already queued are still answered; those left then get 503 with "
+    "Retry-After. A second signal exits at once."))
+ALLOW_HOST_OPT = typer.Option([], "--allow-host", help=(
+    "A Host name to accept besides this machine's (localhost, 127.0.0.1, ::1) when bound to it; repeat for more, * "
+    "for any. Other names are refused (403), so that a web page cannot reach the server through a name it points at "
+    "this machine (DNS rebinding)."))
+ALLOW_ORIGIN_OPT = typer.Option([], "--allow-origin", help=(
+    "A web page origin (scheme://host[:port]) whose requests are accepted; repeat for more, * for any. Requests a "
+    "browser sends from other pages' origins are refused (403)."))
 SERVE_HEAD_OPT = typer.Option([], "--head", metavar="FILE", help="A head written by prefixcache fit (NAME.head.safetensors): it answers the requests whose instructions and questions are those of the spec it was fitted on (system: the instructions, template: \"{state}\"), on this model; repeat for more.", show_default=False)
 TUNE_TOP_OPT = typer.Option(12, "--top", min=1, help="Rows of the leaderboard shown (the spec as written and the pick always).")
 CLEAR_MODELS_OPT = typer.Option(False, "--models", metavar="", help="Also delete converted (dequantised GGUF) models.")

@@ -4,6 +4,7 @@ Modules:
     decider.py    requests as the batch tool's specs and items; one model, prefixes kept, asks batched in a worker thread
     systemone.py  the System One wire format: request, answer, errors
     decisions.py  the OpenAI Decisions wire format: request, answer, errors
+    body.py       a request body read and checked: size, JSON type, one gzip/zstd member, depth, keys, Unicode
     errors.py     what a wire format raises for a request it cannot take
     defaults.py   the server's defaults (batch wait, batch size, prefixes and packs kept), in one place
     app.py        the HTTP app (Starlette on uvicorn): routes, bodies, auth, access log, clean stops
@@ -13,8 +14,8 @@ Modules:
     raydata.py    `decide` on Ray Data: a callable for map_batches, one decider per actor (no Ray import)
     rayserve.py   the server as N Ray Serve replicas (imports Ray; the `rayserve` extra)
 
-`serve` starts it on uvicorn; Ctrl-C or SIGTERM stop taking requests, finish those in flight and
-return. A room beside `api/`: it may import scoring, model, data and task (scorers through
+`serve` starts it on uvicorn; Ctrl-C or SIGTERM stop taking requests, answer those queued until a
+deadline (then 503) and return. A room beside `api/`: it may import scoring, model, data and task (scorers through
 scoring/build.py, as `Classifier` builds them), never run/ or the CLI; the CLI imports it.
 """
 
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from ..errors import UsageError
 from ..scoring.options import ScoringOptions
-from .defaults import BATCH_WAIT_MS, MAX_BATCH
+from .defaults import BATCH_WAIT_MS, MAX_BATCH, Limits
 
 if TYPE_CHECKING:
     from ..task.head import Head
@@ -45,10 +46,12 @@ def api_key(variable: str, said_as: str) -> str:
 
 def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1", port: int = 8000,
           key: Optional[str] = None, wait_ms: float = BATCH_WAIT_MS, batch: int = MAX_BATCH,
-          ready: Optional[Callable[[int], None]] = None, heads: Sequence[Head] = (), revision: Optional[str] = None) -> None:
+          ready: Optional[Callable[[int], None]] = None, heads: Sequence[Head] = (), revision: Optional[str] = None,
+          limits: Limits = Limits()) -> None:
     """Load the model and answer requests until SIGINT or SIGTERM, which stop taking requests
-    and return once those in flight are answered (a second Ctrl-C returns at once). `ready(port)`
-    is called once the socket listens (default: a line on stderr)."""
+    and return once those queued are answered, or `limits.drain_s` later with the rest answered
+    503 (a second signal exits at once). `ready(port)` is called once the socket listens (default:
+    a line on stderr)."""
     import asyncio
 
     try:
@@ -61,10 +64,10 @@ def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1"
     if host not in ("127.0.0.1", "localhost", "::1") and key is None:
         log.warning("serving on %s without an API key: anyone who can reach this port can use the model "
                     "(set one with --api-key-env)", host)
-    app, batcher = served_app(model, options, key, wait_ms, batch, heads, revision)
-    config = uvicorn.Config(app, host=host, port=port, access_log=False,
-                            log_level="warning", timeout_graceful_shutdown=60, lifespan="off")
-    server = StoppableServer(config)
+    app, batcher = served_app(model, options, key, wait_ms, batch, heads, revision, limits, host)
+    config = uvicorn.Config(app, host=host, port=port, access_log=False, log_level="warning",
+                            timeout_graceful_shutdown=int(limits.drain_s) + 2, lifespan="off")
+    server = StoppableServer(config, batcher, limits.drain_s)
 
     async def main() -> None:
         task = asyncio.create_task(server.serve())
@@ -82,4 +85,5 @@ def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1"
     try:
         asyncio.run(main())
     finally:
-        batcher.close()
+        if not batcher.close(timeout=1.0 if server.should_exit else None):
+            log.info("a forward pass was still running at the stop: left to the exit")

@@ -13,14 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import io
 import itertools
-import json
 import logging
+import os
 import signal
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from datetime import date
 from typing import Any, Awaitable, Callable, Sequence
@@ -34,77 +32,34 @@ from starlette.routing import Route
 from ..errors import PrefixTooLong, SpecError, TooLong
 from . import decisions, systemone
 from ..scoring.options import ScoringOptions
-from .decider import Batcher, Decided, Decider
-from .defaults import BATCH_WAIT_MS, MAX_BATCH
+from .body import BadBody, TooLarge, WrongType, read_body
+from .decider import Batcher, Decided, Decider, ShuttingDown
+from .defaults import BATCH_WAIT_MS, DRAIN_S, MAX_BATCH, Limits
 from ..task.head import Head
-from .errors import Invalid
+from .errors import Invalid, TooCostly
 
 log = logging.getLogger("prefixcache.serve")
 MAX_BODY = 8 * 1024 * 1024  # bytes of a request body, compressed and uncompressed
-DRAIN = 4  # an oversized body is read and dropped up to this many times the limit, then the connection closes
 _ids = itertools.count(1)
-
-
-class TooLarge(Exception):
-    pass
-
-
-class BadBody(Exception):
-    pass
 
 
 @dataclass
 class Settings:
-    """What the app needs besides its batcher: the served model's name, the key (None: no auth)
-    and the body limit."""
+    """What the app needs besides its batcher: the served model's name, the key (None: no auth),
+    the body limit, and the `Host` names and `Origin`s taken besides this machine's own (None
+    for hosts: any, as for a server bound to a public address)."""
 
     model: str
     key: str | None = None
     max_body: int = MAX_BODY
+    hosts: frozenset[str] | None = frozenset()
+    origins: frozenset[str] = frozenset()
 
 
-async def _body(request: Request, limit: int) -> Any:
-    """The request's JSON body, decompressed; TooLarge past `limit` bytes, BadBody when unreadable."""
-    declared = request.headers.get("content-length")
-    raw, over = bytearray(), bool(declared and declared.isdigit() and int(declared) > limit)
-    drained = 0
-    async for chunk in request.stream():  # an oversized body is read and dropped (up to a bound), so that
-        if over:                          # the client, still sending, gets the 413 rather than a reset
-            drained += len(chunk)
-            if drained > DRAIN * limit:
-                break
-            continue
-        raw += chunk
-        over = len(raw) > limit
-    if over:
-        raise TooLarge()
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    data = _inflated(bytes(raw), encoding, limit)
-    if len(data) > limit:
-        raise TooLarge()
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadBody(f"the body is not JSON: {exc}") from exc
-
-
-def _inflated(data: bytes, encoding: str, limit: int) -> bytes:
-    """The body with its Content-Encoding undone, read to at most `limit` + 1 bytes."""
-    if encoding in ("identity", ""):
-        return data
-    if encoding == "gzip":
-        try:
-            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data, limit + 1)
-        except zlib.error as exc:
-            raise BadBody(f"the body is not valid gzip: {exc}") from exc
-    if encoding == "zstd":
-        import zstandard
-
-        try:
-            return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read(limit + 1)
-        except zstandard.ZstdError as exc:
-            raise BadBody(f"the body is not valid zstd: {exc}") from exc
-    raise BadBody(f"unsupported Content-Encoding {encoding!r} (gzip, zstd or none)")
+async def _body(request: Request, settings: Settings) -> Any:
+    return await read_body(request.stream(), request.headers.get("content-length"),
+                           request.headers.get("content-type"), request.headers.get("content-encoding"),
+                           settings.max_body)
 
 
 def _authorized(request: Request, key: str | None) -> bool:
@@ -116,13 +71,19 @@ def _authorized(request: Request, key: str | None) -> bool:
 
 
 def served_app(model: str | None, options: ScoringOptions, key: str | None = None, wait_ms: float = BATCH_WAIT_MS,
-               batch: int = MAX_BATCH, heads: Sequence[Head] = (), revision: str | None = None) -> tuple[Starlette, Batcher]:
+               batch: int = MAX_BATCH, heads: Sequence[Head] = (), revision: str | None = None,
+               limits: Limits = Limits(), bound: str = "127.0.0.1") -> tuple[Starlette, Batcher]:
     """What `serve` runs, and each Ray Serve replica (serve/rayserve.py): the model loaded, its
     batcher's worker started (`wait_ms`, `batch`: see `Batcher`) and the app answering with it;
-    `heads`: fitted heads, each answering the requests of the pack it was fitted on."""
+    `heads`: fitted heads, each answering the requests of the pack it was fitted on; `bound`: the
+    address served (on this machine only: the Host must name it, or one of `limits.hosts`)."""
     # the model is loaded on the worker thread that will run it (see Batcher._build)
-    batcher = Batcher(lambda: Decider(model, options, heads=heads, revision=revision), wait_ms / 1000, batch)
-    return build_app(batcher, Settings(batcher.decider.name, key)), batcher
+    batcher = Batcher(lambda: Decider(model, options, heads=heads, revision=revision, max_tokens=limits.max_tokens),
+                      wait_ms / 1000, batch)
+    local = bound in LOOPBACK or bound.startswith("127.")
+    hosts = None if "*" in limits.hosts or not local else frozenset(h.lower() for h in limits.hosts)
+    settings = Settings(batcher.decider.name, key, hosts=hosts, origins=frozenset(limits.origins))
+    return build_app(batcher, settings), batcher
 
 
 def build_app(batcher: Batcher, settings: Settings) -> Starlette:
@@ -164,21 +125,28 @@ def _systemone_route(decide: Decide, settings: Settings) -> Callable[[Request], 
         return _json(*systemone.failure(status, kind, message))
 
     async def route(request: Request) -> Response:
-        if not _authorized(request, settings.key):
-            return fail(401, "authentication_error", "a valid API key is required (Authorization: Bearer KEY)")
+        refused = _refused(request, settings)
+        if refused is not None:
+            return fail(refused[0], "authentication_error" if refused[0] == 401 else "forbidden", refused[1])
         try:
-            ask = systemone.parse(await _body(request, settings.max_body))
+            ask = systemone.parse(await _body(request, settings))
             decided = await decide(ask, request)
         except ClientGone:
             return Response(status_code=499)
+        except ShuttingDown:
+            return _json(*systemone.failure(503, "unavailable", STOPPING), headers=RETRY)
         except TooLarge:
             return fail(413, "request_too_large", f"the request body is over {settings.max_body} bytes")
+        except WrongType as exc:
+            return fail(415, "unsupported_media_type", str(exc))
         except BadBody as exc:
             return _json(422, {"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error.jsondecode"}]})
         except Invalid as exc:
             return _json(*systemone.invalid(exc))
-        except (SpecError, TooLong, PrefixTooLong) as exc:
+        except (SpecError, TooLong, PrefixTooLong, TooCostly) as exc:
             return _json(*systemone.refused(exc))
+        except Exception:  # noqa: BLE001 - a fault of the server, never of the input: logged with the request
+            return fail(500, "internal_error", _fault(request))
         request.state.usage = (len(ask.questions), decided)
         return _json(200, systemone.answer(decided, settings.model))
 
@@ -187,33 +155,77 @@ def _systemone_route(decide: Decide, settings: Settings) -> Callable[[Request], 
 
 def _decisions_route(decide: Decide, settings: Settings) -> Callable[[Request], Awaitable[Response]]:
     async def route(request: Request) -> Response:
-        if not _authorized(request, settings.key):
-            return _json(*decisions.failure(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                            code="invalid_api_key"))
+        refused = _refused(request, settings)
+        if refused is not None:
+            return _json(*decisions.failure(refused[0], refused[1],
+                                            code="invalid_api_key" if refused[0] == 401 else "forbidden"))
         try:
-            ask, questions = decisions.parse(await _body(request, settings.max_body))
+            ask, questions = decisions.parse(await _body(request, settings))
             decided = await decide(ask, request)
         except ClientGone:
             return Response(status_code=499)
+        except ShuttingDown:
+            return _json(*decisions.failure(503, STOPPING, kind="server_error", code="unavailable"), headers=RETRY)
         except TooLarge:
             return _json(*decisions.failure(413, f"the request body is over {settings.max_body} bytes",
                                             code="request_too_large"))
+        except WrongType as exc:
+            return _json(*decisions.failure(415, str(exc), code="unsupported_media_type"))
         except BadBody as exc:
             return _json(*decisions.failure(400, str(exc), code="invalid_json"))
         except Invalid as exc:
             return _json(*decisions.invalid(exc))
-        except (SpecError, TooLong, PrefixTooLong) as exc:
+        except (SpecError, TooLong, PrefixTooLong, TooCostly) as exc:
             return _json(*decisions.refused(exc))
+        except Exception:  # noqa: BLE001 - a fault of the server, never of the input: logged with the request
+            return _json(*decisions.failure(500, _fault(request), code="internal_error", kind="server_error"))
         request.state.usage = (len(questions), decided)
         return _json(200, decisions.answer(decided, questions, settings.model))
 
     return route
 
 
+def _fault(request: Request) -> str:
+    """Log the exception being handled with the request's number; the message a 500 carries."""
+    number = request.scope.get("state", {}).get("number", 0)
+    log.exception("request %d: internal error", number)
+    return f"internal error (request {number} in the server's log)"
+
+
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _refused(request: Request, settings: Settings) -> tuple[int, str] | None:
+    """Why a request is refused before its body is read: a foreign Host or Origin (403: a web page
+    the user visits could otherwise reach a server on this machine), or no valid key (401)."""
+    host = _hostname(request.headers.get("host", ""))
+    if settings.hosts is not None and host not in LOOPBACK and host not in settings.hosts:
+        return 403, (f"the Host {host!r} is not this server's: a name pointed at this machine by another site is "
+                     f"refused (start it with --allow-host {host} to accept it)")
+    origin = request.headers.get("origin")
+    if origin is not None and origin not in settings.origins and "*" not in settings.origins \
+            and _hostname(origin.partition("://")[2]) not in LOOPBACK:
+        return 403, (f"requests from the web page origin {origin!r} are refused (start the server with "
+                     f"--allow-origin {origin} to accept them)")
+    if not _authorized(request, settings.key):
+        return 401, "a valid API key is required (Authorization: Bearer KEY)"
+    return None
+
+
+def _hostname(host: str) -> str:
+    """A Host header's (or an origin's) name without its port, lower case."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
 def _models_route(settings: Settings) -> Callable[[Request], Awaitable[Response]]:
     async def route(request: Request) -> Response:
-        if not _authorized(request, settings.key):
-            return _json(*systemone.failure(401, "authentication_error", "a valid API key is required"))
+        refused = _refused(request, settings)
+        if refused is not None:
+            return _json(*systemone.failure(*refused[:1], "authentication_error" if refused[0] == 401 else "forbidden",
+                                            refused[1]))
         return _json(200, {"object": "list",
                            "data": [{"id": settings.model, "object": "model", "created": int(time.time()),
                                      "owned_by": "prefixcache"}],
@@ -227,13 +239,26 @@ def _health_route(settings: Settings, batcher: Batcher) -> Callable[[Request], A
     async def route(request: Request) -> Response:
         return _json(200, {"status": "ok", "model": settings.model, "passes": batcher.passes,
                            "computed": batcher.computed, "shared": batcher.shared, "dropped": batcher.dropped,
-                           "waiting": batcher.waiting})
+                           "waiting": batcher.waiting, "rss_mb": _rss_mb()})
 
     return route
 
 
-def _json(status: int, body: Any) -> Response:
-    return JSONResponse(body, status_code=status)
+def _rss_mb() -> float | None:
+    """This process's resident memory in MB (Linux), else None."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return round(int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+STOPPING = "the server is stopping and did not reach this request: send it again (to another server, or once it is back)"
+RETRY = {"Retry-After": "5"}
 
 
 class _AccessLog:
@@ -254,7 +279,7 @@ class _AccessLog:
                 status[0] = message["status"]
             await send(message)
 
-        scope.setdefault("state", {})
+        scope.setdefault("state", {})["number"] = number  # what a 500 and its log line name
         try:
             await self.app(scope, receive, sending)
         finally:
@@ -269,7 +294,13 @@ class _AccessLog:
 
 class StoppableServer(uvicorn.Server):
     """uvicorn's server, stopped by SIGINT or SIGTERM without re-raising the signal afterwards (a
-    stop asked for is a clean exit, 0); a second Ctrl-C stops at once."""
+    stop asked for is a clean exit, 0): it takes no new requests, answers those queued for up to
+    `drain` seconds, then answers what is left 503 (`Batcher.drain`) and returns. A second signal
+    exits at once, with one line."""
+
+    def __init__(self, config: uvicorn.Config, batcher: Batcher | None = None, drain: float = DRAIN_S):
+        super().__init__(config)
+        self.batcher, self.drain = batcher, drain
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -284,8 +315,20 @@ class StoppableServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def _stop(self, sig, frame) -> None:
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True
-        else:
-            log.info("stopping: no new requests; answering those in flight")
-            self.should_exit = True
+        if self.should_exit:
+            left = self.batcher.waiting if self.batcher is not None else 0
+            log.warning("stopped at once by a second %s: %d requests unanswered", signal.Signals(sig).name, left)
+            logging.shutdown()
+            os._exit(128 + sig)
+        log.info("stopping: no new requests; answering those queued for up to %g s (a second Ctrl-C or SIGTERM "
+                 "stops at once)", self.drain)
+        self.should_exit = True
+        if self.batcher is not None:
+            timer = threading.Timer(self.drain, self._deadline)
+            timer.daemon = True
+            timer.start()
+
+    def _deadline(self) -> None:
+        left = self.batcher.drain()
+        if left:
+            log.warning("stop deadline (%g s): %d requests answered 503, to be sent again", self.drain, left)

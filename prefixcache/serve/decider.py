@@ -17,6 +17,7 @@ are decided in one pass. The model never runs on the caller's thread.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import queue
@@ -43,7 +44,8 @@ from ..task.questions import Answers
 from ..task.head import Head
 from ..task.keys import spec_from_mapping
 from ..task.kind import shown
-from .defaults import BATCH_WAIT_MS, MAX_BATCH, PACKS, PREFIXES, RECENT, RECENT_S
+from .defaults import AGE, BATCH_WAIT_MS, MAX_BATCH, MAX_REQUEST_TOKENS, PACKS, PASS_TOKENS, PREFIXES, RECENT, RECENT_S
+from .errors import TooCostly
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +85,17 @@ def spec_of(ask: Ask) -> dict[str, Any]:
 class Decider:
     """One model answering asks. `model`: a hub id, a model folder, a .gguf file or None (the
     embedded default); `prefixes`: how many prefilled prefixes to keep in memory; `packs`: how
-    many question packs (their tokenised options, their calibration) to keep."""
+    many question packs (their tokenised options, their calibration) to keep; `max_tokens`: the
+    most tokens one request may have to score (more: refused with TooCostly, never computed)."""
 
     def __init__(self, model: str | None, options: ScoringOptions, prefixes: int = PREFIXES, packs: int = PACKS,
-                 heads: Sequence[Head] = (), revision: str | None = None):
+                 heads: Sequence[Head] = (), revision: str | None = None, max_tokens: int = MAX_REQUEST_TOKENS):
         if options.exact or options.prune in PRUNING:
             raise UsageError("the decisions server scores every option of every question in one precision: "
                              f"--exact and --prune {options.prune if options.prune in PRUNING else 'on'} are for "
                              "run, not for serve or decide")
         self.options = options.replace(prune="off")
+        self.max_tokens = max_tokens  # tokens to score a request may have (its own and its options' trie)
         self.heads = tuple(heads)  # fitted heads: each answers the requests whose pack and prompt it was fitted on
         base = spec_from_mapping({"labels": ["yes", "no"], **({"model": model} if model else {}),
                                   **({"revision": revision} if revision else {})})
@@ -149,26 +153,53 @@ class Decider:
 
     def decide(self, asks: Sequence[Ask]) -> list[Decided | Exception]:
         """Answer asks together: per ask its answers, or the library error that refused it
-        (SpecError: a pack `run` would refuse; TooLong: a state beyond the model's context)."""
+        (SpecError: a pack `run` would refuse; TooLong: a state beyond the model's context;
+        TooCostly: more tokens to score than `max_tokens`)."""
         start = time.perf_counter()
-        out: list[Decided | Exception | None] = [None] * len(asks)
-        ready: dict[int, tuple[Scorer, Prepared, bool]] = {}
+        ready = self.ready(asks)
+        decided = iter(self.decide_ready([r for r in ready if isinstance(r, Ready)]))
+        out = [next(decided) if isinstance(r, Ready) else r for r in ready]
+        ms = (time.perf_counter() - start) * 1000
+        return [dataclasses.replace(d, ms=ms) if isinstance(d, Decided) else d for d in out]
+
+    def ready(self, asks: Sequence[Ask]) -> list[Ready | Exception]:
+        """Each ask's pack and prepared row with its cost in tokens, or the error refusing it."""
+        out: list[Ready | Exception] = []
         with self.lock:
             for i, ask in enumerate(asks):
                 try:
                     scorer, cached = self._pack(ask)
-                    ready[i] = (scorer, scorer.task.prepare(Item(f"request {i}", {"state": ask.state}, 1), self.context),
-                                cached)
+                    prep = scorer.task.prepare(Item(f"request {i}", {"state": ask.state}, 1), self.context)
+                    cost = prep.own_tokens + len(trie(list(prep.candidates.values())))
+                    if cost > self.max_tokens:
+                        raise TooCostly(cost, self.max_tokens)
+                    out.append(Ready(ask, scorer, prep, cached, cost))
                 except Exception as exc:  # noqa: BLE001 - a refused ask is answered with its error
-                    out[i] = exc
-            order = list(ready)
-            decided = decide_together([(ready[i][0], ready[i][1]) for i in order])
-            for i, answers in zip(order, decided):
-                scorer, prep, cached = ready[i]
-                out[i] = _decided(scorer, prep, answers, cached)
-                self.tally.add(pack_key(asks[i]), scorer.task.questions, out[i].answers)
+                    out.append(exc)
+        return out
+
+    def decide_ready(self, ready: Sequence[Ready]) -> list[Decided]:
+        """The answers of asks made ready (`ready`), in one forward pass per prefix."""
+        start = time.perf_counter()
+        with self.lock:
+            decided = decide_together([(r.scorer, r.prep) for r in ready])
+            out = [_decided(r.scorer, r.prep, answers, r.cached) for r, answers in zip(ready, decided)]
+            for r, d in zip(ready, out):
+                self.tally.add(pack_key(r.ask), r.scorer.task.questions, d.answers)
         ms = (time.perf_counter() - start) * 1000
-        return [dataclasses.replace(d, ms=ms) if isinstance(d, Decided) else d for d in out]
+        return [dataclasses.replace(d, ms=ms) for d in out]
+
+
+@dataclass(frozen=True)
+class Ready:
+    """An ask made ready to score: its pack's scorer, its prepared row, whether its prefix was in
+    memory already, and its cost (its own tokens and its options' trie)."""
+
+    ask: Ask
+    scorer: Scorer
+    prep: Prepared
+    cached: bool
+    cost: int
 
 
 def pack_key(ask: Ask) -> str:
@@ -191,12 +222,27 @@ class Abandoned(Exception):
     """Every client waiting for an ask hung up before its pass: it was not computed."""
 
 
+class ShuttingDown(Exception):
+    """The server stopped before this ask's turn (its drain deadline came): answered 503."""
+
+
 @dataclass
 class _Job:
     ask: Ask
     key: str  # the ask as canonical JSON: identical asks share one job
     future: Future = field(default_factory=Future)
     waiters: int = 1  # callers waiting for it; none left: abandoned, dropped from the queue
+    number: int = field(default_factory=lambda: next(_arrivals))  # arrival order
+    ready: Ready | Exception | None = None  # made ready to score (or refused) by the decider, once
+    skipped: int = 0  # passes it was left out of for cheaper requests
+
+    @property
+    def cost(self) -> int:
+        """Tokens it costs a pass (0: refused before scoring, it takes no room)."""
+        return self.ready.cost if isinstance(self.ready, Ready) else 0
+
+
+_arrivals = itertools.count()
 
 
 def ask_key(ask: Ask) -> str:
@@ -206,9 +252,12 @@ def ask_key(ask: Ask) -> str:
 
 class Batcher:
     """A decider in one worker thread, deciding the asks that arrive together in one pass:
-    `submit` returns a future. A pass takes every ask queued, up to `size`; under load (the last
-    pass took several, or more are queued) it first waits up to `wait` seconds for the clients just
-    answered to send again, so that they share the next pass; a lone client never waits.
+    `submit` returns a future. A pass takes the asks queued, up to `size` and about `tokens`
+    tokens to score, the cheapest first (one passed over AGE times goes first; an ask refused
+    before scoring is answered at once); under load (the last pass took several, or more are
+    queued) it first waits up to `wait` seconds for the clients just answered to send again, so
+    that they share the next pass; a lone client never waits. A pass that fails is tried again
+    request by request, so that one request's failure is its own.
 
     An ask identical to one queued or in a pass waits for that one (a client retrying after its
     timeout is not computed twice), and one answered within `recent_s` seconds is answered again
@@ -217,8 +266,8 @@ class Batcher:
     `dropped` count what happened; `waiting` is what is queued or in a pass."""
 
     def __init__(self, decider: Decider | Callable[[], Decider], wait: float = BATCH_WAIT_MS / 1000,
-                 size: int = MAX_BATCH, recent: int = RECENT, recent_s: float = RECENT_S):
-        self.wait, self.size = wait, size
+                 size: int = MAX_BATCH, recent: int = RECENT, recent_s: float = RECENT_S, tokens: int = PASS_TOKENS):
+        self.wait, self.size, self.tokens = wait, size, tokens
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._last = 0  # asks in the last pass
         self._lock = threading.Lock()  # guards the jobs below, taken by callers and the worker
@@ -227,6 +276,7 @@ class Batcher:
         self.max_recent, self.recent_s = recent, recent_s
         self.passes = self.computed = self.shared = self.dropped = 0
         self._built, self._failed = threading.Event(), None
+        self._draining = False
         self._thread = threading.Thread(target=self._run, args=(decider,), name="prefixcache-model", daemon=True)
         self._thread.start()
         self._built.wait()
@@ -275,36 +325,80 @@ class Batcher:
             if job is not None:
                 job.waiters -= 1
 
-    def close(self) -> None:
-        """Finish the asks queued, then stop the worker."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Finish the asks queued, then stop the worker; with `timeout`, wait at most that long
+        (a pass still running is left to the process's exit). Returns whether the worker stopped."""
         self._queue.put(None)
-        self._thread.join()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def drain(self) -> int:
+        """Answer every ask not answered yet, queued or in a pass, with ShuttingDown (a stop's
+        deadline has come); the worker takes no more. Returns how many were so answered."""
+        self._draining = True
+        with self._lock:
+            jobs = [j for j in self._waiting.values() if not j.future.done()]
+        for job in jobs:
+            _settle(job.future, ShuttingDown())
+        return len(jobs)
 
     def _run(self, decider: Decider | Callable[[], Decider]) -> None:
         if not self._build(decider):
             return
-        while True:
+        pending: list[_Job] = []  # taken from the queue, not answered yet: the cheapest go first
+        stop = False
+        while pending or not stop:
+            if not stop:
+                new, stop = self._collect(wait=not pending)
+                pending += new
+            pending = self._live(pending)
+            if self._draining:  # answered by `drain`: none is computed any more
+                pending = []
+            if pending:
+                taken, pending = self._take(pending)
+                self._last = len(taken)
+                self._answer(taken)
+
+    def _collect(self, wait: bool) -> tuple[list[_Job], bool]:
+        """Jobs from the queue, and whether `close` was asked. With nothing pending, wait for one;
+        under load (the last pass answered several asks) then wait for the others to come back."""
+        jobs: list[_Job] = []
+        if wait:
             job = self._queue.get()
             if job is None:
-                return
-            # under load (the last pass answered several asks) wait for the others to come back
-            waited = self.wait if self._last > 1 or not self._queue.empty() else 0.0
-            jobs, deadline, stop = [job], time.monotonic() + waited, False
-            while len(jobs) < self.size:
-                try:
-                    more = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                    break
-                jobs.append(more)
-            jobs = self._live(jobs)
-            self._last = len(jobs)
-            if jobs:
-                self._answer(jobs)
-            if stop:
-                return
+                return jobs, True
+            jobs.append(job)
+        waited = self.wait if wait and (self._last > 1 or not self._queue.empty()) else 0.0
+        deadline = time.monotonic() + waited
+        while len(jobs) < self.size:
+            try:
+                more = self._queue.get(timeout=max(0.0, deadline - time.monotonic())) if waited else \
+                    self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
+                return jobs, True
+            jobs.append(more)
+        return jobs, False
+
+    def _take(self, pending: list[_Job]) -> tuple[list[_Job], list[_Job]]:
+        """The jobs of the next pass, and those left for later: requests refused before scoring
+        (too costly, a bad pack) at once; then the cheapest first, up to `tokens` (at least one
+        request, at most `size`), except that one passed over AGE times goes first. So a light
+        request waits for at most one bounded pass, and a heavy one is not starved."""
+        fresh = [j for j in pending if j.ready is None]
+        for job, ready in zip(fresh, self.decider.ready([j.ask for j in fresh]) if fresh else ()):
+            job.ready = ready
+        order = sorted(pending, key=lambda j: (j.skipped < AGE, j.cost))
+        taken, left, spent = [], [], 0
+        for job in order:
+            if job.cost == 0 or (len(taken) < self.size and (not spent or spent + job.cost <= self.tokens)):
+                taken.append(job)
+                spent += job.cost
+            else:
+                job.skipped += 1
+                left.append(job)
+        return taken, sorted(left, key=lambda j: j.number)
 
     def _live(self, jobs: list[_Job]) -> list[_Job]:
         """The jobs someone still waits for; the others are dropped, their futures told why."""
@@ -318,31 +412,46 @@ class Batcher:
         return [j for j in jobs if j.waiters > 0]
 
     def _answer(self, jobs: list[_Job]) -> None:
+        """Settle the jobs of a pass: those refused before scoring with their error, the others
+        with their answers from one pass; when that pass fails, each is tried alone, so that one
+        request's failure is its own."""
+        scored = [j for j in jobs if isinstance(j.ready, Ready)]
+        results: dict[int, Any] = {id(j): j.ready for j in jobs if not isinstance(j.ready, Ready)}
         try:
-            results = self.decider.decide([j.ask for j in jobs])
-        except Exception as exc:  # noqa: BLE001 - the model failed: every caller of the pass hears of it
-            log.exception("deciding a batch of %d requests failed", len(jobs))
-            results = [exc] * len(jobs)
+            results.update(zip(map(id, scored), self.decider.decide_ready([j.ready for j in scored]) if scored else ()))
+        except Exception as exc:  # noqa: BLE001 - the pass failed: each of its requests is tried alone
+            if len(scored) == 1:
+                log.exception("deciding a request failed")
+                results[id(scored[0])] = exc
+            else:
+                for job in scored:
+                    self._answer([job])  # settles it (and logs its failure, if it fails alone)
+                scored, jobs = [], [j for j in jobs if not isinstance(j.ready, Ready)]
         with self._lock:
-            self.passes += 1
-            self.computed += len(jobs)
+            self.passes += bool(scored)
+            self.computed += len(scored)
             now = time.monotonic()
-            for job, result in zip(jobs, results):
+            for job in jobs:
                 del self._waiting[job.key]
-                if isinstance(result, Decided):
-                    self._recent[job.key] = (now, result)
+                if isinstance(results[id(job)], Decided):
+                    self._recent[job.key] = (now, results[id(job)])
                     self._recent.move_to_end(job.key)
             while len(self._recent) > self.max_recent:
                 self._recent.popitem(last=False)
-        for job, result in zip(jobs, results):
-            _settle(job.future, result)
+        for job in jobs:
+            _settle(job.future, results[id(job)])
+
+
+_SETTLING = threading.Lock()  # the worker and a drain may settle the same future: the first one wins
 
 
 def _settle(future: Future, result: Any) -> None:
-    """Give a future its result or exception, unless it was cancelled: the worker never dies of it."""
-    if not future.set_running_or_notify_cancel():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
+    """Give a future its result or exception, unless it was cancelled or settled already: the
+    worker never dies of it."""
+    with _SETTLING:
+        if future.done() or not future.set_running_or_notify_cancel():
+            return
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)

@@ -24,11 +24,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import SpecError, TooLong, PrefixTooLong
+from ..errors import ItemError, PrefixTooLong, SpecError, TooLong
 from .decider import Ask, Decided
-from .errors import Invalid, said
+from .errors import Invalid, TooCostly, said
 
 MAX_QUESTIONS = 400
+# keys of a spec's (and System One's) questions that this format has no place for: refused, never ignored
+SPEC_ONLY = ("threshold", "gold", "normalize", "calibrate", "words", "read", "list", "criteria")
 
 
 def _text(content: Any, where: tuple[Any, ...]) -> str:
@@ -62,8 +64,8 @@ def _input(value: Any) -> tuple[str, str]:
             (system if item["role"] in ("system", "developer") else rest).append(_text(item.get("content"), ("input", i)))
         elif "output" in item:  # a tool call's output
             rest.append(_text(item["output"], ("input", i, "output")))
-        elif isinstance(item.get("arguments"), str) or isinstance(item.get("input"), str):  # a tool call
-            rest.append(item.get("arguments") or item.get("input"))
+        elif isinstance(item.get("arguments"), str) or isinstance(item.get("input"), str):  # a tool call (may be empty)
+            rest.append(item["arguments"] if isinstance(item.get("arguments"), str) else item["input"])
         else:
             raise Invalid([(("input", i), "an input item must be a message or a tool call or output", "invalid_value")])
     return "\n\n".join(system), "\n\n".join(rest)
@@ -83,6 +85,10 @@ def _question(q: Any, i: int) -> dict[str, Any]:
     if not isinstance(q, dict):
         raise Invalid([(where, "a question must be an object", "invalid_type")])
     kind, instructions = q.get("type"), q.get("instructions")
+    spec_only = next((k for k in SPEC_ONLY if k in q), None)
+    if spec_only is not None:
+        raise Invalid([(where + (spec_only,), f"{spec_only} is a key of a batch spec's questions, not of this format: "
+                                              f"send the question to /v1/systemone, which takes it", "unknown_parameter")])
     if not isinstance(instructions, (str, list)) or not instructions:
         raise Invalid([(where + ("instructions",), "instructions are required", "missing_required_parameter")])
     if isinstance(instructions, list):
@@ -118,6 +124,9 @@ def parse(body: Any) -> tuple[Ask, list[dict[str, Any]]]:
     if "input" not in body:
         raise Invalid([(("input",), "input is required", "missing_required_parameter")])
     instructions, state = _input(body["input"])
+    if not state.strip():
+        raise Invalid([(("input",), "input has no state to decide on: give a string, or messages besides the system "
+                                    "and developer ones (their text is the instructions)", "invalid_value")])
     questions = body.get("questions")
     if not isinstance(questions, list) or not 1 <= len(questions) <= MAX_QUESTIONS:
         raise Invalid([(("questions",), f"questions must be a list of 1 to {MAX_QUESTIONS} questions", "invalid_value")])
@@ -158,6 +167,7 @@ def failure(status: int, message: str, kind: str = "invalid_request_error", para
 def invalid(error: Invalid) -> tuple[int, dict[str, Any]]:
     """A bad request: 400, the first problem's location as `param`."""
     loc = error.problems[0][0]
+    loc = loc[1:] if loc[:1] == ("body",) else loc  # where in the body (the body reader names it so)
     param = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc)) or None
     return failure(400, str(error) if len(error.problems) > 1 else error.problems[0][1], param=param,
                    code=error.problems[0][2])
@@ -170,4 +180,8 @@ def refused(exc: Exception) -> tuple[int, dict[str, Any]]:
         return failure(400, said(exc), param="questions", code="invalid_value")
     if isinstance(exc, (TooLong, PrefixTooLong)):
         return failure(400, said(exc), param="input", code="max_tokens_exceeded")
+    if isinstance(exc, ItemError):  # a state `run` would refuse as an item
+        return failure(400, said(exc), param="input", code="invalid_value")
+    if isinstance(exc, TooCostly):
+        return failure(413, str(exc), code="request_too_costly")
     raise exc

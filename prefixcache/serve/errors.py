@@ -23,3 +23,14 @@ def said(exc: Exception) -> str:
     """A library error's message as a request's answer says it: without the item or the spec path
     (`request`) that name it for the batch tool."""
     return exc.message if isinstance(exc, ItemError) else str(exc).removeprefix("request: ")
+
+
+class TooCostly(Exception):
+    """A request that costs more than one request may: its tokens to score over the server's
+    limit (`serve --max-request-tokens`). Answered 413, never computed."""
+
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(f"the request has {tokens} tokens to score (its state, and its questions' texts and options "
+                         f"after it), over this server's limit of {limit}: split its questions into several requests, "
+                         f"or start the server with a larger --max-request-tokens")
+        self.tokens, self.limit = tokens, limit

@@ -3,6 +3,10 @@ another (3 questions about a support ticket), for a fixed count of requests. Rep
 p50 and p95 latency and requests per second; no third-party client, only the standard library.
 
     python -m prefixcache.serve.loadtest http://127.0.0.1:8000 --clients 1 8 --requests 48
+
+With `--heavy K`, K more clients send heavy requests (one 255-option choice question each) for as
+long as the light ones run: the light requests' p50/p95 then say how long a light request waits
+behind heavy ones. The server's memory (its `/health` `rss_mb`) is printed before and after.
 """
 
 from __future__ import annotations
@@ -58,9 +62,40 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+HEAVY = {"country": {"type": "choice", "instructions": "Which queue should handle the ticket?", "list": False,
+                     "criteria": {f"Queue {i:03d}": f"Tickets routed to queue {i}" for i in range(255)}}}
+
+
+def _heavy(url: str, stop: threading.Event, sent: list[int], timeout: float) -> None:
+    """Send heavy requests, one after another, until `stop`; count them in `sent`."""
+    n = 0
+    while not stop.is_set():
+        body = json.dumps({"model": "local", "state": TICKETS[n % len(TICKETS)] + f" (heavy {time.time_ns()})",
+                           "questions": HEAVY}).encode()
+        request = urllib.request.Request(url.rstrip("/") + "/v1/systemone", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as resp:
+                resp.read()
+        except (urllib.error.URLError, OSError):
+            pass
+        sent[0] += 1
+        n += 1
+
+
+def rss_mb(url: str) -> float | None:
+    """The server's resident memory in MB, as its /health says."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=10) as resp:
+            return json.loads(resp.read()).get("rss_mb")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
 def run_load(url: str, clients: int, requests: int, questions: dict[str, Any] | None = None,
-             timeout: float = 120.0) -> Load:
-    """Send `requests` requests from `clients` threads (each sends its share one after another)."""
+             timeout: float = 120.0, heavy: int = 0) -> Load:
+    """Send `requests` requests from `clients` threads (each sends its share one after another),
+    while `heavy` more threads send heavy requests."""
     endpoint = url.rstrip("/") + "/v1/systemone"
     pack = questions or QUESTIONS
     latencies: list[float] = []
@@ -83,6 +118,12 @@ def run_load(url: str, clients: int, requests: int, questions: dict[str, Any] | 
                 latencies.append((time.perf_counter() - start) * 1000)
                 errors[0] += not ok
 
+    stop, sent = threading.Event(), [0]
+    heavies = [threading.Thread(target=_heavy, args=(url, stop, sent, timeout)) for _ in range(heavy)]
+    for t in heavies:
+        t.start()
+    if heavy:
+        time.sleep(1.0)  # the heavy requests are queued or in a pass before the light ones come
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     start = time.perf_counter()
     for t in threads:
@@ -90,6 +131,9 @@ def run_load(url: str, clients: int, requests: int, questions: dict[str, Any] | 
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    stop.set()
+    for t in heavies:
+        t.join()
     return Load(clients, requests, errors[0], statistics.median(latencies), _percentile(latencies, 0.95), requests / wall)
 
 
@@ -99,10 +143,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8], help="client counts to run, one after another")
     parser.add_argument("--requests", type=int, default=48, help="requests per client count")
     parser.add_argument("--warm-up", type=int, default=2, help="requests sent first and not counted")
+    parser.add_argument("--heavy", type=int, default=0, help="clients sending heavy requests meanwhile")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
+    before = rss_mb(args.url)
     run_load(args.url, 1, args.warm_up)
-    loads = [run_load(args.url, c, args.requests) for c in args.clients]
+    loads = [run_load(args.url, c, args.requests, heavy=args.heavy) for c in args.clients]
+    print(f"server memory: {before} MB before, {rss_mb(args.url)} MB after", file=sys.stderr)
     if args.json:
         print(json.dumps([asdict(x) for x in loads], indent=2))
     else:

@@ -28,7 +28,7 @@ from ..scoring.options import ScoringOptions
 from . import api_key
 from ..task.head import load_head
 from .app import served_app
-from .defaults import BATCH_WAIT_MS, MAX_BATCH
+from .defaults import BATCH_WAIT_MS, MAX_BATCH, Limits
 
 OPTIONS = ("model", "num_replicas", "api_key_env", "batch_wait_ms", "max_batch", "device", "dtype", "heads")
 
@@ -45,7 +45,9 @@ class Decisions:
         options = ScoringOptions.from_environment(device=device, dtype=dtype)
         found = [load_head(h, Path("heads")) for h in heads]  # read where the replica runs
         # not `self.app`: Ray's ingress wrapper has a read-only `app` of its own
-        self._served, self.batcher = served_app(model, options, key, batch_wait_ms, max_batch, found)
+        # behind Ray Serve's proxy: the Host is the cluster's, whatever it is (Origins are still checked)
+        self._served, self.batcher = served_app(model, options, key, batch_wait_ms, max_batch, found,
+                                                limits=Limits(hosts=("*",)))
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._served

@@ -24,6 +24,7 @@ from ..errors import InputError, OutputError
 from . import decisions, systemone
 from .decider import Ask, Decided, Decider
 from .defaults import MAX_BATCH
+from .body import BadBody, parsed
 from .errors import Invalid
 
 
@@ -55,10 +56,12 @@ def request_digest(line: str) -> str:
 
 def _parse(line: str) -> tuple[Any, str, Ask | None, Any, tuple[int, dict] | None]:
     """(custom_id, format, ask, questions as given, error response)."""
-    try:
-        body = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return None, "systemone", None, None, systemone.invalid(Invalid([(("body",), f"not JSON: {exc}", "value_error")]))
+    try:  # read as the server reads a body: no key twice, bounded depth, valid Unicode
+        body = parsed(line.encode("utf-8", "surrogatepass"))
+    except BadBody as exc:
+        return None, "systemone", None, None, systemone.invalid(Invalid([(("body",), str(exc), "value_error")]))
+    except Invalid as exc:
+        return None, "systemone", None, None, systemone.invalid(exc)
     custom_id = body.pop("custom_id", None) if isinstance(body, dict) else None
     openai = isinstance(body, dict) and isinstance(body.get("questions"), list)
     try:

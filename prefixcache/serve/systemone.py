@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import SpecError, TooLong, PrefixTooLong
+from ..errors import ItemError, PrefixTooLong, SpecError, TooLong
 from .decider import Ask, Decided, state_text
-from .errors import Invalid, said
+from .errors import Invalid, TooCostly, said
 
 
 def parse(body: Any) -> Ask:
@@ -34,6 +34,9 @@ def parse(body: Any) -> Ask:
         problems.append((("body", "state"), "field required: a string, an object or an array", "value_error.missing"))
     elif not isinstance(state, (str, dict, list)):
         problems.append((("body", "state"), "state must be a string, an object or an array", "type_error"))
+    elif isinstance(state, str) and not state.strip():
+        problems.append((("body", "state"), "state must not be empty: it is what the questions are asked about",
+                         "value_error"))
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, (str, dict, list)):
         problems.append((("body", "instructions"), "instructions must be text, an object or an array", "type_error"))
@@ -50,6 +53,10 @@ def parse(body: Any) -> Ask:
             elif not isinstance(question.get("type"), str):
                 problems.append((("body", "questions", qid, "type"), "field required: choice, noul or score",
                                  "value_error.missing"))
+            elif "gold" in question:
+                problems.append((("body", "questions", qid, "gold"), "gold names the item field a batch spec grades a "
+                                 "question by; a request has no such field (grade the answers offline, or run a spec)",
+                                 "value_error"))
     if problems:
         raise Invalid(problems)
     return Ask(instructions if isinstance(instructions, str) else "" if instructions is None else instructions,
@@ -80,4 +87,8 @@ def refused(exc: Exception) -> tuple[int, dict[str, Any]]:
         return invalid(Invalid([(("body", "questions"), said(exc), "value_error")]))
     if isinstance(exc, (TooLong, PrefixTooLong)):
         return failure(400, "max_tokens_exceeded", said(exc))
+    if isinstance(exc, ItemError):  # a state `run` would refuse as an item
+        return invalid(Invalid([(("body", "state"), said(exc), "value_error")]))
+    if isinstance(exc, TooCostly):
+        return failure(413, "request_too_costly", str(exc))
     raise exc

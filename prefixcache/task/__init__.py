@@ -18,6 +18,7 @@
   `--exact` measures of it, its record layout and its columns;
 - scoring_metrics.py: the metrics the kinds share (per-class precision/recall/F1, calibration error);
 - lint.py: label sets that first-token scoring would get wrong;
+- texts.py: when two listed texts (options, labels, words) are one: equal once trimmed and NFC-normalised;
 - overrides.py: the spec with what the command line or `Classifier` sets instead (-m, --gold);
 - head.py: a fitted readout (`head:`): the head file read and checked, its fingerprint, and the
   probabilities it gives from hidden states (numpy, no torch).

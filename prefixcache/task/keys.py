@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from ..errors import SpecError
 from .decision import NORMALIZATIONS
 from .head import Head, load_head
+from .texts import text_key, twice, twins
 from .questions import Question, content_free_value, parse_pack, threshold_value
 from .spec import (
     DEFAULT_ANSWER_PREFIX,
@@ -96,7 +97,7 @@ def _labels(value: Any, path: Path, choices: str | None) -> tuple[Label, ...]:
         raise SpecError(f"{path}: 'labels' must be a list or a mapping, got {type(value).__name__}")
     if not items:
         raise SpecError(f"{path}: 'labels' is empty")
-    labels, seen = [], set()
+    labels, seen = [], {}
     for name, desc in items:
         if isinstance(name, bool):
             raise SpecError(f"{path}: label {name!r} is how YAML reads an unquoted yes/no/true/false/on/off; "
@@ -105,15 +106,18 @@ def _labels(value: Any, path: Path, choices: str | None) -> tuple[Label, ...]:
             name = str(name)
         if not isinstance(name, str) or not name.strip():
             raise SpecError(f"{path}: label {name!r} must be a non-empty string")
-        if name in seen:
+        first = seen.get(text_key(name))
+        if first == name:
             raise SpecError(f"{path}: label {name!r} is listed twice")
+        if first is not None:
+            raise SpecError(f"{path}: {twice('label', (first, name))}")
         words: tuple[str, ...] = ()
         if isinstance(desc, Mapping):
             desc, words = _label_entry(desc, name, path)
         if desc is not None and not isinstance(desc, str):
             raise SpecError(f"{path}: description of label {name!r} must be a string, or a mapping with "
                             f"'description' and 'words'")
-        seen.add(name)
+        seen[text_key(name)] = name
         label = Label(name, desc.strip() if desc else None, words)
         twin = next((other for other in labels if set(other.forms) == set(label.forms)), None)
         if twin is not None:  # the same words score the same: the second could never win
@@ -134,8 +138,9 @@ def _label_entry(entry: Mapping, name: str, path: Path) -> tuple[Any, tuple[str,
     if (not isinstance(words, list) or not words
             or not all(isinstance(w, str) and w.strip() for w in words)):
         raise SpecError(f"{path}: 'words' of label {name!r} must be a non-empty list of non-empty strings")
-    if len(set(words)) != len(words):
-        raise SpecError(f"{path}: 'words' of label {name!r} lists {next(w for w in words if words.count(w) > 1)!r} twice")
+    pair = twins(words)
+    if pair is not None:
+        raise SpecError(f"{path}: 'words' of label {name!r} {twice('', pair)}")
     return entry.get("description"), tuple(words)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from ..errors import SpecError
 from .decision import Decision, Groups, Tags, judge
+from .texts import twice, twins
 
 
 def shown(value: Any) -> str:
@@ -218,10 +219,9 @@ def option_texts(entries: Any, at: str, least: int, most: int) -> list[tuple[str
         if not isinstance(name, str) or not name.strip():
             raise SpecError(f"{at}: option {name!r} must be a non-empty string")
         pairs.append((name, desc))
-    names = [n for n, _ in pairs]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is not None:
-        raise SpecError(f"{at} lists option {dup!r} twice")
+    pair = twins(n for n, _ in pairs)
+    if pair is not None:
+        raise SpecError(f"{at} {twice('option', pair)}")
     return pairs
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 
 from ..errors import InputError
+from .texts import twice, twins
 
 
 if TYPE_CHECKING:
@@ -276,9 +277,9 @@ def choice_list(record: Mapping[str, Any], field: str) -> list[str]:
     options = [field_text(v) if not isinstance(v, str) else v for v in value]
     if any(not o.strip() for o in options):
         raise ValueError(f"field {field!r} has an empty option")
-    if len(set(options)) != len(options):
-        dup = next(o for o in options if options.count(o) > 1)
-        raise ValueError(f"field {field!r} lists option {dup!r} twice")
+    pair = twins(options)
+    if pair is not None:
+        raise ValueError(f"field {field!r} {twice('option', pair)}")
     return options
 
 

@@ -390,3 +390,97 @@ def test_a_question_that_gives_one_answer_to_nearly_every_request_is_said_once(l
     said = [r.getMessage() for r in caplog.records if "for question 'refund'" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("100% of the requests (20 of 20) got ")
     assert 'try "calibrate": true on the question' in said[0]
+
+
+def _bad_body(case: dict) -> bytes:
+    if "nest" in case:
+        n = case["nest"]
+        return (n["prefix"] + n["open"] * n["n"] + n["middle"] + n["close"] * n["n"] + n["suffix"]).encode()
+    if "raw" in case:
+        return case["raw"].encode("utf-8", "surrogatepass")  # the JSON text as a client sends it
+    return json.dumps(case["body"]).encode()
+
+
+def test_the_hostile_body_corpus_gets_its_documented_status_and_never_a_5xx(server):
+    cases = [json.loads(line) for line in (Path(__file__).parent / "data" / "bad_bodies.jsonl").read_text().splitlines()]
+    assert len(cases) >= 40
+    wrong = []
+    for case in cases:
+        route = server.url + ("/v1/systemone" if case["route"] == "systemone" else "/v1/decisions")
+        status, payload = post(route, None, case.get("headers"), raw=_bad_body(case))
+        if status != case["status"]:
+            wrong.append((case["why"], status, payload))
+            continue
+        if status >= 400 and case["route"] == "systemone":  # the format's error shape
+            assert isinstance(payload["detail"], list) if status == 422 else set(payload["detail"]) == {"error_type", "message"}
+        elif status >= 400:
+            assert payload["error"]["message"] and payload["error"]["type"] == "invalid_request_error"
+    assert not wrong, wrong
+    assert not any("Traceback" in line or " 500 " in line for line in server.lines)
+
+
+def test_a_request_over_the_token_limit_is_refused_unscored_and_a_light_one_is_not_stuck_behind_heavy_ones(long_model_dir):
+    served = Served(long_model_dir, "--max-request-tokens", "3000", "--batch-wait-ms", "0")
+    so, oa = served.url + "/v1/systemone", served.url + "/v1/decisions"
+    heavy_pack = {"c": {"type": "choice", "instructions": "Which queue?", "list": False,
+                        "criteria": {f"queue number {i} of the support desk": None for i in range(200)}}}
+    heavy = {"model": "x", "state": TICKET, "questions": heavy_pack}
+    light = {"model": "x", "state": TICKET, "questions": {"refund": PACK["refund"]}}
+    try:
+        too = {**heavy, "questions": {**heavy_pack, "d": {**heavy_pack["c"], "instructions": "And which second?"}}}
+        status, payload = post(so, too)
+        assert status == 413 and payload["detail"]["error_type"] == "request_too_costly", payload
+        assert "over this server's limit of 3000" in payload["detail"]["message"]
+        status, payload = post(oa, {"model": "x", "input": TICKET, "questions": [
+            {"type": "choice", "instructions": f"Which queue, {k}?", "choices": [{"value": f"queue number {i}"}
+                                                                              for i in range(200)]} for k in range(2)]})
+        assert status == 413 and payload["error"]["code"] == "request_too_costly"
+        start = time.monotonic()
+        assert post(so, heavy)[0] == 200
+        heavy_s = time.monotonic() - start
+        finished: dict[str, float] = {}
+
+        def send(name: str, body: dict) -> None:
+            assert post(so, body)[0] == 200
+            finished[name] = time.monotonic()
+
+        with ThreadPoolExecutor(8) as pool:  # six heavy requests queued (distinct states), then a light one
+            for n in range(6):
+                pool.submit(send, f"heavy{n}", {**heavy, "state": f"{n} {TICKET}"})
+            time.sleep(min(0.5, heavy_s / 2))
+            sent = time.monotonic()
+            pool.submit(send, "light", light).result(timeout=120)
+        assert finished["light"] - sent < 3 * heavy_s + 2.0  # at most about one heavy pass, not six
+        assert finished["light"] < max(v for k, v in finished.items() if k != "light")
+    finally:
+        assert served.stop() == 0
+
+
+def test_sigterm_answers_the_queue_until_its_deadline_then_503_and_exits_0_without_a_traceback(long_model_dir):
+    # one request a pass: a queue forms; no time to drain it (the test before: a drain that answers all)
+    served = Served(long_model_dir, "--max-batch", "1", "--drain-seconds", "0")
+    so = served.url + "/v1/systemone"
+    long = f"{TICKET} " * 60
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            futures = [pool.submit(post, so, {"model": "x", "state": f"{n} {long}", "questions": PACK}) for n in range(12)]
+            deadline = time.monotonic() + 60
+            while not any("POST /v1/systemone 200" in line for line in served.lines) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            signalled = time.monotonic()
+            served.proc.send_signal(signal.SIGTERM)
+            got = [f.result() for f in futures]
+            assert served.proc.wait(30) == 0
+            took = time.monotonic() - signalled
+    finally:
+        if served.proc.poll() is None:
+            served.proc.kill()
+    statuses = [status for status, _ in got]
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= 1 and statuses.count(503) >= 6, statuses
+    for status, payload in got:
+        if status == 503:
+            assert payload["detail"]["error_type"] == "unavailable"
+    assert took < 0 + 1 + 3  # the drain, a second, and slack for a process's exit on a busy machine
+    said = "".join(served.lines)
+    assert "Traceback" not in said and "CancelledError" not in said
+    assert "answered 503, to be sent again" in said

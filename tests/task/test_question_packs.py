@@ -87,6 +87,9 @@ def test_a_duplicate_option_is_refused(tmp_path):
         load_spec(path)
     with pytest.raises(SpecError, match="lists option '1' twice"):  # YAML keys 1 and "1" name one option
         parse_pack({"x": {"type": "choice", "criteria": {1: None, "1": None}}}, "s.yaml")
+    for twins in ({"caf\u00e9": None, "cafe\u0301": None}, {"Billing": None, "Billing ": None}):  # one text to a reader
+        with pytest.raises(SpecError, match="which are the same text once spaces around them are trimmed"):
+            parse_pack({"x": {"type": "choice", "criteria": twins}}, "s.yaml")
 
 
 @pytest.mark.parametrize("answers,message", [

@@ -44,6 +44,9 @@ def test_missing_file(tmp_path):
     [
         ({"labels": []}, "'labels' is empty"),
         ({"labels": ["a", "a"]}, "label 'a' is listed twice"),
+        ({"labels": ["caf\u00e9", "cafe\u0301"]}, "the same text once spaces around them are trimmed and Unicode is"),
+        ({"labels": ["Billing", " Billing "]}, "lists label 'Billing' and ' Billing ', which are the same text"),
+        ({"labels": {"a": {"words": ["x y", "x y "]}}}, "lists 'x y' and 'x y ', which are the same text"),
         ({"labels": ["a", ""]}, "label '' must be a non-empty string"),
         ({"labels": "a"}, "'labels' must be a list or a mapping, got str"),
         ({"template": "{text.__class__}"}, "template field {text.__class__} is not allowed"),
