@@ -354,3 +354,16 @@ def test_an_empty_gold_runs_a_labelled_spec_on_unlabelled_items(tmp_path, spec_f
                                                         "criteria": {"tech": None, "billing": None}, "gold": "team"}})
     assert invoke("run", qspec, items, "-o", tmp_path / "c.jsonl").exit_code == 2
     assert invoke("run", qspec, items, "-o", tmp_path / "d.jsonl", "--gold", "").exit_code == 0
+
+
+def test_a_run_of_many_labels_shows_its_most_frequent_confusions_not_a_matrix_wider_than_a_line(spec_file, tmp_path):
+    labels = [f"team {c}" for c in "abcdefghijklmn"]  # 14 labels: a 14-column matrix does not fit a line
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": i, "text": t, "gold": labels[i % 14]}) + "\n" for i, t in enumerate(TEXTS)))
+    result = invoke("run", spec_file(labels=labels, gold="gold"), items, "-o", tmp_path / "out.jsonl")
+    assert result.exit_code == 0, result.output
+    said = result.stdout + result.stderr
+    assert "most frequent confusions (14 labels" in said and "gold \\ predicted" not in said
+    items.write_text("".join(json.dumps({"id": i, "text": t, "gold": labels[i % 3]}) + "\n" for i, t in enumerate(TEXTS)))
+    few = invoke("run", spec_file(name="few.yaml", labels=labels[:3], gold="gold"), items, "-o", tmp_path / "few.jsonl")
+    assert "gold \\ predicted" in few.stdout + few.stderr  # a matrix that fits is shown whole
