@@ -413,6 +413,7 @@ def decide(
     resume: bool = typer.Option(False, "--resume", help="Continue an output from its last complete line."),
     batch_size: int = typer.Option(MAX_BATCH, "--batch-size", "-b", min=1, help="Requests in one forward pass at most."),
     head: list[Path] = SERVE_HEAD_OPT,
+    max_request_tokens: int = MAX_REQUEST_TOKENS_OPT,
     quiet: bool = QUIET_OPT,
     debug: bool = DEBUG_OPT,
     *, model: Optional[str], revision: Optional[str], device: str, dtype: str, cache_dir: Path,
@@ -438,7 +439,7 @@ def decide(
         compat.quiet_libraries()
         heads = served_heads(head)
         decider = Decider(model, ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype), heads=heads,
-                          revision=revision)
+                          revision=revision, max_tokens=max_request_tokens)
         shown = not quiet and err.is_terminal
 
         def step(done: int, total: int) -> None:
