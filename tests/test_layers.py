@@ -204,3 +204,35 @@ def test_no_function_of_the_package_is_over_50_lines():
             for p in PACKAGE.rglob("*.py") for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 50]
     assert not long
+
+
+def engine_reads(root: Path = PACKAGE) -> list[tuple[str, str]]:
+    """(module, attribute) of every read of an engine's attribute outside model/, where the
+    engine is reached as `engine.X` or `.engine.X`; `bench`, which times the transformers engine's
+    own internals, apart."""
+    import re
+
+    found = []
+    for path in root.rglob("*.py"):
+        where = path.relative_to(root)
+        if where.parts[0] == "model" or str(where) == "run/bench.py":
+            continue
+        for name in re.findall(r"\bengine\.([A-Za-z_]\w*)", path.read_text(encoding="utf-8")):
+            found.append((str(where), name))
+    return found
+
+
+def test_nothing_outside_the_model_asks_an_engine_more_than_its_protocol():
+    """The engine protocol (model/protocol.py) is the seam: the scorer, pruning's callers, serve,
+    tune, fit and the Python API read only its members of an engine, so another engine can serve."""
+    from prefixcache.model.protocol import MEMBERS
+
+    reads = engine_reads()
+    assert reads and {name for _, name in reads} <= MEMBERS, [r for r in reads if r[1] not in MEMBERS]
+
+
+def test_the_protocol_check_finds_a_read_beyond_it(tmp_path):
+    bad = tmp_path / "pkg"
+    (bad / "scoring").mkdir(parents=True)
+    (bad / "scoring" / "x.py").write_text("def f(scorer):\n    return scorer.engine.model.config\n")
+    assert engine_reads(bad) == [("scoring/x.py", "model")]

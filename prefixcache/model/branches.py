@@ -25,7 +25,7 @@ from .rows import Row
 
 def usable(engine: Engine) -> bool:
     """Whether this engine can score branches after kept items (else score in full)."""
-    return engine.backend == "shared" and engine.window is None and not engine.unchecked
+    return engine.branches
 
 
 Node = tuple[int, ...]  # a candidate prefix: the trie node of its last token

@@ -181,7 +181,8 @@ def choose_backend(model: PreTrainedModel, asked: str = "auto") -> str:
 
 
 class Engine:
-    """Scores candidates after prompts that start with one cached prefix.
+    """Scores candidates after prompts that start with one cached prefix: the transformers
+    implementation of the engine protocol (model/protocol.py).
 
     Example:
         engine = Engine(model)
@@ -209,6 +210,17 @@ class Engine:
         self._scored = False  # no batch scored yet: a failure then means the model is not supported
         self.label_tokens = 0  # candidate tokens fed after items (trie nodes), every call together
         self._warm_up()
+
+    @property
+    def hidden_size(self) -> int:
+        """The width of the state the lm_head reads (model/protocol.py)."""
+        return int(self.model.config.get_text_config().hidden_size)
+
+    @property
+    def branches(self) -> bool:
+        """Whether items can be kept between passes and trie nodes fed later (pruned scoring):
+        the shared-prefix kernel, full attention, an architecture checked (model/protocol.py)."""
+        return self.backend == "shared" and self.window is None and not self.unchecked
 
     def _fall_back(self, reason: UnsupportedAttention) -> None:
         """The only way the backend changes after it was chosen: the shared kernel said it cannot

@@ -24,7 +24,6 @@ from .. import compat
 from ..model.engine import Engine, Prefix
 from ..errors import PrefixTooLong
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
-from ..model.branches import usable
 from ..model.rows import Candidate, Row, trie
 from ..data.items import Item
 from ..task.decision import Bounded, Groups, linear_keys, mean_distribution
@@ -134,7 +133,7 @@ class Scorer:
         self._readouts = [self.head.readout_for(q.id) for q in task.questions] if self.head else []
         self._states = ScoreCache()  # by prompt: per question read by the head, its answer states
         if self.head is not None:
-            self.head.check_width(engine.model.config.get_text_config().hidden_size)
+            self.head.check_width(engine.hidden_size)
 
     @classmethod
     def load(cls, task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto",
@@ -260,7 +259,7 @@ class Scorer:
         why = spec.pruning_refusal() if mode in PRUNING and not exact else None
         contests = self._contests_of(MASS if mode == "exact" else None) if self.says_pruned else None
         raced = self._raced_tokens(contests) if contests else 0
-        if self.says_pruned and not usable(self.engine):
+        if self.says_pruned and not self.engine.branches:
             why = "this model's attention cannot keep items between passes"
         elif contests and raced < MIN_RACE_TOKENS:
             why = (f"{raced} candidate tokens an item are too few for a race to pay (from {MIN_RACE_TOKENS}: each step "

@@ -110,7 +110,7 @@ class Decider:
         self.lock = threading.Lock()  # one forward at a time: `decide` is called from one worker thread
         self._model_id = model_content_identity(self.base.source) if self.heads else None
         for head in self.heads:
-            head.check_width(self.engine.model.config.get_text_config().hidden_size)
+            head.check_width(self.engine.hidden_size)
 
     @property
     def context(self) -> int | None:

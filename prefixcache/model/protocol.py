@@ -1,0 +1,61 @@
+"""What the rest of the program may ask of an engine: the seam between scoring and whatever runs
+the model. `Engine` (model/engine.py, transformers on torch) is one implementation; the scorer,
+pruning, the prefix store's callers, `serve`/`decide`, `tune`, `fit` and the Python API use only
+these members (tests/test_layers.py holds them to it; `bench` alone also times the transformers
+engine's internals, which it says are that engine's).
+
+A prefix is an opaque handle made by `prefill` and given back to `score`: callers read its `ids`
+only. Rows (model/rows.py) are plain token ids: an item's prompt after the prefix and its
+candidates, each candidate's tokens scored after the prompt. What comes back is plain Python
+floats and numpy arrays, never a tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from .rows import Row
+
+
+class ScoringEngine(Protocol):
+    """An engine that scores candidates after prompts sharing one prefilled prefix.
+
+    Attributes:
+        device: where it runs (a `torch.device` or a name; `str(device)` names it: "cpu", "cuda:0").
+        dtype: the precision it computes in (`str(dtype)`, e.g. "torch.float32").
+        max_positions: the longest prompt with its candidates it can read, or None when unbounded.
+        hidden_size: the width of the state its lm_head reads (what a fitted head takes).
+        branches: whether it keeps an item's keys and values between passes, so that a race can
+            feed trie nodes later (pruned scoring, scoring/pruning.py); without it every candidate is
+            scored to the end.
+        label_tokens: candidate tokens fed after items so far (every call together; `bench` reads it).
+    """
+
+    device: Any
+    dtype: Any
+    max_positions: int | None
+    label_tokens: int
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def branches(self) -> bool: ...
+
+    def prefill(self, ids: Sequence[int]) -> Any:
+        """The prefix `ids` run once and kept: a handle with `.ids` to give to `score`."""
+
+    def score(self, prefix: Any, rows: Sequence[Row]) -> list[list[float]]:
+        """Per row, per candidate in order, the summed log-probability of its tokens after the
+        prefix and the row's own tokens."""
+
+    def score_with_states(self, prefix: Any, rows: Sequence[Row], wanted: Sequence[Sequence[int]]
+                          ) -> tuple[list[list[float]], list[np.ndarray]]:
+        """`score`, and per row the final hidden state [len(wanted[b]), hidden_size] (float32) at the
+        position each candidate in `wanted[b]` has its first token scored from, from the same pass."""
+
+
+MEMBERS = frozenset({"device", "dtype", "max_positions", "label_tokens", "hidden_size", "branches", "prefill", "score",
+                     "score_with_states"})  # what callers outside model/ may read of an engine
