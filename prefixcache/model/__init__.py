@@ -2,6 +2,7 @@
 
 - load.py: finds and loads models and tokenizers (hub ids, folders, GGUF files, the embedded
   default), converting GGUF weights once into the cache;
+- memory.py: the memory a model will take (weights, keys and values, a GGUF conversion), from its files;
 - protocol.py: what the rest of the program may ask of an engine (`ScoringEngine`), the seam;
 - engine.py: prefills the static prefix once and scores batches of rows and their candidates
   against it in one forward pass;

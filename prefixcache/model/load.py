@@ -130,7 +130,7 @@ def _model_files(source: ModelSource) -> list[Path]:
     return [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
 
 
-def _converted_dir(source: ModelSource, cache_dir: Path) -> Path:
+def converted_dir(source: ModelSource, cache_dir: Path) -> Path:
     import transformers
 
     st = Path(source.path).stat()
@@ -226,7 +226,7 @@ def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerB
 
     try:
         if source.kind == "gguf":
-            converted = _converted_dir(source, cache_dir)
+            converted = converted_dir(source, cache_dir)
             if converted_usable(converted, source):
                 return AutoTokenizer.from_pretrained(str(converted))
             path = Path(source.path)
@@ -249,7 +249,7 @@ def model_context(source: ModelSource, cache_dir: Path) -> int | None:
             config = AutoConfig.from_pretrained(source.path, trust_remote_code=source.trust_remote_code,
                                                 **_revision(source)).to_dict()
         else:
-            folder = _converted_dir(source, cache_dir) if source.kind == "gguf" else Path(source.path)
+            folder = converted_dir(source, cache_dir) if source.kind == "gguf" else Path(source.path)
             config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except Exception:  # no config to be had without the model: the caller's bound applies
         return None
@@ -397,7 +397,7 @@ def load_model(source: ModelSource, tokenizer: PreTrainedTokenizerBase, cache_di
     dtype = dtype or torch.float32
     try:
         if source.kind == "gguf":
-            model = load_gguf(source, tokenizer, _converted_dir(source, cache_dir), dtype)
+            model = load_gguf(source, tokenizer, converted_dir(source, cache_dir), dtype)
         else:
             model = load_weights(source.path, dtype, trust_remote_code=source.trust_remote_code, **_revision(source))
     except ModelError:

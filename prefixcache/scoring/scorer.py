@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ import numpy as np
 
 from .. import compat
 from ..model.engine import Engine, Prefix
-from ..errors import PrefixTooLong
+from ..model.memory import GB, available, footprint
+from ..errors import ModelError, PrefixTooLong
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
 from ..model.rows import Candidate, Row, trie
 from ..data.items import Item
@@ -39,9 +41,39 @@ MIN_RACE_TOKENS = 128  # candidate tokens an item from which pruning may pay (me
 
 
 def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto") -> Engine:
-    """The task's model on `device` in `dtype` ("auto": see model/load.py), as an engine."""
+    """The task's model on `device` in `dtype` ("auto": see model/load.py), as an engine; its
+    memory said first, and a model that would not fit refused before it loads (`fits`)."""
     dev = pick_device(device)
-    return Engine(load_model(task.source, task.tokenizer, cache_dir, dev, pick_dtype(dtype, dev)))
+    torch_dtype = pick_dtype(dtype, dev)
+    fits(task, cache_dir, dev, torch_dtype.itemsize)
+    return Engine(load_model(task.source, task.tokenizer, cache_dir, dev, torch_dtype))
+
+
+BATCH_TOKENS = 768  # the keys and values of a batch the estimate counts (the run pipeline's default budget)
+NO_CHECK = "PREFIXCACHE_NO_MEMORY_CHECK"  # set to 1: load a model whatever its estimate says
+
+
+def fits(task: Task, cache_dir: Path, device: str, dtype_bytes: int) -> None:
+    """Say (log) the memory the model will take, from its files alone; raise ModelError, before
+    anything is loaded, when that is more than the device has available."""
+    need = footprint(task.source, cache_dir, dtype_bytes, len(task.builder.prefix_ids) + BATCH_TOKENS)
+    if need is None:
+        return
+    log.info("memory: %s will take %s", task.source.ref, need.words())
+    free = available() if device == "cpu" else _accelerator_free(device)
+    if free is not None and need.total > free and os.environ.get(NO_CHECK) != "1":
+        raise ModelError(f"{task.source.ref} needs {need.words()}, and this machine has {free / GB:.2f} GB available "
+                         f"on {device}: free some memory, or use a smaller model or quantisation (-m); {NO_CHECK}=1 "
+                         f"loads it anyway")
+
+
+def _accelerator_free(device: str) -> int | None:
+    import torch
+
+    try:
+        return int(torch.cuda.mem_get_info(torch.device(device))[0]) if device.startswith("cuda") else None
+    except Exception:  # noqa: BLE001 - no figure: no check
+        return None
 
 
 class ScoreCache:

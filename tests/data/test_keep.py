@@ -99,7 +99,8 @@ def test_dry_run_counts_tokens_estimates_and_writes_nothing(spec_path, reviews, 
     assert [c["id"] for c in counts] == ["r1", "r2", "r3"] and all(c["item_tokens"] > 3 for c in counts)
     rendered = [json.loads(line) for line in invoke("render", spec_path, reviews).stdout.splitlines()]
     assert [c["item_tokens"] for c in counts] == [len(r["prompt_ids"]) - r["prefix_len"] for r in rendered]
-    [summary, estimate] = result.stderr.splitlines()
+    [memory, summary, estimate] = result.stderr.splitlines()  # the model's memory is said before it loads
+    assert "prefixcache: memory: " in memory and " will take about " in memory
     total = sum(c["item_tokens"] for c in counts)
     assert summary.startswith(f"dry run: 3 items to score · prefix {rendered[0]['prefix_len']} tokens, encoded once · "
                               f"{total} item tokens")
@@ -110,7 +111,7 @@ def test_dry_run_on_stdin_reads_it_once_and_measures(spec_path, reviews, tmp_pat
     result = invoke("run", spec_path, "-", "--format", "csv", "--dry-run", input=reviews.read_text())
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == ["r1", "r2", "r3"]
-    assert result.stderr.splitlines()[1].startswith("measured on 3 items: ")
+    assert result.stderr.splitlines()[2].startswith("measured on 3 items: ")
 
 
 def test_output_format_names_the_format_of_an_output_whose_extension_does_not(spec_path, reviews, tmp_path):

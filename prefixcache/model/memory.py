@@ -1,0 +1,142 @@
+"""How much memory a model will take, said before it is loaded: its weights at the precision it
+runs in, the keys and values of the prefilled prefix and of a batch, and, for a GGUF file not yet
+converted, the conversion's peak; and how much memory this machine has available. Read from the
+model's files alone (a GGUF file's tensor table, safetensors headers, config.json): nothing is
+loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from .load import ModelSource, converted_dir
+
+log = logging.getLogger(__name__)
+CONVERSION = 1.0  # a GGUF conversion's peak beyond the running model, over its float32 weights (measured 0.45)
+RUNTIME = 400_000_000  # Python, torch and transformers themselves (measured: 0.40 GB before any model)
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the memory of a model depends on: its parameters and its key/value width per token."""
+
+    parameters: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """A model's memory as it will run: `weights` (bytes at its precision), `kv` (the prefix's
+    and a batch's keys and values), `conversion` (the extra peak of converting a GGUF file first;
+    0 once converted), `runtime` (the program itself)."""
+
+    weights: int
+    kv: int
+    conversion: int = 0
+    runtime: int = RUNTIME
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.conversion + self.runtime
+
+    def words(self) -> str:
+        said = (f"about {self.total / GB:.2f} GB (weights {self.weights / GB:.2f} GB, prefix and batch "
+                f"{self.kv / GB:.2f} GB, the runtime {self.runtime / GB:.2f} GB")
+        return said + (f", converting the GGUF file first {self.conversion / GB:.2f} GB more)" if self.conversion else ")")
+
+
+def footprint(source: ModelSource, cache_dir: Path, dtype_bytes: int, tokens: int) -> Footprint | None:
+    """The memory `source` will take at `dtype_bytes` a number with `tokens` positions of keys and
+    values (the prefix and a batch); None when its files do not say (a hub model not downloaded)."""
+    try:
+        shape, converting = _shape(source, cache_dir)
+    except Exception as exc:  # noqa: BLE001 - an estimate is a courtesy: its failure is never the run's
+        log.debug("no memory estimate for %s: %s", source.ref, exc)
+        return None
+    if shape is None:
+        return None
+    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes * tokens
+    conversion = int(CONVERSION * 4 * shape.parameters) if converting else 0
+    return Footprint(shape.parameters * dtype_bytes, kv, conversion)
+
+
+def available() -> int | None:
+    """Bytes of memory this machine has available now (Linux: MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _shape(source: ModelSource, cache_dir: Path) -> tuple[Shape | None, bool]:
+    """The model's shape, and whether a GGUF file has still to be converted."""
+    if source.kind == "gguf":
+        converted = converted_dir(source, cache_dir)
+        if (converted / "config.json").exists():
+            return _folder_shape(converted), False
+        return _gguf_shape(Path(source.path)), True
+    if source.kind == "dir":
+        return _folder_shape(Path(source.path)), False
+    return None, False
+
+
+def _gguf_shape(path: Path) -> Shape:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+
+    def value(key: str) -> int | str | None:
+        field = reader.fields.get(key)
+        if field is None:
+            return None
+        part = field.parts[field.data[0]]
+        return bytes(part).decode() if key.endswith("architecture") else int(part[0])
+
+    arch = value("general.architecture")
+    heads = value(f"{arch}.attention.head_count")
+    head_dim = value(f"{arch}.attention.key_length") or value(f"{arch}.embedding_length") // heads
+    return Shape(sum(int(t.n_elements) for t in reader.tensors), value(f"{arch}.block_count"),
+                 value(f"{arch}.attention.head_count_kv") or heads, head_dim)
+
+
+def _folder_shape(folder: Path) -> Shape | None:
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config = config.get("text_config") or config
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    parameters = sum(_safetensors_parameters(f) for f in files)
+    heads = config.get("num_attention_heads") or config.get("n_head")
+    layers = config.get("num_hidden_layers") or config.get("n_layer")
+    head_dim = config.get("head_dim") or (config.get("hidden_size") or config.get("n_embd")) // heads
+    return Shape(parameters, layers, config.get("num_key_value_heads") or heads, head_dim)
+
+
+def _safetensors_parameters(path: Path) -> int:
+    """The numbers a safetensors file holds, from its header alone."""
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+    total = 0
+    for name, tensor in header.items():
+        if name != "__metadata__":
+            count = 1
+            for dim in tensor["shape"]:
+                count *= dim
+            total += count
+    return total
