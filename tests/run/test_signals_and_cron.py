@@ -79,8 +79,9 @@ def test_a_cron_log_a_person_can_follow(spec_path, tmp_path):
     lines = (tmp_path / "cron.log").read_text().splitlines()
     stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d prefixcache: "
     assert all(re.match(stamp, line) for line in lines), lines
-    assert re.match(stamp + f"start: spec {spec_path}, input {src}, output out.jsonl, model ", lines[0])
-    assert "40 items to score" in lines[0]
+    assert re.match(stamp + "memory: .* will take about .* GB", lines[0])  # said before the model loads
+    assert re.match(stamp + f"start: spec {spec_path}, input {src}, output out.jsonl, model ", lines[1])
+    assert "40 items to score" in lines[1]
     assert any("batch: 2 records" in line for line in lines)  # --log-level debug: one line a batch
     assert re.match(stamp + r"done: 40 records to out.jsonl \((tech|billing) \d+(, (tech|billing) \d+)?\); 40 items in",
                     lines[-1])
@@ -98,7 +99,7 @@ def test_a_cron_update_log_says_what_it_checks_counts_what_it_scored_and_stamps_
     log = (tmp_path / "cron.log").read_text().splitlines()
     stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d prefixcache: "
     assert all(re.match(stamp, line) for line in log), log
-    assert "12 items to check (unchanged items keep their records)" in log[0]
+    assert "12 items to check (unchanged items keep their records)" in log[1]  # after the memory line
     done = re.search(r"done: 12 records to out.jsonl \(([^)]*)\)", log[-1])
     assert done and sum(int(c.split()[-1]) for c in done.group(1).split(", ")) == 1  # one item was scored
 
