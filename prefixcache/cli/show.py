@@ -102,7 +102,7 @@ def print_evaluation(console: Console, evaluation: Evaluation | TagEvaluation | 
     _per_label_table(console, evaluation)
     columns, rows = evaluation.matrix()
     if len(columns) > MATRIX_COLUMNS:  # a matrix this wide is unreadable on a line: its largest cells instead
-        _top_confusions(console, evaluation.labels, columns, rows)
+        _top_confusions(console, evaluation, len(columns))
         return
     confusion = Table("gold \\ predicted", *map(_plain, columns))
     for label, row in zip(evaluation.labels, rows):
@@ -114,13 +114,13 @@ MATRIX_COLUMNS = 12  # predicted labels from which the confusion matrix is shown
 TOP_CONFUSIONS = 10
 
 
-def _top_confusions(console: Console, labels: list[str], columns: list[str], rows: list[list[int]]) -> None:
+def _top_confusions(console: Console, evaluation: Evaluation, columns: int) -> None:
     """The most frequent mistakes (gold -> predicted, count), for a confusion matrix too wide to print."""
-    cells = sorted(((n, g, p) for g, row in zip(labels, rows) for p, n in zip(columns, row) if g != p and n),
+    cells = sorted(((n, g, p) for (g, p), n in evaluation.confusion.items() if g != p and n),
                    key=lambda c: (-c[0], c[1], c[2]))[:TOP_CONFUSIONS]
     if not cells:
         return
-    table = Table("gold", "predicted", "items", title=f"most frequent confusions ({len(columns)} labels: the whole "
+    table = Table("gold", "predicted", "items", title=f"most frequent confusions ({columns} labels: the whole "
                                                          f"matrix is in --metrics and prefixcache report)")
     for n, gold, predicted in cells:
         table.add_row(_plain(gold), _plain(predicted), str(n))

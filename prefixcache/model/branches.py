@@ -9,7 +9,7 @@ prefixes) through the model, attending to the prefix, to the kept keys of their 
 own ancestors, exactly the attention of a full scoring pass; their keys and values are kept in
 turn, so a race that goes one token deeper per pass runs every node once, never an ancestor
 again. Needs the shared-prefix kernel ("shared" backend) and full attention (no sliding window);
-`usable` says whether an engine has them.
+`Engine.branches` says whether an engine has them.
 """
 
 from __future__ import annotations
@@ -21,11 +21,6 @@ import torch
 
 from .engine import Engine, Layout, Prefix, layout
 from .rows import Row
-
-
-def usable(engine: Engine) -> bool:
-    """Whether this engine can score branches after kept items (else score in full)."""
-    return engine.branches
 
 
 Node = tuple[int, ...]  # a candidate prefix: the trie node of its last token

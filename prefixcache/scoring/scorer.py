@@ -33,7 +33,7 @@ from ..model.store import PrefixStore, prefix_key
 from ..task.head import decided_by
 from ..task.questions import Answers
 from ..task.spec import PRUNING, TaskSpec
-from .prepare import Prepared, Task
+from .prepare import Batching, Prepared, Task
 from .pruning import MASS, Contest, score_pruned
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = 
     return Engine(load_model(task.source, task.tokenizer, cache_dir, dev, torch_dtype))
 
 
-BATCH_TOKENS = 768  # the keys and values of a batch the estimate counts (the run pipeline's default budget)
+BATCH_TOKENS = Batching.tokens  # the keys and values of a batch the estimate counts: the run pipeline's default budget
 NO_CHECK = "PREFIXCACHE_NO_MEMORY_CHECK"  # set to 1: load a model whatever its estimate says
 
 

@@ -127,7 +127,7 @@ def _systemone_route(decide: Decide, settings: Settings) -> Callable[[Request], 
     async def route(request: Request) -> Response:
         refused = _refused(request, settings)
         if refused is not None:
-            return fail(refused[0], "authentication_error" if refused[0] == 401 else "forbidden", refused[1])
+            return _systemone_refusal(refused)
         try:
             ask = systemone.parse(await _body(request, settings))
             decided = await decide(ask, request)
@@ -212,6 +212,12 @@ def _refused(request: Request, settings: Settings) -> tuple[int, str] | None:
     return None
 
 
+def _systemone_refusal(refused: tuple[int, str]) -> Response:
+    """A `_refused` request answered in System One's error shape."""
+    status, message = refused
+    return _json(*systemone.failure(status, "authentication_error" if status == 401 else "forbidden", message))
+
+
 def _hostname(host: str) -> str:
     """A Host header's (or an origin's) name without its port, lower case."""
     host = host.strip().lower()
@@ -224,8 +230,7 @@ def _models_route(settings: Settings) -> Callable[[Request], Awaitable[Response]
     async def route(request: Request) -> Response:
         refused = _refused(request, settings)
         if refused is not None:
-            return _json(*systemone.failure(*refused[:1], "authentication_error" if refused[0] == 401 else "forbidden",
-                                            refused[1]))
+            return _systemone_refusal(refused)
         return _json(200, {"object": "list",
                            "data": [{"id": settings.model, "object": "model", "created": int(time.time()),
                                      "owned_by": "prefixcache"}],

@@ -33,12 +33,11 @@ from ..data.items import Item
 from ..errors import UsageError
 from ..model.engine import Prefix
 from ..model.load import model_content_identity
-from ..model.rows import trie
 from ..scoring.build import build_on, load_engine
 from ..scoring.options import ScoringOptions
 from ..task.spec import PRUNING
 from .tally import AnswerTally
-from ..scoring.prepare import Prepared, Task
+from ..scoring.prepare import Batching, Prepared, Task
 from ..scoring.scorer import Scorer, decide_together
 from ..task.questions import Answers
 from ..task.head import Head
@@ -48,6 +47,7 @@ from .defaults import AGE, BATCH_WAIT_MS, MAX_BATCH, MAX_REQUEST_TOKENS, PACKS, 
 from .errors import TooCostly
 
 log = logging.getLogger(__name__)
+WHOLE = Batching()  # a request costs what an item scored whole costs a batch (every option, none pruned)
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,9 @@ class Decider:
         """Prefilled prefixes held in memory (by the prefix cache or a kept pack): at most `max_prefixes`."""
         return len({id(p) for p in self._prefixes.values()} | {id(s.prefix) for s in self._packs.values()})
 
-    def _pack(self, ask: Ask) -> tuple[Scorer, bool]:
-        """The scorer of the ask's pack, and whether its prefix was in memory already (read from the cache)."""
-        key = pack_key(ask)
+    def _pack(self, ask: Ask, key: str) -> tuple[Scorer, bool]:
+        """The scorer of the ask's pack (`key`: its `pack_key`), and whether its prefix was in
+        memory already (read from the cache)."""
         if key in self._packs:
             self._packs.move_to_end(key)
             return self._packs[key], True
@@ -168,12 +168,13 @@ class Decider:
         with self.lock:
             for i, ask in enumerate(asks):
                 try:
-                    scorer, cached = self._pack(ask)
+                    pack = pack_key(ask)
+                    scorer, cached = self._pack(ask, pack)
                     prep = scorer.task.prepare(Item(f"request {i}", {"state": ask.state}, 1), self.context)
-                    cost = prep.own_tokens + len(trie(list(prep.candidates.values())))
+                    cost = WHOLE.cost(prep)  # its own tokens and its options' trie
                     if cost > self.max_tokens:
                         raise TooCostly(cost, self.max_tokens)
-                    out.append(Ready(ask, scorer, prep, cached, cost))
+                    out.append(Ready(ask, pack, scorer, prep, cached, cost))
                 except Exception as exc:  # noqa: BLE001 - a refused ask is answered with its error
                     out.append(exc)
         return out
@@ -183,19 +184,20 @@ class Decider:
         start = time.perf_counter()
         with self.lock:
             decided = decide_together([(r.scorer, r.prep) for r in ready])
-            out = [_decided(r.scorer, r.prep, answers, r.cached) for r, answers in zip(ready, decided)]
+            out = [_decided(r, answers) for r, answers in zip(ready, decided)]
             for r, d in zip(ready, out):
-                self.tally.add(pack_key(r.ask), r.scorer.task.questions, d.answers)
+                self.tally.add(r.pack, r.scorer.task.questions, d.answers)
         ms = (time.perf_counter() - start) * 1000
         return [dataclasses.replace(d, ms=ms) for d in out]
 
 
 @dataclass(frozen=True)
 class Ready:
-    """An ask made ready to score: its pack's scorer, its prepared row, whether its prefix was in
-    memory already, and its cost (its own tokens and its options' trie)."""
+    """An ask made ready to score: its pack (`pack_key`) and the pack's scorer, its prepared row,
+    whether its prefix was in memory already, and its cost (its own tokens and its options' trie)."""
 
     ask: Ask
+    pack: str
     scorer: Scorer
     prep: Prepared
     cached: bool
@@ -207,15 +209,15 @@ def pack_key(ask: Ask) -> str:
     return json.dumps([ask.instructions, ask.questions], ensure_ascii=False, sort_keys=True, default=str)
 
 
-def _decided(scorer: Scorer, prep: Prepared, answers: Answers, cached: bool) -> Decided:
-    """An ask's answers in the System One shape (a head's marked `x_readout`) and its usage."""
+def _decided(ready: Ready, answers: Answers) -> Decided:
+    """An ask's answers in the System One shape (a head's marked `x_readout`) and its usage: the
+    tokens read are the prefix's and its cost's."""
     shaped = answers.answers()
-    for q, r in zip(scorer.task.questions, scorer.reads):
+    for q, r in zip(ready.scorer.task.questions, ready.scorer.reads):
         if r is not None:  # answered by the fitted head, not the prompt's scores
             shaped[q.id]["x_readout"] = "head"
-    read = len(prep.enc.ids) + len(trie(list(prep.candidates.values())))
-    prefix = prep.enc.prefix_len
-    return Decided(shaped, read, prefix if cached else 0, 0.0, 0 if cached else prefix)
+    prefix = ready.prep.enc.prefix_len
+    return Decided(shaped, prefix + ready.cost, prefix if ready.cached else 0, 0.0, 0 if ready.cached else prefix)
 
 
 class Abandoned(Exception):

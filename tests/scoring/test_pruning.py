@@ -8,7 +8,7 @@ import random
 import pytest
 from helpers import TEXTS, make_spec
 
-from prefixcache.model.branches import open_items, usable
+from prefixcache.model.branches import open_items
 from prefixcache.model.engine import Engine
 from prefixcache.model.rows import Row
 from prefixcache.task.prompt import PromptBuilder
@@ -30,7 +30,7 @@ def test_branches_after_kept_items_equal_full_scoring(arch, chat_tokenizer, tmp_
     builder = PromptBuilder(make_spec(tmp_path, labels=["tech", "technical", "bill", "billing", "account access", "x"]),
                             chat_tokenizer)
     engine = Engine(model)
-    assert usable(engine)
+    assert engine.branches
     prefix = engine.prefill(builder.prefix_ids)
     cands = list(builder.candidates.values())
     encoded = [builder.encode_item({"text": t}) for t in TEXTS[:7]]
