@@ -85,6 +85,7 @@ class Classifier:
         model: a hub id, a model folder or a .gguf file instead of the spec's (None: the spec's,
             else the embedded default).
         device, dtype: as `run --device`, `--dtype` ("auto": CUDA when present, float32 on the CPU).
+        backend, threads: as `run --backend`, `--threads` (None: the spec's backend, else auto; every core).
         cache_dir: converted models and stored prefixes (default: ~/.cache/prefixcache or
             PREFIXCACHE_CACHE_DIR).
         batch_size, batch_tokens: as `run`'s; the same values give the same records as `run`.
@@ -95,14 +96,16 @@ class Classifier:
 
     def __init__(self, spec: SpecLike = None, *, model: Optional[str] = None, device: str = "auto",
                  dtype: str = "auto", cache_dir: Optional[Union[str, Path]] = None, batch_size: int = 64,
-                 batch_tokens: int = 768, exact: bool = False, progress: bool = True, **keys: Any):
+                 batch_tokens: int = 768, exact: bool = False, progress: bool = True, backend: Optional[str] = None,
+                 threads: Optional[int] = None, **keys: Any):
         if batch_size < 1 or batch_tokens < 1:
             raise UsageError(f"batch_size and batch_tokens must be 1 or more (got {batch_size} and {batch_tokens})")
         from ..scoring.build import build_scorer  # torch: once the spec is known to be good
 
         self.spec = with_overrides(_spec_of(spec, keys), model=model)
         # as the command line reads them: PREFIXCACHE_CACHE_DIR, PREFIXCACHE_STORE_MAX_MB
-        self.options = ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype, exact=exact)
+        self.options = ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype, exact=exact,
+                                                       backend=backend, threads=threads)
         self.cache_dir, self.device, self.dtype, self.exact = self.options.cache_dir, device, dtype, exact
         self.progress = progress
         with compat.quietly():  # transformers' loading bars: the caller asked for records, not those

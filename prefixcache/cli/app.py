@@ -374,6 +374,7 @@ def serve(
     head: list[Path] = SERVE_HEAD_OPT,
     debug: bool = DEBUG_OPT,
     *, model: Optional[str], revision: Optional[str], device: str, dtype: str, cache_dir: Path,
+    backend: Optional[str], threads: Optional[int],
 ) -> None:
     """Answer typed decisions over HTTP: TypeSafe's System One (`POST /v1/systemone`) and OpenAI's
     Decisions (`POST /v1/decisions`), with `GET /v1/models` and `GET /health`.
@@ -400,7 +401,8 @@ def serve(
         heads = served_heads(head)
         compat.quiet_libraries()
         limits = Limits(max_request_tokens, drain_seconds, tuple(allow_host), tuple(allow_origin))
-        start(model, ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype), host, port, key, batch_wait_ms,
+        options = ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype, backend=backend, threads=threads)
+        start(model, options, host, port, key, batch_wait_ms,
               max_batch, heads=heads, revision=revision, limits=limits)
 
 
@@ -417,6 +419,7 @@ def decide(
     quiet: bool = QUIET_OPT,
     debug: bool = DEBUG_OPT,
     *, model: Optional[str], revision: Optional[str], device: str, dtype: str, cache_dir: Path,
+    backend: Optional[str], threads: Optional[int],
 ) -> None:
     """Answer logged decision requests offline, in order, with the engine of `serve`: one response
     line per request line, `{"custom_id", "line", "request_sha", "response": {"status_code",
@@ -438,8 +441,8 @@ def decide(
         setup_logging(quiet)
         compat.quiet_libraries()
         heads = served_heads(head)
-        decider = Decider(model, ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype), heads=heads,
-                          revision=revision, max_tokens=max_request_tokens)
+        options = ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype, backend=backend, threads=threads)
+        decider = Decider(model, options, heads=heads, revision=revision, max_tokens=max_request_tokens)
         shown = not quiet and err.is_terminal
 
         def step(done: int, total: int) -> None:

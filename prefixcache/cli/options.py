@@ -97,7 +97,7 @@ CLEAR_MODELS_OPT = typer.Option(False, "--models", metavar="", help="Also delete
 # -- the run's options, from its table ----------------------------------------------------------
 INPUT = "input"  # --format, --delimiter, --encoding: how the items are read
 MODEL = "model"  # -m, --revision, --cache-dir: which model, where converted models are kept
-DEVICE = "device"  # --device, --dtype
+DEVICE = "device"  # --device, --dtype, --backend, --threads
 
 
 def _cli_default(f: dataclasses.Field, flag: Flag) -> Any:

@@ -191,6 +191,8 @@ class Engine:
         # logprobs[0][i] = sum of log p(candidate i's tokens | ids), float
     """
 
+    name = "transformers"
+
     def __init__(self, model: PreTrainedModel, backend: str = "auto"):
         self.model = model
         self.device = next(model.parameters()).device

@@ -7,6 +7,7 @@ loaded.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -42,14 +43,16 @@ class Footprint:
     kv: int
     conversion: int = 0
     runtime: int = RUNTIME
+    buffers: int = 0  # llama.cpp's compute buffers for one decode
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.conversion + self.runtime
+        return self.weights + self.kv + self.conversion + self.runtime + self.buffers
 
     def words(self) -> str:
+        work = f", compute buffers {self.buffers / GB:.2f} GB" if self.buffers else ""
         said = (f"about {self.total / GB:.2f} GB (weights {self.weights / GB:.2f} GB, prefix and batch "
-                f"{self.kv / GB:.2f} GB, the runtime {self.runtime / GB:.2f} GB")
+                f"{self.kv / GB:.2f} GB{work}, the runtime {self.runtime / GB:.2f} GB")
         return said + (f", converting the GGUF file first {self.conversion / GB:.2f} GB more)" if self.conversion else ")")
 
 
@@ -66,6 +69,31 @@ def footprint(source: ModelSource, cache_dir: Path, dtype_bytes: int, tokens: in
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes * tokens
     conversion = int(CONVERSION * 4 * shape.parameters) if converting else 0
     return Footprint(shape.parameters * dtype_bytes, kv, conversion)
+
+
+def llama_footprint(path: Path, cells: int, ubatch: int, kv_bytes: int = 2) -> Footprint | None:
+    """The memory llama.cpp will take for the GGUF file at `path`: the file as read (its weights at
+    their own types), keys and values for `cells` positions at `kv_bytes` a number, and the compute
+    buffers of a decode of `ubatch` tokens (attention scores over every cell, the logits, the
+    feed-forward's activations; doubled, as measured)."""
+    try:
+        facts = gguf_facts(path)
+    except Exception as exc:  # noqa: BLE001 - an estimate is a courtesy
+        log.debug("no memory estimate for %s: %s", path, exc)
+        return None
+    shape = facts.shape
+    kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * kv_bytes * cells
+    buffers = 2 * 4 * ubatch * (facts.heads * cells + facts.vocab + facts.ff)
+    return Footprint(path.stat().st_size, kv, buffers=buffers)
+
+
+def float32_bytes(source: ModelSource, cache_dir: Path) -> int | None:
+    """The model's weights as float32 (its parameters times 4), or None when its files do not say."""
+    try:
+        shape, _ = _shape(source, cache_dir)
+    except Exception:  # noqa: BLE001 - not known: the caller decides without it
+        return None
+    return None if shape is None else 4 * shape.parameters
 
 
 def available() -> int | None:
@@ -95,23 +123,49 @@ def _shape(source: ModelSource, cache_dir: Path) -> tuple[Shape | None, bool]:
     return None, False
 
 
-def _gguf_shape(path: Path) -> Shape:
+@dataclass(frozen=True)
+class GgufFacts:
+    """What a GGUF file's header says of the memory its model takes."""
+
+    shape: Shape
+    heads: int
+    vocab: int
+    ff: int
+    file_type: int | None  # general.file_type (0: every tensor float32), None when not said
+
+
+def gguf_facts(path: Path) -> GgufFacts:
+    """The file's facts, its header parsed once per file version (a parse takes ~1.5 s: the
+    vocabulary is read in Python)."""
+    st = Path(path).stat()
+    return _gguf_facts(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _gguf_facts(path: str, mtime_ns: int, size: int) -> GgufFacts:
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf.GGUFReader(path)
 
-    def value(key: str) -> int | str | None:
+    def value(key: str, default: int | None = None) -> int | None:
         field = reader.fields.get(key)
         if field is None:
-            return None
-        part = field.parts[field.data[0]]
-        return bytes(part).decode() if key.endswith("architecture") else int(part[0])
+            return default
+        got = field.contents()
+        return int(max(got) if isinstance(got, list) else got)
 
-    arch = value("general.architecture")
+    arch = reader.fields["general.architecture"].contents()
     heads = value(f"{arch}.attention.head_count")
     head_dim = value(f"{arch}.attention.key_length") or value(f"{arch}.embedding_length") // heads
-    return Shape(sum(int(t.n_elements) for t in reader.tensors), value(f"{arch}.block_count"),
-                 value(f"{arch}.attention.head_count_kv") or heads, head_dim)
+    shape = Shape(sum(int(t.n_elements) for t in reader.tensors), value(f"{arch}.block_count"),
+                  value(f"{arch}.attention.head_count_kv") or heads, head_dim)
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = value(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else 0)
+    return GgufFacts(shape, heads, vocab, value(f"{arch}.feed_forward_length", 0), value("general.file_type"))
+
+
+def _gguf_shape(path: Path) -> Shape:
+    return gguf_facts(path).shape
 
 
 def _folder_shape(folder: Path) -> Shape | None:

@@ -1,6 +1,6 @@
 """What the rest of the program may ask of an engine: the seam between scoring and whatever runs
-the model. `Engine` (model/engine.py, transformers on torch) is one implementation; the scorer,
-pruning, the prefix store's callers, `serve`/`decide`, `tune`, `fit` and the Python API use only
+the model. `Engine` (model/engine.py, transformers on torch) and `LlamaEngine`
+(model/llamacpp.py, a GGUF file on llama.cpp) implement it; the scorer, pruning, the prefix store's callers, `serve`/`decide`, `tune`, `fit` and the Python API use only
 these members (tests/test_layers.py holds them to it; `bench` alone also times the transformers
 engine's internals, which it says are that engine's).
 
@@ -23,6 +23,7 @@ class ScoringEngine(Protocol):
     """An engine that scores candidates after prompts sharing one prefilled prefix.
 
     Attributes:
+        name: which engine it is ("transformers", "llama.cpp"): records and reports name it.
         device: where it runs (a `torch.device` or a name; `str(device)` names it: "cpu", "cuda:0").
         dtype: the precision it computes in (`str(dtype)`, e.g. "torch.float32").
         max_positions: the longest prompt with its candidates it can read, or None when unbounded.
@@ -33,6 +34,7 @@ class ScoringEngine(Protocol):
         label_tokens: candidate tokens fed after items so far (every call together; `bench` reads it).
     """
 
+    name: str
     device: Any
     dtype: Any
     max_positions: int | None
@@ -57,5 +59,5 @@ class ScoringEngine(Protocol):
         position each candidate in `wanted[b]` has its first token scored from, from the same pass."""
 
 
-MEMBERS = frozenset({"device", "dtype", "max_positions", "label_tokens", "hidden_size", "branches", "prefill", "score",
+MEMBERS = frozenset({"name", "device", "dtype", "max_positions", "label_tokens", "hidden_size", "branches", "prefill", "score",
                      "score_with_states"})  # what callers outside model/ may read of an engine

@@ -28,6 +28,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from .engine import Prefix
+from .llamacpp import LlamaPrefix
 from .. import safefile
 from ..errors import OutputError
 from .cache import models_dir, prefixes_dir, states_dir
@@ -54,14 +55,25 @@ class Entry:
     prefill_ms: float
 
 
-def prefix_key(model_identity: str, dtype: torch.dtype, device_type: str, prefix_ids: Sequence[int]) -> str:
+def prefix_key(model_identity: str, dtype: torch.dtype | str, device_type: str, prefix_ids: Sequence[int]) -> str:
     import transformers
 
     parts = {
         "format": FORMAT, "model": model_identity, "dtype": str(dtype), "device": device_type,
         "torch": torch.__version__, "transformers": transformers.__version__, "ids": list(prefix_ids),
     }
+    if "|llama.cpp" in model_identity:  # its saved state's layout is llama.cpp's own
+        parts["llama_cpp"] = _llama_version()
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _llama_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llama_cpp_python")
+    except PackageNotFoundError:
+        return "?"
 
 
 def _signature(secret: bytes, meta: dict[str, str]) -> str:
@@ -76,6 +88,33 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
         h.update(name.encode())
         h.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def _kept(prefix: Prefix | LlamaPrefix, engine: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """What a prefix is kept as: a transformers prefix's keys and values per layer, or the state
+    llama.cpp saves of its sequence; with the header naming which."""
+    if isinstance(prefix, LlamaPrefix):
+        state = torch.frombuffer(bytearray(engine.state(prefix)), dtype=torch.uint8)
+        return {"logits": torch.from_numpy(prefix.last_logits.copy()), "state": state}, {"engine": "llama.cpp", "layers": "0"}
+    tensors = {"logits": prefix.last_logits.detach().cpu().contiguous()}
+    for i, (k, v) in enumerate(prefix.kv):
+        tensors[f"k.{i}"], tensors[f"v.{i}"] = k.detach().cpu().contiguous(), v.detach().cpu().contiguous()
+    return tensors, {"layers": str(len(prefix.kv))}
+
+
+def _restored(meta: dict[str, str], tensors: dict[str, torch.Tensor], device: torch.device | str, engine: Any,
+              load_ms: float) -> Prefix | LlamaPrefix:
+    """A kept prefix back as its engine's; ValueError when it does not hold the whole prefix."""
+    ids = tuple(json.loads(meta["ids"]))
+    if meta.get("engine") == "llama.cpp":
+        if getattr(engine, "name", None) != "llama.cpp":
+            raise ValueError("a llama.cpp prefix asked for by another engine")
+        return engine.restore(ids, tensors["state"].numpy().tobytes(), tensors["logits"].numpy(), load_ms)
+    layers = int(meta["layers"])
+    kv = tuple((tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(layers))
+    if any(k.shape[-2] != len(ids) or v.shape[-2] != len(ids) for k, v in kv):
+        raise ValueError("a layer does not hold every prefix position")  # e.g. a sliding-window cache
+    return Prefix(ids, kv, tensors["logits"].to(device), load_ms)
 
 
 class PrefixStore:
@@ -97,8 +136,9 @@ class PrefixStore:
     def _path(self, key: str) -> Path:
         return self.root / f"{key}.safetensors"
 
-    def load(self, key: str, device: torch.device | str) -> Prefix | None:
-        """The stored prefix, verified, on `device`; None when absent or unusable (then removed)."""
+    def load(self, key: str, device: torch.device | str, engine: Any = None) -> Prefix | LlamaPrefix | None:
+        """The stored prefix, verified, on `device` (a llama.cpp prefix: put back into `engine`);
+        None when absent or unusable (then removed)."""
         path = self._path(key)
         if not path.exists():
             return None
@@ -116,11 +156,7 @@ class PrefixStore:
                 raise ValueError("checksum or header mismatch")
             if not self._signed(meta):
                 raise ValueError("not signed by this store")
-            layers = int(meta["layers"])
-            kv = tuple((tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(layers))
-            ids = tuple(json.loads(meta["ids"]))
-            if any(k.shape[-2] != len(ids) or v.shape[-2] != len(ids) for k, v in kv):
-                raise ValueError("a layer does not hold every prefix position")  # e.g. a sliding-window cache
+            prefix = _restored(meta, tensors, device, engine, (time.perf_counter() - start) * 1000)
         except UNREADABLE as exc:  # a torn, truncated or foreign file: rebuild it
             log.warning("prefix store: %s is unusable (%s); computing the prefix again", path.name, exc)
             try:
@@ -134,17 +170,14 @@ class PrefixStore:
             log.warning("prefix store: cannot mark %s as used (%s); the store may evict it first", path.name,
                         exc.strerror or exc)
         self.remove_stale()  # a run that only loads still sweeps what killed writers left
-        return Prefix(ids, kv, tensors["logits"].to(device), (time.perf_counter() - start) * 1000)
+        return prefix
 
-    def save(self, key: str, prefix: Prefix, model: str) -> Prefix:
-        """Write `prefix` atomically; returns it. Failure to write is a warning, not an error."""
-        tensors = {"logits": prefix.last_logits.detach().cpu().contiguous()}
-        for i, (k, v) in enumerate(prefix.kv):
-            tensors[f"k.{i}"], tensors[f"v.{i}"] = k.detach().cpu().contiguous(), v.detach().cpu().contiguous()
-        meta = {
-            "format": FORMAT, "key": key, "model": model, "layers": str(len(prefix.kv)),
-            "ids": json.dumps(list(prefix.ids)), "prefill_ms": f"{prefix.prefill_ms:.3f}", "sha256": _digest(tensors),
-        }
+    def save(self, key: str, prefix: Prefix | LlamaPrefix, model: str, engine: Any = None) -> Prefix | LlamaPrefix:
+        """Write `prefix` atomically (a llama.cpp prefix: the state `engine` holds); returns it.
+        Failure to write is a warning, not an error."""
+        tensors, meta = _kept(prefix, engine)
+        meta.update({"format": FORMAT, "key": key, "model": model, "ids": json.dumps(list(prefix.ids)),
+                     "prefill_ms": f"{prefix.prefill_ms:.3f}", "sha256": _digest(tensors)})
         try:
             meta["hmac"] = _signature(self._key(), meta)
             safefile.replace(self._path(key), save(tensors, metadata=meta), what="the stored prefix", mode=0o600)

@@ -26,6 +26,7 @@ OutFormat = Literal["jsonl", "csv"]
 OnError = Literal["fail", "skip"]
 Prune = Literal["auto", "on", "exact", "off"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Backend = Literal["auto", "transformers", "llama.cpp"]
 
 
 def field_list(text: Optional[str]) -> tuple[str, ...]:
@@ -134,6 +135,13 @@ class RunOptions:
                        help="Where the model runs (auto: CUDA when present, else the CPU).")
     dtype: str = _opt("auto", "--dtype", group="device", envvar="PREFIXCACHE_DTYPE", cli_type=Dtype,
                       help="auto: float32 on the CPU, bfloat16 (or float16) on CUDA.")
+    backend: Optional[str] = _opt(None, "--backend", group="device", envvar="PREFIXCACHE_BACKEND", cli_type=Optional[Backend],
+                                  help=(
+        "What runs the model: transformers (any model; a GGUF file is dequantised to float once), llama.cpp (a "
+        "GGUF file kept quantised: needs the llama extra) or auto: llama.cpp for a GGUF file of about a billion "
+        "parameters or more when it is installed, else transformers. Default: the spec's 'backend', else auto."))
+    threads: Optional[int] = _opt(None, "--threads", group="device", envvar="PREFIXCACHE_THREADS", min=1,
+                                  help="CPU threads the model computes with (default: every core).")
     exact: bool = _opt(False, "--exact", metavar="", words=_switch("--exact"), help=(
         "With --dtype bfloat16: score in bfloat16, then score again in float32 the items whose decision rounding "
         "could change: float32's labels (typed questions: every question's decision), both models in memory. Its "
@@ -161,7 +169,7 @@ class RunOptions:
         """The scoring slice of these options, shared with `Classifier` and `tune` (`changes` set
         over it)."""
         mine = ScoringOptions(self.cache_dir, self.device, self.dtype, self.exact, self.prune, self.cache_store,
-                              self.store_max_bytes)
+                              self.store_max_bytes, self.backend, self.threads)
         return mine.replace(**changes)
 
 

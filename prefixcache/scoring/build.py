@@ -30,6 +30,7 @@ from ..errors import UsageError
 from ..task.head import exact_refusal
 from ..model.cache import prefixes_dir
 from ..model.engine import Engine, Prefix
+from ..model.choice import pick_engine
 from ..model.load import pick_device
 from ..model.store import PrefixStore
 from .options import ScoringOptions
@@ -49,17 +50,20 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
 
     if options.exact and task.spec.head is not None:
         raise UsageError(exact_refusal(task.spec.head))
+    if options.exact:  # refused in one line when llama.cpp was asked for; auto keeps transformers
+        pick_engine(task.source, options.backend or task.spec.backend, options.device, options.dtype, exact=True)
     store = prefix_store(options)
     device = pick_device(options.device)
     if options.exact and not compat.bf16_matmul(device):
         log.warning("this %s has no bfloat16 matrix instructions, so --exact would gain nothing: scoring in float32",
                     device)
         scorer: ItemScorer = Scorer.load(task, options.cache_dir, options.device, "float32", store,
-                                         says_precision=True)
+                                         says_precision=True, backend="transformers")
     elif options.exact:
         scorer = CheckedScorer.pair(task, options.cache_dir, options.device, options.dtype, store)
     else:
-        scorer = Scorer.load(task, options.cache_dir, options.device, options.dtype, store)
+        scorer = Scorer.load(task, options.cache_dir, options.device, options.dtype, store,
+                             backend=options.backend, threads=options.threads)
     scorer.prune(options.prune, options.exact)
     return scorer
 
@@ -67,7 +71,7 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
 def load_engine(task: Task, options: ScoringOptions) -> Engine:
     """The task's model, loaded on the options' device and precision, as an engine (for
     `build_on`: one model for several tasks)."""
-    return scorer_engine(task, options.cache_dir, options.device, options.dtype)
+    return scorer_engine(task, options.cache_dir, options.device, options.dtype, options.backend, options.threads)
 
 
 def build_on(task: Task, engine: Engine, options: ScoringOptions, prefix: Prefix | None = None) -> Scorer:

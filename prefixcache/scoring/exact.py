@@ -62,8 +62,8 @@ class CheckedScorer(Scorer):
              ) -> "CheckedScorer":
         """The low-precision scorer and its float32 twin (both models in memory; each prefix
         prefilled, or loaded from the store, once)."""
-        fast = cls.load(task, cache_dir, device, dtype, store, says_precision=True)
-        fast.exact = Scorer.load(task, cache_dir, device, "float32", store)
+        fast = cls.load(task, cache_dir, device, dtype, store, says_precision=True, backend="transformers")
+        fast.exact = Scorer.load(task, cache_dir, device, "float32", store, backend="transformers")
         return fast
 
     def precision(self, key: tuple) -> str | None:

@@ -22,6 +22,8 @@ class ScoringOptions:
         prune: "auto", "on", "exact" or "off" (--prune).
         cache_store: keep and reuse prefilled prefixes in the prefix store.
         store_max_bytes: the prefix store's bound (None: its default).
+        backend: "transformers", "llama.cpp" or "auto" (model/choice.py); None: the spec's, else auto.
+        threads: CPU threads the model computes with (None: every core).
     """
 
     cache_dir: Path
@@ -31,6 +33,8 @@ class ScoringOptions:
     prune: str = "auto"
     cache_store: bool = True
     store_max_bytes: Optional[int] = None
+    backend: Optional[str] = None
+    threads: Optional[int] = None
 
     @classmethod
     def from_environment(cls, cache_dir: Union[str, Path, None] = None, **given) -> "ScoringOptions":

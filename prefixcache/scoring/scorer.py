@@ -23,7 +23,10 @@ import numpy as np
 
 from .. import compat
 from ..model.engine import Engine, Prefix
-from ..model.memory import GB, available, footprint
+from ..model.choice import gpu_build, pick_engine
+from ..model.llamacpp import GPU_LAYERS, UBATCH_TOKENS
+from ..model.memory import GB, Footprint, available, float32_bytes, footprint, llama_footprint
+from ..model.protocol import ScoringEngine
 from ..errors import ModelError, PrefixTooLong
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
 from ..model.rows import Candidate, Row, trie
@@ -40,31 +43,58 @@ log = logging.getLogger(__name__)
 MIN_RACE_TOKENS = 128  # candidate tokens an item from which pruning may pay (measured: 93 tokens 0.94x, 180 1.07x)
 
 
-def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto") -> Engine:
-    """The task's model on `device` in `dtype` ("auto": see model/load.py), as an engine; its
-    memory said first, and a model that would not fit refused before it loads (`fits`)."""
+def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto", backend: str | None = None,
+                threads: int | None = None, exact: bool = False) -> ScoringEngine:
+    """The task's model on `device` in `dtype` ("auto": see model/load.py), as an engine of the
+    backend asked (None: the spec's, else auto: model/choice.py); its memory said first, and a model
+    that would not fit refused before it loads (`fits`)."""
+    picked = pick_engine(task.source, backend or task.spec.backend, device, dtype, exact,
+                         float32_bytes(task.source, cache_dir))
+    said = log.info if picked.name != "transformers" or backend or task.spec.backend else log.debug
+    said("backend: %s%s", picked.name, f" ({picked.why})" if picked.why else "")
+    if picked.name == "llama.cpp":
+        return _llama_engine(task, device, threads)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)
-    fits(task, cache_dir, dev, torch_dtype.itemsize)
+    fits(task, footprint(task.source, cache_dir, torch_dtype.itemsize, len(task.builder.prefix_ids) + BATCH_TOKENS),
+         dev)
     return Engine(load_model(task.source, task.tokenizer, cache_dir, dev, torch_dtype))
+
+
+def _llama_engine(task: Task, device: str, threads: int | None) -> ScoringEngine:
+    from ..model.llamacpp import LlamaEngine, context_cells, kv_bytes
+
+    gpu = device not in ("cpu",) and gpu_build()
+    path = Path(task.source.path)
+    cells = context_cells(len(task.builder.prefix_ids))
+    fits(task, llama_footprint(path, cells, UBATCH_TOKENS, kv_bytes(path)), "cuda" if gpu else "cpu")
+    return LlamaEngine(path, threads, gpu_layers=GPU_LAYERS if gpu else 0)
 
 
 BATCH_TOKENS = Batching.tokens  # the keys and values of a batch the estimate counts: the run pipeline's default budget
 NO_CHECK = "PREFIXCACHE_NO_MEMORY_CHECK"  # set to 1: load a model whatever its estimate says
 
 
-def fits(task: Task, cache_dir: Path, device: str, dtype_bytes: int) -> None:
-    """Say (log) the memory the model will take, from its files alone; raise ModelError, before
-    anything is loaded, when that is more than the device has available."""
-    need = footprint(task.source, cache_dir, dtype_bytes, len(task.builder.prefix_ids) + BATCH_TOKENS)
+def fits(task: Task, need: Footprint | None, device: str) -> None:
+    """Say (log) the memory the model will take, `need`, estimated from its files alone; raise
+    ModelError, before anything is loaded, when that is more than the device has available."""
     if need is None:
         return
     log.info("memory: %s will take %s", task.source.ref, need.words())
     free = available() if device == "cpu" else _accelerator_free(device)
     if free is not None and need.total > free and os.environ.get(NO_CHECK) != "1":
         raise ModelError(f"{task.source.ref} needs {need.words()}, and this machine has {free / GB:.2f} GB available "
-                         f"on {device}: free some memory, or use a smaller model or quantisation (-m); {NO_CHECK}=1 "
-                         f"loads it anyway")
+                         f"on {device}: free some memory, or use a smaller model or quantisation (-m){_other(task)}; "
+                         f"{NO_CHECK}=1 loads it anyway")
+
+
+def _other(task: Task) -> str:
+    """The other backend, where it would take less memory: a GGUF file kept quantised."""
+    return ", or --backend llama.cpp to keep it quantised" if task.source.kind == "gguf" else ""
 
 
 def _accelerator_free(device: str) -> int | None:
@@ -169,12 +199,13 @@ class Scorer:
 
     @classmethod
     def load(cls, task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto",
-             store: PrefixStore | None = None, says_precision: bool = False) -> "Scorer":
+             store: PrefixStore | None = None, says_precision: bool = False, backend: str | None = None,
+             threads: int | None = None) -> "Scorer":
         """Load the task's model and get the prefilled prefix: from `store` when it has it, else by
         prefilling (and then keeping it there). `says_precision`: records name the precision that
-        scored them."""
+        scored them. `backend`, `threads`: as `load_engine`."""
         start = time.perf_counter()
-        engine = load_engine(task, cache_dir, device, dtype)
+        engine = load_engine(task, cache_dir, device, dtype, backend, threads)
         return cls.on(task, engine, store, time.perf_counter() - start, says_precision)
 
     @classmethod
@@ -499,8 +530,10 @@ def _prefix(task: Task, engine: Engine, store: PrefixStore | None) -> tuple[Pref
     identity = model_identity(task.source)
     if task.source.kind == "hub":  # the revision actually loaded, so a new upload misses
         identity += "@" + str(compat.hub_revision(task.source.path))
-    key = prefix_key(identity, engine.dtype, engine.device.type, ids)
-    prefix = store.load(key, engine.device)
+    if engine.name != "transformers":
+        identity += f"|{engine.name}"
+    key = prefix_key(identity, engine.dtype, str(engine.device).split(":")[0], ids)
+    prefix = store.load(key, engine.device, engine)
     if prefix is not None and prefix.ids == tuple(ids):
         return prefix, "loaded"
-    return store.save(key, engine.prefill(ids), task.source.ref), "computed"
+    return store.save(key, engine.prefill(ids), task.source.ref, engine), "computed"

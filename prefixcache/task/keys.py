@@ -295,6 +295,7 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
         content_free=_calibration(data.get("calibrate"), path, choices),
         threshold=None if tagging else _threshold(data.get("threshold"), path),
         revision=_want_str(data, "revision", path),
+        backend=_backend(data, path),
         score_by=_score_by(data, path, choices),
         head=head,
         **tagging,
@@ -335,8 +336,19 @@ def _question_spec(data: Mapping[str, Any], path: Path, template: Template, fmt:
         labels=(), examples=_question_examples(data.get("examples"), path, questions, template), template=template,
         id_field=id_field, id_field_given="id_field" in data, format=fmt, normalize=norm,
         answer_prefix=_want_str(data, "answer_prefix", path, DEFAULT_ANSWER_PREFIX), trust_remote_code=trust,
-        revision=_want_str(data, "revision", path), questions=questions,
+        revision=_want_str(data, "revision", path), backend=_backend(data, path), questions=questions,
     )
+
+
+BACKENDS = ("auto", "transformers", "llama.cpp")
+
+
+def _backend(data: dict, path: Path) -> str | None:
+    """The spec's `backend`: what runs its model (checked here, before any model loads)."""
+    value = _want_str(data, "backend", path)
+    if value is not None and value not in BACKENDS:
+        raise SpecError(f"{path}: backend must be one of {', '.join(BACKENDS)}, not {value!r}")
+    return value
 
 
 def _question_examples(value: Any, path: Path, questions: tuple[Question, ...], template: Template) -> tuple[dict, ...]:

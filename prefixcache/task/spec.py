@@ -25,6 +25,7 @@ ITEM_EXTENSIONS = (".jsonl", ".ndjson", ".csv", ".tsv", ".parquet")  # never a s
 KNOWN_KEYS = (
     "model",
     "revision",
+    "backend",
     "system",
     "labels",
     "examples",
@@ -124,6 +125,7 @@ class TaskSpec:
     content_free: tuple[str, ...] = ()  # calibration inputs; empty: no calibration
     threshold: float | None = None  # abstain below this probability
     revision: str | None = None  # a hub model's branch, tag or commit
+    backend: str | None = None  # what runs the model: "transformers", "llama.cpp" or "auto" (None: auto)
     score_by: str = "text"  # multiple choice: score each option's "text" (cloze) or its "letter" (A, B, ...)
     multi_label: bool = False  # each label judged on its own by a yes/no question (tagging)
     question: str = DEFAULT_QUESTION  # multi-label: the question asked per label, with {label}

@@ -130,7 +130,7 @@ def test_unknown_key_one_line_exit_2(tmp_path, items_path):
     path = write_spec(tmp_path, colour="red")
     result = invoke("run", path, items_path)
     assert result.exit_code == 2
-    assert result.stderr == f"error: {path}: unknown key 'colour'; known keys: model, revision, system, labels, examples, template, id_field, format, normalize, answer_prefix, choices, score_by, gold, calibrate, threshold, trust_remote_code, multi_label, question, answers, gold_sep, questions, head\n"
+    assert result.stderr == f"error: {path}: unknown key 'colour'; known keys: model, revision, backend, system, labels, examples, template, id_field, format, normalize, answer_prefix, choices, score_by, gold, calibrate, threshold, trust_remote_code, multi_label, question, answers, gold_sep, questions, head\n"
 
 
 def test_missing_model_path_exit_3(tmp_path, items_path):

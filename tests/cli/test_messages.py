@@ -79,7 +79,7 @@ def test_spec_errors_do_not_import_torch(tmp_path):
         ("labels: [a, b\n", "{path}:2:1: YAML syntax error: expected ',' or ']', but got '<stream end>'"),
         ("labels: []\n", "{path}: 'labels' is empty"),
         ("labels: [a, a]\n", "{path}: label 'a' is listed twice"),
-        ("labels: [a]\ncolor: red\n", "{path}: unknown key 'color'; known keys: model, revision, system, labels, examples, template, "
+        ("labels: [a]\ncolor: red\n", "{path}: unknown key 'color'; known keys: model, revision, backend, system, labels, examples, template, "
                                       "id_field, format, normalize, answer_prefix, choices, score_by, gold, calibrate, threshold, trust_remote_code, multi_label, question, answers, gold_sep, questions, head"),
     ],
 )

@@ -1,0 +1,179 @@
+"""The llama.cpp engine against llama.cpp's own full forward of each prompt, against the
+transformers engine on the same GGUF file, and against itself in other batches; a quantised copy
+against the float32 file; its prefix kept in the prefix store."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+from gguf_fixture import quantize, write_gguf  # noqa: E402
+
+from prefixcache.model.engine import Engine  # noqa: E402
+from prefixcache.model.llamacpp import LlamaEngine  # noqa: E402
+from prefixcache.model.load import load_model, load_tokenizer, resolve_model  # noqa: E402
+from prefixcache.model.rows import Row  # noqa: E402
+from prefixcache.model.store import PrefixStore  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-F32.gguf")
+
+
+@pytest.fixture(scope="module")
+def engine(gguf_file):
+    return LlamaEngine(gguf_file, threads=1)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(gguf_file, tmp_path_factory):
+    return load_tokenizer(resolve_model(str(gguf_file)), tmp_path_factory.mktemp("cache"))
+
+
+TEXTS = ["I was charged twice for my subscription, please refund it.",
+         "The app crashes when I open a project.",
+         "I forgot my password and cannot sign in.",
+         "Where is my invoice for March?"]
+LABELS = [" billing", " technical problem", " account access", " bill", " technical"]
+
+
+def rows_for(tokenizer, texts=TEXTS, labels=LABELS):
+    """Rows sharing a prefix: the prompt's ids up to each text, the labels' ids as candidates."""
+    prefix = tokenizer("You route support tickets. Ticket:")["input_ids"]
+    cands = [tuple(tokenizer(label, add_special_tokens=False)["input_ids"]) for label in labels]
+    rows = [Row(prefix + tokenizer(" " + t + " Label:", add_special_tokens=False)["input_ids"], len(prefix), cands)
+            for t in texts]
+    return prefix, rows
+
+
+def full_forward(path, ids, candidate):
+    """llama.cpp's own scoring of one prompt and candidate, nothing cached: the whole sequence
+    decoded at once in a fresh context, each candidate token's log-probability from the logits
+    before it."""
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_threads, params.n_threads_batch = 512, 512, 1, 1
+    params.flash_attn_type, params.type_k, params.type_v = 0, 0, 0  # as the engine runs a float32 file
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    seq = list(ids) + list(candidate)
+    batch = llama_cpp.llama_batch_init(len(seq), 0, 1)
+    batch.n_tokens = len(seq)
+    for i, tok in enumerate(seq):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, i, 1, i >= len(ids) - 1
+        batch.seq_id[i][0] = 0
+    assert llama_cpp.llama_decode(ctx, batch) == 0
+    vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    total = 0.0
+    for k, tok in enumerate(candidate):
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, len(ids) - 1 + k), shape=(vocab,))
+        logits = logits.astype(np.float64)
+        total += logits[tok] - logits.max() - math.log(np.exp(logits - logits.max()).sum())
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return total
+
+
+def test_every_candidate_equals_llama_cpps_full_forward(gguf_file, engine, tokenizer):
+    prefix, rows = rows_for(tokenizer)
+    got = engine.score(engine.prefill(prefix), rows)
+    worst = max(abs(got[b][i] - full_forward(gguf_file, row.ids, cand))
+                for b, row in enumerate(rows[:2]) for i, cand in enumerate(row.candidates))
+    assert worst < 1e-4, worst
+
+
+def test_equals_the_transformers_engine_on_the_same_file(gguf_file, engine, tokenizer, tmp_path):
+    import torch
+
+    source = resolve_model(str(gguf_file))
+    reference = Engine(load_model(source, tokenizer, tmp_path, "cpu", torch.float32))
+    prefix, rows = rows_for(tokenizer)
+    want = reference.score(reference.prefill(prefix), rows)
+    got = engine.score(engine.prefill(prefix), rows)
+    assert np.abs(np.array(got) - np.array(want)).max() < 1e-3
+    # the hidden state a fitted head reads, at each candidate's answer position
+    _, states = engine.score_with_states(engine.prefill(prefix), rows[:2], [[0, 2], [1]])
+    _, expected = reference.score_with_states(reference.prefill(prefix), rows[:2], [[0, 2], [1]])
+    assert [s.shape for s in states] == [(2, engine.hidden_size), (1, engine.hidden_size)]
+    assert max(np.abs(a - b).max() for a, b in zip(states, expected)) < 1e-3
+
+
+def test_a_rows_numbers_do_not_depend_on_its_neighbours(engine, tokenizer):
+    prefix, rows = rows_for(tokenizer)
+    handle = engine.prefill(prefix)
+    together = engine.score(handle, rows)
+    alone = [engine.score(handle, [row])[0] for row in rows]
+    reversed_ = engine.score(handle, rows[::-1])[::-1]
+    assert np.abs(np.array(together) - np.array(alone)).max() < 1e-4  # measured: 7e-6
+    assert np.abs(np.array(together) - np.array(reversed_)).max() < 1e-4
+
+
+def test_typed_question_rows_score_only_after_their_context(engine, tokenizer):
+    """A candidate's leading context ids are read, not scored: its log-prob is the full forward's
+    minus the context's."""
+    prefix, rows = rows_for(tokenizer)
+    question = tuple(tokenizer(" Is it urgent? Answer:", add_special_tokens=False)["input_ids"])
+    options = [question + tuple(tokenizer(o, add_special_tokens=False)["input_ids"]) for o in (" yes", " no")]
+    row = Row(rows[0].ids, rows[0].prefix_len, options, [len(question)] * 2)
+    got = engine.score(engine.prefill(prefix), [row])[0]
+    plain = engine.score(engine.prefill(prefix), [Row(list(rows[0].ids) + list(question), rows[0].prefix_len,
+                                                      [o[len(question):] for o in options])])[0]
+    assert np.abs(np.array(got) - np.array(plain)).max() < 1e-4
+
+
+def test_two_prefixes_on_one_engine_are_each_put_back(engine, tokenizer):
+    first, rows = rows_for(tokenizer)
+    second = tokenizer("Classify this message. Message:")["input_ids"]
+    other = [Row(second + list(r.ids[r.prefix_len:]), len(second), r.candidates) for r in rows]
+    a = engine.prefill(first)
+    want = engine.score(a, rows)
+    b = engine.prefill(second)
+    want_b = engine.score(b, other)
+    assert engine.score(a, rows) == want and engine.score(b, other) == want_b
+
+
+def test_the_prefix_store_keeps_a_llama_cpp_prefix(engine, tokenizer, tmp_path):
+    prefix, rows = rows_for(tokenizer)
+    computed = engine.prefill(prefix)
+    want = engine.score(computed, rows)
+    store = PrefixStore(tmp_path / "store")
+    store.save("k", computed, "tiny", engine)
+    loaded = store.load("k", "cpu", engine)
+    assert loaded is not None and loaded.ids == computed.ids
+    assert engine.score(loaded, rows) == want
+    path = next((tmp_path / "store").glob("*.safetensors"))
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF  # a flipped byte in the state: refused, removed, computed again by the caller
+    path.write_bytes(bytes(data))
+    assert store.load("k", "cpu", engine) is None and not path.exists()
+
+
+def test_a_quantised_copy_scores_near_the_float32_file(gguf_file, tokenizer, tmp_path):
+    """Q8_0 (llama.cpp's quantizer) against the float32 file it was made from."""
+    q8 = LlamaEngine(quantize(gguf_file, tmp_path / "tiny-Q8_0.gguf", "Q8_0"), threads=1)
+    f32 = LlamaEngine(gguf_file, threads=1)
+    prefix, rows = rows_for(tokenizer)
+    got, want = np.array(q8.score(q8.prefill(prefix), rows)), np.array(f32.score(f32.prefill(prefix), rows))
+    assert q8.dtype == "Q8_0" and f32.dtype == "all F32"
+    relative = np.abs(got - want) / np.abs(want)
+    assert relative.max() < 0.05, relative.max()  # measured: 0.020 on these random weights
+    assert (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_a_row_too_long_for_the_model_is_a_model_error(engine, tokenizer):
+    from prefixcache.errors import ModelError
+
+    prefix, rows = rows_for(tokenizer)
+    long = Row(list(rows[0].ids) + [100] * 2100, rows[0].prefix_len, rows[0].candidates)
+    with pytest.raises(ModelError, match="context of 2048"):
+        engine.score(engine.prefill(prefix), [long])
+
+
+def test_the_file_type_and_limits_are_the_files(engine):
+    assert (engine.name, engine.device, engine.max_positions, engine.hidden_size) == ("llama.cpp", "cpu", 2048, 64)
+    assert engine.branches is False

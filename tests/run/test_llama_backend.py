@@ -1,0 +1,114 @@
+"""`run --backend llama.cpp` on a GGUF file written by the tests: labels, tags, typed questions
+and pruning give the records `--backend transformers` gives on the same file (to float rounding);
+the prefix store keeps its prefix; what it cannot do is refused in one line before loading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from gguf_fixture import write_gguf  # noqa: E402
+from helpers import invoke, records, write_spec  # noqa: E402
+
+ROWS = [{"id": f"t{n}", "text": text} for n, text in enumerate([
+    "I was charged twice for my subscription, please refund it.", "The app crashes when I open a project.",
+    "I forgot my password and cannot sign in.", "Where is my invoice for March?", "Error 502 from the API",
+    "Please close my account and delete my data."])]
+PACK = {
+    "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "invoices", "tech": None,
+                                                                         "sales": None}},
+    "blocked": {"type": "noul", "instructions": "Is the customer blocked?"},
+}
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-F32.gguf")
+
+
+@pytest.fixture()
+def items(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+def both(tmp_path, spec, items, gguf_file, *extra):
+    """The records of each backend on the same spec, items and file, and llama.cpp's stderr."""
+    out = {}
+    for backend in ("transformers", "llama.cpp"):
+        path = tmp_path / f"{spec.stem}-{backend}.jsonl"
+        result = invoke("run", spec, items, "-o", path, "-m", gguf_file, "--backend", backend,
+                        "--cache-dir", tmp_path / "cache", *extra)
+        assert result.exit_code == 0, result.output
+        out[backend] = records(path)
+    return out["transformers"], out["llama.cpp"], result.stderr
+
+
+def close(a, b, tol=1e-3):
+    """Two records alike: every number within `tol`, everything else equal."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], tol) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return abs(a - b) <= tol
+    return a == b
+
+
+def test_labels_match_transformers_and_the_prefix_is_kept(tmp_path, items, gguf_file):
+    spec = write_spec(tmp_path, labels=["billing", "technical problem", "account access"])
+    want, got, said = both(tmp_path, spec, items, gguf_file)
+    assert close(want, got), (want[0], got[0])
+    assert "backend: llama.cpp" in said and "cpu all F32" in said and "prefix" in said
+    again = invoke("run", spec, items, "-o", tmp_path / "again.jsonl", "-m", gguf_file, "--backend", "llama.cpp",
+                   "--cache-dir", tmp_path / "cache")
+    assert again.exit_code == 0 and " tokens loaded" in again.stderr  # from the prefix store
+    assert records(tmp_path / "again.jsonl") == got
+
+
+def test_tags_and_typed_questions_match_transformers(tmp_path, items, gguf_file):
+    tags = write_spec(tmp_path, "tags.yaml", labels=["billing", "bug", "login"], multi_label=True)
+    want, got, _ = both(tmp_path, tags, items, gguf_file)
+    assert close(want, got) and all("labels" in r for r in got)
+    questions = write_spec(tmp_path, "questions.yaml", questions=PACK)
+    want, got, _ = both(tmp_path, questions, items, gguf_file)
+    assert close(want, got) and all(set(r["answers"]) == {"team", "blocked"} for r in got)
+
+
+def test_pruning_scores_every_label_and_says_so(tmp_path, items, gguf_file):
+    labels = [f"label number {n} of many" for n in range(40)]
+    spec = write_spec(tmp_path, labels=labels)
+    want, got, said = both(tmp_path, spec, items, gguf_file, "--prune", "on")
+    assert [r["label"] for r in got] == [r["label"] for r in want]
+    assert "every label is scored to the end" in said
+
+
+def test_the_spec_names_the_backend(tmp_path, items, gguf_file):
+    spec = write_spec(tmp_path, labels=["billing", "technical"], backend="llama.cpp", model=str(gguf_file))
+    result = invoke("run", spec, items, "-o", tmp_path / "out.jsonl", "--cache-dir", tmp_path / "cache")
+    assert result.exit_code == 0 and "backend: llama.cpp" in result.stderr
+    bad = write_spec(tmp_path, "bad.yaml", labels=["a", "b"], backend="vllm")
+    result = invoke("run", bad, items, "-o", tmp_path / "bad.jsonl")
+    assert result.exit_code == 2 and "backend must be one of auto, transformers, llama.cpp" in result.stderr
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--exact", "--dtype", "bfloat16"], "--exact scores close calls again in float32"),
+    (["--dtype", "bfloat16"], "llama.cpp computes in the GGUF file's own types"),
+])
+def test_what_llama_cpp_cannot_do_is_refused_in_one_line(tmp_path, items, gguf_file, extra, words):
+    spec = write_spec(tmp_path, labels=["billing", "technical"])
+    result = invoke("run", spec, items, "-o", tmp_path / "out.jsonl", "-m", gguf_file, "--backend", "llama.cpp",
+                    *extra)
+    assert result.exit_code == 2 and words in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_model_that_is_no_gguf_file_is_refused(tmp_path, items, tiny_model_dir):
+    spec = write_spec(tmp_path, labels=["billing", "technical"])
+    result = invoke("run", spec, items, "-o", tmp_path / "out.jsonl", "-m", tiny_model_dir, "--backend", "llama.cpp")
+    assert result.exit_code == 2 and "llama.cpp reads GGUF files" in result.stderr
