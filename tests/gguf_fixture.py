@@ -113,7 +113,7 @@ def write_gguf(path: Path, shape: Shape = TINY, seed: int = 0, scale: float = 0.
     return path
 
 
-QUANT_TYPES = {"Q8_0": 7, "Q4_K_M": 15, "Q4_0": 2, "F16": 1}  # llama.cpp's LLAMA_FTYPE_* numbers
+QUANT_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K_M": 15}  # llama.cpp's LLAMA_FTYPE_* numbers
 
 
 def quantize(source: Path, target: Path, kind: str, threads: int = 0) -> Path:
@@ -123,6 +123,7 @@ def quantize(source: Path, target: Path, kind: str, threads: int = 0) -> Path:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = QUANT_TYPES[kind]
     params.nthread = threads
+    params.allow_requantize = True  # a quantised source (the embedded Q4_1 file) is dequantised first
     if llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), params) != 0:
         raise RuntimeError(f"llama.cpp could not quantise {source} to {kind}")
     return target

@@ -150,16 +150,17 @@ def print_bench(report: BenchReport) -> None:
         about = "~" if m.estimated else ""
         table.add_row(
             m.mode + (" (estimated)" if m.estimated else ""), str(m.items), f"{about}{m.ms_per_item:.1f}",
-            f"{about}{m.items_per_second:.1f}", f"{about}{m.speedup:.1f}x", f"{about}{m.efficiency:.2f}",
+            f"{about}{m.items_per_second:.1f}", f"{about}{m.speedup:.1f}x",
+            "-" if m.efficiency is None else f"{about}{m.efficiency:.2f}",
             "-" if m.peak_rss_mb is None else f"{m.peak_rss_mb:.0f}",
         )
     out.print(table)
     out.print(
-        f"matmul peak {report.peak_gflops:.0f} GFLOP/s · unavoidable work {report.unavoidable_gflop:.2f} GFLOP/item "
+        (f"matmul peak {report.peak_gflops:.0f} GFLOP/s · " if report.peak_gflops else "") + f"unavoidable work {report.unavoidable_gflop:.2f} GFLOP/item "
         f"({report.item_tokens:.1f} item tokens + {report.candidate_tokens:.1f} label tokens) · "
         f"prefix {report.prefix_tokens} tokens, prefill {report.prefill_ms:.0f} ms · load {report.load_seconds:.1f} s\n"
         f"run pipeline vs one full forward per item and label: {'~' if report.modes[1].estimated else ''}"
-        f"{report.modes[1].ms_per_item / report.modes[3].ms_per_item:.0f}x · "
+        f"{report.modes[1].ms_per_item / report.modes[-1].ms_per_item:.0f}x · "
         f"scoring every label costs {report.option_cost_ratio:.2f}x scoring the item alone "
         f"(unavoidable work: {report.option_cost_floor:.2f}x) · "
         f"same labels in every mode: "

@@ -43,6 +43,11 @@ def prefixes_dir(cache_dir: Union[str, os.PathLike]) -> Path:
     return Path(cache_dir) / "prefixes"
 
 
+def checks_dir(cache_dir: Union[str, os.PathLike]) -> Path:
+    """Marks of checks done once per build: llama.cpp's probe of its kernels on this CPU."""
+    return Path(cache_dir) / "checks"
+
+
 def states_dir(cache_dir: Union[str, os.PathLike]) -> Path:
     """The states `fit` read, kept so that an interrupted fit continues and a refit is free."""
     return Path(cache_dir) / "states"

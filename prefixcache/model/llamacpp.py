@@ -143,6 +143,7 @@ class LlamaEngine:
         self.context = 0  # the cells of the context made so far (one is made at the first prefill)
         self._ctx = self._mem = None
         self._resident: LlamaPrefix | None = None  # the prefix sequence 0 holds now
+        self._rewound: list[int] = []  # what sequence 0 holds after `one_prompt_at_a_time`
         self._embeddings = False
 
     def _ensure_context(self, cells: int) -> None:
@@ -184,6 +185,13 @@ class LlamaEngine:
     @property
     def hidden_size(self) -> int:
         return int(self._L.llama_model_n_embd(self._model))
+
+    def linear_params(self) -> tuple[int, int]:
+        """(numbers in the layers every token goes through, numbers in the output layer): the
+        model's parameters less its embeddings', and the embeddings' (what `bench` counts as work)."""
+        total = int(self._L.llama_model_n_params(self._model))
+        head = self.vocab * self.hidden_size
+        return total - head, head
 
     def close(self) -> None:
         """Free the context and the model (the engine is unusable after)."""
@@ -265,6 +273,37 @@ class LlamaEngine:
         reads) where each candidate in `wanted[b]` has its first token scored from."""
         return self._score(prefix, rows, wanted)
 
+    def one_prompt_at_a_time(self, row: Row, fresh: str = "") -> list[float]:
+        """llama.cpp's own way of scoring, for `bench` to time against: each candidate a prompt of
+        its own (the row's ids and the candidate) decoded in sequence 0, which is rewound to the
+        longest start it shares with the prompt before (llama-cpp-python's `Llama.eval`), the
+        last shared token decoded again for its logits. `fresh`: "item" starts each row from
+        nothing (a full re-encode per item), "candidate" each candidate."""
+        if self._ctx is None:
+            self._ensure_context(len(row.ids) + DECODE_TOKENS)
+        if self._resident is not None or fresh == "item":
+            self._L.llama_memory_clear(self._mem, True)
+            self._resident, self._rewound = None, []
+        ids, out = [int(i) for i in row.ids], []
+        for i, cand in enumerate(row.candidates):
+            if fresh == "candidate":
+                self._L.llama_memory_clear(self._mem, True)
+                self._rewound = []
+            prompt = ids + [int(t) for t in cand]
+            keep = min(_shared(prompt, self._rewound), len(ids) + row.skip(i) - 1)
+            self._L.llama_memory_seq_rm(self._mem, 0, keep, -1)
+            self._ensure_fits(len(prompt))
+            first = len(ids) + row.skip(i) - 1  # the logits scoring the candidate's first scored token
+            self._decode([_Token(t, keep + k, [0], keep + k >= first) for k, t in enumerate(prompt[keep:-1])])
+            out.append(sum(float(self._logits(at - keep)[prompt[at + 1]]) - self._logsumexp(at - keep)
+                           for at in range(first, len(prompt) - 1)))
+            self._rewound = prompt[:-1]
+        return out
+
+    def _ensure_fits(self, cells: int) -> None:
+        if cells > self.context:
+            raise ModelError(f"a prompt of {cells} tokens does not fit the llama.cpp context of {self.context}")
+
     # -- scoring -------------------------------------------------------------------------------
 
     def _score(self, prefix: LlamaPrefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]] | None
@@ -283,9 +322,8 @@ class LlamaEngine:
                     if wanted is not None:
                         states[b] = self._row_states(p, wanted[b])
             finally:
-                for p in planned:
-                    for s in p.seqs:
-                        self._L.llama_memory_seq_rm(self._mem, s, -1, -1)
+                for s in {s for p in planned for s in p.seqs}:
+                    self._L.llama_memory_seq_rm(self._mem, s, -1, -1)
         return results, states
 
     def _check(self, prefix: LlamaPrefix, rows: Sequence[Row]) -> None:
@@ -405,6 +443,16 @@ class LlamaEngine:
         return m + math.log(float(np.exp(a - m).sum()))
 
 
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _length(row: Row) -> int:
     """The cells a row takes in a decode: its own tokens and its trie's nodes."""
     return len(row.ids) - row.prefix_len + len(trie(row.candidates))
@@ -463,3 +511,55 @@ def _quiet(L: Any) -> None:
 
     _QUIET = L.llama_log_callback(forward)
     L.llama_log_set(_QUIET, ctypes.c_void_p(0))
+
+
+PROBE = """
+import sys, llama_cpp as L
+quiet = L.llama_log_callback(lambda *a: None)
+L.llama_log_set(quiet, None)
+L.llama_backend_init()
+model = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
+params = L.llama_context_default_params()
+params.n_ctx, params.n_batch = 64, 64
+ctx = L.llama_init_from_model(model, params)
+tokens = (L.llama_token * 16)(*range(16))
+batch = L.llama_batch_get_one(tokens, 16)
+sys.exit(0 if model and ctx and L.llama_decode(ctx, batch) == 0 else 3)
+"""
+
+
+def probe(path: Path, marks: Path) -> None:
+    """Decode a few tokens of the file's model in a child process once per llama.cpp build and file
+    type (a mark in `marks` remembers it), so that a build whose kernels crash on this CPU stops in
+    one line (ModelError) instead of killing the run: a build tuned to the machine crashed so in its
+    AMX kernels on a CPU that advertises AMX."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    import llama_cpp
+
+    library = Path(llama_cpp.__file__).parent
+    built = max((p.stat().st_mtime_ns for p in library.rglob("*.so*")), default=0)
+    mark = marks / f"llama-{version('llama_cpp_python')}-{built}-{_file_type_of(path)}.ok"
+    if mark.exists():
+        return
+    done = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, timeout=600)
+    if done.returncode < 0 or done.returncode > 3:
+        raise ModelError(
+            f"llama.cpp crashed decoding {path.name} on this CPU (exit {done.returncode}): its build does not run "
+            f"here; reinstall it with portable kernels: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON "
+            f"-DGGML_FMA=ON -DGGML_F16C=ON\" pip install --force-reinstall --no-cache-dir llama-cpp-python "
+            f"(docs/models.md), or use --backend transformers")
+    if done.returncode == 0:
+        marks.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+
+
+def _file_type_of(path: Path) -> int | None:
+    from .memory import gguf_facts
+
+    try:
+        return gguf_facts(path).file_type
+    except Exception:  # noqa: BLE001 - one probe a file then
+        return None

@@ -105,8 +105,8 @@ def measure_peak_gflops(device: torch.device, dtype: torch.dtype, seconds: float
     return best
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
+def _sync(device: torch.device | str) -> None:
+    if getattr(device, "type", None) == "cuda":  # llama.cpp's decode returns when it is done
         torch.cuda.synchronize()
 
 
@@ -369,16 +369,17 @@ def _store_timings(scorer: Scorer) -> tuple[float, float]:
     prefill = min(engine.prefill(ids).prefill_ms for _ in range(3))
     with tempfile.TemporaryDirectory() as tmp:
         store = PrefixStore(tmp)
-        store.save("bench", engine.prefill(ids), "bench")
-        load = min(store.load("bench", engine.device).prefill_ms for _ in range(3))
+        store.save("bench", engine.prefill(ids), "bench", engine)
+        load = min(store.load("bench", engine.device, engine).prefill_ms for _ in range(3))
     return prefill, load
 
 
-def _unavoidable_work(model: torch.nn.Module, prepared: Sequence[Prepared]) -> tuple[float, float, float, float]:
+def _unavoidable_work(engine: Any, prepared: Sequence[Prepared]) -> tuple[float, float, float, float]:
     """Per item: own tokens, label tokens fed after the item (trie nodes), GFLOP of the linear
     layers on them plus the lm_head rows scored, and the GFLOP of the item alone (its tokens and
-    one row of logits: one one-token candidate)."""
-    body, head = linear_params(model)
+    one row of logits: one one-token candidate). A llama.cpp engine's layers are counted from its
+    file (every weight but the embeddings' in the body, the output layer the embeddings' size)."""
+    body, head = linear_params(engine.model) if engine.name == "transformers" else engine.linear_params()
     nodes = sum(len(trie(list(p.candidates.values()))) for p in prepared) / len(prepared)
     own = sum(p.own_tokens for p in prepared) / len(prepared)
     gflop = (2 * body * (own + nodes) + 2 * head * (1 + nodes)) / 1e9
@@ -396,7 +397,8 @@ class _Modes:
                  batching: Batching):
         self.scorer, self.items, self.prepared, self.batching = scorer, items, prepared, batching
         self.few = prepared[:naive_limit]
-        self.full = Engine(scorer.engine.model, "standard")
+        self.llama = scorer.engine.name == "llama.cpp"  # its naive modes are llama.cpp's own one-prompt path
+        self.full = None if self.llama else Engine(scorer.engine.model, "standard")
         self.empty = Prefix((), (), torch.empty(0), 0.0)
 
     def _pick(self, prep: Prepared, scores: list[float]) -> str | None:
@@ -405,11 +407,22 @@ class _Modes:
         return prediction(self.scorer.decide(prep, prep.groups.combine(scores)), self.scorer.task.spec)
 
     def naive(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
+        if self.llama:
+            return [self._pick(p, self._one_prompt(p, "item")) for p in (self.few if rows is None else rows)]
         return [self._pick(p, self.full.score(self.empty, [Row(p.enc.ids, 0, _cands(p), p.skips)])[0])
                 for p in (self.few if rows is None else rows)]
 
     def naive_per_label(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
+        if self.llama:
+            return [self._pick(p, self._one_prompt(p, "candidate")) for p in (self.few if rows is None else rows)]
         return [self._pick(p, _per_candidate(self.scorer.engine.model, p)) for p in (self.few if rows is None else rows)]
+
+    def rewound(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
+        """llama.cpp's own one-prompt-at-a-time path, rewound to what each prompt shares with the last."""
+        return [self._pick(p, self._one_prompt(p, "")) for p in (self.prepared if rows is None else rows)]
+
+    def _one_prompt(self, prep: Prepared, fresh: str) -> list[float]:
+        return self.scorer.engine.one_prompt_at_a_time(Row(prep.enc.ids, 0, _cands(prep), prep.skips), fresh)
 
     def cached_single(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
         engine, prefix = self.scorer.engine, self.scorer.prefix
@@ -426,9 +439,10 @@ class _Modes:
         (each label is a forward of its own), and a few items of the pipeline; and the seconds of
         one item of the per-label mode."""
         first, warm = self.few[0], self.items[:min(self.batching.size, WARM_ITEMS)]
-        model = self.scorer.engine.model
-        per_label = _seconds(lambda: _per_candidate(model, dataclasses.replace(first, candidates=dict(
-            list(first.candidates.items())[:1]), skips=first.skips[:1]))) * len(_cands(first))
+        one_label = dataclasses.replace(first, candidates=dict(list(first.candidates.items())[:1]),
+                                        skips=first.skips[:1])
+        per_label = _seconds(lambda: self._one_prompt(one_label, "candidate") if self.llama
+                             else _per_candidate(self.scorer.engine.model, one_label)) * len(_cands(first))
         seconds = [_seconds(lambda: self.naive(self.few[:1])), per_label, _seconds(lambda: self.cached_single(
             self.prepared[:1])), _seconds(lambda: self.pipeline(warm)) / max(len(warm), 1)]
         counts = (len(self.few), len(self.few), len(self.prepared), len(self.items))
@@ -465,9 +479,12 @@ def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepa
     else:
         slow = _timed(per_label_name, len(modes.few), modes.naive_per_label, device, step, each[1])
     pipeline_name = f"run pipeline (<= {batching.size} items, ~{batching.tokens} tokens a batch)"
+    rewound = [_timed("llama.cpp one prompt at a time, rewound to the shared start", len(prepared), modes.rewound,
+                      device, step, each[2])] if modes.llama else []
     return [
         first_mode,
         slow,
+        *rewound,
         _timed("cached, one item at a time", len(prepared), modes.cached_single, device, step, each[2]),
         _timed(pipeline_name, len(items), modes.pipeline, device, step, each[3]),
     ]
@@ -482,7 +499,7 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
     prepared = [task.prepare(item, scorer.context) for item in items]
     modes = _timed_modes(scorer, items, prepared, naive_limit, batching, step, estimate_slow)
     # Option cost: the same pipeline scoring one one-token candidate instead of every label.
-    about = 2 * modes[3].ms_per_item * len(items) / 1000  # every label twice (warm-up, timed); the item alone is less
+    about = 2 * modes[-1].ms_per_item * len(items) / 1000  # every label twice (warm-up, timed); the item alone is less
     step("timing every label against the item alone" + (f" (about {_duration(about)})" if about >= 10 else ""))
     option_ratio = _option_cost_ratio(scorer, items, batching)
     pruning = time_pruning(scorer, items, batching, step) if task.spec.prunes("on") else None
@@ -490,16 +507,20 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
     step("timing the prefix store")
     prefill_ms, load_ms = _store_timings(scorer)
 
-    own, nodes, gflop, alone = _unavoidable_work(engine.model, prepared)
-    step("measuring this machine's matmul peak")
-    peak = measure_peak_gflops(engine.device, engine.dtype)
+    own, nodes, gflop, alone = _unavoidable_work(engine, prepared)
+    peak = 0.0  # llama.cpp's quantised kernels: no float32 matmul peak to compare with
+    if engine.name == "transformers":
+        step("measuring this machine's matmul peak")
+        peak = measure_peak_gflops(engine.device, engine.dtype)
     for m in modes:
         m.speedup = modes[0].ms_per_item / m.ms_per_item
-        m.efficiency = gflop / (m.ms_per_item / 1000) / peak
+        m.efficiency = gflop / (m.ms_per_item / 1000) / peak if peak else None
     n = min(naive_limit, len(prepared))
     differing = sum(any(m.labels[i] != modes[0].labels[i] for m in modes if not m.estimated) for i in range(n))
     return BenchReport(
-        device=str(engine.device), dtype=str(engine.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
+        device=f"{engine.name} {engine.device}" if engine.name != "transformers" else str(engine.device),
+        dtype=str(engine.dtype).removeprefix("torch."),
+        threads=torch.get_num_threads() if engine.name == "transformers" else engine.threads,
         peak_gflops=peak, load_seconds=task.load_seconds + scorer.load_seconds, prefill_ms=prefix.prefill_ms,
         prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
         same_labels=differing == 0, items_compared=n, items_differing=differing,

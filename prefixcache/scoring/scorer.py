@@ -53,7 +53,7 @@ def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = 
     said = log.info if picked.name != "transformers" or backend or task.spec.backend else log.debug
     said("backend: %s%s", picked.name, f" ({picked.why})" if picked.why else "")
     if picked.name == "llama.cpp":
-        return _llama_engine(task, device, threads)
+        return _llama_engine(task, cache_dir, device, threads)
     if threads:
         import torch
 
@@ -65,13 +65,15 @@ def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = 
     return Engine(load_model(task.source, task.tokenizer, cache_dir, dev, torch_dtype))
 
 
-def _llama_engine(task: Task, device: str, threads: int | None) -> ScoringEngine:
-    from ..model.llamacpp import LlamaEngine, context_cells, kv_bytes
+def _llama_engine(task: Task, cache_dir: Path, device: str, threads: int | None) -> ScoringEngine:
+    from ..model.cache import checks_dir
+    from ..model.llamacpp import LlamaEngine, context_cells, kv_bytes, probe
 
     gpu = device not in ("cpu",) and gpu_build()
     path = Path(task.source.path)
     cells = context_cells(len(task.builder.prefix_ids))
     fits(task, llama_footprint(path, cells, UBATCH_TOKENS, kv_bytes(path)), "cuda" if gpu else "cpu")
+    probe(path, checks_dir(cache_dir))
     return LlamaEngine(path, threads, gpu_layers=GPU_LAYERS if gpu else 0)
 
 
@@ -323,7 +325,8 @@ class Scorer:
         contests = self._contests_of(MASS if mode == "exact" else None) if self.says_pruned else None
         raced = self._raced_tokens(contests) if contests else 0
         if self.says_pruned and not self.engine.branches:
-            why = "this model's attention cannot keep items between passes"
+            why = ("this model's attention cannot keep items between passes" if self.engine.name == "transformers"
+                   else f"the {self.engine.name} engine does not keep items between passes")
         elif contests and raced < MIN_RACE_TOKENS:
             why = (f"{raced} candidate tokens an item are too few for a race to pay (from {MIN_RACE_TOKENS}: each step "
                    f"of a race is a forward pass)")

@@ -97,8 +97,9 @@ def test_equals_the_transformers_engine_on_the_same_file(gguf_file, engine, toke
     got = engine.score(engine.prefill(prefix), rows)
     assert np.abs(np.array(got) - np.array(want)).max() < 1e-3
     # the hidden state a fitted head reads, at each candidate's answer position
-    _, states = engine.score_with_states(engine.prefill(prefix), rows[:2], [[0, 2], [1]])
+    scores, states = engine.score_with_states(engine.prefill(prefix), rows[:2], [[0, 2], [1]])
     _, expected = reference.score_with_states(reference.prefill(prefix), rows[:2], [[0, 2], [1]])
+    assert np.abs(np.array(scores) - np.array(want[:2])).max() < 1e-3  # the scores with them are the same
     assert [s.shape for s in states] == [(2, engine.hidden_size), (1, engine.hidden_size)]
     assert max(np.abs(a - b).max() for a, b in zip(states, expected)) < 1e-3
 
@@ -177,3 +178,16 @@ def test_a_row_too_long_for_the_model_is_a_model_error(engine, tokenizer):
 def test_the_file_type_and_limits_are_the_files(engine):
     assert (engine.name, engine.device, engine.max_positions, engine.hidden_size) == ("llama.cpp", "cpu", 2048, 64)
     assert engine.branches is False
+
+
+def test_a_build_that_crashes_on_this_cpu_stops_in_one_line(gguf_file, tmp_path, monkeypatch):
+    from prefixcache.errors import ModelError
+    from prefixcache.model import llamacpp
+
+    llamacpp.probe(gguf_file, tmp_path / "marks")  # this build decodes: marked, not probed again
+    assert len(list((tmp_path / "marks").iterdir())) == 1
+    monkeypatch.setattr(llamacpp, "PROBE", "import os; os.abort()")  # what a crashing kernel does to the child
+    llamacpp.probe(gguf_file, tmp_path / "marks")  # the mark holds
+    with pytest.raises(ModelError, match=r"llama.cpp crashed decoding tiny-F32.gguf on this CPU \(exit -6\).*"
+                                         r"CMAKE_ARGS=\"-DGGML_NATIVE=OFF"):
+        llamacpp.probe(gguf_file, tmp_path / "other-marks")

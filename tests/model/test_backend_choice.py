@@ -1,0 +1,63 @@
+"""Which engine runs a model: what `auto` picks (a GGUF file of about a billion parameters or more
+on llama.cpp when it is installed, anything else on transformers) and what asking for llama.cpp
+refuses, in one line, before anything loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixcache.errors import UsageError
+from prefixcache.model import choice
+from prefixcache.model.choice import AUTO_FLOAT32_BYTES, pick_engine
+from prefixcache.model.load import ModelSource
+
+GGUF = ModelSource("m.gguf", "gguf", "/models/m.gguf")
+FOLDER = ModelSource("./m", "dir", "/models/m")
+BIG, SMALL = AUTO_FLOAT32_BYTES * 2, AUTO_FLOAT32_BYTES // 10
+
+
+@pytest.fixture()
+def llama_installed(monkeypatch):
+    monkeypatch.setattr(choice, "installed", lambda: True)
+    monkeypatch.setattr(choice, "gpu_build", lambda: False)
+
+
+def test_auto_keeps_a_large_gguf_file_quantised_and_the_rest_on_transformers(llama_installed):
+    assert pick_engine(GGUF, None, float32_bytes=BIG).name == "llama.cpp"
+    assert pick_engine(GGUF, "auto", float32_bytes=SMALL).name == "transformers"
+    assert pick_engine(GGUF, "auto", float32_bytes=None).name == "transformers"  # size not known
+    assert pick_engine(FOLDER, "auto", float32_bytes=BIG) == choice.Picked("transformers")  # no reason to give
+    # what llama.cpp cannot do keeps auto on transformers, and says why
+    assert "--dtype bfloat16" in pick_engine(GGUF, "auto", dtype="bfloat16", float32_bytes=BIG).why
+    assert pick_engine(GGUF, "auto", exact=True, float32_bytes=BIG).name == "transformers"
+    assert pick_engine(GGUF, "auto", device="cuda", float32_bytes=BIG).name == "transformers"
+
+
+def test_auto_without_llama_cpp_installed_is_transformers(monkeypatch):
+    monkeypatch.setattr(choice, "installed", lambda: False)
+    picked = pick_engine(GGUF, "auto", float32_bytes=BIG)
+    assert picked.name == "transformers" and "pip install 'prefixcache[llama]'" in picked.why
+
+
+@pytest.mark.parametrize("source, asked, words", [
+    (FOLDER, dict(), "llama.cpp reads GGUF files, and ./m is not one"),
+    (GGUF, dict(exact=True), "--exact scores close calls again in float32"),
+    (GGUF, dict(dtype="float16"), "--dtype float16: llama.cpp computes in the GGUF file's own types"),
+    (GGUF, dict(device="cuda:1"), "--device cuda:1: this llama.cpp was built for the CPU only"),
+])
+def test_asking_for_llama_cpp_refuses_what_it_cannot_do(llama_installed, source, asked, words):
+    with pytest.raises(UsageError, match="^--backend llama.cpp: ") as refused:
+        pick_engine(source, "llama.cpp", **asked)
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_not_installed_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(choice, "installed", lambda: False)
+    with pytest.raises(UsageError, match=r"llama-cpp-python is not installed: pip install 'prefixcache\[llama\]'"):
+        pick_engine(GGUF, "llama.cpp")
+
+
+def test_an_unknown_backend_is_refused():
+    with pytest.raises(UsageError, match="unknown backend 'vllm'"):
+        pick_engine(GGUF, "vllm")
+    assert pick_engine(GGUF, "transformers").name == "transformers"
