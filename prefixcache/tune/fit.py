@@ -76,6 +76,7 @@ class FitResult:
     ms_per_item: float
     kept: int = 0  # items whose states were read back from an earlier fit of the same task
     written: list[Path] = field(default_factory=list)
+    engine: str = "transformers"  # what read the states (the fitted spec asks for the same)
 
     def to_json(self) -> dict[str, Any]:
         return {"spec": str(self.options.run.spec), "labelled": str(self.options.run.items),
@@ -113,7 +114,7 @@ def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: 
     scorer = fit_scorer(plan.spec, o.scoring(), step)
     fitted = fit_heads(scorer, plan.items, plan.questions, Batching(o.batch_size, o.batch_tokens), options.folds,
                        options.seed, step)
-    result = FitResult(options, plan, fitted.judged, fitted.ms_per_item, fitted.kept)
+    result = FitResult(options, plan, fitted.judged, fitted.ms_per_item, fitted.kept, engine=scorer.engine.name)
     _write(result, fitted.readouts, fitted.fingerprint)
     return result
 
@@ -201,6 +202,8 @@ def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> No
     safefile.replace(options.head_path, head_bytes(readouts, fingerprint, LAYER, fitted), "the head file")
     keys: dict[str, Any] = {**relocated(plan.spec_file.data, options.run.spec, options.output),
                             "head": options.head_path.name}
+    if result.engine != "transformers" and plan.spec.backend != result.engine:
+        keys["backend"] = result.engine  # the head read its states: it runs where they were read
     tags = next((j for j in result.judged if j.thresholds), None)
     if tags is not None and not plan.spec.questions:
         keys["threshold"] = dict(zip(plan.spec.label_names, tags.thresholds))

@@ -112,3 +112,21 @@ def test_a_model_that_is_no_gguf_file_is_refused(tmp_path, items, tiny_model_dir
     spec = write_spec(tmp_path, labels=["billing", "technical"])
     result = invoke("run", spec, items, "-o", tmp_path / "out.jsonl", "-m", tiny_model_dir, "--backend", "llama.cpp")
     assert result.exit_code == 2 and "llama.cpp reads GGUF files" in result.stderr
+
+
+def test_fit_reads_states_on_llama_cpp_and_the_fitted_spec_runs_there(tmp_path, gguf_file):
+    pytest.importorskip("sklearn")
+    words = {"billing": "invoice refund charge", "technical": "crash error bug"}
+    rows = [{"id": f"i{k}", "text": " ".join([words[label]] * (1 + k % 3)), "gold": label}
+            for k, label in enumerate(["billing", "technical"] * 10)]
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = write_spec(tmp_path, labels=["billing", "technical"], gold="gold", model=str(gguf_file))
+    out = tmp_path / "fitted.yaml"
+    result = invoke("fit", spec, labelled, "-o", out, "--folds", "4", "-q", "--backend", "llama.cpp",
+                    "--cache-dir", tmp_path / "cache")
+    assert result.exit_code == 0, result.output
+    assert "backend: llama.cpp" in out.read_text()  # the head runs where its states were read
+    ran = invoke("run", out, labelled, "-o", tmp_path / "preds.jsonl", "--cache-dir", tmp_path / "cache")
+    assert ran.exit_code == 0 and "backend: llama.cpp" in ran.stderr, ran.output
+    assert all(r["readout"] == "head" for r in records(tmp_path / "preds.jsonl"))
