@@ -73,6 +73,15 @@ TUNE_JSON_OPT = typer.Option(False, "--json", metavar="", help="Print the findin
 TUNE_MD_OPT = typer.Option(None, "--md", help="Append a Markdown leaderboard (a CI step summary, $GITHUB_STEP_SUMMARY).")
 OVERWRITE_TUNED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the tuned spec (-o) if it exists.")
 FITTED_OPT = typer.Option(..., "--output", "-o", help="The fitted spec to write (the spec with 'head:' set); the head (NAME.head.safetensors) and the figures (NAME.fit.json) are written beside it.", show_default=False)
+TARGET_ACCURACY_OPT = typer.Option(None, "--target-accuracy", min=0.0, max=1.0, help=(
+    "Choose where the head abstains: the widest confidence cut whose answered items reach this accuracy with "
+    "--confidence, on the held-out predictions (one-sided Wilson bound, cuts tried most confident first); written "
+    "into the fitted spec as the question's threshold, with the risk-coverage table printed. When no cut reaches "
+    "it, fit says by how far and writes none."))
+COVERAGE_OPT = typer.Option(None, "--coverage", min=0.0, max=1.0, help=(
+    "Instead of --target-accuracy: the cut that answers this share of the items (the rest abstain), with the "
+    "accuracy it gives held out."))
+CONFIDENCE_OPT = typer.Option(0.95, "--confidence", min=0.5, max=0.9999, help="The confidence of --target-accuracy.")
 FIT_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON here instead of beside the fitted spec.")
 OVERWRITE_FITTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the fitted spec, its head and figures if they exist.")
 REPORT_FIT_OPT = typer.Option(None, "--fit", metavar="FIGURES", help="The figures prefixcache fit wrote (NAME.fit.json): add the head's held-out figures beside the prompt's and its learning curve.")

@@ -9,7 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -364,12 +364,44 @@ def print_fit(result: FitResult) -> None:
                       + ", ".join(f"{c['per_class']}: {c['accuracy']:.3f}" for c in j.curve))
         if j.thresholds:
             out.print("thresholds: " + ", ".join(f"{escape(k)} {t:.2f}" for k, t in zip(j.counts, j.thresholds)))
+        if j.cut is not None:
+            _print_cut(out, j)
+        elif o.asked is not None and j.binary:
+            out.print("cut: not chosen for tags (each tag has its own threshold, chosen for F1)")
         for note in j.notes:
             out.print(f"note: {escape(note)}")
     items = len(result.plan.items)
     read = f"{result.ms_per_item:.1f} ms/item" if result.kept < items else "none scored"
     kept = f" ({result.kept} of {items} items read back from an earlier fit)" if result.kept else ""
     out.print(f"reading states: {read}{kept}; fitted spec: {escape(str(o.output))}")
+
+
+def _print_cut(out: Console, j: Any) -> None:
+    """The risk-coverage table of a question's held-out predictions and the cut chosen in it."""
+    from ..tune.cutpoint import least_items
+
+    cut, level = j.cut, f"{j.cut.confidence:.0%}"
+    table = Table(title=f"risk-coverage · {escape(j.qid)} · held out · accuracy with its one-sided {level} bounds",
+                  title_justify="left")
+    for col in ("abstain below", "answered", "coverage", "accuracy", "low", "high"):
+        table.add_column(col, justify="right")
+    for r in cut.table:
+        table.add_row(f"{r.cut:.3f}", str(r.answered), f"{r.coverage:.0%}", f"{r.accuracy:.3f}", f"{r.low:.3f}",
+                      f"{r.high:.3f}", style="bold" if r is cut.chosen else None)
+    out.print(table)
+    if cut.chosen is not None:
+        r = cut.chosen
+        aim = (f"at least {cut.target:g} at {level} confidence" if cut.target is not None
+               else f"{r.coverage:.0%} answered, as --coverage {cut.coverage:g} asks")
+        out.print(f"cut: abstain below {r.cut:.3f}: answers {r.coverage:.0%} of the items with accuracy {r.accuracy:.3f} "
+                  f"[{r.low:.3f}, {r.high:.3f}] ({aim}); written as {escape(j.qid)}'s threshold")
+        return
+    m = cut.missed
+    by = (f": the most confident cut tested answers {m.coverage:.0%} with a lower bound of {m.low:.3f} "
+          f"({cut.target - m.low:.3f} short)" if m else f": fewer than {least_items(cut.target, cut.confidence)} "
+          f"items could be answered")
+    out.print(f"cut: none reaches accuracy {cut.target:g} at {level} confidence on these {j.items} items{by}; no "
+              f"threshold written: label more items or lower the target")
 
 
 def print_tune(result: TuneResult, top: int) -> None:

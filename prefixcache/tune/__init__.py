@@ -11,6 +11,9 @@ head, on labelled items, honestly.
 - job.py: `tune(TuneOptions)` from checks to `TuneResult`;
 - heads.py: `fit`'s readouts (logistic regressions on hidden states, scikit-learn) judged against
   the prompt rule on the same held-out folds (no torch);
+- cutpoint.py: where a head abstains (`fit --target-accuracy`, `--coverage`): the cut chosen on
+  held-out predictions with an exact binomial bound, in a fixed sequence, and the risk-coverage
+  table (no torch);
 - fit.py: `fit(FitOptions)`: checks, the states read, each question's head judged and fitted, the
   head file, the fitted spec and the figures written;
 - states.py: the states a fit read, kept in the cache a batch a file: an interrupted fit continues.

@@ -10,6 +10,7 @@ figures as JSON. It never prints: progress goes through `step`.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,7 @@ from ..task.kind import Question
 from ..task.questions import label_kind
 from ..task.spec import TaskSpec, gold_tags, gold_value
 from ..task.specfile import SpecFile, read_spec_file
-from .heads import Judged, Labelled, judge
+from .heads import Asked, Judged, Labelled, judge
 from .job import labelled_items
 from .tuned import check_tuned_output, relocated, write_tuned
 
@@ -50,6 +51,7 @@ class FitOptions:
     seed: int = 0
     figures: Optional[Path] = None  # the JSON figures (default: OUTPUT with .fit.json)
     overwrite: bool = False
+    asked: Optional[Asked] = None  # a cut-point to choose (--target-accuracy, --coverage, --confidence)
 
     @property
     def head_path(self) -> Path:
@@ -113,7 +115,7 @@ def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: 
     o = options.run
     scorer = fit_scorer(plan.spec, o.scoring(), step)
     fitted = fit_heads(scorer, plan.items, plan.questions, Batching(o.batch_size, o.batch_tokens), options.folds,
-                       options.seed, step)
+                       options.seed, step, options.asked)
     result = FitResult(options, plan, fitted.judged, fitted.ms_per_item, fitted.kept, engine=scorer.engine.name)
     _write(result, fitted.readouts, fitted.fingerprint)
     return result
@@ -135,7 +137,7 @@ class Fitted:
 
 
 def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question], batching: Batching, folds: int,
-              seed: int, step: Step = lambda what, done, total: None) -> Fitted:
+              seed: int, step: Step = lambda what, done, total: None, asked: Optional[Asked] = None) -> Fitted:
     """Read the labelled items' states with `scorer` (its spec without a head), then judge and fit
     a readout for each question."""
     from .passes import read_states  # torch
@@ -147,10 +149,24 @@ def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question],
         data = labelled(q, spec, items, states, logprobs, decisions)
         what = f"judging {q.id}: {folds}-fold cross-validation, then the head on every item"
         step(what, 0, 0)
-        j, r = judge(data, folds, seed, lambda done, total: step(what, done, total))
+        j, r = judge(data, folds, seed, lambda done, total: step(what, done, total), asked)
         judged.append(j)
         readouts.append(r)
     return Fitted(judged, readouts, read.fingerprint, read.ms_per_item, read.kept)
+
+
+def cut_keys(plan: FitPlan, judged: Sequence[Judged]) -> dict[str, Any]:
+    """The spec keys that make `run` abstain below each chosen cut: a label spec's `threshold`, a
+    pack's questions each with its own (the pack written whole, with the others as they were)."""
+    cuts = {j.qid: round(j.cut.chosen.cut, 6) for j in judged if j.cut is not None and j.cut.chosen is not None}
+    if not cuts:
+        return {}
+    if not plan.spec.questions:
+        return {"threshold": next(iter(cuts.values()))}
+    pack = copy.deepcopy(plan.spec_file.data["questions"])
+    for qid, cut in cuts.items():
+        pack[qid]["threshold"] = cut
+    return {"questions": pack}
 
 
 def fitted_questions(spec: TaskSpec) -> tuple[Question, ...]:
@@ -207,6 +223,7 @@ def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> No
     tags = next((j for j in result.judged if j.thresholds), None)
     if tags is not None and not plan.spec.questions:
         keys["threshold"] = dict(zip(plan.spec.label_names, tags.thresholds))
+    keys.update(cut_keys(plan, result.judged))
     write_tuned(options.output, plan.spec_file, keys, header(result))
     result.written = [options.output, options.head_path, options.figures_path]
     safefile.replace(options.figures_path, json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n",

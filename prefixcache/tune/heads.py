@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import UsageError
 from ..task.head import Readout
 from ..task.scoring_metrics import calibration_error
+from .cutpoint import CONFIDENCE, Cut, choose_cut
 from .selection import GAIN_LEVEL, LEVEL, Figure, cv_splits, interval, resamples
 
 C_GRID = (0.01, 0.1, 1.0)  # on standardised states: strong to mild regularisation (fitted in this order)
@@ -70,6 +71,15 @@ class Choice:
     features: str
 
 
+@dataclass(frozen=True)
+class Asked:
+    """The cut-point asked of fit: a target accuracy or a coverage, at a confidence."""
+
+    target: float | None = None
+    coverage: float | None = None
+    confidence: float = CONFIDENCE
+
+
 @dataclass
 class Judged:
     """One question's held-out comparison of the head with the prompt rule."""
@@ -87,6 +97,7 @@ class Judged:
     curve: list[dict[str, Any]] = field(default_factory=list)
     thresholds: list[float] | None = None  # binary: each tag's, chosen on held-out probabilities
     notes: list[str] = field(default_factory=list)
+    cut: Cut | None = None  # where the head abstains, chosen on held-out probabilities (--target-accuracy, --coverage)
 
     def to_json(self) -> dict[str, Any]:
         def js(figures: dict) -> dict:
@@ -97,6 +108,7 @@ class Judged:
                 "verdict": self.verdict, "chosen": {"C": self.choice.C, "features": self.choice.features},
                 "labelled_per_option": self.counts, "learning_curve": self.curve,
                 **({"thresholds": dict(zip(self.counts, self.thresholds))} if self.thresholds else {}),
+                **({"cut": self.cut.to_json()} if self.cut else {}),
                 "notes": self.notes}
 
 
@@ -229,10 +241,11 @@ def choose(data: Labelled, items: np.ndarray, seed: int) -> Choice:
 
 
 # -- the held-out comparison -----------------------------------------------------------------------
-def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None] = lambda done, total: None
-          ) -> tuple[Judged, Readout]:
+def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None] = lambda done, total: None,
+          asked: Asked | None = None) -> tuple[Judged, Readout]:
     """Cross-validate the head beside the prompt rule on the same folds; then the readout fitted
-    on every item (with the C and features chosen on every item)."""
+    on every item (with the C and features chosen on every item). `asked`: a cut-point to choose
+    on the held-out probabilities (a question of one answer; tags have their thresholds)."""
     notes = _check_counts(data, folds)
     splits = cv_splits(data.strata(), folds, seed)
     probs = np.empty(data.prompt.shape)
@@ -253,6 +266,9 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
                     notes=notes, thresholds=thresholds)
     if not data.binary:
         judged.curve = learning_curve(data, splits, choice, seed)
+        if asked is not None:
+            judged.cut = choose_cut(probs.max(axis=1), probs.argmax(axis=1) == data.gold, asked.target,
+                                    asked.coverage, asked.confidence)
     final = readout(data, choice)
     return judged, final
 

@@ -43,8 +43,9 @@ def test_float32_and_q8_0_on_llama_cpp_against_transformers(spec, data, copies, 
     same, probs = logprobs(spec, data, cache_dir, model=str(f32), backend="llama.cpp")
     assert np.abs(same - want).max() < 1e-3  # measured: 4e-5
     quantised, q_probs = logprobs(spec, data, cache_dir, model=str(q8), backend="llama.cpp")
-    # llama.cpp quantises the activations too (measured: up to 0.29 and 0.86 nats, 0.08 and 0.13 in probability)
-    assert np.abs(quantised - same).max() < 1.0 and np.abs(q_probs - probs).max() < 0.2
+    # llama.cpp quantises the activations too (measured: up to 0.29 and 0.86 nats, 0.08 and 0.13 in probability,
+    # with AVX-512 kernels; 1.02 nats on the headlines with AVX2 ones)
+    assert np.abs(quantised - same).max() < 1.5 and np.abs(q_probs - probs).max() < 0.25
     top2 = np.sort(probs, axis=1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > 0.3  # not a close call in float32
     assert clear.sum() >= len(probs) // 4
