@@ -366,8 +366,6 @@ def print_fit(result: FitResult) -> None:
             out.print("thresholds: " + ", ".join(f"{escape(k)} {t:.2f}" for k, t in zip(j.counts, j.thresholds)))
         if j.cut is not None:
             _print_cut(out, j)
-        elif o.asked is not None and j.binary:
-            out.print("cut: not chosen for tags (each tag has its own threshold, chosen for F1)")
         for note in j.notes:
             out.print(f"note: {escape(note)}")
     items = len(result.plan.items)

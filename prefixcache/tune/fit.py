@@ -149,10 +149,17 @@ def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question],
         data = labelled(q, spec, items, states, logprobs, decisions)
         what = f"judging {q.id}: {folds}-fold cross-validation, then the head on every item"
         step(what, 0, 0)
-        j, r = judge(data, folds, seed, lambda done, total: step(what, done, total), asked)
+        cuts = asked if q.kind.name in ABSTAINING else None
+        j, r = judge(data, folds, seed, lambda done, total: step(what, done, total), cuts)
+        if asked is not None and cuts is None:
+            j.notes.append(f"no cut chosen: a {q.kind.name} question's answer is never abstained" + (
+                " (each tag has its own threshold, chosen for F1)" if data.binary else " (it is a probability or score)"))
         judged.append(j)
         readouts.append(r)
     return Fitted(judged, readouts, read.fingerprint, read.ms_per_item, read.kept)
+
+
+ABSTAINING = ("labels", "choice")  # the kinds of question whose answer abstains below a threshold
 
 
 def cut_keys(plan: FitPlan, judged: Sequence[Judged]) -> dict[str, Any]:
