@@ -6,6 +6,7 @@
 - job.py: `Job`, whose methods are a run's phases, and `RunResult`;
 - pipeline.py: `classify`: items -> batches -> scores -> records, in input order;
 - shards.py: splitting one job into shards and joining their outputs (`merge`, launches);
+- review.py: `run --review`: the abstained items, with the top guesses, for a person to label;
 - dryrun.py, bench.py: `run --dry-run` and `prefixcache bench`.
 
 May import: reports, scoring, model, data, task, compat, errors. Never prints; imported by cli.

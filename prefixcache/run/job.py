@@ -38,6 +38,7 @@ from ..task.spec import LETTERS
 from .options import RunOptions, command_line
 from .pipeline import RunStats, classify
 from .plan import Plan, make_plan, refusal_words
+from .review import review_rows, write_review
 from .shards import merge_launched, shard_range
 
 if TYPE_CHECKING:  # the scorer brings torch: imported once a model is needed (load_scorer)
@@ -93,6 +94,7 @@ class RunResult:
     processes: int = 1
     evaluation: Optional[Evaluation] = None
     gates: Gates = Gates()
+    reviewed: Optional[int] = None  # --review: abstained items written for a person to label
 
     @property
     def gate_failures(self) -> list[str]:
@@ -153,6 +155,7 @@ class Job:
         self.result = self.new_result()
         self.write()
         self.check_read_all()
+        self.review()
         self.result.rescored = self.scorer.rescoring()
         self.warn_if_collapsed()
         if self.plan.launched:
@@ -184,8 +187,20 @@ class Job:
                                 carried_errors=sum(map(is_error, self.begun.records.values())),
                                 evaluation=evaluation_for(self.plan.spec, self.begun.records.values()),
                                 gates=self.plan.gates)
+        self.review()
         self.report()
         return self.result
+
+    def review(self) -> None:
+        """--review: the abstained items of the complete output, joined with the input, written whole."""
+        path = self.options.review
+        if path is None:
+            return
+        records = {id_text(r["id"]): r for r in read_records(self.plan.output.path).records}
+        rows = review_rows(self.plan.spec, islice(self.plan.read_input(), self.first, self.last), records)
+        write_review(path, rows)
+        self.result.reviewed = len(rows)
+        log.info("review: %d abstained item%s to label in %s", len(rows), "" if len(rows) == 1 else "s", path)
 
     # -- the model --------------------------------------------------------------------------
     def load(self) -> None:

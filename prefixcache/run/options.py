@@ -123,6 +123,11 @@ class RunOptions:
     gold_sep: Optional[str] = _opt(None, "--gold-sep", help=(
         "Multi-label: what separates the labels in a gold string (default ','; a JSON list is always read as one)."))
     metrics: Optional[Path] = _opt(None, "--metrics", help="Write the evaluation as JSON to this file.")
+    review: Optional[Path] = _opt(None, "--review", metavar="FILE", help=(
+        "Write the items the run abstained on (below a threshold: a fitted head's cut, or the spec's) to FILE, CSV or "
+        "JSONL by its extension, for a person to label: id, the item's fields, the top guesses with their "
+        "probabilities and an empty gold column. Rewritten whole when the output is complete (a resumed run lists "
+        "each item once)."))
     summary_md: Optional[Path] = _opt(None, "--summary-md",
                                       help="Write the evaluation as Markdown (e.g. $GITHUB_STEP_SUMMARY).")
     junit: Optional[Path] = _opt(None, "--junit", help="Write the evaluation as a JUnit XML report.")

@@ -127,11 +127,13 @@ def make_plan(options: RunOptions) -> Plan:
     out_fmt = output_format(options.output, options.output_format)
     keep = _keep(options, spec, fields, out_fmt, stream)
     check_output(options.output, options.resume or options.update, options.overwrite, out_fmt)
-    for what, report in (("--metrics", options.metrics), ("--summary-md", options.summary_md), ("--junit", options.junit)):
+    _review_possible(options, stream, part)
+    for what, report in (("--metrics", options.metrics), ("--summary-md", options.summary_md), ("--junit", options.junit),
+                         ("--review", options.review)):
         check_report(report, what)
     check_distinct({"--metrics": options.metrics, "--summary-md": options.summary_md, "--junit": options.junit,
-                    "-o": options.output}, {"the input": None if stream else options.items, "the spec": options.spec},
-                   outputs=("-o",))
+                    "--review": options.review, "-o": options.output},
+                   {"the input": None if stream else options.items, "the spec": options.spec}, outputs=("-o",))
     path = part_path(options.output, *part) if launched else options.output
     if launched:
         check_output(path, options.resume or options.update, options.overwrite, out_fmt)
@@ -174,6 +176,15 @@ def _keep(options: RunOptions, spec: TaskSpec, fields: dict[str, None], out_fmt:
             raise UsageError(f"--keep {name}: no item has this field; the items' fields are "
                              f"{', '.join(map(repr, fields))}")
     return tuple(names)
+
+
+def _review_possible(options: RunOptions, stream: bool, part: object) -> None:
+    """--review is written from the complete output joined with the input read again."""
+    if options.review is None:
+        return
+    if stream or options.output in (None, "-") or part:
+        raise UsageError("--review writes the abstained items from the output file and the input read again: give "
+                         "an input file and an output file (-o), in one process")
 
 
 def _not_the_input(options: RunOptions, stream: bool) -> None:
