@@ -86,6 +86,7 @@ class Classifier:
             else the embedded default).
         device, dtype: as `run --device`, `--dtype` ("auto": CUDA when present, float32 on the CPU).
         backend, threads: as `run --backend`, `--threads` (None: the spec's backend, else auto; every core).
+        prompt_scores: as `run --prompt-scores` (a fitted head answers alone without it).
         cache_dir: converted models and stored prefixes (default: ~/.cache/prefixcache or
             PREFIXCACHE_CACHE_DIR).
         batch_size, batch_tokens: as `run`'s; the same values give the same records as `run`.
@@ -97,7 +98,7 @@ class Classifier:
     def __init__(self, spec: SpecLike = None, *, model: Optional[str] = None, device: str = "auto",
                  dtype: str = "auto", cache_dir: Optional[Union[str, Path]] = None, batch_size: int = 64,
                  batch_tokens: int = 768, exact: bool = False, progress: bool = True, backend: Optional[str] = None,
-                 threads: Optional[int] = None, **keys: Any):
+                 threads: Optional[int] = None, prompt_scores: bool = False, **keys: Any):
         if batch_size < 1 or batch_tokens < 1:
             raise UsageError(f"batch_size and batch_tokens must be 1 or more (got {batch_size} and {batch_tokens})")
         from ..scoring.build import build_scorer  # torch: once the spec is known to be good
@@ -105,7 +106,7 @@ class Classifier:
         self.spec = with_overrides(_spec_of(spec, keys), model=model)
         # as the command line reads them: PREFIXCACHE_CACHE_DIR, PREFIXCACHE_STORE_MAX_MB
         self.options = ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype, exact=exact,
-                                                       backend=backend, threads=threads)
+                                                       backend=backend, threads=threads, prompt_scores=prompt_scores)
         self.cache_dir, self.device, self.dtype, self.exact = self.options.cache_dir, device, dtype, exact
         self.progress = progress
         with compat.quietly():  # transformers' loading bars: the caller asked for records, not those

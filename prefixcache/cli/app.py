@@ -31,7 +31,7 @@ from ..serve.defaults import BATCH_WAIT_MS, MAX_BATCH
 from .cache import cache_app
 from .options import (
     BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
-    EXAMPLES_OPT, REPORT_FIT_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, TARGET_ACCURACY_OPT, COVERAGE_OPT, CONFIDENCE_OPT, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
+    EXAMPLES_OPT, REPORT_FIT_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, TARGET_ACCURACY_OPT, COVERAGE_OPT, CONFIDENCE_OPT, FIT_FEATURES_OPT, FitFeatures, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
@@ -321,7 +321,7 @@ def fit(
     spec: Path = SPEC_ARG, labelled: str = LABELLED_ARG, output: Path = FITTED_OPT, folds: int = FOLDS_OPT,
     seed: int = SEED_OPT, figures: Optional[Path] = FIT_JSON_OPT, overwrite: bool = OVERWRITE_FITTED_OPT,
     target_accuracy: Optional[float] = TARGET_ACCURACY_OPT, coverage: Optional[float] = COVERAGE_OPT,
-    confidence: float = CONFIDENCE_OPT,
+    confidence: float = CONFIDENCE_OPT, features: FitFeatures = FIT_FEATURES_OPT,
     quiet: bool = QUIET_OPT, log_interval: float = LOG_INTERVAL_OPT, debug: bool = DEBUG_OPT, **given: Any,
 ) -> None:
     """Train a head on your labelled items: a readout of the model's hidden state that answers
@@ -350,7 +350,8 @@ def fit(
         if target_accuracy is not None and coverage is not None:
             raise UsageError("give --target-accuracy or --coverage, not both")
         asked = Asked(target_accuracy, coverage, confidence) if target_accuracy or coverage else None
-        options = FitOptions(RunOptions(spec, labelled, **given), output, folds, seed, figures, overwrite, asked)
+        options = FitOptions(RunOptions(spec, labelled, **given), output, folds, seed, figures, overwrite, asked,
+                             features)
         plan = plan_fit(options)
         with steps(quiet, log_interval) as step:
             compat.quiet_libraries()

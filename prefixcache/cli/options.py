@@ -82,6 +82,11 @@ COVERAGE_OPT = typer.Option(None, "--coverage", min=0.0, max=1.0, help=(
     "Instead of --target-accuracy: the cut that answers this share of the items (the rest abstain), with the "
     "accuracy it gives held out."))
 CONFIDENCE_OPT = typer.Option(0.95, "--confidence", min=0.5, max=0.9999, help="The confidence of --target-accuracy.")
+FIT_FEATURES_OPT = typer.Option("auto", "--features", help=(
+    "What the heads read: state (the model's state alone: the fitted spec then answers without scoring any "
+    "option, whatever the number of labels) or auto (also the options' log-probabilities where the inner "
+    "cross-validation finds they help; the options are then scored at run time)."))
+FitFeatures = Literal["auto", "state"]
 FIT_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON here instead of beside the fitted spec.")
 OVERWRITE_FITTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the fitted spec, its head and figures if they exist.")
 REPORT_FIT_OPT = typer.Option(None, "--fit", metavar="FIGURES", help="The figures prefixcache fit wrote (NAME.fit.json): add the head's held-out figures beside the prompt's and its learning curve.")

@@ -220,7 +220,8 @@ def from_csv_row(row: Mapping[str, str]) -> Record:
             continue
         field = next(((f, key[len(p):]) for f, p in PER_LABEL if key.startswith(p)), None)
         if field is not None:
-            record.setdefault(field[0], {})[field[1]] = float(cell)
+            if cell != "":  # empty: not in the record (a head that answered alone scored no option)
+                record.setdefault(field[0], {})[field[1]] = float(cell)
         elif key in ("probs", "logprobs", "labels", "pruned") or (key == "gold" and "labels" in row):
             record[key] = json.loads(cell)  # lists are JSON (a multi-label gold too)
         elif key in _FLOATS + _INTS:
@@ -296,7 +297,8 @@ def _from_flat_answers(row: Mapping[str, str], qids: Sequence[str]) -> Record:
         elif rest == "type":
             continue
         elif spread is not None:
-            answer.setdefault(spread, {})[rest[len(_SPREAD[spread]) + len(SEP):]] = float(cell)
+            if cell != "":  # empty: not in the answer (a head that answered alone scored no option)
+                answer.setdefault(spread, {})[rest[len(_SPREAD[spread]) + len(SEP):]] = float(cell)
         elif rest == "gold":
             gold[qid] = cell
         elif rest == "correct":

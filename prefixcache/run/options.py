@@ -123,6 +123,10 @@ class RunOptions:
     gold_sep: Optional[str] = _opt(None, "--gold-sep", help=(
         "Multi-label: what separates the labels in a gold string (default ','; a JSON list is always read as one)."))
     metrics: Optional[Path] = _opt(None, "--metrics", help="Write the evaluation as JSON to this file.")
+    prompt_scores: bool = _opt(False, "--prompt-scores", metavar="", words=_switch("--prompt-scores"), help=(
+        "With a fitted head (the spec's 'head'): score every option too and keep their log-probabilities in the "
+        "records. Without it, a head that reads the model's state alone answers alone: no option token goes "
+        "through the model, whatever the number of labels."))
     review: Optional[Path] = _opt(None, "--review", metavar="FILE", help=(
         "Write the items the run abstained on (below a threshold: a fitted head's cut, or the spec's) to FILE, CSV or "
         "JSONL by its extension, for a person to label: id, the item's fields, the top guesses with their "
@@ -174,7 +178,7 @@ class RunOptions:
         """The scoring slice of these options, shared with `Classifier` and `tune` (`changes` set
         over it)."""
         mine = ScoringOptions(self.cache_dir, self.device, self.dtype, self.exact, self.prune, self.cache_store,
-                              self.store_max_bytes, self.backend, self.threads)
+                              self.store_max_bytes, self.backend, self.threads, self.prompt_scores)
         return mine.replace(**changes)
 
 

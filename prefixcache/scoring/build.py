@@ -65,6 +65,8 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
         scorer = Scorer.load(task, options.cache_dir, options.device, options.dtype, store,
                              backend=options.backend, threads=options.threads)
     scorer.prune(options.prune, options.exact)
+    if isinstance(scorer, Scorer):
+        scorer.answer_by_head(options.prompt_scores)
     return scorer
 
 
@@ -81,6 +83,7 @@ def build_on(task: Task, engine: Engine, options: ScoringOptions, prefix: Prefix
     task's prefix ids)."""
     scorer = Scorer(task, engine, prefix) if prefix is not None else Scorer.on(task, engine, prefix_store(options))
     scorer.prune(options.prune, options.exact)
+    scorer.answer_by_head(options.prompt_scores)
     return scorer
 
 

@@ -24,6 +24,8 @@ class ScoringOptions:
         store_max_bytes: the prefix store's bound (None: its default).
         backend: "transformers", "llama.cpp" or "auto" (model/choice.py); None: the spec's, else auto.
         threads: CPU threads the model computes with (None: every core).
+        prompt_scores: with a fitted head, score the options too (their log-probabilities in the
+            records); without it a head of the state alone answers alone.
     """
 
     cache_dir: Path
@@ -35,6 +37,7 @@ class ScoringOptions:
     store_max_bytes: Optional[int] = None
     backend: Optional[str] = None
     threads: Optional[int] = None
+    prompt_scores: bool = False
 
     @classmethod
     def from_environment(cls, cache_dir: Union[str, Path, None] = None, **given) -> "ScoringOptions":

@@ -196,6 +196,7 @@ class Scorer:
         self.head = task.spec.head  # a fitted readout: decides from the states scoring computes
         self._readouts = [self.head.readout_for(q.id) for q in task.questions] if self.head else []
         self._states = ScoreCache()  # by prompt: per question read by the head, its answer states
+        self.head_only = False  # the head answers alone: no option scored (`answer_by_head`)
         if self.head is not None:
             self.head.check_width(engine.hidden_size)
 
@@ -272,12 +273,42 @@ class Scorer:
         reads. (A batch whose records are all written is not scored: `score` returns the scores
         read back from them, and nothing of it is decided again.)"""
         todo = {p.key: p for p in preps if p.key not in self._scores or p.key not in self._states}
-        if todo:
+        if todo and self.head_only:
+            for key, found in zip(todo, self.states_alone(list(todo.values()))):
+                self._scores.put(key, None)
+                self._states.put(key, found)
+        elif todo:
             values, states = self.score_reading(list(todo.values()), self.reads)
             for key, scores, found in zip(todo, values, states):
                 self._scores.put(key, scores)
                 self._states.put(key, found)
         return Scores([self._scores.get(p.key) for p in preps], list(todo.values()))
+
+    def answer_by_head(self, prompt_scores: bool = False) -> bool:
+        """Whether the head answers alone (`head_only`): every question asked is read by a head of
+        the state alone and `prompt_scores` was not asked. Then no option is scored: each item's
+        tokens go through the model with, per answer position, one candidate of one token (its
+        first, whose logits row is the only one computed), and records carry no log-probabilities."""
+        needs = [q.id for q, r in zip(self.task.questions, self._readouts) if r is None or r.features != "state"]
+        self.head_only = self.head is not None and not prompt_scores and not needs
+        if self.head is not None and not prompt_scores and needs:
+            log.info("the options are scored: the prompt answers, or its scores feed the head, for %s",
+                     ", ".join(repr(q) for q in needs))
+        return self.head_only
+
+    def states_alone(self, preps: Sequence[Prepared]) -> list[list[np.ndarray]]:
+        """The states the head reads, per item and question, from a forward of the item's tokens
+        and, per answer position, the candidate's context (a question's text) and its first token."""
+        reads, rows, wanted = self.reads, [], []
+        for p in preps:
+            positions = self.answer_positions(p, reads)
+            cands = list(p.candidates.values())
+            skips = [p.skips[i] if p.skips else 0 for i in positions]
+            rows.append(Row(p.row.ids, p.row.prefix_len, [cands[i][:s + 1] for i, s in zip(positions, skips)],
+                            skips if p.skips else ()))
+            wanted.append(list(range(len(positions))))
+        _, states = self.engine.score_with_states(self.prefix, rows, wanted)
+        return [self.split_states(p, reads, found) for p, found in zip(preps, states)]
 
     @property
     def reads(self) -> list[bool | None]:
@@ -412,6 +443,10 @@ class Scorer:
 
     def decide_read(self, prep: Prepared, logprobs: Sequence[float], states: Sequence[np.ndarray]) -> Answers:
         """`decide`, the head reading `states` (per question it reads, as `score_reading` gives them)."""
+        if logprobs is None:  # the head answered alone: no option was scored
+            asked, read = self.task.asked(prep), iter(states)
+            decisions = tuple(decided_by(r, q, next(read), None) for q, r in zip(asked, self._readouts))
+            return Answers(tuple(asked), decisions, tuple(None for _ in asked))
         answers = self._answers(prep, logprobs, self.prior)
         if self.head is None:
             return answers

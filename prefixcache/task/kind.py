@@ -233,7 +233,8 @@ def distribution_answer(question: Question, decision: Decision, logprobs: Sequen
     out["confidence"] = out.pop("confidence")
     if decision.raw is not None:
         out["x_raw_probabilities"] = dict(zip(question.options, decision.raw))
-    out["x_logprobs"] = per_option_logprobs(question, logprobs)
+    if logprobs is not None:  # None: a head answered alone, no option was scored
+        out["x_logprobs"] = per_option_logprobs(question, logprobs)
     return out
 
 

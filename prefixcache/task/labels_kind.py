@@ -37,7 +37,8 @@ class LabelsKind(Asked):
         names, best = q.options, decision.best
         record = {"label": None if best is None else names[best],
                   "prob": None if best is None else r6(decision.probs[best]), "margin": r6(decision.margin),
-                  "probs": {n: r6(p) for n, p in zip(names, decision.probs)}, "logprobs": dict(zip(names, logprobs))}
+                  "probs": {n: r6(p) for n, p in zip(names, decision.probs)},
+                  **({} if logprobs is None else {"logprobs": dict(zip(names, logprobs))})}  # None: a head answered alone
         if decision.raw is not None:
             record["raw_probs"] = {n: r6(p) for n, p in zip(names, decision.raw)}
         if spec.gold:

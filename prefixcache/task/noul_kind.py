@@ -64,7 +64,8 @@ class NoulKind(Asked):
         out: dict[str, Any] = {"type": "noul", "noul": decision.probs[0]}
         if decision.raw is not None:
             out["x_raw_noul"] = decision.raw[0]
-        out["x_logprobs"] = per_option_logprobs(q, logprobs)
+        if logprobs is not None:  # None: a head answered alone
+            out["x_logprobs"] = per_option_logprobs(q, logprobs)
         return out
 
     def figures(self, metrics: Mapping[str, Any]) -> str:

@@ -40,7 +40,8 @@ class TagsKind:
         """The record's fields after the id and the kept input fields."""
         names = q.options
         record = {"labels": [n for n, on in zip(names, tags.on) if on],
-                  "probs": {n: r6(p) for n, p in zip(names, tags.probs)}, "logprobs": dict(zip(names, logprobs))}
+                  "probs": {n: r6(p) for n, p in zip(names, tags.probs)},
+                  **({} if logprobs is None else {"logprobs": dict(zip(names, logprobs))})}  # None: a head answered alone
         if tags.raw is not None:
             record["raw_probs"] = {n: r6(p) for n, p in zip(names, tags.raw)}
         if spec.gold:

@@ -31,7 +31,7 @@ from ..task.kind import Question
 from ..task.questions import label_kind
 from ..task.spec import TaskSpec, gold_tags, gold_value
 from ..task.specfile import SpecFile, read_spec_file
-from .heads import Asked, Judged, Labelled, judge
+from .heads import FEATURE_SETS, Asked, Judged, Labelled, judge
 from .job import labelled_items
 from .tuned import check_tuned_output, relocated, write_tuned
 
@@ -52,6 +52,7 @@ class FitOptions:
     figures: Optional[Path] = None  # the JSON figures (default: OUTPUT with .fit.json)
     overwrite: bool = False
     asked: Optional[Asked] = None  # a cut-point to choose (--target-accuracy, --coverage, --confidence)
+    features: str = "auto"  # "state": heads of the state alone (they answer alone at run time); auto: chosen
 
     @property
     def head_path(self) -> Path:
@@ -115,7 +116,7 @@ def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: 
     o = options.run
     scorer = fit_scorer(plan.spec, o.scoring(), step)
     fitted = fit_heads(scorer, plan.items, plan.questions, Batching(o.batch_size, o.batch_tokens), options.folds,
-                       options.seed, step, options.asked)
+                       options.seed, step, options.asked, options.features)
     result = FitResult(options, plan, fitted.judged, fitted.ms_per_item, fitted.kept, engine=scorer.engine.name)
     _write(result, fitted.readouts, fitted.fingerprint)
     return result
@@ -137,7 +138,8 @@ class Fitted:
 
 
 def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question], batching: Batching, folds: int,
-              seed: int, step: Step = lambda what, done, total: None, asked: Optional[Asked] = None) -> Fitted:
+              seed: int, step: Step = lambda what, done, total: None, asked: Optional[Asked] = None,
+              features: str = "auto") -> Fitted:
     """Read the labelled items' states with `scorer` (its spec without a head), then judge and fit
     a readout for each question."""
     from .passes import read_states  # torch
@@ -150,7 +152,8 @@ def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question],
         what = f"judging {q.id}: {folds}-fold cross-validation, then the head on every item"
         step(what, 0, 0)
         cuts = asked if q.kind.name in ABSTAINING else None
-        j, r = judge(data, folds, seed, lambda done, total: step(what, done, total), cuts)
+        j, r = judge(data, folds, seed, lambda done, total: step(what, done, total), cuts,
+                     ("state",) if features == "state" else FEATURE_SETS)
         if asked is not None and cuts is None:
             j.notes.append(f"no cut chosen: a {q.kind.name} question's answer is never abstained" + (
                 " (each tag has its own threshold, chosen for F1)" if data.binary else " (it is a probability or score)"))

@@ -223,12 +223,13 @@ def log_loss(data: Labelled, idx: np.ndarray, probs: np.ndarray) -> float:
     return float(-np.log(p[np.arange(len(idx)), data.gold[idx]]).mean())
 
 
-def choose(data: Labelled, items: np.ndarray, seed: int) -> Choice:
-    """The (C, features) of least held-out log-loss in an inner cross-validation over `items`."""
+def choose(data: Labelled, items: np.ndarray, seed: int, feature_sets: Sequence[str] = FEATURE_SETS) -> Choice:
+    """The (C, features) of least held-out log-loss in an inner cross-validation over `items`
+    (features among `feature_sets`)."""
     folds = min(INNER_FOLDS, len(items))
     splits = cv_splits([data.strata()[i] for i in items], folds, seed)
     best: tuple[float, Choice] | None = None
-    for features in FEATURE_SETS:
+    for features in feature_sets:
         losses = np.zeros(len(C_GRID))
         for train, test in splits:
             for n, probs in enumerate(fitted_probs(data, items[train], items[test], features, C_GRID)):
@@ -242,7 +243,7 @@ def choose(data: Labelled, items: np.ndarray, seed: int) -> Choice:
 
 # -- the held-out comparison -----------------------------------------------------------------------
 def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None] = lambda done, total: None,
-          asked: Asked | None = None) -> tuple[Judged, Readout]:
+          asked: Asked | None = None, feature_sets: Sequence[str] = FEATURE_SETS) -> tuple[Judged, Readout]:
     """Cross-validate the head beside the prompt rule on the same folds; then the readout fitted
     on every item (with the C and features chosen on every item). `asked`: a cut-point to choose
     on the held-out probabilities (a question of one answer; tags have their thresholds)."""
@@ -252,10 +253,10 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     everything = np.arange(data.n)
     for f, (train, test) in enumerate(splits):
         step(f, folds + 1)
-        chosen = choose(data, train, seed)
+        chosen = choose(data, train, seed, feature_sets)
         probs[test] = fitted_probs(data, train, test, chosen.features, [chosen.C])[0]
     step(folds, folds + 1)
-    choice = choose(data, everything, seed)
+    choice = choose(data, everything, seed, feature_sets)
     thresholds = _tag_thresholds(data, probs) if data.binary else None
     head_said = probs >= np.asarray(thresholds) if data.binary else answered(probs, data.threshold)
     head = figures(data, head_said, probs, seed)

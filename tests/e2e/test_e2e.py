@@ -320,6 +320,8 @@ def test_real_model_fit_head_answers_from_the_states_of_a_full_reencode(tmp_path
         with torch.no_grad():
             model(input_ids=torch.tensor([list(scorer.task.builder.encode_item(item.record, item.id).ids)]))
         hook.remove()
-        want = readout.probs(seen[0][0, -1:].numpy(), [record["logprobs"][n] for n in names])
+        # a head of the state alone answers alone (no logprobs in the record); one that reads them keeps them
+        assert ("logprobs" in record) == (readout.features == "state+logprobs")
+        want = readout.probs(seen[0][0, -1:].numpy(), [record.get("logprobs", {}).get(n, 0.0) for n in names])
         assert record["readout"] == "head"
         assert max(abs(record["probs"][n] - p) for n, p in zip(names, want)) < 1e-4

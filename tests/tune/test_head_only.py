@@ -1,0 +1,86 @@
+"""A fitted head of the state alone (`fit --features state`) answers alone: the same labels and probabilities as with
+--prompt-scores, no option token through the model, records without log-probabilities (CSV
+too, resumed)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from helpers import invoke, json_lines, write_spec
+
+pytest.importorskip("sklearn")
+LABELS = ["billing", "technical"]
+
+
+def _labelled(path, n, start=0):
+    words = {"billing": "invoice refund", "technical": "crash error"}
+    rows = [{"id": f"i{k}", "text": " ".join([words[LABELS[k % 2]]] * (1 + k % 3)), "gold": LABELS[k % 2]}
+            for k in range(start, start + n)]
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, tiny_model_dir):
+    tmp = tmp_path_factory.mktemp("head-only")
+    spec = write_spec(tmp, model=str(tiny_model_dir), labels=LABELS, gold="gold")
+    labelled = _labelled(tmp / "labelled.jsonl", 24)
+    out = tmp / "fitted.yaml"
+    result = invoke("fit", spec, labelled, "-o", out, "--folds", "3", "-q", "--features", "state")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp / "fitted.fit.json").read_text())["questions"][0]["chosen"]["features"] == "state"
+    return out, labelled
+
+
+def test_head_only_records_equal_those_with_prompt_scores(fitted, tmp_path):
+    out, labelled = fitted
+    alone, scored = tmp_path / "alone.jsonl", tmp_path / "scored.jsonl"
+    assert invoke("run", out, labelled, "-o", alone).exit_code == 0
+    assert invoke("run", out, labelled, "-o", scored, "--prompt-scores").exit_code == 0
+    a, s = json_lines(alone), json_lines(scored)
+    assert all("logprobs" not in r and r["readout"] == "head" for r in a) and all("logprobs" in r for r in s)
+    assert [r["label"] for r in a] == [r["label"] for r in s]
+    assert max(abs(x["probs"][n] - y["probs"][n]) for x, y in zip(a, s) for n in LABELS) < 1e-5  # float rounding
+
+
+def test_no_option_token_goes_through_the_model(fitted):
+    from prefixcache import Classifier
+
+    out, labelled = fitted
+    texts = [json.loads(line) for line in labelled.read_text().splitlines()]
+    alone = Classifier(out, progress=False)
+    list(alone.classify(texts))
+    scored = Classifier(out, progress=False, prompt_scores=True)
+    list(scored.classify(texts))
+    assert alone.scorer.head_only and not scored.scorer.head_only
+    assert alone.scorer.engine.label_tokens == 0 < scored.scorer.engine.label_tokens
+
+
+def test_a_head_only_csv_output_resumes_to_the_uninterrupted_records(fitted, tmp_path):
+    out, _ = fitted
+    items = _labelled(tmp_path / "in.jsonl", 6)
+    part = tmp_path / "part.csv"
+    assert invoke("run", out, items, "-o", part).exit_code == 0
+    _labelled(items, 6, start=6)
+    resumed = invoke("run", out, items, "-o", part, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    whole = tmp_path / "whole.csv"
+    assert invoke("run", out, items, "-o", whole).exit_code == 0
+    rows = lambda path: [{k: v for k, v in r.items() if k != "ms"} for r in csv.DictReader(path.open())]  # noqa: E731
+    assert rows(part) == rows(whole) and len(rows(whole)) == 12
+    assert all(r["logprob_billing"] == "" for r in rows(whole))  # the columns stay, empty
+
+
+def test_a_head_reading_the_options_scores_keeps_them(tmp_path, tiny_model_dir):
+    from prefixcache import Classifier
+
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS, gold="gold")
+    labelled = _labelled(tmp_path / "labelled.jsonl", 24)
+    out = tmp_path / "fitted.yaml"
+    assert invoke("fit", spec, labelled, "-o", out, "--folds", "3", "-q").exit_code == 0
+    chosen = json.loads((tmp_path / "fitted.fit.json").read_text())["questions"][0]["chosen"]["features"]
+    clf = Classifier(out, progress=False)
+    assert clf.scorer.head_only == (chosen == "state")  # auto may choose either; the scorer follows the head
