@@ -172,8 +172,8 @@ def bench(
         options = RunOptions(spec, items, **given)
         task_spec = load_options_spec(options)
         if task_spec.head is not None:  # the modes compare label scores; the head adds no forward work
-            say("bench: the head reads states the scoring forward computes anyway: timing the spec's scoring, "
-                "its labels compared as the prompt decides them")
+            say("bench: timing the spec's prompt scoring (every option), its labels compared as the prompt decides "
+                "them; a head of the state alone answers without scoring the options: `run` says its ms/item")
             task_spec = dataclasses.replace(task_spec, head=None)
         naive, cached = bench_sizes(task_spec, limit, max_items)
         records = list(islice(read_options_items(options, task_spec), cached))

@@ -200,7 +200,7 @@ def test_bench_and_zero_shot_labels_take_a_fitted_spec(fitted, tmp_path):
     _, labelled, out = fitted
     result = invoke("bench", out, labelled, "--limit", "2", "--max-items", "4")
     assert result.exit_code == 0, result.output
-    assert "the head reads states the scoring forward computes anyway" in result.stderr
+    assert "bench: timing the spec's prompt scoring (every option)" in result.stderr
     clf = Classifier(out, device="cpu", dtype="float32", progress=False)
     found = clf("refund refund", candidate_labels=["refund", "bug"])  # other labels: the prompt answers
     assert set(found["labels"]) == {"refund", "bug"}
