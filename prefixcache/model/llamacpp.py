@@ -308,12 +308,13 @@ class LlamaEngine:
 
     def _score(self, prefix: LlamaPrefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]] | None
                ) -> tuple[list[list[float]], list[np.ndarray]]:
-        self._check(prefix, rows)
+        tries = [trie(r.candidates) for r in rows]  # each row's, built once for the checks, groups and plan
+        self._check(prefix, rows, tries)
         self._set_embeddings(wanted is not None)
         results: list[list[float]] = [[] for _ in rows]
         states: list[np.ndarray] = [np.zeros((0, self.hidden_size), np.float32) for _ in rows]
-        for group in self._groups(rows):
-            planned, tokens = self._plan([rows[b] for b in group])
+        for group in self._groups(rows, tries):
+            planned, tokens = self._plan([rows[b] for b in group], [tries[b] for b in group])
             self.label_tokens += sum(len(p.nodes) for p in planned)
             try:
                 self._decode(tokens)
@@ -326,29 +327,30 @@ class LlamaEngine:
                     self._L.llama_memory_seq_rm(self._mem, s, -1, -1)
         return results, states
 
-    def _check(self, prefix: LlamaPrefix, rows: Sequence[Row]) -> None:
+    def _check(self, prefix: LlamaPrefix, rows: Sequence[Row], tries: Sequence[Trie]) -> None:
         self._activate(prefix)
         P = len(prefix.ids)
-        for r in rows:
+        for r, t in zip(rows, tries):
             if (not 0 <= r.prefix_len <= P or r.prefix_len >= len(r.ids)
                     or any(len(c) <= r.skip(i) for i, c in enumerate(r.candidates))):
                 raise ValueError("each row needs a prefix_len <= the prefix, own ids, and candidates with ids to score")
             if tuple(r.ids[:r.prefix_len]) != prefix.ids[:r.prefix_len]:
                 raise ValueError("a row's leading ids are not the prefix's")
-            if r.prefix_len + _length(r) > self.context:
-                if self.max_positions and r.prefix_len + _length(r) > self.max_positions:
-                    raise ModelError(f"an item with its candidates takes {r.prefix_len + _length(r)} positions, "
+            cells = _length(r, t)
+            if r.prefix_len + cells > self.context:
+                if self.max_positions and r.prefix_len + cells > self.max_positions:
+                    raise ModelError(f"an item with its candidates takes {r.prefix_len + cells} positions, "
                                      f"more than the model's context of {self.max_positions}")
-                self._ensure_context(P + _length(r))
+                self._ensure_context(P + cells)
                 self._activate(prefix)
 
-    def _groups(self, rows: Sequence[Row]) -> Iterator[list[int]]:
+    def _groups(self, rows: Sequence[Row], tries: Sequence[Trie]) -> Iterator[list[int]]:
         """Rows in order, in groups one decode holds (sequences, tokens and free cells)."""
         budget = min(DECODE_TOKENS, self.context - len(self._resident.ids))
         group: list[int] = []
         seqs = tokens = 0
-        for b, row in enumerate(rows):
-            n, s = _length(row), _leaves(row)
+        for b, (row, t) in enumerate(zip(rows, tries)):
+            n, s = _length(row, t), max(1, len(_leaf_nodes(t)))
             if s >= MAX_SEQUENCES:
                 raise ModelError(f"an item's candidates need {s} llama.cpp sequences, more than its "
                                  f"{MAX_SEQUENCES - 1}: use fewer labels or options an item")
@@ -360,13 +362,12 @@ class LlamaEngine:
         if group:
             yield group
 
-    def _plan(self, rows: Sequence[Row]) -> tuple[list[_Planned], list[_Token]]:
+    def _plan(self, rows: Sequence[Row], tries: Sequence[Trie]) -> tuple[list[_Planned], list[_Token]]:
         """The decode's tokens: each row's own tokens carrying all its sequences, then its trie
         nodes carrying the sequences of the leaves below them; logits where a token is scored."""
         tokens: list[_Token] = []
         planned, next_seq = [], 1
-        for row in rows:
-            t = trie(row.candidates)
+        for row, t in zip(rows, tries):
             leaves = _leaf_nodes(t)
             seqs = list(range(next_seq, next_seq + max(1, len(leaves))))
             next_seq += len(seqs)
@@ -453,19 +454,15 @@ def _shared(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _length(row: Row) -> int:
-    """The cells a row takes in a decode: its own tokens and its trie's nodes."""
-    return len(row.ids) - row.prefix_len + len(trie(row.candidates))
+def _length(row: Row, t: Trie) -> int:
+    """The cells a row takes in a decode: its own tokens and its trie's (`t`) nodes."""
+    return len(row.ids) - row.prefix_len + len(t)
 
 
 def _leaf_nodes(t: Trie) -> list[int]:
     """The trie's nodes no other node continues."""
     parents = set(t.parents)
     return [k for k in range(len(t)) if k not in parents]
-
-
-def _leaves(row: Row) -> int:
-    return max(1, len(_leaf_nodes(trie(row.candidates))))
 
 
 def _node_sequences(t: Trie, leaves: list[int], seqs: list[int]) -> list[list[int]]:

@@ -44,12 +44,12 @@ MIN_RACE_TOKENS = 128  # candidate tokens an item from which pruning may pay (me
 
 
 def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto", backend: str | None = None,
-                threads: int | None = None, exact: bool = False) -> ScoringEngine:
+                threads: int | None = None) -> ScoringEngine:
     """The task's model on `device` in `dtype` ("auto": see model/load.py), as an engine of the
     backend asked (None: the spec's, else auto: model/choice.py); its memory said first, and a model
     that would not fit refused before it loads (`fits`)."""
-    picked = pick_engine(task.source, backend or task.spec.backend, device, dtype, exact,
-                         float32_bytes(task.source, cache_dir))
+    picked = pick_engine(task.source, backend or task.spec.backend, device, dtype,
+                         float32_bytes=float32_bytes(task.source, cache_dir))
     said = log.info if picked.name != "transformers" or backend or task.spec.backend else log.debug
     said("backend: %s%s", picked.name, f" ({picked.why})" if picked.why else "")
     if picked.name == "llama.cpp":
