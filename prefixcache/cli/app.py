@@ -32,13 +32,14 @@ from .cache import cache_app
 from .options import (
     BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
     EXAMPLES_OPT, REPORT_FIT_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, TARGET_ACCURACY_OPT, COVERAGE_OPT, CONFIDENCE_OPT, FIT_FEATURES_OPT, FitFeatures, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
+    POOL_ARG, SUGGEST_N_OPT, SUGGESTED_OPT, SUGGEST_LABELLED_OPT, SUGGEST_SEED_OPT, OVERWRITE_SUGGESTED_OPT,
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
     VERSION_OPT, LogLevel, run_options, ALLOW_HOST_OPT, ALLOW_ORIGIN_OPT, DRAIN_SECONDS_OPT, MAX_REQUEST_TOKENS_OPT,
 )
 from .show import (rendered_text, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench,
-                   print_fit, print_summary, print_tune)
+                   print_fit, suggest_summary, print_summary, print_tune)
 from .terminal import Command, Commands, bench_step, err, say, errors, progress, reporting, setup_logging, signals, steps
 
 app = typer.Typer(
@@ -359,6 +360,41 @@ def fit(
         print_fit(result)
         if not quiet:
             say("wrote " + ", ".join(str(p) for p in result.written))
+
+
+@app.command(cls=Command)
+@run_options(INPUT, MODEL, DEVICE, "batch_size", "batch_tokens", "gold", "limit")
+def suggest(
+    spec: Path = SPEC_ARG, pool: str = POOL_ARG, count: int = SUGGEST_N_OPT, output: Path = SUGGESTED_OPT,
+    labelled: list[str] = SUGGEST_LABELLED_OPT, seed: int = SUGGEST_SEED_OPT,
+    overwrite: bool = OVERWRITE_SUGGESTED_OPT, quiet: bool = QUIET_OPT, log_interval: float = LOG_INTERVAL_OPT,
+    debug: bool = DEBUG_OPT, **given: Any,
+) -> None:
+    """Choose the items worth labelling next from a pool of unlabelled ones.
+
+    With a fitted spec, the items its head is least sure of (smallest margin), spread over the
+    model's hidden states so that they are not twenty copies of one kind; the gold column holds the
+    head's guess, for you to correct. With a spec that has no head yet, a seed set that covers the
+    kinds of item the pool holds. Items labelled already are never suggested: those the head was
+    fitted on, those of --labelled files, and pool items whose gold is filled in (by id, and by text).
+
+    Example:
+
+        prefixcache suggest fitted.yaml pool.csv -n 50 -o to_label.csv
+
+        prefixcache fit configs/support-tickets.yaml labelled.csv --gold category -o fitted.yaml --overwrite
+    """
+    from ..tune.suggest import SuggestOptions, plan_suggest, suggest as run_suggest
+
+    setup_logging(quiet)
+    with errors(debug):
+        options = SuggestOptions(RunOptions(spec, pool, **given), output, count, seed, tuple(labelled), overwrite)
+        plan = plan_suggest(options)
+        with steps(quiet, log_interval) as step:
+            compat.quiet_libraries()
+            result = run_suggest(options, step, plan)
+        if not quiet:
+            say(suggest_summary(result))
 
 
 def served_heads(paths: list[Path]) -> list[Any]:

@@ -75,7 +75,7 @@ OVERWRITE_TUNED_OPT = typer.Option(False, "--overwrite", metavar="", help="Repla
 FITTED_OPT = typer.Option(..., "--output", "-o", help="The fitted spec to write (the spec with 'head:' set); the head (NAME.head.safetensors) and the figures (NAME.fit.json) are written beside it.", show_default=False)
 TARGET_ACCURACY_OPT = typer.Option(None, "--target-accuracy", min=0.0, max=1.0, help=(
     "Choose where the head abstains: the widest confidence cut whose answered items reach this accuracy with "
-    "--confidence, on the held-out predictions (one-sided Wilson bound, cuts tried most confident first); written "
+    "--confidence, on the held-out predictions (one-sided exact binomial bound, cuts tried most confident first); written "
     "into the fitted spec as the question's threshold, with the risk-coverage table printed. When no cut reaches "
     "it, fit says by how far and writes none."))
 COVERAGE_OPT = typer.Option(None, "--coverage", min=0.0, max=1.0, help=(
@@ -87,6 +87,12 @@ FIT_FEATURES_OPT = typer.Option("auto", "--features", help=(
     "option, whatever the number of labels) or auto (also the options' log-probabilities where the inner "
     "cross-validation finds they help; the options are then scored at run time)."))
 FitFeatures = Literal["auto", "state"]
+POOL_ARG = typer.Argument(..., metavar="POOL", help="Unlabelled items to choose from: a .jsonl, .csv, .tsv, .json or .parquet file.", show_default=False)
+SUGGEST_N_OPT = typer.Option(50, "-n", "--count", min=1, help="How many items to suggest.")
+SUGGESTED_OPT = typer.Option(..., "--output", "-o", help="The items to label: .csv, else JSON lines (id, the template's fields, the gold column holding the head's guess to correct, its probability and margin).", show_default=False)
+SUGGEST_LABELLED_OPT = typer.Option([], "--labelled", help="A file of items labelled already (never suggested, by id or text); repeat for more. The items the spec's head was fitted on are left out without it.", show_default=False)
+SUGGEST_SEED_OPT = typer.Option(0, "--seed", help="Seed of the clustering.")
+OVERWRITE_SUGGESTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace -o if it exists.")
 FIT_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON here instead of beside the fitted spec.")
 OVERWRITE_FITTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the fitted spec, its head and figures if they exist.")
 REPORT_FIT_OPT = typer.Option(None, "--fit", metavar="FIGURES", help="The figures prefixcache fit wrote (NAME.fit.json): add the head's held-out figures beside the prompt's and its learning curve.")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only r
     from ..scoring.scorer import Rescoring
     from ..tune.fit import FitResult
     from ..tune.job import TuneResult
+    from ..tune.suggest import SuggestResult
 
 
 def stamp() -> str:
@@ -336,6 +337,24 @@ def rendered_text(rendered: dict, decode: Callable[[list[int]], str]) -> str:
             f"{own}\n----- candidates, scored {after} -----\n{candidates}\n\n")
 
 
+def suggest_summary(result: SuggestResult) -> str:
+    """What suggest chose, in one line (stderr): how many of how many, on what grounds, and where."""
+    plan, n = result.plan, len(result.picked)
+    scored = len(plan.pool) - result.skipped
+    line = f"suggested {n} of {scored:,} unlabelled item{'s' if scored != 1 else ''}"
+    if plan.left_out:
+        line += f" ({plan.left_out:,} labelled already left out)"
+    if result.pool_margin is not None:
+        picked = sorted(r["margin"] for r in result.picked)
+        line += (f": the head's least sure, spread over the states (median margin {picked[len(picked) // 2]:.3f}, "
+                 f"the pool's {result.pool_margin:.3f}); the gold column holds its guess: correct it")
+    else:
+        line += ": no head yet, so a seed set spread over the model's states; fill in the gold column"
+    if result.skipped:
+        line += f"; {result.skipped} too long to score, left out"
+    return line + f" · {result.ms_per_item:.0f} ms/item · wrote {', '.join(map(str, result.written))}"
+
+
 def print_fit(result: FitResult) -> None:
     """fit's findings (stdout): per question the head and the prompt alone on the same held-out
     folds, the gain, the verdict, the learning curve and anything said about the counts."""
@@ -362,6 +381,10 @@ def print_fit(result: FitResult) -> None:
         if j.curve:
             out.print("learning curve (held-out accuracy by labelled items a class): "
                       + ", ".join(f"{c['per_class']}: {c['accuracy']:.3f}" for c in j.curve))
+        if j.since is not None:
+            a, g = j.since.accuracy, j.since.gain
+            out.print(f"since the last fit ({j.since.items} of these items, the same folds): {kind} {_interval(a)} "
+                      f"then, {_interval(j.head['accuracy'])} now; gain {g.value:+.3f} [{g.low:+.3f}, {g.high:+.3f}] (98%)")
         if j.thresholds:
             out.print("thresholds: " + ", ".join(f"{escape(k)} {t:.2f}" for k, t in zip(j.counts, j.thresholds)))
         if j.cut is not None:

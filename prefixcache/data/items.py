@@ -438,6 +438,13 @@ def item_sha(fields: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def text_digest(record: Mapping[str, Any], fields: Iterable[str]) -> str:
+    """A short digest of what an item says in `fields` (the template's), whatever its id: case
+    and runs of whitespace aside, so a copy of a text under another id or spacing is the same."""
+    said = [" ".join(str(record.get(f, "")).split()).casefold() for f in fields]
+    return hashlib.sha256(json.dumps(said, ensure_ascii=True).encode()).hexdigest()[:16]
+
+
 class ItemsDigest:
     """What a run of items is, in order (each one's id and fields), and how many: the items the
     check before a run read, to compare with those the run then read (a file rewritten in place

@@ -334,9 +334,15 @@ def _fit_section(plt: Any, path: str) -> str:
                     for q, name, a, f, e, v, _ in rows)
     table = ("<table><thead><tr><th>question</th><th>readout</th><th>accuracy</th><th>macro-F1</th><th>ECE</th>"
              f"<th>verdict</th></tr></thead><tbody>{cells}</tbody></table>")
+    figures = [f for f in (_learning_figure(plt, questions), _coverage_figure(plt, questions)) if f]
+    return head + table + (f"<div class=figures>{''.join(figures)}</div>" if figures else "")
+
+
+def _learning_figure(plt: Any, questions: list) -> str:
+    """Held-out accuracy by labelled items a class, each question's prompt alone dotted beside it."""
     curves = [q for q in questions if q.get("learning_curve")]
     if not curves:
-        return head + table
+        return ""
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     for q in curves:
         xs = [c["per_class"] for c in q["learning_curve"]]
@@ -351,7 +357,35 @@ def _fit_section(plt: Any, path: str) -> str:
     ax.set_ylabel("held-out accuracy")
     ax.set_title("learning curve")
     ax.legend(fontsize=7)
-    return head + table + "<div class=figures>" + _svg(fig) + "</div>"
+    return _svg(fig)
+
+
+def _coverage_figure(plt: Any, questions: list) -> str:
+    """Accuracy of the answered items by the share answered (the head's most confident first), its
+    lower bound shaded, and the cut fit chose marked."""
+    tables = [q for q in questions if q.get("risk_coverage")]
+    if not tables:
+        return ""
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for q in tables:
+        rows = q["risk_coverage"]
+        xs = [r["coverage"] for r in rows]
+        ax.plot(xs, [r["accuracy"] for r in rows], marker=".", label=f"{q['question']}: accuracy answered")
+        ax.fill_between(xs, [r["low"] for r in rows], [r["accuracy"] for r in rows], alpha=0.2,
+                        color=ax.lines[-1].get_color(), linewidth=0)
+        chosen = (q.get("cut") or {}).get("chosen")
+        if chosen:
+            ax.axvline(chosen["coverage"], linestyle="--", linewidth=1, color=ax.lines[-1].get_color(),
+                       label=f"{q['question']}: cut {chosen['cut']:.2f}")
+        target = (q.get("cut") or {}).get("target_accuracy")
+        if target:
+            ax.axhline(target, linestyle=":", linewidth=1, color="gray", label=f"target {target:g}")
+    ax.set_xlim(0, 1.02)
+    ax.set_xlabel("share of items answered (most confident first)")
+    ax.set_ylabel("held-out accuracy of those")
+    ax.set_title("risk and coverage (shaded: down to the lower bound)")
+    ax.legend(fontsize=7)
+    return _svg(fig)
 
 
 VERDICTS = {"head": "the head is better", "prompt": "the prompt alone is better", "tie": "no difference beyond noise"}

@@ -67,7 +67,7 @@ def review_rows(spec: TaskSpec, items: Iterable[Item], records: Mapping[str, Rec
     return rows
 
 
-def write_review(path: Path, rows: list[dict[str, Any]]) -> None:
+def write_review(path: Path, rows: list[dict[str, Any]], what: str = "the review file") -> None:
     """The rows as CSV (a .csv file: every column any row has, in first-seen order) or JSONL."""
     if path.suffix.lower() == ".csv":
         columns: dict[str, None] = {}
@@ -80,4 +80,4 @@ def write_review(path: Path, rows: list[dict[str, Any]]) -> None:
         body = text.getvalue()
     else:
         body = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    safefile.replace(path, body, what="the review file")
+    safefile.replace(path, body, what=what)

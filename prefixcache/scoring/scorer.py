@@ -296,10 +296,12 @@ class Scorer:
                      ", ".join(repr(q) for q in needs))
         return self.head_only
 
-    def states_alone(self, preps: Sequence[Prepared]) -> list[list[np.ndarray]]:
-        """The states the head reads, per item and question, from a forward of the item's tokens
-        and, per answer position, the candidate's context (a question's text) and its first token."""
-        reads, rows, wanted = self.reads, [], []
+    def states_alone(self, preps: Sequence[Prepared], reads: Sequence[bool | None] | None = None
+                     ) -> list[list[np.ndarray]]:
+        """The states the head reads (or those `reads` asks for, as `score_reading` takes it), per
+        item and question, from a forward of the item's tokens and, per answer position, the
+        candidate's context (a question's text) and its first token."""
+        reads, rows, wanted = self.reads if reads is None else reads, [], []
         for p in preps:
             positions = self.answer_positions(p, reads)
             cands = list(p.candidates.values())

@@ -16,7 +16,9 @@ head, on labelled items, honestly.
   table (no torch);
 - fit.py: `fit(FitOptions)`: checks, the states read, each question's head judged and fitted, the
   head file, the fitted spec and the figures written;
-- states.py: the states a fit read, kept in the cache a batch a file: an interrupted fit continues.
+- states.py: the states a fit read, kept in the cache a batch a file: an interrupted fit continues;
+- picking.py: which unlabelled items to label next, from states and a head's margins (no torch);
+- suggest.py: `suggest(SuggestOptions)`: checks, the pool read once, the items picked and written.
 
 May import: run, reports, scoring, model, data, task, compat, errors. Never prints; imported by cli.
 """

@@ -20,8 +20,9 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from .. import safefile
-from ..data.items import Item
+from ..data.items import Item, text_digest
 from ..data.output import check_distinct
+from ..data.records import id_text
 from ..errors import SpecError, UsageError
 from ..run.options import RunOptions
 from ..run.plan import load_options_spec
@@ -69,6 +70,7 @@ class FitPlan:
     spec_file: SpecFile
     items: list[Item]
     questions: tuple[Question, ...]  # the questions fitted: those with gold values
+    before: Optional[np.ndarray] = None  # [N] bool: the items the last fit of this head had (None: none known)
 
 
 @dataclass
@@ -105,7 +107,26 @@ def plan_fit(options: FitOptions) -> FitPlan:
     if len(items) < max(MIN_ITEMS, 2 * options.folds):
         raise UsageError(f"{o.items}: {len(items)} labelled items are too few to fit and judge a head by "
                          f"{options.folds}-fold cross-validation; fit needs at least {max(MIN_ITEMS, 2 * options.folds)}")
-    return FitPlan(replace(spec, head=None), spec_file, items, questions)
+    return FitPlan(replace(spec, head=None), spec_file, items, questions, last_fit(spec, options, items))
+
+
+def last_fit(spec: TaskSpec, options: FitOptions, items: Sequence[Item]) -> Optional[np.ndarray]:
+    """Which of `items` the last fit had (by id or text): that of the head file about to be
+    replaced, else of the spec's own head (a fitted spec fitted again); None when neither says."""
+    from ..task.head import load_head
+
+    found = None
+    if options.head_path.is_file():
+        try:
+            found = load_head(str(options.head_path.resolve()), options.output).fitted.get("labelled")
+        except SpecError:
+            found = None
+    if not isinstance(found, dict) and spec.head is not None:
+        found = spec.head.fitted.get("labelled")
+    if not isinstance(found, dict):
+        return None
+    ids, texts, fields = set(found.get("ids", ())), set(found.get("texts", ())), spec.item_fields()
+    return np.array([id_text(i.id) in ids or text_digest(i.record, fields) in texts for i in items], dtype=bool)
 
 
 def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: Optional[FitPlan] = None) -> FitResult:
@@ -116,7 +137,7 @@ def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: 
     o = options.run
     scorer = fit_scorer(plan.spec, o.scoring(), step)
     fitted = fit_heads(scorer, plan.items, plan.questions, Batching(o.batch_size, o.batch_tokens), options.folds,
-                       options.seed, step, options.asked, options.features)
+                       options.seed, step, options.asked, options.features, plan.before)
     result = FitResult(options, plan, fitted.judged, fitted.ms_per_item, fitted.kept, engine=scorer.engine.name)
     _write(result, fitted.readouts, fitted.fingerprint)
     return result
@@ -139,9 +160,9 @@ class Fitted:
 
 def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question], batching: Batching, folds: int,
               seed: int, step: Step = lambda what, done, total: None, asked: Optional[Asked] = None,
-              features: str = "auto") -> Fitted:
+              features: str = "auto", before: Optional[np.ndarray] = None) -> Fitted:
     """Read the labelled items' states with `scorer` (its spec without a head), then judge and fit
-    a readout for each question."""
+    a readout for each question (`before`: the items the last fit had, see `heads.judge`)."""
     from .passes import read_states  # torch
 
     spec = scorer.task.spec
@@ -153,7 +174,7 @@ def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question],
         step(what, 0, 0)
         cuts = asked if q.kind.name in ABSTAINING else None
         j, r = judge(data, folds, seed, lambda done, total: step(what, done, total), cuts,
-                     ("state",) if features == "state" else FEATURE_SETS)
+                     ("state",) if features == "state" else FEATURE_SETS, before)
         if asked is not None and cuts is None:
             j.notes.append(f"no cut chosen: a {q.kind.name} question's answer is never abstained" + (
                 " (each tag has its own threshold, chosen for F1)" if data.binary else " (it is a probability or score)"))
@@ -224,7 +245,8 @@ def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> No
     options, plan = result.options, result.plan
     fitted = {"items": len(plan.items), "folds": options.folds,
               "questions": {j.qid: {"verdict": j.verdict, "C": j.choice.C, "features": j.choice.features}
-                            for j in result.judged}}
+                            for j in result.judged},
+              "labelled": labelled_keys(plan.spec, plan.items)}
     safefile.replace(options.head_path, head_bytes(readouts, fingerprint, LAYER, fitted), "the head file")
     keys: dict[str, Any] = {**relocated(plan.spec_file.data, options.run.spec, options.output),
                             "head": options.head_path.name}
@@ -238,6 +260,13 @@ def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> No
     result.written = [options.output, options.head_path, options.figures_path]
     safefile.replace(options.figures_path, json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n",
                      "the figures")
+
+
+def labelled_keys(spec: TaskSpec, items: Sequence[Item]) -> dict[str, list[str]]:
+    """What the head was fitted on, as `suggest` leaves it out and the next fit compares with it:
+    the items' ids and the digests of their template fields' text."""
+    fields = spec.item_fields()
+    return {"ids": [id_text(i.id) for i in items], "texts": [text_digest(i.record, fields) for i in items]}
 
 
 def header(result: FitResult) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import UsageError
 from ..task.head import Readout
 from ..task.scoring_metrics import calibration_error
-from .cutpoint import CONFIDENCE, Cut, choose_cut
+from .cutpoint import CONFIDENCE, Cut, Row, choose_cut, risk_coverage
 from .selection import GAIN_LEVEL, LEVEL, Figure, cv_splits, interval, resamples
 
 C_GRID = (0.01, 0.1, 1.0)  # on standardised states: strong to mild regularisation (fitted in this order)
@@ -80,6 +80,20 @@ class Asked:
     confidence: float = CONFIDENCE
 
 
+@dataclass(frozen=True)
+class Since:
+    """The last fit beside this one on this fit's folds: each fold's readout fitted on the training
+    items the last fit had (`items` of them in all) against one fitted on all of them, the same
+    held-out items judging both."""
+
+    items: int
+    accuracy: Figure  # held out, fitted on the last fit's items only
+    gain: Figure  # this fit's accuracy minus that, paired (98%)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"items": self.items, "accuracy": self.accuracy.to_json(), "gain": self.gain.to_json()}
+
+
 @dataclass
 class Judged:
     """One question's held-out comparison of the head with the prompt rule."""
@@ -98,6 +112,8 @@ class Judged:
     thresholds: list[float] | None = None  # binary: each tag's, chosen on held-out probabilities
     notes: list[str] = field(default_factory=list)
     cut: Cut | None = None  # where the head abstains, chosen on held-out probabilities (--target-accuracy, --coverage)
+    since: Since | None = None  # the new labels' gain over the last fit's, on the same folds
+    coverage: list[Row] = field(default_factory=list)  # one answer: the risk-coverage table of the held-out predictions
 
     def to_json(self) -> dict[str, Any]:
         def js(figures: dict) -> dict:
@@ -109,6 +125,8 @@ class Judged:
                 "labelled_per_option": self.counts, "learning_curve": self.curve,
                 **({"thresholds": dict(zip(self.counts, self.thresholds))} if self.thresholds else {}),
                 **({"cut": self.cut.to_json()} if self.cut else {}),
+                **({"since_last_fit": self.since.to_json()} if self.since else {}),
+                **({"risk_coverage": [r.to_json() for r in self.coverage]} if self.coverage else {}),
                 "notes": self.notes}
 
 
@@ -243,18 +261,24 @@ def choose(data: Labelled, items: np.ndarray, seed: int, feature_sets: Sequence[
 
 # -- the held-out comparison -----------------------------------------------------------------------
 def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None] = lambda done, total: None,
-          asked: Asked | None = None, feature_sets: Sequence[str] = FEATURE_SETS) -> tuple[Judged, Readout]:
+          asked: Asked | None = None, feature_sets: Sequence[str] = FEATURE_SETS,
+          before: np.ndarray | None = None) -> tuple[Judged, Readout]:
     """Cross-validate the head beside the prompt rule on the same folds; then the readout fitted
     on every item (with the C and features chosen on every item). `asked`: a cut-point to choose
-    on the held-out probabilities (a question of one answer; tags have their thresholds)."""
+    on the held-out probabilities (a question of one answer; tags have their thresholds).
+    `before` [N] bool: the items the last fit had; the gain of the new ones is measured on the same
+    folds (`Judged.since`)."""
     notes = _check_counts(data, folds)
     splits = cv_splits(data.strata(), folds, seed)
     probs = np.empty(data.prompt.shape)
+    earlier = np.empty(data.prompt.shape) if before is not None and 0 < before.sum() < data.n else None
     everything = np.arange(data.n)
     for f, (train, test) in enumerate(splits):
         step(f, folds + 1)
         chosen = choose(data, train, seed, feature_sets)
         probs[test] = fitted_probs(data, train, test, chosen.features, [chosen.C])[0]
+        if earlier is not None:  # the same fold's readout fitted on the items the last fit had alone
+            earlier[test] = fitted_probs(data, train[before[train]], test, chosen.features, [chosen.C])[0]
     step(folds, folds + 1)
     choice = choose(data, everything, seed, feature_sets)
     thresholds = _tag_thresholds(data, probs) if data.binary else None
@@ -265,8 +289,14 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     verdict = "head" if gain.low > 0 else "prompt" if gain.high < 0 else "tie"
     judged = Judged(data.qid, data.binary, data.n, len(splits), head, prompt, gain, verdict, choice, data.counts(),
                     notes=notes, thresholds=thresholds)
+    if earlier is not None:
+        then = earlier >= np.asarray(thresholds) if data.binary else answered(earlier, data.threshold)
+        judged.since = Since(int(before.sum()), figures(data, then, earlier, seed)["accuracy"],
+                             paired_gain(data, head_said, then, seed))
     if not data.binary:
         judged.curve = learning_curve(data, splits, choice, seed)
+        judged.coverage = risk_coverage(probs.max(axis=1), probs.argmax(axis=1) == data.gold,
+                                        asked.confidence if asked is not None else CONFIDENCE)
         if asked is not None:
             judged.cut = choose_cut(probs.max(axis=1), probs.argmax(axis=1) == data.gold, asked.target,
                                     asked.coverage, asked.confidence)

@@ -19,10 +19,11 @@ import numpy as np
 from ..data.items import Item
 from ..scoring.build import build_on, build_scorer, load_engine
 from ..scoring.options import ScoringOptions
-from ..scoring.prepare import Batching, Prepared, Task
+from ..scoring.prepare import Batching, Failed, Prepared, Task
 from ..scoring.scorer import Scorer
 from ..task.kind import Question
 from ..task.spec import TaskSpec
+from .picking import margin_of
 from .rules import Decided, Rule
 from .states import StateStore
 from .variants import Variant
@@ -175,3 +176,70 @@ def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Quest
     per_question = [(np.stack(s), np.array(lp, dtype=float), d) for s, lp, d in zip(states, logprobs, decisions)]
     scored = len(items) - kept
     return States(per_question, 1000 * seconds / scored if scored else 0.0, fingerprint, kept)
+
+
+@dataclass
+class Pool:
+    """The pool's pass for `suggest`: the items read, each one's state (the mean over the answer
+    positions read) [N, H], and with a head, its guesses (per question it reads: the answer and its
+    probability) and margin (the least sure of its questions)."""
+
+    items: list[Item]
+    vectors: np.ndarray
+    answers: list[dict[str, tuple[str, float]] | None]
+    margins: list[float]
+    skipped: int  # items that could not be scored (too long for the model)
+    ms_per_item: float
+
+
+def read_pool(scorer: Scorer, items: Sequence[Item], batching: Batching,
+              step: Step = lambda what, done, total: None) -> Pool:
+    """The pool's states in `run`'s batches: with a head of the state alone, or none, each item's
+    tokens only (as a head-only run); with a head reading the options' scores too, scored as `run`
+    scores. Without a head, the state read is the first question's (where its options start)."""
+    task, head = scorer.task, scorer.head is not None
+    reads = scorer.reads if head else [task.questions[0].kind.judged_each] + [None] * (len(task.questions) - 1)
+    alone = not head or scorer.answer_by_head()
+    out = Pool([], np.empty((0, 0)), [], [], 0, 0.0)
+    vectors, seconds = [], 0.0
+    step("reading the pool's states", 0, len(items))
+    for batch in task.batches(items, batching, scorer.context):
+        preps = [p for p in batch if not isinstance(p, Failed)]
+        out.skipped += len(batch) - len(preps)
+        if not preps:
+            continue
+        start = time.perf_counter()
+        if alone:
+            logprobs, states = [None] * len(preps), scorer.states_alone(preps, reads)
+        else:
+            logprobs, states = scorer.score_reading(preps, reads)
+        seconds += time.perf_counter() - start
+        for prep, lps, found in zip(preps, logprobs, states):
+            out.items.append(prep.item)
+            vectors.append(np.concatenate(found).astype(np.float64).mean(axis=0))
+            guesses = _guesses(scorer, prep, lps, found) if head else {}
+            out.answers.append({q: (g, p) for q, (g, p, _) in guesses.items()} if head else None)
+            out.margins.append(min((m for _, _, m in guesses.values()), default=1.0))
+        step("reading the pool's states", len(out.items) + out.skipped, len(items))
+    out.vectors = np.stack(vectors) if vectors else np.empty((0, 0))
+    out.ms_per_item = 1000 * seconds / len(out.items) if out.items else 0.0
+    return out
+
+
+def _guesses(scorer: Scorer, prep: Prepared, logprobs, states) -> dict[str, tuple[str, float, float]]:
+    """Per question the head reads ("" for a label spec's one): its guess (tags: those on, joined
+    as gold values are), the guess's probability and the margin (tune/picking.py)."""
+    answers = scorer.decide_read(prep, logprobs, states)
+    spec, out = scorer.task.spec, {}
+    for q, d in zip(answers.questions, answers.decisions):
+        if scorer.head.readout_for(q.id) is None:
+            continue
+        qid = q.id if spec.questions else ""
+        if hasattr(d, "on"):  # tags: each its own yes/no
+            on = [o for o, yes in zip(q.options, d.on) if yes]
+            sure = min((p if yes else 1 - p) for p, yes in zip(d.probs, d.on))
+            out[qid] = (spec.gold_sep.join(on), float(sure), margin_of(d.probs, True, q.extra.get("thresholds")))
+        else:
+            best = int(np.argmax(d.probs))
+            out[qid] = (q.options[best], float(d.probs[best]), margin_of(d.probs, False))
+    return out

@@ -127,6 +127,8 @@ def test_a_head_answers_every_held_out_item_where_the_labels_are_separable(fitte
     assert q["prompt"]["accuracy"]["value"] < 1.0  # a random model's label scores miss some
     assert q["verdict"] == "head" and q["gain"]["low"] > 0
     assert [c["per_class"] for c in q["learning_curve"]] == [1, 2, 4, 8, 16]
+    table = q["risk_coverage"]  # most confident first, the last answering every item
+    assert [r["coverage"] for r in table] == sorted(r["coverage"] for r in table) and table[-1]["coverage"] == 1.0
     data = yaml.safe_load(out.read_text())
     assert data["head"] == "fitted.head.safetensors" and out.read_text().startswith("# prefixcache fit:")
     preds = tmp_path / "preds.jsonl"
@@ -147,6 +149,7 @@ def test_the_report_shows_the_heads_figures_and_learning_curve(fitted, tmp_path)
     assert result.exit_code == 0, result.output
     text = page.read_text()
     assert "the head (prefixcache fit)" in text and "the head is better" in text and "learning curve" in text
+    assert "risk and coverage" in text
     result = invoke("report", preds, "-o", tmp_path / "r2.html", "--fit", labelled)
     assert result.exit_code == 2 and "not the figures of prefixcache fit" in result.output
 

@@ -1,0 +1,158 @@
+"""`prefixcache suggest SPEC POOL -n 50 -o to_label.csv`: the unlabelled items worth labelling next.
+
+Every check that needs no model comes first (the spec and its head, the pool, the labelled items
+to leave out, the file to write). Then the pool goes through the model once in `run`'s batches:
+with a head of the state alone (or none), each item's tokens only, as a head-only run reads them;
+with a head that also reads the options' scores, every option is scored as `run` does. The head's
+margins and the states choose the items (tune/picking.py); the file holds each one's id, its
+template fields and, in the gold column `fit` reads, the head's guess for the person to correct
+(empty without a head), its probability and the margin.
+
+An item already labelled is never suggested: by id, and by what its template fields say (a copy
+of a text under another id). Labelled are the items the spec's head was fitted on (the head file
+lists them), those of the files given with `--labelled`, and pool items whose gold is filled in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ..data.items import Item, read_items, text_digest
+from ..data.output import check_distinct
+from ..data.records import id_text
+from ..errors import UsageError
+from ..run.options import RunOptions
+from ..run.plan import load_options_spec
+from ..run.review import gold_column, write_review
+from ..scoring.prepare import Batching
+from ..task.specfile import read_spec_file
+from ..task.spec import TaskSpec, is_missing
+from .job import labelled_items
+from .tuned import check_tuned_output
+
+Step = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class SuggestOptions:
+    """`run` carries the spec (fitted or not), the pool (`items`), the model and batches."""
+
+    run: RunOptions
+    output: Path
+    n: int = 50
+    seed: int = 0
+    labelled: tuple[str, ...] = ()  # files of labelled items, never suggested
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class Known:
+    """What is labelled already: ids (as text) and digests of the template fields' text."""
+
+    ids: frozenset[str]
+    texts: frozenset[str]
+
+    def has(self, item: Item, fields: Sequence[str]) -> bool:
+        return id_text(item.id) in self.ids or text_digest(item.record, fields) in self.texts
+
+
+@dataclass(frozen=True)
+class SuggestPlan:
+    spec: TaskSpec
+    pool: list[Item]  # the unlabelled items, in file order
+    left_out: int  # pool items labelled already (by id, text or a filled gold)
+
+    @property
+    def unlabelled(self) -> TaskSpec:
+        """The spec the pool is read with: no gold field asked of its items."""
+        return replace(self.spec, gold=None, questions=tuple(replace(q, gold=None) for q in self.spec.questions))
+
+
+@dataclass
+class SuggestResult:
+    plan: SuggestPlan
+    picked: list[dict[str, Any]]  # the rows written
+    skipped: int  # pool items that could not be scored (too long for the model)
+    ms_per_item: float
+    pool_margin: Optional[float] = None  # the pool's median margin (None without a head)
+    written: list[Path] = field(default_factory=list)
+
+
+def plan_suggest(options: SuggestOptions) -> SuggestPlan:
+    """Every check that needs no model: the spec (and its head's file), the pool, the labelled files."""
+    o = options.run
+    if options.n < 1:
+        raise UsageError("-n must be 1 or more")
+    spec = load_options_spec(o, read_spec_file(o.spec))
+    if spec.choices:
+        raise UsageError(f"{o.spec}: suggest picks items for a head of one set of answers; with 'choices' each item "
+                         f"has its own options")
+    check_tuned_output(options.output, o.spec, options.overwrite)
+    check_distinct({"-o": options.output}, {"POOL": o.items, **{f"--labelled {p}": p for p in options.labelled}})
+    pool = labelled_items(o.items, o, [SuggestPlan(spec, [], 0).unlabelled], "suggest reads its pool from a file")
+    known = known_items(spec, options.labelled, o)
+    fields = spec.item_fields()
+    fresh = [item for item in pool if not known.has(item, fields) and not has_gold(spec, item)]
+    if not fresh:
+        raise UsageError(f"{o.items}: every item of the pool is labelled already (by id, text or a gold value): "
+                         f"nothing to suggest")
+    return SuggestPlan(spec, fresh, len(pool) - len(fresh))
+
+
+def known_items(spec: TaskSpec, files: Sequence[str], o: RunOptions) -> Known:
+    """The items the spec's head was fitted on, and those of `files` (any fields: ids and texts)."""
+    fitted = spec.head.fitted.get("labelled", {}) if spec.head is not None else {}
+    ids, texts = set(fitted.get("ids", ())), set(fitted.get("texts", ()))
+    fields = spec.item_fields()
+    for path in files:
+        for item in read_items(path, None, spec.id_field, o.delimiter, o.encoding):
+            ids.add(id_text(item.id))
+            if all(f in item.record for f in fields):
+                texts.add(text_digest(item.record, fields))
+    return Known(frozenset(ids), frozenset(texts))
+
+
+def has_gold(spec: TaskSpec, item: Item) -> bool:
+    """Whether the item carries a gold value the spec's fit would read (labelled in the pool)."""
+    golds = [q.gold for q in spec.questions if q.gold] if spec.questions else [spec.gold] if spec.gold else []
+    return any(g in item.record and not is_missing(item.record[g]) and str(item.record[g]).strip() for g in golds)
+
+
+def suggest(options: SuggestOptions, step: Step = lambda what, done, total: None,
+            plan: Optional[SuggestPlan] = None) -> SuggestResult:
+    """Read the pool's states (and the head's answers), pick, write the file."""
+    from .passes import fit_scorer, read_pool  # torch: once the checks have passed
+    from .picking import pick
+
+    plan = plan or plan_suggest(options)
+    o = options.run
+    scorer = fit_scorer(plan.unlabelled, o.scoring())
+    read = read_pool(scorer, plan.pool, Batching(o.batch_size, o.batch_tokens, on_error="skip"), step)
+    margins = np.array([m for m in read.margins]) if plan.spec.head is not None else None
+    step("picking", 0, 0)
+    picked = pick(read.vectors, margins, options.n, options.seed)
+    rows = [row(plan.spec, read.items[i], read.answers[i], None if margins is None else margins[i]) for i in picked]
+    write_review(options.output, rows, "the suggested items")
+    return SuggestResult(plan, rows, read.skipped, read.ms_per_item,
+                         None if margins is None else float(np.median(margins)), [options.output])
+
+
+def row(spec: TaskSpec, item: Item, guesses: Optional[dict[str, tuple[str, float]]], margin: Optional[float]
+        ) -> dict[str, Any]:
+    """One suggested item: id, template fields, per question the head reads its guess in the gold
+    column (to correct) and its probability, and the margin; without a head, empty gold columns."""
+    out: dict[str, Any] = {"id": item.id}
+    out.update({f: item.record.get(f) for f in spec.item_fields()})
+    if guesses is None:
+        for qid in [q.id for q in spec.questions] or [""]:
+            out[gold_column(spec, qid)] = ""
+        return out
+    for qid, (guess, prob) in guesses.items():
+        out[gold_column(spec, qid)] = guess
+        out[f"{qid}_prob" if qid else "prob"] = round(prob, 6)
+    out["margin"] = round(float(margin), 6)
+    return out

@@ -1,0 +1,96 @@
+"""`prefixcache suggest` end to end on a tiny model: n distinct items, never one labelled already
+(by id, by text, by a filled gold, or fitted on by the head), the head's guess in the gold column;
+and `fit` again on the grown file measures the new labels' gain on the same folds."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from helpers import invoke, write_spec
+
+pytest.importorskip("sklearn")
+LABELS = ["billing", "technical"]
+WORDS = {"billing": ["invoice", "refund", "charge", "payment"], "technical": ["crash", "error", "bug", "freeze"]}
+
+
+def _rows(n, start=0, gold=True):
+    out = []
+    for k in range(start, start + n):
+        label = LABELS[k % 2]
+        text = " ".join(WORDS[label][(k // 2 + j) % 4] for j in range(1 + k % 3)) + f" case {k}"
+        out.append({"id": f"i{k}", "text": text, **({"gold": label} if gold else {})})
+    return out
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, tiny_model_dir):
+    tmp = tmp_path_factory.mktemp("suggest")
+    spec = write_spec(tmp, model=str(tiny_model_dir), labels=LABELS, gold="gold")
+    labelled = _write(tmp / "labelled.jsonl", _rows(16))
+    out = tmp / "fitted.yaml"
+    result = invoke("fit", spec, labelled, "-o", out, "--folds", "3", "-q", "--features", "state")
+    assert result.exit_code == 0, result.output
+    return spec, out, labelled
+
+
+def _read(path):
+    return list(csv.DictReader(path.open())) if path.suffix == ".csv" else [
+        json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_with_a_head_never_an_item_it_was_fitted_on(fitted, tmp_path):
+    _, out, _ = fitted
+    pool = _write(tmp_path / "pool.jsonl", _rows(40, gold=False))  # the 16 fitted on are in it, unlabelled
+    target = tmp_path / "next.csv"
+    result = invoke("suggest", out, pool, "-n", "8", "-o", target)
+    assert result.exit_code == 0, result.output
+    rows = _read(target)
+    assert len(rows) == len({r["id"] for r in rows}) == 8
+    assert all(int(r["id"][1:]) >= 16 for r in rows)
+    assert all(r["gold"] in LABELS and 0.5 <= float(r["prob"]) <= 1 for r in rows)
+    margins = [float(r["margin"]) for r in rows]
+    assert margins == sorted(margins)
+    assert list(rows[0]) == ["id", "text", "gold", "prob", "margin"]
+
+
+def test_never_a_labelled_item_by_id_text_or_gold(fitted, tmp_path):
+    spec, _, _ = fitted
+    rows = _rows(30, gold=False)
+    rows[3]["gold"] = "billing"  # labelled in the pool
+    other = _write(tmp_path / "other.jsonl", [{"id": "elsewhere", "text": rows[5]["text"].upper() + "  "},
+                                                  {"id": rows[7]["id"], "text": "anything"}])
+    pool = _write(tmp_path / "pool.jsonl", rows)
+    target = tmp_path / "seed.jsonl"
+    result = invoke("suggest", spec, pool, "-n", "26", "-o", target, "--labelled", other)
+    assert result.exit_code == 0, result.output
+    got = {r["id"] for r in _read(target)}
+    assert len(got) == 26 and not got & {"i3", "i5", "i7"}
+    assert all(r["gold"] == "" and "margin" not in r for r in _read(target))  # no head: nothing guessed
+    assert "seed set" in result.stderr
+
+
+def test_a_pool_labelled_through_is_refused(fitted, tmp_path):
+    _, out, labelled = fitted
+    result = invoke("suggest", out, labelled, "-o", tmp_path / "x.csv")
+    assert result.exit_code == 2 and "every item of the pool is labelled already" in result.stderr
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_fit_on_the_grown_file_measures_the_new_labels_on_the_same_folds(fitted, tmp_path):
+    spec, _, _ = fitted
+    out = tmp_path / "fitted.yaml"
+    first = invoke("fit", spec, _write(tmp_path / "l1.jsonl", _rows(12)), "-o", out, "--folds", "3", "-q")
+    assert first.exit_code == 0, first.output
+    assert "since_last_fit" not in json.loads((tmp_path / "fitted.fit.json").read_text())["questions"][0]
+    grown = invoke("fit", spec, _write(tmp_path / "l2.jsonl", _rows(24)), "-o", out, "--folds", "3", "--overwrite")
+    assert grown.exit_code == 0, grown.output
+    since = json.loads((tmp_path / "fitted.fit.json").read_text())["questions"][0]["since_last_fit"]
+    assert since["items"] == 12 and since["gain"]["low"] <= since["gain"]["value"] <= since["gain"]["high"]
+    assert "since the last fit (12 of these items, the same folds)" in grown.stdout
