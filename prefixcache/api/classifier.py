@@ -112,7 +112,8 @@ class Classifier:
         with compat.quietly():  # transformers' loading bars: the caller asked for records, not those
             self.task = Task.from_spec(self.spec, self.cache_dir)
             self.scorer: ItemScorer = build_scorer(self.task, self.options)
-        self.batching = Batching(batch_size, batch_tokens, pruned=self.scorer.pruning)
+        self.batching = Batching(batch_size, batch_tokens, pruned=self.scorer.pruning,
+                                 head_alone=bool(getattr(self.scorer, "head_only", False)))
         self._zero_shot: dict[tuple[str, ...], Classifier] = {}
         self.fit_figures: Optional[list[dict[str, Any]]] = None  # set on what `fit` returns
 
@@ -271,7 +272,7 @@ class Classifier:
                                             examples=(), gold=None, head=None, **mode)  # a head knows its own labels only
             twin.task = self.task.with_spec(twin.spec)
             twin.scorer = build_on(twin.task, self.scorer.engine, self.options.replace(cache_store=False, exact=False))
-            twin.batching = dataclasses.replace(self.batching, pruned=twin.scorer.pruning)
+            twin.batching = dataclasses.replace(self.batching, pruned=twin.scorer.pruning, head_alone=False)
             twin._zero_shot = {}
             self._zero_shot[key] = twin
         return self._zero_shot[key]

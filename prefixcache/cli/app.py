@@ -31,7 +31,7 @@ from ..serve.defaults import BATCH_WAIT_MS, MAX_BATCH
 from .cache import cache_app
 from .options import (
     BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
-    EXAMPLES_OPT, REPORT_FIT_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, TARGET_ACCURACY_OPT, COVERAGE_OPT, CONFIDENCE_OPT, FIT_FEATURES_OPT, FitFeatures, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
+    EXAMPLES_OPT, REPORT_FIT_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, TARGET_ACCURACY_OPT, COVERAGE_OPT, CONFIDENCE_OPT, FIT_FEATURES_OPT, FitFeatures, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, LABELLED_FILES_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
     POOL_ARG, SUGGEST_N_OPT, SUGGESTED_OPT, SUGGEST_LABELLED_OPT, SUGGEST_SEED_OPT, OVERWRITE_SUGGESTED_OPT,
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
@@ -171,10 +171,10 @@ def bench(
     setup_logging(as_json)
     with errors(debug):
         options = RunOptions(spec, items, **given)
-        task_spec = load_options_spec(options)
-        if task_spec.head is not None:  # the modes compare label scores; the head adds no forward work
-            say("bench: timing the spec's prompt scoring (every option), its labels compared as the prompt decides "
-                "them; a head of the state alone answers without scoring the options: `run` says its ms/item")
+        task_spec = fitted = load_options_spec(options)
+        if task_spec.head is not None:  # the modes compare label scores; a head of the state alone is timed apart
+            say("bench: timing the spec's prompt scoring (every option) in every mode, its labels compared as the "
+                "prompt decides them; then the run pipeline with the fitted head, when it answers alone")
             task_spec = dataclasses.replace(task_spec, head=None)
         naive, cached = bench_sizes(task_spec, limit, max_items)
         records = list(islice(read_options_items(options, task_spec), cached))
@@ -192,11 +192,23 @@ def bench(
         scorer = build_scorer(task, options.scoring(prune="off", cache_store=False))
         step(f"timing {len(records)} items, the naive modes on {min(naive, len(records))}"
              + (" (--max-items and --limit change that)" if limit is None or max_items is None else ""))
-        report = run_bench(scorer, records, min(naive, len(records)), batching, step, estimate_slow=limit is None)
+        head = _bench_head(task.with_spec(fitted), scorer, options) if fitted.head is not None else None
+        report = run_bench(scorer, records, min(naive, len(records)), batching, step, estimate_slow=limit is None,
+                           head=head)
         if as_json:
             print(json.dumps(report.to_json(), indent=2))
         else:
             print_bench(report)
+
+
+def _bench_head(task: Task, scorer: Any, options: RunOptions) -> Any:
+    """The fitted spec's scorer on the bench's engine: its head-alone pipeline is timed too."""
+    from ..scoring.build import build_on
+
+    head = build_on(task, scorer.engine, options.scoring(cache_store=False))
+    if not head.head_only:
+        say("bench: the fitted head reads the options' scores too, so it costs what the prompt scoring costs")
+    return head
 
 
 @app.command(cls=Command)
@@ -319,7 +331,7 @@ def tune(
 @app.command(cls=Command)
 @run_options(INPUT, MODEL, DEVICE, "batch_size", "batch_tokens", "gold", "gold_sep", "limit")
 def fit(
-    spec: Path = SPEC_ARG, labelled: str = LABELLED_ARG, output: Path = FITTED_OPT, folds: int = FOLDS_OPT,
+    spec: Path = SPEC_ARG, labelled: list[str] = LABELLED_FILES_ARG, output: Path = FITTED_OPT, folds: int = FOLDS_OPT,
     seed: int = SEED_OPT, figures: Optional[Path] = FIT_JSON_OPT, overwrite: bool = OVERWRITE_FITTED_OPT,
     target_accuracy: Optional[float] = TARGET_ACCURACY_OPT, coverage: Optional[float] = COVERAGE_OPT,
     confidence: float = CONFIDENCE_OPT, features: FitFeatures = FIT_FEATURES_OPT,
@@ -351,8 +363,8 @@ def fit(
         if target_accuracy is not None and coverage is not None:
             raise UsageError("give --target-accuracy or --coverage, not both")
         asked = Asked(target_accuracy, coverage, confidence) if target_accuracy or coverage else None
-        options = FitOptions(RunOptions(spec, labelled, **given), output, folds, seed, figures, overwrite, asked,
-                             features)
+        options = FitOptions(RunOptions(spec, labelled[0], **given), output, folds, seed, figures, overwrite, asked,
+                             features, tuple(labelled[1:]))
         plan = plan_fit(options)
         with steps(quiet, log_interval) as step:
             compat.quiet_libraries()

@@ -72,6 +72,7 @@ TUNED_OPT = typer.Option(None, "--output", "-o", help="Write the chosen spec her
 TUNE_JSON_OPT = typer.Option(False, "--json", metavar="", help="Print the findings as JSON instead of the table.")
 TUNE_MD_OPT = typer.Option(None, "--md", help="Append a Markdown leaderboard (a CI step summary, $GITHUB_STEP_SUMMARY).")
 OVERWRITE_TUNED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the tuned spec (-o) if it exists.")
+LABELLED_FILES_ARG = typer.Argument(..., metavar="LABELLED...", help="Items with gold values: .jsonl, .csv, .tsv, .json or .parquet files (several: read as one, an id at most once).", show_default=False)
 FITTED_OPT = typer.Option(..., "--output", "-o", help="The fitted spec to write (the spec with 'head:' set); the head (NAME.head.safetensors) and the figures (NAME.fit.json) are written beside it.", show_default=False)
 TARGET_ACCURACY_OPT = typer.Option(None, "--target-accuracy", min=0.0, max=1.0, help=(
     "Choose where the head abstains: the widest confidence cut whose answered items reach this accuracy with "

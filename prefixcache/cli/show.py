@@ -147,7 +147,7 @@ def print_bench(report: BenchReport) -> None:
     table = Table(title=f"prefixcache bench · {report.device} {report.dtype} · {report.threads} threads")
     for col in ("mode", "items", "ms/item", "items/s", "speed-up", "efficiency", "peak RSS MB"):
         table.add_column(col, justify="left" if col == "mode" else "right")
-    for m in report.modes:
+    for m in report.modes + ([report.head_alone] if report.head_alone else []):
         about = "~" if m.estimated else ""
         table.add_row(
             m.mode + (" (estimated)" if m.estimated else ""), str(m.items), f"{about}{m.ms_per_item:.1f}",
@@ -170,6 +170,10 @@ def print_bench(report: BenchReport) -> None:
         f"prefilling it {report.store_prefill_ms:.0f} ms ({report.store_prefill_ms / max(report.store_load_ms, 1e-6):.0f}x)",
         soft_wrap=True,
     )
+    if report.head_alone is not None:
+        out.print(f"the fitted head alone: {report.head_alone.ms_per_item:.1f} ms/item, "
+                  f"{report.modes[-1].ms_per_item / report.head_alone.ms_per_item:.1f}x faster than scoring every "
+                  f"option (the pipeline above), its labels the head's own", soft_wrap=True)
     if report.questions is not None:
         _print_questions_bench(out, report.questions)
     if report.pruning is not None:
@@ -234,7 +238,9 @@ def print_dry_run(console: Console, dry: DryRun) -> None:
     console.print(
         f"dry run: {n} items to score{f' ({dry.failed} cannot be scored)' if dry.failed else ''} · prefix "
         f"{dry.prefix_tokens} tokens, encoded once · {dry.item_tokens} item tokens ({dry.item_tokens / max(n, 1):.1f} "
-        f"per item) + {dry.label_tokens} label tokens to score\n"
+        f"per item) + "
+        + (f"{dry.label_tokens} answer-position tokens (the fitted head answers alone: no option is scored)\n"
+           if dry.head_alone else f"{dry.label_tokens} label tokens to score\n") +
         f"measured on {dry.measured} items: {dry.ms_per_item:.1f} ms/item · estimated {_duration(dry.estimate_seconds)} "
         f"for all {n} (plus about {dry.load_seconds:.0f} s to load) · nothing was written"
         + (f"\n{dry.pruning}" if dry.pruning else ""),
@@ -416,13 +422,30 @@ def _print_cut(out: Console, j: Any) -> None:
                else f"{r.coverage:.0%} answered, as --coverage {cut.coverage:g} asks")
         out.print(f"cut: abstain below {r.cut:.3f}: answers {r.coverage:.0%} of the items with accuracy {r.accuracy:.3f} "
                   f"[{r.low:.3f}, {r.high:.3f}] ({aim}); written as {escape(j.qid)}'s threshold")
+        _print_own_cuts(out, j, "with the threshold for the rest")
         return
     m = cut.missed
     by = (f": the most confident cut tested answers {m.coverage:.0%} with a lower bound of {m.low:.3f} "
           f"({cut.target - m.low:.3f} short)" if m else f": fewer than {least_items(cut.target, cut.confidence)} "
           f"items could be answered")
+    if cut.per_option:
+        out.print(f"cut: no one cut reaches accuracy {cut.target:g} at {level} confidence on these {j.items} items{by}")
+        _print_own_cuts(out, j, "every other answer abstaining (threshold 1)")
+        return
     out.print(f"cut: none reaches accuracy {cut.target:g} at {level} confidence on these {j.items} items{by}; no "
               f"threshold written: label more items or lower the target")
+
+
+def _print_own_cuts(out: Console, j: Any, rest: str) -> None:
+    """The answers with a cut of their own, and what all the cuts together answer held out."""
+    cut = j.cut
+    if not cut.per_option or cut.together is None:
+        return
+    own = ", ".join(f"{escape(list(j.counts)[k])} {o.cut:.3f} ({o.answered} answered, {o.accuracy:.3f}, low {o.low:.3f})"
+                    for k, o in sorted(cut.per_option.items()))
+    t = cut.together
+    out.print(f"per-answer cuts where the data supports them: {own}; {rest}, they answer {t.coverage:.0%} with "
+              f"accuracy {t.accuracy:.3f} [{t.low:.3f}, {t.high:.3f}] (kept in the head file)")
 
 
 def print_tune(result: TuneResult, top: int) -> None:

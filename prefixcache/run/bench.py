@@ -75,11 +75,12 @@ class BenchReport:
     store_prefill_ms: float  # computing it, timed in the same process
     modes: list[ModeResult]
     pruning: PruningResult | None = None  # label tasks: pruned against full scoring (see `time_pruning`)
+    head_alone: ModeResult | None = None  # a fitted head of the state alone: the run pipeline scoring no option
     questions: QuestionsResult | None = None  # typed questions: together against one at a time (`time_questions`)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for m in data["modes"]:
+        for m in data["modes"] + ([data["head_alone"]] if data["head_alone"] else []):
             m.pop("labels")
         return data
 
@@ -491,13 +492,17 @@ def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepa
 
 
 def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching: Batching = Batching(),
-              step: Step = _quiet, estimate_slow: bool = False) -> BenchReport:
+              step: Step = _quiet, estimate_slow: bool = False, head: Scorer | None = None) -> BenchReport:
     """Time every mode on `items` (the naive ones on the first `naive_limit`) and measure the
     unavoidable work, the cost of scoring every label, and the prefix store. `step` is told what
-    is measured as it starts; `estimate_slow`: see `_timed_modes`."""
+    is measured as it starts; `estimate_slow`: see `_timed_modes`. `head`: the fitted spec's
+    scorer on the same engine; when its head answers alone, its pipeline is timed too."""
     engine, prefix, task = scorer.engine, scorer.prefix, scorer.task
     prepared = [task.prepare(item, scorer.context) for item in items]
     modes = _timed_modes(scorer, items, prepared, naive_limit, batching, step, estimate_slow)
+    head_mode = _time_head_alone(head, items, batching, step) if head is not None and head.head_only else None
+    if head_mode is not None:
+        head_mode.speedup = modes[0].ms_per_item / head_mode.ms_per_item
     # Option cost: the same pipeline scoring one one-token candidate instead of every label.
     about = 2 * modes[-1].ms_per_item * len(items) / 1000  # every label twice (warm-up, timed); the item alone is less
     step("timing every label against the item alone" + (f" (about {_duration(about)})" if about >= 10 else ""))
@@ -525,8 +530,22 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
         prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
         same_labels=differing == 0, items_compared=n, items_differing=differing,
         option_cost_ratio=option_ratio, option_cost_floor=gflop / alone, modes=modes,
-        store_load_ms=load_ms, store_prefill_ms=prefill_ms, pruning=pruning, questions=questions,
+        store_load_ms=load_ms, store_prefill_ms=prefill_ms, pruning=pruning, questions=questions, head_alone=head_mode,
     )
+
+
+def _time_head_alone(head: Scorer, items: Sequence[Item], batching: Batching, step: Step) -> ModeResult:
+    """The run pipeline of a fitted spec whose head answers alone (no option scored), after a warm-up,
+    in the batches `run` forms for it (one token an answer)."""
+    batching = dataclasses.replace(batching, head_alone=True)
+    warm = list(items[:min(batching.size, WARM_ITEMS)])
+    list(classify(head, warm, batching))
+    head.clear()
+    return _timed(HEAD_ALONE, len(items), lambda: [record_prediction(r) for r in classify(head, items, batching)],
+                  head.engine.device, step)
+
+
+HEAD_ALONE = "run pipeline, the fitted head alone (no option scored)"
 
 
 @dataclass

@@ -27,6 +27,7 @@ class DryRun:
     ms_per_item: float
     load_seconds: float
     pruning: str = ""  # what --prune does on this task, in words ("": it does not apply)
+    head_alone: bool = False  # a fitted head answers alone: the label tokens are one a position it reads
 
     @property
     def item_tokens(self) -> int:
@@ -50,6 +51,7 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
         progress(Event("loading", detail="tokenizer"))
     task = Task.from_spec(plan.spec, options.cache_dir)
     items, failed, first = [], 0, []
+    reads = _head_reads(task)
     last = plan.total if plan.total is not None else options.limit
     read = islice(plan.read_input(), last)
     if plan.stream:  # read once: keep the first items for the timing
@@ -60,7 +62,8 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
                 failed += 1
                 continue
             items.append({"id": entry.item.id, "item_tokens": entry.own_tokens,
-                          "label_tokens": len(trie(list(entry.candidates.values())))})
+                          "label_tokens": len(trie(list(entry.candidates.values()))),
+                          **({"head_tokens": _head_tokens(task, entry, reads)} if reads else {})})
     if progress:
         progress(Event("loading", detail="model"))
     scorer = load_scorer(task, plan)
@@ -69,8 +72,29 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
     sample = first[:count] if plan.stream else islice(plan.read_input(), count)
     for _ in classify(scorer, sample, plan.batching, stats):
         pass
+    alone = bool(getattr(scorer, "head_only", False))
+    for item in items:  # what goes through the model after the item: its options, or one token an answer
+        spent = item.pop("head_tokens", None)
+        item["label_tokens"] = spent if alone else item["label_tokens"]
     return DryRun(len(scorer.prefix.ids), items, failed, stats.items, stats.ms_per_item,
-                  task.load_seconds + scorer.load_seconds, _pruning_words(plan.spec, plan.options.prune, scorer.pruning))
+                  task.load_seconds + scorer.load_seconds, _pruning_words(plan.spec, plan.options.prune, scorer.pruning),
+                  alone)
+
+
+def _head_reads(task: Task) -> list[bool | None] | None:
+    """Per question, what the spec's head reads (None: not read), or None without a head."""
+    head = task.spec.head
+    if head is None:
+        return None
+    return [None if (r := head.readout_for(q.id)) is None else r.binary for q in task.questions]
+
+
+def _head_tokens(task: Task, prep: Prepared, reads: list[bool | None]) -> int:
+    """The tokens a head answering alone feeds after the item: per answer position it reads, the
+    candidate's context (a question's text) and its first token."""
+    positions = [c for r, cs in zip(reads, task.answer_positions(prep, [bool(r) for r in reads])) if r is not None
+                 for c in cs]
+    return sum((prep.skips[c] if prep.skips else 0) + 1 for c in positions)
 
 
 def _pruning_words(spec: TaskSpec, mode: str, pruned: bool) -> str:

@@ -143,7 +143,7 @@ def make_plan(options: RunOptions) -> Plan:
     device = str(launched.device) if launched and options.device == "auto" else options.device
     return Plan(options, spec, fmt, stream, total, output, part, launched, keep,
                 Batching(options.batch_size, options.batch_tokens, options.on_error,
-                         pruned), gates, options.exact, device, scanned)
+                         pruned, spec.head_alone(options.prompt_scores)), gates, options.exact, device, scanned)
 
 
 def _check_combinations(options: RunOptions) -> None:

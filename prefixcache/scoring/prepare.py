@@ -90,9 +90,13 @@ class Batching:
     tokens: int = 768  # about this many tokens through the model
     on_error: str = "fail"
     pruned: bool = False  # labels scored pruned: an item's labels cost about PRUNED_LABEL_TOKENS, not its whole trie
+    head_alone: bool = False  # a fitted head answers alone: no option scored, one token (and a question's text) an answer
 
     def cost(self, prep: "Prepared") -> int:
-        """What an item costs of `tokens`: its own tokens and its label tokens."""
+        """What an item costs of `tokens`: its own tokens and its label tokens (a head answering
+        alone: per question, its text and one token)."""
+        if self.head_alone:
+            return prep.own_tokens + sum((prep.skips[at] if prep.skips else 0) + 1 for at, _ in prep.spans)
         labels = len(trie(list(prep.candidates.values())))
         return prep.own_tokens + (min(labels, PRUNED_LABEL_TOKENS) if self.pruned else labels)
 

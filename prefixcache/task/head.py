@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -55,6 +55,7 @@ class Readout:
     scale: np.ndarray  # [U, D]
     coef: np.ndarray  # [K, D]
     intercept: np.ndarray  # [K]
+    cuts: Mapping[str, float] = field(default_factory=dict)  # one of several: an option's own abstention cut
 
     @property
     def units(self) -> int:
@@ -146,8 +147,8 @@ def head_bytes(readouts: Sequence[Readout], fingerprint_: Mapping[str, str], lay
         for name in ("mean", "scale", "coef", "intercept"):
             tensors[f"{i}.{name}"] = np.ascontiguousarray(getattr(r, name), dtype=np.float32)
     meta = {"format": FORMAT, "version": VERSION, "layer": layer, "fingerprint": dict(fingerprint_),
-            "questions": [{"id": r.qid, "options": list(r.options), "binary": r.binary, "features": r.features}
-                          for r in readouts], "fitted": dict(fitted)}
+            "questions": [{"id": r.qid, "options": list(r.options), "binary": r.binary, "features": r.features,
+                           **({"cuts": dict(r.cuts)} if r.cuts else {})} for r in readouts], "fitted": dict(fitted)}
     return save(tensors, metadata={META_KEY: json.dumps(meta, ensure_ascii=False)})
 
 
@@ -254,14 +255,22 @@ def _readout(i: int, q: Any, arrays: Mapping[str, np.ndarray], bad: str) -> Read
     extra = (1 if q["binary"] else K) if q["features"] == "state+logprobs" else 0
     if D - extra < 1:
         raise SpecError(f"{bad} (question {q['id']!r}: no state features)")
-    return Readout(q["id"], tuple(q["options"]), q["binary"], q["features"], mean, scale, coef, intercept)
+    cuts = q.get("cuts", {})
+    if (not isinstance(cuts, dict) or q["binary"] and cuts or not set(cuts) <= set(q["options"])
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in cuts.values())):
+        raise SpecError(f"{bad} (question {q['id']!r}: its cuts are not probabilities of its options)")
+    return Readout(q["id"], tuple(q["options"]), q["binary"], q["features"], mean, scale, coef, intercept,
+                   {k: float(v) for k, v in cuts.items()})
 
 
 def decided_by(readout: Readout, question: Any, states: np.ndarray, logprobs: Sequence[float]) -> Decision | Tags:
     """The head's decision for one question: its probabilities, decided as the question's own
-    threshold says (a label set or choice abstains below it; each tag is on at its threshold)."""
+    threshold says (a label set or choice abstains below it, or below its answer's own cut where
+    `fit --target-accuracy` chose one; each tag is on at its threshold)."""
     probs = readout.probs(states, logprobs)
     if readout.binary:
         return Tags(probs, None, [p >= t for p, t in zip(probs, question.extra["thresholds"])])
-    best, margin = decide(probs, question.threshold)
-    return Decision(probs, None, best, margin)
+    best, margin = decide(probs, None)
+    cut = question.threshold  # with a threshold (none: never abstain), an option's own cut where fit chose one
+    cut = readout.cuts.get(readout.options[best], cut) if cut is not None else None
+    return Decision(probs, None, None if cut is not None and probs[best] < cut else best, margin)

@@ -169,6 +169,14 @@ class TaskSpec:
         pays for a model and spec)."""
         return mode in PRUNING and not exact and self.pruning_refusal() is None
 
+    def head_alone(self, prompt_scores: bool = False) -> bool:
+        """Whether its head answers alone (no option scored): every question has a head of the
+        state alone, and the options' scores were not asked for (`Scorer.answer_by_head`)."""
+        head = self.head
+        if head is None or prompt_scores or not all(r.features == "state" for r in head.readouts):
+            return False
+        return all(head.readout_for(q.id) is not None for q in self.questions) if self.questions else bool(head.readouts)
+
     def question_for(self, label: Label) -> str:
         """The multi-label question about one label."""
         return self.question.replace("{label}", label.name).replace("{description}", label.description or label.name)

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -63,10 +63,15 @@ class Cut:
     chosen: Row | None
     table: list[Row] = field(default_factory=list)
     missed: Row | None = None  # the cut the sequence stopped at (its lower bound missed the target)
+    per_option: dict[int, Row] = field(default_factory=dict)  # options with a cut of their own (`per_option_cuts`)
+    together: Row | None = None  # the items answered under the per-option cuts and `chosen` for the rest (its
+    # cut: the lowest of them)
 
     def to_json(self) -> dict:
         return {"target_accuracy": self.target, "coverage": self.coverage, "confidence": self.confidence,
-                "chosen": self.chosen.to_json() if self.chosen else None, "table": [r.to_json() for r in self.table]}
+                "chosen": self.chosen.to_json() if self.chosen else None, "table": [r.to_json() for r in self.table],
+                **({"per_option": {str(k): r.to_json() for k, r in self.per_option.items()},
+                    "together": self.together.to_json()} if self.per_option and self.together else {})}
 
 
 def bounds(correct: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -137,3 +142,34 @@ def least_items(target: float, confidence: float = CONFIDENCE) -> int:
     while n > 1 and bounds(n - 1, n - 1, confidence)[0] >= target:
         n -= 1
     return n
+
+
+def per_option_cuts(cut: Cut, confidence_of: Sequence[float], answer: Sequence[int], correct: Sequence[bool]) -> Cut:
+    """`cut` (for a target) with a cut of its own for each answer the data supports: answered often
+    enough (held out) for a perfect record to reach the target, and whose own fixed sequence
+    certifies a cut. The other answers keep `cut.chosen` (none chosen: they always abstain, at
+    ABSTAIN_ALL). Kept only when the cuts together answer more items than `cut.chosen` alone and
+    the items they answer, all answers together, still reach the target at the confidence (one more
+    test, on the same held-out predictions); else `cut` as it was."""
+    if cut.target is None:
+        return cut
+    conf, ans, right = (np.asarray(a) for a in (confidence_of, answer, correct))
+    rest = cut.chosen.cut if cut.chosen is not None else ABSTAIN_ALL
+    fewest, own = least_items(cut.target, cut.confidence), {}
+    for k in np.unique(ans):
+        mine = ans == k
+        if mine.sum() >= fewest:
+            found = choose_cut(conf[mine], right[mine], cut.target, confidence=cut.confidence).chosen
+            if found is not None and found.cut != rest:
+                own[int(k)] = found
+    if not own:
+        return cut
+    bar = np.array([own[int(k)].cut if int(k) in own else rest for k in ans])
+    answered = conf >= bar
+    together = _row(float(bar.min()), int(answered.sum()), len(conf), int(right[answered].sum()), cut.confidence)
+    if together.answered <= (cut.chosen.answered if cut.chosen else 0) or together.low < cut.target:
+        return cut
+    return replace(cut, per_option=own, together=together)
+
+
+ABSTAIN_ALL = 1.0  # the threshold of answers without a cut of their own when no one cut reaches the target

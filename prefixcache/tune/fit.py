@@ -23,7 +23,7 @@ from .. import safefile
 from ..data.items import Item, text_digest
 from ..data.output import check_distinct
 from ..data.records import id_text
-from ..errors import SpecError, UsageError
+from ..errors import InputError, SpecError, UsageError
 from ..run.options import RunOptions
 from ..run.plan import load_options_spec
 from ..scoring.prepare import Batching
@@ -32,6 +32,7 @@ from ..task.kind import Question
 from ..task.questions import label_kind
 from ..task.spec import TaskSpec, gold_tags, gold_value
 from ..task.specfile import SpecFile, read_spec_file
+from .cutpoint import ABSTAIN_ALL
 from .heads import FEATURE_SETS, Asked, Judged, Labelled, judge
 from .job import labelled_items
 from .tuned import check_tuned_output, relocated, write_tuned
@@ -54,6 +55,7 @@ class FitOptions:
     overwrite: bool = False
     asked: Optional[Asked] = None  # a cut-point to choose (--target-accuracy, --coverage, --confidence)
     features: str = "auto"  # "state": heads of the state alone (they answer alone at run time); auto: chosen
+    more: tuple[str, ...] = ()  # further labelled files, read after `run.items` as one (an id at most once)
 
     @property
     def head_path(self) -> Path:
@@ -84,7 +86,7 @@ class FitResult:
     engine: str = "transformers"  # what read the states (the fitted spec asks for the same)
 
     def to_json(self) -> dict[str, Any]:
-        return {"spec": str(self.options.run.spec), "labelled": str(self.options.run.items),
+        return {"spec": str(self.options.run.spec), "labelled": [self.options.run.items, *self.options.more],
                 "items": len(self.plan.items), "folds": self.options.folds, "seed": self.options.seed,
                 "layer": LAYER, "ms_per_item": round(self.ms_per_item, 3), "states_read_back": self.kept,
                 "questions": [j.to_json() for j in self.judged],
@@ -101,13 +103,29 @@ def plan_fit(options: FitOptions) -> FitPlan:
     questions = fitted_questions(spec)
     for path in (options.output, options.head_path, options.figures_path):
         check_tuned_output(path, o.spec, options.overwrite)
+    files = (o.items, *options.more)
     check_distinct({"-o": options.output, "head": options.head_path, "--json": options.figures_path},
-                   {"LABELLED": o.items})
-    items = labelled_items(o.items, o, [spec], "fit reads its labelled items from a file")
+                   {f"LABELLED {path}": path for path in files})
+    items = all_labelled(files, o, spec)
     if len(items) < max(MIN_ITEMS, 2 * options.folds):
         raise UsageError(f"{o.items}: {len(items)} labelled items are too few to fit and judge a head by "
                          f"{options.folds}-fold cross-validation; fit needs at least {max(MIN_ITEMS, 2 * options.folds)}")
     return FitPlan(replace(spec, head=None), spec_file, items, questions, last_fit(spec, options, items))
+
+
+def all_labelled(files: Sequence[str], o: RunOptions, spec: TaskSpec) -> list[Item]:
+    """The labelled items of every file, in order, each checked; an id in two files is refused."""
+    items: list[Item] = []
+    seen: dict[str, str] = {}
+    for path in files:
+        for item in labelled_items(path, replace(o, limit=None) if len(files) > 1 else o, [spec],
+                                   "fit reads its labelled items from a file"):
+            key = id_text(item.id)
+            if key in seen:
+                raise InputError(f"{path}: item {key} is labelled in {seen[key]} too; keep one of them")
+            seen[key] = path
+            items.append(item)
+    return items[:o.limit] if o.limit and len(files) > 1 else items
 
 
 def last_fit(spec: TaskSpec, options: FitOptions, items: Sequence[Item]) -> Optional[np.ndarray]:
@@ -189,7 +207,8 @@ ABSTAINING = ("labels", "choice")  # the kinds of question whose answer abstains
 def cut_keys(plan: FitPlan, judged: Sequence[Judged]) -> dict[str, Any]:
     """The spec keys that make `run` abstain below each chosen cut: a label spec's `threshold`, a
     pack's questions each with its own (the pack written whole, with the others as they were)."""
-    cuts = {j.qid: round(j.cut.chosen.cut, 6) for j in judged if j.cut is not None and j.cut.chosen is not None}
+    cuts = {j.qid: round(j.cut.chosen.cut, 6) if j.cut.chosen is not None else ABSTAIN_ALL
+            for j in judged if j.cut is not None and (j.cut.chosen is not None or j.cut.per_option)}
     if not cuts:
         return {}
     if not plan.spec.questions:

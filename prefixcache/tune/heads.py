@@ -15,7 +15,7 @@ other folds, and the prompt rule is measured on the same items, paired, with boo
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import UsageError
 from ..task.head import Readout
 from ..task.scoring_metrics import calibration_error
-from .cutpoint import CONFIDENCE, Cut, Row, choose_cut, risk_coverage
+from .cutpoint import CONFIDENCE, Cut, Row, choose_cut, per_option_cuts, risk_coverage
 from .selection import GAIN_LEVEL, LEVEL, Figure, cv_splits, interval, resamples
 
 C_GRID = (0.01, 0.1, 1.0)  # on standardised states: strong to mild regularisation (fitted in this order)
@@ -124,10 +124,18 @@ class Judged:
                 "verdict": self.verdict, "chosen": {"C": self.choice.C, "features": self.choice.features},
                 "labelled_per_option": self.counts, "learning_curve": self.curve,
                 **({"thresholds": dict(zip(self.counts, self.thresholds))} if self.thresholds else {}),
-                **({"cut": self.cut.to_json()} if self.cut else {}),
+                **({"cut": self._cut_json()} if self.cut else {}),
                 **({"since_last_fit": self.since.to_json()} if self.since else {}),
                 **({"risk_coverage": [r.to_json() for r in self.coverage]} if self.coverage else {}),
                 "notes": self.notes}
+
+
+    def _cut_json(self) -> dict[str, Any]:
+        out = self.cut.to_json()
+        if "per_option" in out:  # by option name
+            names = list(self.counts)
+            out["per_option"] = {names[int(k)]: v for k, v in out["per_option"].items()}
+        return out
 
 
 # -- the design matrix and one readout ---------------------------------------------------------
@@ -298,9 +306,12 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
         judged.coverage = risk_coverage(probs.max(axis=1), probs.argmax(axis=1) == data.gold,
                                         asked.confidence if asked is not None else CONFIDENCE)
         if asked is not None:
-            judged.cut = choose_cut(probs.max(axis=1), probs.argmax(axis=1) == data.gold, asked.target,
-                                    asked.coverage, asked.confidence)
+            top, best = probs.max(axis=1), probs.argmax(axis=1)
+            judged.cut = per_option_cuts(choose_cut(top, best == data.gold, asked.target, asked.coverage,
+                                                    asked.confidence), top, best, best == data.gold)
     final = readout(data, choice)
+    if judged.cut is not None and judged.cut.per_option:  # the head file keeps them; the spec, the cut for the rest
+        final = replace(final, cuts={data.options[k]: round(r.cut, 6) for k, r in judged.cut.per_option.items()})
     return judged, final
 
 

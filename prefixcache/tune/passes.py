@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -200,6 +200,7 @@ def read_pool(scorer: Scorer, items: Sequence[Item], batching: Batching,
     task, head = scorer.task, scorer.head is not None
     reads = scorer.reads if head else [task.questions[0].kind.judged_each] + [None] * (len(task.questions) - 1)
     alone = not head or scorer.answer_by_head()
+    batching = replace(batching, head_alone=alone)  # one token an answer: as many items a batch as a head-only run
     out = Pool([], np.empty((0, 0)), [], [], 0, 0.0)
     vectors, seconds = [], 0.0
     step("reading the pool's states", 0, len(items))

@@ -93,3 +93,57 @@ def test_fit_writes_the_cut_and_run_abstains_below_it(tmp_path, tiny_model_dir):
     assert "threshold" not in yaml.safe_load((tmp_path / "f2.yaml").read_text())
     both = invoke("fit", spec, labelled, "-o", tmp_path / "f3.yaml", "--target-accuracy", "0.9", "--coverage", "0.5")
     assert both.exit_code == 2 and "not both" in both.stderr
+
+
+def _two_answers(rng, n):
+    """Answer 0 right 99.9% of the time at any confidence; answer 1 calibrated (right as often
+    as its probability says): one cut for both answers too few of answer 0's."""
+    conf = np.concatenate([rng.uniform(0.5, 1.0, n), 0.5 + 0.5 * rng.beta(5, 1.5, n)])
+    answer = np.repeat([0, 1], n)
+    right = np.concatenate([rng.random(n) < 0.999, rng.random(n) < conf[n:]])
+    return conf, answer, right
+
+
+def test_per_answer_cuts_answer_more_and_still_meet_the_target_on_fresh_data():
+    from prefixcache.tune.cutpoint import per_option_cuts
+
+    kept, misses = 0, 0
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        conf, answer, right = _two_answers(rng, 400)
+        cut = per_option_cuts(choose_cut(conf, right, target=0.95), conf, answer, right)
+        if not cut.per_option:
+            continue
+        kept += 1
+        rest = cut.chosen.cut if cut.chosen else 1.0  # no one cut: the other answer always abstains
+        assert 0 in cut.per_option and cut.per_option[0].cut < rest
+        assert cut.together.answered > (cut.chosen.answered if cut.chosen else 0) and cut.together.low >= 0.95
+        conf, answer, right = _two_answers(rng, 20000)
+        bar = np.array([cut.per_option[a].cut if a in cut.per_option else rest for a in answer])
+        misses += right[conf >= bar].mean() < 0.95
+    assert kept >= 40 and misses / kept <= 0.05
+
+
+def test_a_per_answer_cut_is_the_heads_and_needs_the_questions_threshold(tmp_path):
+    import os
+    from dataclasses import replace
+
+    from prefixcache.errors import SpecError
+    from prefixcache.task.head import Readout, decided_by, head_bytes, load_head
+    from prefixcache.task.kind import Question
+
+    r = Readout("label", ("a", "b"), False, "state", np.zeros((1, 3)), np.ones((1, 3)), np.zeros((2, 3)),
+                np.log([0.7, 0.3]), {"a": 0.6})
+    question = Question("label", None, "", ("a", "b"), (None, None), (("a",), ("b",)), threshold=0.8)
+    assert decided_by(r, question, np.zeros((1, 3)), None).best == 0  # 0.7: above a's own cut, below 0.8
+    assert decided_by(replace(r, cuts={}), question, np.zeros((1, 3)), None).best is None
+    assert decided_by(r, replace(question, threshold=None), np.zeros((1, 3)), None).best == 0
+    assert decided_by(replace(r, cuts={"a": 0.75}), replace(question, threshold=None), np.zeros((1, 3)), None).best == 0
+    fp = {"model": "m", "prefix": "p", "template": "t", "questions": "q"}
+    path = tmp_path / "h.safetensors"
+    path.write_bytes(head_bytes([r], fp, "final", {}))
+    os.chmod(path, 0o644)
+    assert load_head(str(path), tmp_path / "spec.yaml").readouts[0].cuts == {"a": 0.6}
+    path.write_bytes(head_bytes([replace(r, cuts={"c": 0.6})], fp, "final", {}))
+    with pytest.raises(SpecError, match="cuts are not probabilities of its options"):
+        load_head(str(path), tmp_path / "spec.yaml")

@@ -84,3 +84,42 @@ def test_a_head_reading_the_options_scores_keeps_them(tmp_path, tiny_model_dir):
     chosen = json.loads((tmp_path / "fitted.fit.json").read_text())["questions"][0]["chosen"]["features"]
     clf = Classifier(out, progress=False)
     assert clf.scorer.head_only == (chosen == "state")  # auto may choose either; the scorer follows the head
+    assert clf.spec.head_alone() == clf.scorer.head_only == clf.batching.head_alone  # the batches follow it too
+
+
+def test_dry_run_counts_and_times_what_the_head_alone_feeds(fitted):
+    out, labelled = fitted
+    alone = invoke("run", out, labelled, "--dry-run")
+    scored = invoke("run", out, labelled, "--dry-run", "--prompt-scores")
+    assert alone.exit_code == 0 == scored.exit_code, alone.output + scored.output
+    a, s = json_lines_of(alone.stdout), json_lines_of(scored.stdout)
+    assert all(r["label_tokens"] == 1 for r in a)  # one answer position, its first token
+    assert all(r["label_tokens"] > 1 for r in s)  # every label's tokens (their trie)
+    assert "the fitted head answers alone: no option is scored" in alone.stderr
+    assert "label tokens to score" in scored.stderr
+
+
+def test_bench_times_the_head_alone_beside_the_prompt_scoring(fitted):
+    out, labelled = fitted
+    result = invoke("bench", out, labelled, "--limit", "2", "--max-items", "6", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    head = report["head_alone"]
+    assert head["mode"] == "run pipeline, the fitted head alone (no option scored)" and head["items"] == 6
+    assert head["ms_per_item"] > 0 and report["same_labels"]
+
+
+def json_lines_of(text):
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_a_head_alone_batches_by_the_tokens_it_feeds(fitted):
+    from prefixcache import Classifier
+    from prefixcache.data.items import read_items
+
+    out, labelled = fitted
+    clf = Classifier(out, progress=False)
+    prep = clf.task.prepare(next(read_items(str(labelled))), None)
+    assert clf.batching.head_alone and clf.batching.cost(prep) == prep.own_tokens + 1
+    scored = Classifier(out, progress=False, prompt_scores=True)
+    assert not scored.batching.head_alone and scored.batching.cost(prep) > prep.own_tokens + 1

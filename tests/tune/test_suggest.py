@@ -94,3 +94,13 @@ def test_fit_on_the_grown_file_measures_the_new_labels_on_the_same_folds(fitted,
     since = json.loads((tmp_path / "fitted.fit.json").read_text())["questions"][0]["since_last_fit"]
     assert since["items"] == 12 and since["gain"]["low"] <= since["gain"]["value"] <= since["gain"]["high"]
     assert "since the last fit (12 of these items, the same folds)" in grown.stdout
+
+
+def test_fit_reads_several_labelled_files_as_one_and_refuses_an_id_in_two(fitted, tmp_path):
+    spec, _, _ = fitted
+    first, second = _write(tmp_path / "a.jsonl", _rows(10)), _write(tmp_path / "b.jsonl", _rows(8, start=10))
+    both = invoke("fit", spec, first, second, "-o", tmp_path / "f.yaml", "--folds", "3", "-q")
+    assert both.exit_code == 0, both.output
+    assert json.loads((tmp_path / "f.fit.json").read_text())["items"] == 18
+    again = invoke("fit", spec, first, _write(tmp_path / "c.jsonl", _rows(3, start=9)), "-o", tmp_path / "g.yaml")
+    assert again.exit_code == 2 and "item i9 is labelled in" in again.stderr
