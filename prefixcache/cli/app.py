@@ -375,7 +375,7 @@ def fit(
 
 
 @app.command(cls=Command)
-@run_options(INPUT, MODEL, DEVICE, "batch_size", "batch_tokens", "gold", "limit")
+@run_options(INPUT, MODEL, DEVICE, "batch_size", "batch_tokens", "gold")
 def suggest(
     spec: Path = SPEC_ARG, pool: str = POOL_ARG, count: int = SUGGEST_N_OPT, output: Path = SUGGESTED_OPT,
     labelled: list[str] = SUGGEST_LABELLED_OPT, seed: int = SUGGEST_SEED_OPT,

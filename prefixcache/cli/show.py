@@ -408,8 +408,7 @@ def _print_cut(out: Console, j: Any) -> None:
     from ..tune.cutpoint import least_items
 
     cut, level = j.cut, f"{j.cut.confidence:.0%}"
-    table = Table(title=f"risk-coverage · {escape(j.qid)} · held out · accuracy with its one-sided {level} bounds",
-                  title_justify="left")
+    table = Table(title=f"risk-coverage · {escape(j.qid)} · held out · {level} bounds", title_justify="left")
     for col in ("abstain below", "answered", "coverage", "accuracy", "low", "high"):
         table.add_column(col, justify="right")
     for r in cut.table:

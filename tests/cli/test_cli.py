@@ -367,3 +367,16 @@ def test_a_run_of_many_labels_shows_its_most_frequent_confusions_not_a_matrix_wi
     items.write_text("".join(json.dumps({"id": i, "text": t, "gold": labels[i % 3]}) + "\n" for i, t in enumerate(TEXTS)))
     few = invoke("run", spec_file(name="few.yaml", labels=labels[:3], gold="gold"), items, "-o", tmp_path / "few.jsonl")
     assert "gold \\ predicted" in few.stdout + few.stderr  # a matrix that fits is shown whole
+
+
+def test_no_two_options_of_a_command_share_a_flag():
+    import typer.main
+
+    from prefixcache.cli.app import app
+
+    group = typer.main.get_command(app)
+    commands = [(name, cmd) for name, cmd in group.commands.items()]
+    commands += [(f"{name} {sub}", c) for name, cmd in group.commands.items() for sub, c in getattr(cmd, "commands", {}).items()]
+    for name, cmd in commands:
+        flags = [f for p in cmd.params for f in (*p.opts, *p.secondary_opts) if f.startswith("-")]
+        assert len(flags) == len(set(flags)), (name, sorted(f for f in flags if flags.count(f) > 1))
