@@ -51,7 +51,7 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
         progress(Event("loading", detail="tokenizer"))
     task = Task.from_spec(plan.spec, options.cache_dir)
     items, failed, first = [], 0, []
-    reads = _head_reads(task)
+    reads = task.spec.head.reads(task.questions) if task.spec.head is not None else None
     last = plan.total if plan.total is not None else options.limit
     read = islice(plan.read_input(), last)
     if plan.stream:  # read once: keep the first items for the timing
@@ -81,20 +81,10 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
                   alone)
 
 
-def _head_reads(task: Task) -> list[bool | None] | None:
-    """Per question, what the spec's head reads (None: not read), or None without a head."""
-    head = task.spec.head
-    if head is None:
-        return None
-    return [None if (r := head.readout_for(q.id)) is None else r.binary for q in task.questions]
-
-
 def _head_tokens(task: Task, prep: Prepared, reads: list[bool | None]) -> int:
     """The tokens a head answering alone feeds after the item: per answer position it reads, the
     candidate's context (a question's text) and its first token."""
-    positions = [c for r, cs in zip(reads, task.answer_positions(prep, [bool(r) for r in reads])) if r is not None
-                 for c in cs]
-    return sum((prep.skips[c] if prep.skips else 0) + 1 for c in positions)
+    return sum((prep.skips[c] if prep.skips else 0) + 1 for c in task.answer_positions(prep, reads))
 
 
 def _pruning_words(spec: TaskSpec, mode: str, pruned: bool) -> str:

@@ -191,13 +191,14 @@ class Task:
         return fingerprint(model or model_content_identity(self.source), self.builder.prefix_ids,
                            free.ids[free.prefix_len:], self.spec.template.text, questions)
 
-    def answer_positions(self, prep: Prepared, binary: Sequence[bool]) -> list[list[int]]:
-        """Per question asked, the candidates whose first scored token marks its answer position:
-        its first candidate, or (a question whose options are each judged yes/no, `binary`) each
-        option's first."""
+    def answer_positions(self, prep: Prepared, reads: Sequence[bool | None]) -> list[int]:
+        """The candidates whose first scored token marks an answer position the questions read by
+        `reads` need (None: not read), in question order: a question's first candidate, or (True: its
+        options each judged yes/no) each option's first."""
         out = []
-        for (at, _), (a, b), each in zip(prep.spans, prep.parts, binary):
-            out.append([prep.groups.members[k][0] for k in range(a, b)] if each else [at])
+        for (at, _), (a, b), read in zip(prep.spans, prep.parts, reads):
+            if read is not None:
+                out += [prep.groups.members[k][0] for k in range(a, b)] if read else [at]
         return out
 
     def content_free(self, text: str) -> EncodedItem:

@@ -289,8 +289,8 @@ class Scorer:
         the state alone and `prompt_scores` was not asked. Then no option is scored: each item's
         tokens go through the model with, per answer position, one candidate of one token (its
         first, whose logits row is the only one computed), and records carry no log-probabilities."""
+        self.head_only = self.task.spec.head_alone(prompt_scores)  # the rule `run`'s plan forms its batches by
         needs = [q.id for q, r in zip(self.task.questions, self._readouts) if r is None or r.features != "state"]
-        self.head_only = self.head is not None and not prompt_scores and not needs
         if self.head is not None and not prompt_scores and needs:
             log.info("the options are scored: the prompt answers, or its scores feed the head, for %s",
                      ", ".join(repr(q) for q in needs))
@@ -303,7 +303,7 @@ class Scorer:
         candidate's context (a question's text) and its first token."""
         reads, rows, wanted = self.reads if reads is None else reads, [], []
         for p in preps:
-            positions = self.answer_positions(p, reads)
+            positions = self.task.answer_positions(p, reads)
             cands = list(p.candidates.values())
             skips = [p.skips[i] if p.skips else 0 for i in positions]
             rows.append(Row(p.row.ids, p.row.prefix_len, [cands[i][:s + 1] for i, s in zip(positions, skips)],
@@ -316,17 +316,10 @@ class Scorer:
     def reads(self) -> list[bool | None]:
         """Per question asked, what its head reads: None (no head), False (the state where its
         options start), True (each option judged yes/no: the state where each one's is scored)."""
-        if not self._readouts:
-            return [None] * len(self.task.questions)
-        return [None if r is None else r.binary for r in self._readouts]
-
-    def answer_positions(self, prep: Prepared, reads: Sequence[bool | None]) -> list[int]:
-        """The candidates whose answer states the questions read by `reads` need, in question order."""
-        positions = self.task.answer_positions(prep, [bool(r) for r in reads])
-        return [c for r, cands in zip(reads, positions) if r is not None for c in cands]
+        return self.head.reads(self.task.questions) if self.head else [None] * len(self.task.questions)
 
     def split_states(self, prep: Prepared, reads: Sequence[bool | None], found: np.ndarray) -> list[np.ndarray]:
-        """The states read at `answer_positions` ([n, H]), per question read: [1, H] or [K, H]."""
+        """The states read at `Task.answer_positions` ([n, H]), per question read: [1, H] or [K, H]."""
         parts, at = [], 0
         for r, (a, b) in zip(reads, prep.parts):
             if r is not None:
@@ -341,7 +334,7 @@ class Scorer:
         end) and, per question whose `reads[i]` is not None, the final hidden states at its answer
         position: [1, H], or [K, H] where `reads[i]` is True (each option judged yes/no at its
         own). Both from one forward pass."""
-        wanted = [self.answer_positions(p, reads) for p in preps]
+        wanted = [self.task.answer_positions(p, reads) for p in preps]
         values, states = self.engine.score_with_states(self.prefix, [p.row for p in preps], wanted)
         return ([p.groups.combine(v) for p, v in zip(preps, values)],
                 [self.split_states(p, reads, found) for p, found in zip(preps, states)])
@@ -509,7 +502,7 @@ def decide_together(asked: Sequence[tuple[Scorer, Prepared]]) -> list[Answers]:
     for members in by_prefix.values():
         first = asked[members[0]][0]
         rows = [asked[i][1].row for i in members]
-        wanted = [asked[i][0].answer_positions(asked[i][1], asked[i][0].reads) for i in members]
+        wanted = [asked[i][0].task.answer_positions(asked[i][1], asked[i][0].reads) for i in members]
         if any(wanted):  # some scorer's head reads states: from the same forward
             scores, states = first.engine.score_with_states(first.prefix, rows, wanted)
         else:

@@ -111,6 +111,11 @@ class Head:
         """The question's readout, or None (that question is answered by the prompt)."""
         return next((r for r in self.readouts if r.qid == qid), None)
 
+    def reads(self, questions: Sequence[Any]) -> list[bool | None]:
+        """Per question, what its readout reads: None (it has none), False (the state where its
+        options start), True (each option judged yes/no: the state where each one's is scored)."""
+        return [None if (r := self.readout_for(q.id)) is None else r.binary for q in questions]
+
     def check_width(self, hidden: int) -> None:
         """Refuse a head whose state width is not the model's."""
         if self.readouts and self.readouts[0].hidden != hidden:

@@ -118,14 +118,13 @@ def all_labelled(files: Sequence[str], o: RunOptions, spec: TaskSpec) -> list[It
     items: list[Item] = []
     seen: dict[str, str] = {}
     for path in files:
-        for item in labelled_items(path, replace(o, limit=None) if len(files) > 1 else o, [spec],
-                                   "fit reads its labelled items from a file"):
+        for item in labelled_items(path, replace(o, limit=None), [spec], "fit reads its labelled items from a file"):
             key = id_text(item.id)
             if key in seen:
                 raise InputError(f"{path}: item {key} is labelled in {seen[key]} too; keep one of them")
             seen[key] = path
             items.append(item)
-    return items[:o.limit] if o.limit and len(files) > 1 else items
+    return items[:o.limit] if o.limit else items
 
 
 def last_fit(spec: TaskSpec, options: FitOptions, items: Sequence[Item]) -> Optional[np.ndarray]:

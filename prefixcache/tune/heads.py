@@ -129,7 +129,6 @@ class Judged:
                 **({"risk_coverage": [r.to_json() for r in self.coverage]} if self.coverage else {}),
                 "notes": self.notes}
 
-
     def _cut_json(self) -> dict[str, Any]:
         out = self.cut.to_json()
         if "per_option" in out:  # by option name
@@ -303,12 +302,11 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
                              paired_gain(data, head_said, then, seed))
     if not data.binary:
         judged.curve = learning_curve(data, splits, choice, seed)
-        judged.coverage = risk_coverage(probs.max(axis=1), probs.argmax(axis=1) == data.gold,
-                                        asked.confidence if asked is not None else CONFIDENCE)
+        top, best = probs.max(axis=1), probs.argmax(axis=1)
         if asked is not None:
-            top, best = probs.max(axis=1), probs.argmax(axis=1)
             judged.cut = per_option_cuts(choose_cut(top, best == data.gold, asked.target, asked.coverage,
                                                     asked.confidence), top, best, best == data.gold)
+        judged.coverage = judged.cut.table if judged.cut else risk_coverage(top, best == data.gold)
     final = readout(data, choice)
     if judged.cut is not None and judged.cut.per_option:  # the head file keeps them; the spec, the cut for the rest
         final = replace(final, cuts={data.options[k]: round(r.cut, 6) for k, r in judged.cut.per_option.items()})

@@ -242,5 +242,5 @@ def _guesses(scorer: Scorer, prep: Prepared, logprobs, states) -> dict[str, tupl
             out[qid] = (spec.gold_sep.join(on), float(sure), margin_of(d.probs, True, q.extra.get("thresholds")))
         else:
             best = int(np.argmax(d.probs))
-            out[qid] = (q.options[best], float(d.probs[best]), margin_of(d.probs, False))
+            out[qid] = (q.options[best], float(d.probs[best]), float(d.margin))
     return out

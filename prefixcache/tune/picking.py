@@ -21,6 +21,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..task.decision import decide
+
 UNCERTAIN = 4  # candidates a pick among the least sure (x n); 1 would be margin sampling alone
 
 
@@ -90,11 +92,8 @@ def _representatives(z: np.ndarray, n: int, seed: int) -> list[int]:
 def margin_of(probs: Sequence[float], binary: bool, thresholds: Sequence[float] | float | None = None) -> float:
     """How sure a head is of one question's answer: one of several, the top probability minus the
     second; tags, the smallest distance of a tag's P(on) from its threshold (0.5 unless given)."""
+    if not binary:
+        return float(decide(list(probs))[1])  # the margin every decision records
     p = np.asarray(probs, dtype=np.float64)
-    if binary:
-        t = np.broadcast_to(np.asarray(0.5 if thresholds is None else thresholds, dtype=np.float64), p.shape)
-        return float(np.abs(p - t).min())
-    if len(p) < 2:
-        return 1.0
-    top = np.partition(p, -2)[-2:]
-    return float(top[1] - top[0])
+    t = np.broadcast_to(np.asarray(0.5 if thresholds is None else thresholds, dtype=np.float64), p.shape)
+    return float(np.abs(p - t).min())

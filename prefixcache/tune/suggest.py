@@ -66,10 +66,10 @@ class SuggestPlan:
     pool: list[Item]  # the unlabelled items, in file order
     left_out: int  # pool items labelled already (by id, text or a filled gold)
 
-    @property
-    def unlabelled(self) -> TaskSpec:
-        """The spec the pool is read with: no gold field asked of its items."""
-        return replace(self.spec, gold=None, questions=tuple(replace(q, gold=None) for q in self.spec.questions))
+
+def without_gold(spec: TaskSpec) -> TaskSpec:
+    """The spec the pool is read with: no gold field asked of its items."""
+    return replace(spec, gold=None, questions=tuple(replace(q, gold=None) for q in spec.questions))
 
 
 @dataclass
@@ -93,7 +93,7 @@ def plan_suggest(options: SuggestOptions) -> SuggestPlan:
                          f"has its own options")
     check_tuned_output(options.output, o.spec, options.overwrite)
     check_distinct({"-o": options.output}, {"POOL": o.items, **{f"--labelled {p}": p for p in options.labelled}})
-    pool = labelled_items(o.items, o, [SuggestPlan(spec, [], 0).unlabelled], "suggest reads its pool from a file")
+    pool = labelled_items(o.items, o, [without_gold(spec)], "suggest reads its pool from a file")
     known = known_items(spec, options.labelled, o)
     fields = spec.item_fields()
     fresh = [item for item in pool if not known.has(item, fields) and not has_gold(spec, item)]
@@ -130,9 +130,9 @@ def suggest(options: SuggestOptions, step: Step = lambda what, done, total: None
 
     plan = plan or plan_suggest(options)
     o = options.run
-    scorer = fit_scorer(plan.unlabelled, o.scoring())
+    scorer = fit_scorer(without_gold(plan.spec), o.scoring())
     read = read_pool(scorer, plan.pool, Batching(o.batch_size, o.batch_tokens, on_error="skip"), step)
-    margins = np.array([m for m in read.margins]) if plan.spec.head is not None else None
+    margins = np.array(read.margins) if plan.spec.head is not None else None
     step("picking", 0, 0)
     picked = pick(read.vectors, margins, options.n, options.seed)
     rows = [row(plan.spec, read.items[i], read.answers[i], None if margins is None else margins[i]) for i in picked]
