@@ -17,6 +17,7 @@ the functions that need them.
 | /proc/cpuinfo flags amx_bf16, avx512_bf16                    | is bfloat16 matmul fast on this CPU    |
 | typer._click.exceptions (UsageError, NoArgsIsHelpError)      | usage errors as one line (typer ships its own click) |
 | the output embeddings called on the kept positions' states   | hidden states where tokens are scored  |
+| base_model.layers / .h, a decoder layer's output, last_hidden_state | middle layers' and pooled states |
 """
 
 from __future__ import annotations
@@ -85,6 +86,43 @@ def scored_states(model: PreTrainedModel, into: list) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+class NoLayers(Exception):
+    """The model's decoder layers cannot be found: only the final state at answer positions is read."""
+
+
+def decoder_layers(model: PreTrainedModel) -> Sequence[Any]:
+    """The model's decoder layers, in order (`layers` in the Llama family, `h` in GPT-2)."""
+    base = model.base_model
+    for name in ("layers", "h"):
+        found = getattr(base, name, None)
+        if found is not None and len(found):
+            return found
+    raise NoLayers(f"{type(model).__name__} has no decoder layers where prefixcache looks for them")
+
+
+@contextmanager
+def layer_states(model: PreTrainedModel, layers: Sequence[int | None], into: dict) -> Iterator[None]:
+    """Within, each forward sets `into[i]` to the residual stream after decoder layer i (from 1)
+    at every position, and `into[None]` to the final state after the last norm (what the lm_head
+    reads, before `logits_to_keep` slices it): [B, T, H] each. Raises NoLayers before any hook."""
+    def keep(key: int | None) -> Callable:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            found = getattr(output, "last_hidden_state", None) if key is None else None
+            into[key] = (found if found is not None else output[0] if isinstance(output, tuple) else output).detach()
+        return hook
+
+    handles = []
+    try:
+        stack = decoder_layers(model) if any(i is not None for i in layers) else ()
+        for i in layers:
+            module = model.base_model if i is None else stack[i - 1]
+            handles.append(module.register_forward_hook(keep(i)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def cache_kwarg(model: PreTrainedModel) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -32,7 +33,7 @@ from ..scoring.options import ScoringOptions
 from ..scoring.prepare import Batching, Task
 from ..task.overrides import with_overrides
 from ..task.keys import spec_from_mapping
-from ..task.spec import TaskSpec
+from ..task.spec import KNOWN_KEYS, TaskSpec
 from ..task.specfile import load_spec
 from .progress import bar_for
 from .tables import rows_of
@@ -69,6 +70,34 @@ def _spec_of(spec: SpecLike, keys: Mapping[str, Any]) -> TaskSpec:
     return load_spec(spec, **keys)  # the file's keys, those given here set anew
 
 
+def _labels(rows: Any, y: Any) -> list[Any]:
+    """The labels `y` gives for `rows`: a list or Series, or the name of a column of them."""
+    labels = [r[y] for r in rows] if isinstance(y, str) and rows and isinstance(rows[0], Mapping) else list(y)
+    if len(labels) != len(rows):
+        raise InputError(f"{len(rows)} items and {len(labels)} labels: give one label an item")
+    return labels
+
+
+_ENGINES: "weakref.WeakValueDictionary[tuple, Any]" = weakref.WeakValueDictionary()  # loaded models, while in use
+_INIT_ARGS = ("spec", "model", "device", "dtype", "cache_dir", "batch_size", "batch_tokens", "exact", "progress",
+              "backend", "threads", "prompt_scores")
+
+
+def _scorer_for(task: Task, options: ScoringOptions) -> "ItemScorer":
+    """The task's scorer; on the model another classifier of the same model and options holds
+    loaded (a clone's), when there is one, else loading it."""
+    from ..scoring.build import build_on, build_scorer  # torch: once the spec is known to be good
+
+    key = (task.source.ref, options.device, options.dtype, options.backend or task.spec.backend, options.threads)
+    engine = _ENGINES.get(key) if not options.exact else None
+    if engine is not None:
+        return build_on(task, engine, options)
+    scorer = build_scorer(task, options)
+    if not options.exact:
+        _ENGINES[key] = scorer.engine
+    return scorer
+
+
 def _rows(X: Any) -> Any:
     """Items as `classify` takes them, from strings, dicts, a DataFrame or a Table (or any iterable)."""
     if isinstance(X, (str, list, tuple)):
@@ -92,8 +121,15 @@ class Classifier:
         batch_size, batch_tokens: as `run`'s; the same values give the same records as `run`.
         progress: a bar on long calls (Rich in a terminal, tqdm in a notebook when installed).
 
+    It follows scikit-learn's estimator conventions: `fit(X, y)` fits a head on the classifier
+    itself and returns it, `predict`, `predict_proba`, `score` and `classes_`; `get_params` gives the
+    arguments it was made with and `set_params` makes it again from them, so `sklearn.base.clone`,
+    `Pipeline` and `cross_val_score` work (a clone shares the loaded model while one is alive).
+
     Raises the library's typed errors (`SpecError`, `InputError`, `ModelError`, ...); never exits.
     """
+
+    _estimator_type = "classifier"
 
     def __init__(self, spec: SpecLike = None, *, model: Optional[str] = None, device: str = "auto",
                  dtype: str = "auto", cache_dir: Optional[Union[str, Path]] = None, batch_size: int = 64,
@@ -101,8 +137,9 @@ class Classifier:
                  threads: Optional[int] = None, prompt_scores: bool = False, **keys: Any):
         if batch_size < 1 or batch_tokens < 1:
             raise UsageError(f"batch_size and batch_tokens must be 1 or more (got {batch_size} and {batch_tokens})")
-        from ..scoring.build import build_scorer  # torch: once the spec is known to be good
-
+        self._params = {"spec": spec, "model": model, "device": device, "dtype": dtype, "cache_dir": cache_dir,
+                        "batch_size": batch_size, "batch_tokens": batch_tokens, "exact": exact, "progress": progress,
+                        "backend": backend, "threads": threads, "prompt_scores": prompt_scores, **keys}
         self.spec = with_overrides(_spec_of(spec, keys), model=model)
         # as the command line reads them: PREFIXCACHE_CACHE_DIR, PREFIXCACHE_STORE_MAX_MB
         self.options = ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype, exact=exact,
@@ -111,11 +148,54 @@ class Classifier:
         self.progress = progress
         with compat.quietly():  # transformers' loading bars: the caller asked for records, not those
             self.task = Task.from_spec(self.spec, self.cache_dir)
-            self.scorer: ItemScorer = build_scorer(self.task, self.options)
-        self.batching = Batching(batch_size, batch_tokens, pruned=self.scorer.pruning,
-                                 head_alone=bool(getattr(self.scorer, "head_only", False)))
+            self._use(self.spec, _scorer_for(self.task, self.options))
         self._zero_shot: dict[tuple[str, ...], Classifier] = {}
-        self.fit_figures: Optional[list[dict[str, Any]]] = None  # set on what `fit` returns
+        self.fit_figures: Optional[list[dict[str, Any]]] = None  # set by `fit`
+
+    def _use(self, spec: TaskSpec, scorer: "ItemScorer") -> None:
+        """Decide by `spec` with `scorer` (its task's): the batches follow whether a head answers alone."""
+        self.spec, self.task, self.scorer = spec, scorer.task, scorer
+        self.batching = Batching(self._params["batch_size"], self._params["batch_tokens"], pruned=scorer.pruning,
+                                 head_alone=bool(getattr(scorer, "head_only", False)))
+        self._zero_shot = {}
+
+    # -- scikit-learn's estimator protocol ---------------------------------------------------------
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The arguments this classifier was made with (as `__init__` takes them)."""
+        return dict(self._params)
+
+    def set_params(self, **params: Any) -> "Classifier":
+        """This classifier made again with these arguments changed (a fitted head is dropped)."""
+        odd = next((k for k in params if k not in self._params and k not in _INIT_ARGS and k not in KNOWN_KEYS), None)
+        if odd is not None:
+            raise UsageError(f"Classifier has no parameter {odd!r}")
+        args = {**self._params, **params}
+        self.__init__(args.pop("spec"), **args)  # type: ignore[misc]
+        return self
+
+    def __sklearn_tags__(self) -> Any:
+        """What scikit-learn asks of an estimator: a classifier of strings or dicts, usable before
+        `fit` (the prompt alone answers)."""
+        from sklearn.utils import ClassifierTags, InputTags, Tags, TargetTags
+
+        return Tags(estimator_type="classifier", target_tags=TargetTags(required=False),
+                    classifier_tags=ClassifierTags(multi_label=self.spec.multi_label), requires_fit=False,
+                    no_validation=True, input_tags=InputTags(one_d_array=True, two_d_array=False, string=True,
+                                                             dict=True))
+
+    @property
+    def classes_(self) -> Any:
+        """The labels, in the order of `predict_proba`'s columns (numpy array)."""
+        import numpy as np
+
+        return np.array(self.labels, dtype=object)
+
+    def score(self, X: Any, y: Any) -> float:
+        """Accuracy of `predict(X)` against the labels `y` (a list, or the name of a column of `X`)."""
+        rows = _rows(X)
+        labels = _labels(rows, y)
+        said = self.predict(rows)
+        return sum(a == b for a, b in zip(said, labels)) / len(labels) if labels else 0.0
 
     @property
     def labels(self) -> list[str]:
@@ -183,13 +263,14 @@ class Classifier:
         return add_predictions_to_columns(dict(batch), records, self.spec, prefix)
 
     # -- a head trained on your labels (scikit-learn's conventions) -----------------------------
-    def fit(self, X: Any, y: Any, *, folds: int = 5, seed: int = 0) -> "Classifier":
-        """A classifier of the same spec whose head, fitted on these labelled items, decides (as
-        `prefixcache fit` writes it): `X` strings, dicts of fields, or a DataFrame or Table; `y`
-        their labels (a list, a Series, or the name of a column of `X`; multi-label: lists of
-        labels or strings separated by the spec's `gold_sep`). This classifier is left as it is.
-        The held-out figures of the head beside the prompt alone are in `.fit_figures` (one dict
-        per question, as `fit`'s JSON). Raises UsageError for too few items or one class only."""
+    def fit(self, X: Any, y: Any, *, folds: int = 5, seed: int = 0, features: str = "state") -> "Classifier":
+        """Fit a head on these labelled items and decide by it from now on (as `prefixcache fit`
+        writes it); returns this classifier, as scikit-learn's estimators do. `X`: strings, dicts of
+        fields, or a DataFrame or Table; `y` their labels (a list, a Series, or the name of a column
+        of `X`; multi-label: lists of labels or strings separated by the spec's `gold_sep`);
+        `features` as `fit --features`. Fitting again starts from the spec as it was made. The
+        held-out figures of the head beside the prompt alone are in `.fit_figures` (one dict per
+        question, as `fit`'s JSON). Raises UsageError for too few items or one class only."""
         from ..tune.fit import fit_heads, fitted_questions, MIN_ITEMS
         from ..scoring.build import build_on
 
@@ -197,29 +278,29 @@ class Classifier:
             raise UsageError("Classifier.fit learns a label spec's labels; for typed questions, name each one's gold "
                              "field and use prefixcache fit")
         rows = _rows(X)
-        labels = [r[y] for r in rows] if isinstance(y, str) and rows and isinstance(rows[0], Mapping) else list(y)
-        if len(labels) != len(rows):
-            raise InputError(f"{len(rows)} items and {len(labels)} labels: give one label an item")
-        if len(rows) < max(MIN_ITEMS, 2 * folds):
-            raise UsageError(f"{len(rows)} labelled items are too few to fit and judge a head by {folds}-fold "
-                             f"cross-validation; fit needs at least {max(MIN_ITEMS, 2 * folds)}")
-        spec = dataclasses.replace(self.spec, gold=GOLD, head=None)
+        labels = _labels(rows, y)
+        if len(rows) < MIN_ITEMS:
+            raise UsageError(f"{len(rows)} labelled items are too few to fit a head; fit needs at least {MIN_ITEMS}")
+        made = self._made_spec()
+        spec = dataclasses.replace(made, gold=GOLD, head=None)
         items = [dataclasses.replace(item, record={**item.record, GOLD: label})
                  for item, label in zip(self._items(rows), labels)]
         for item in items:
             spec.check_record(item.record)
         base = build_on(self.task.with_spec(spec), self.scorer.engine, self.options.replace(prune="off", exact=False))
-        found = fit_heads(base, items, fitted_questions(spec), self.batching, folds, seed)
+        found = fit_heads(base, items, fitted_questions(spec), self.batching, folds, seed, features=features)
         keys: dict[str, Any] = {"head": found.head()}
-        if self.spec.multi_label:
+        if made.multi_label:
             keys["tag_thresholds"] = tuple(found.judged[0].thresholds)
-        twin = copy.copy(self)
-        twin.spec = dataclasses.replace(self.spec, **keys)
-        twin.task = self.task.with_spec(twin.spec)
-        twin.scorer = build_on(twin.task, self.scorer.engine, self.options)
-        twin._zero_shot = {}
-        twin.fit_figures = [j.to_json() for j in found.judged]
-        return twin
+        fitted = dataclasses.replace(made, **keys)
+        self._use(fitted, build_on(self.task.with_spec(fitted), self.scorer.engine, self.options))
+        self.fit_figures = [j.to_json() for j in found.judged]
+        return self
+
+    def _made_spec(self) -> TaskSpec:
+        """The spec as this classifier was made (before any `fit`)."""
+        return with_overrides(_spec_of(self._params["spec"], {k: v for k, v in self._params.items()
+                                                             if k not in _INIT_ARGS}), model=self._params["model"])
 
     def predict(self, X: Any) -> list[Any]:
         """The label of each item (multi-label: its list of labels; None where it abstains)."""

@@ -31,7 +31,7 @@ from ..serve.defaults import BATCH_WAIT_MS, MAX_BATCH
 from .cache import cache_app
 from .options import (
     BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
-    EXAMPLES_OPT, REPORT_FIT_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, TARGET_ACCURACY_OPT, COVERAGE_OPT, CONFIDENCE_OPT, FIT_FEATURES_OPT, FitFeatures, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, LABELLED_FILES_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
+    EXAMPLES_OPT, REPORT_FIT_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, TARGET_ACCURACY_OPT, COVERAGE_OPT, CONFIDENCE_OPT, FIT_FEATURES_OPT, FitFeatures, PROMPT_SAMPLE_OPT, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, LABELLED_FILES_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
     POOL_ARG, SUGGEST_N_OPT, SUGGESTED_OPT, SUGGEST_LABELLED_OPT, SUGGEST_SEED_OPT, OVERWRITE_SUGGESTED_OPT,
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
@@ -335,7 +335,7 @@ def fit(
     seed: int = SEED_OPT, figures: Optional[Path] = FIT_JSON_OPT, overwrite: bool = OVERWRITE_FITTED_OPT,
     target_accuracy: Optional[float] = TARGET_ACCURACY_OPT, coverage: Optional[float] = COVERAGE_OPT,
     confidence: float = CONFIDENCE_OPT, features: FitFeatures = FIT_FEATURES_OPT,
-    quiet: bool = QUIET_OPT, log_interval: float = LOG_INTERVAL_OPT, debug: bool = DEBUG_OPT, **given: Any,
+    prompt_sample: Optional[int] = PROMPT_SAMPLE_OPT, quiet: bool = QUIET_OPT, log_interval: float = LOG_INTERVAL_OPT, debug: bool = DEBUG_OPT, **given: Any,
 ) -> None:
     """Train a head on your labelled items: a readout of the model's hidden state that answers
     in place of the prompt's label scores.
@@ -364,7 +364,7 @@ def fit(
             raise UsageError("give --target-accuracy or --coverage, not both")
         asked = Asked(target_accuracy, coverage, confidence) if target_accuracy or coverage else None
         options = FitOptions(RunOptions(spec, labelled[0], **given), output, folds, seed, figures, overwrite, asked,
-                             features, tuple(labelled[1:]))
+                             features, prompt_sample, tuple(labelled[1:]))
         plan = plan_fit(options)
         with steps(quiet, log_interval) as step:
             compat.quiet_libraries()

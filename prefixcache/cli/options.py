@@ -83,11 +83,16 @@ COVERAGE_OPT = typer.Option(None, "--coverage", min=0.0, max=1.0, help=(
     "Instead of --target-accuracy: the cut that answers this share of the items (the rest abstain), with the "
     "accuracy it gives held out."))
 CONFIDENCE_OPT = typer.Option(0.95, "--confidence", min=0.5, max=0.9999, help="The confidence of --target-accuracy.")
-FIT_FEATURES_OPT = typer.Option("auto", "--features", help=(
-    "What the heads read: state (the model's state alone: the fitted spec then answers without scoring any "
-    "option, whatever the number of labels) or auto (also the options' log-probabilities where the inner "
-    "cross-validation finds they help; the options are then scored at run time)."))
-FitFeatures = Literal["auto", "state"]
+FIT_FEATURES_OPT = typer.Option("state", "--features", help=(
+    "What the heads read. state (the default): views of the model's forward alone, chosen by inner "
+    "cross-validation among the final state where the answer is scored, that and the mean over the item's tokens, "
+    "and a middle layer's state and mean (the fitted spec answers without scoring any option). auto: also the "
+    "options' log-probabilities, chosen only where they help beyond noise (every option of every item is then "
+    "scored, at fit and at run time). Or one feature set, e.g. state@15+mean@15."))
+FitFeatures = str
+PROMPT_SAMPLE_OPT = typer.Option(None, "--prompt-sample", min=1, help=(
+    "How many labelled items (drawn at random) have their options scored to measure the prompt alone beside the "
+    "head. Default: as many as cost about what reading the states costs, at least 30."), show_default=False)
 POOL_ARG = typer.Argument(..., metavar="POOL", help="Unlabelled items to choose from: a .jsonl, .csv, .tsv, .json or .parquet file.", show_default=False)
 SUGGEST_N_OPT = typer.Option(50, "-n", "--count", min=1, help="How many items to suggest.")
 SUGGESTED_OPT = typer.Option(..., "--output", "-o", help="The items to label: .csv, else JSON lines (id, the template's fields, the gold column holding the head's guess to correct, its probability and margin).", show_default=False)

@@ -362,9 +362,10 @@ def suggest_summary(result: SuggestResult) -> str:
 
 
 def print_fit(result: FitResult) -> None:
-    """fit's findings (stdout): per question the head and the prompt alone on the same held-out
-    folds, the gain, the verdict, the learning curve and anything said about the counts."""
-    out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    """fit's findings, one block on stderr whether or not it is a terminal (the figures' JSON file
+    is the data): per question the head and the prompt alone on the same held-out folds, the gain,
+    the verdict, the learning curve and anything said about the counts."""
+    out = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
     o = result.options
     for j in result.judged:
         kind = "exact label sets" if j.binary else "accuracy"
@@ -382,8 +383,7 @@ def print_fit(result: FitResult) -> None:
                    "tie": "no difference beyond noise: the prompt alone is as good, and you may keep the spec "
                           "without 'head'"}[j.verdict]
         out.print(f"gain in {kind}: {g.value:+.3f} [{g.low:+.3f}, {g.high:+.3f}] (98%): {verdict}")
-        out.print(f"head: C={j.choice.C:g}, reads {j.choice.features.replace('+', ' and the options’ ')} "
-                  f"(chosen by inner cross-validation)")
+        out.print(f"head: C={j.choice.C:g}, reads {reads_words(j.choice.features)} (chosen by inner cross-validation)")
         if j.curve:
             out.print("learning curve (held-out accuracy by labelled items a class): "
                       + ", ".join(f"{c['per_class']}: {c['accuracy']:.3f}" for c in j.curve))
@@ -400,7 +400,22 @@ def print_fit(result: FitResult) -> None:
     items = len(result.plan.items)
     read = f"{result.ms_per_item:.1f} ms/item" if result.kept < items else "none scored"
     kept = f" ({result.kept} of {items} items read back from an earlier fit)" if result.kept else ""
-    out.print(f"reading states: {read}{kept}; fitted spec: {escape(str(o.output))}")
+    scored = ""
+    if result.read is not None and result.read.scored.any():
+        m = int(result.read.scored.sum())
+        scored = (f"; options scored for {m} item{'s' if m != 1 else ''}"
+                  + (f" ({result.read.prompt_ms_per_item:.1f} ms/item)" if result.read.prompt_ms_per_item else ""))
+    out.print(f"reading states: {read}{kept}{scored}; fitted spec: {escape(str(o.output))}")
+
+
+def reads_words(features: str) -> str:
+    """A feature set (task/features.py) in words."""
+    from ..task.features import Features, layer_of
+
+    f = Features.parse(features)
+    words = [("the state at the answer" if v.startswith("state") else "the mean over the item's tokens")
+             + (f" of layer {layer_of(v)}" if layer_of(v) else "") for v in f.views]
+    return ", ".join(words) + (" and the options' log-probabilities" if f.logprobs else "") + f" ({features})"
 
 
 def _print_cut(out: Console, j: Any) -> None:

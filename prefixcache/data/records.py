@@ -164,13 +164,16 @@ def repeated(records: Iterable[Mapping[str, Any]]) -> Optional[Mapping[str, Any]
 def logprobs_in_order(record: Mapping[str, Any], names: Sequence[str], spec: TaskSpec | None = None
                       ) -> list[float] | None:
     """The log-probs a record holds, one per option in the order of `names` (for typed
-    questions, `spec` given: each question's options in pack order, from its `x_logprobs`)."""
+    questions, `spec` given: each question's options in pack order, from its `x_logprobs`); None
+    where it holds none (a head that answered alone)."""
     if spec is not None and spec.questions:
         pruned = record.get("pruned") or {}
         flags = [option in pruned.get(q.id, ()) for q in spec.questions for option in q.options]
         values = [float(record["answers"][q.id]["x_logprobs"][option]) for q in spec.questions for option in q.options]
         return Bounded(values, [i for i, flag in enumerate(flags) if flag]) if any(flags) else values
-    value = record["logprobs"]
+    value = record.get("logprobs")
+    if value is None:
+        return None
     if isinstance(value, list):
         return [float(v) for v in value]
     pruned = record.get("pruned") or ()

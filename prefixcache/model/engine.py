@@ -33,7 +33,7 @@ from . import attention
 from .. import compat
 from .attention import UnsupportedAttention
 from ..errors import ModelError, first_line
-from .rows import Row, Trie, trie
+from .rows import Probe, Row, Trie, trie
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class Layout:
     term_toks: torch.Tensor  # [C] the candidate token scored there
     sizes: list[list[int]]  # per row, per candidate: its token count
     firsts: list[list[int]]  # per row, per candidate: the kept row its first scored token is read from
+    owns: list[tuple[int, int]] = ()  # per row, the packed span [start, end) of its own tokens (the item's)
 
 
 def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
@@ -94,7 +95,7 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
     suffixes = [list(r.ids[r.prefix_len:]) for r in rows]
     lengths = [len(s) + len(t) for s, t in zip(suffixes, tries)]
     B, W, T = len(rows), max(lengths), sum(lengths)
-    ids, pos, keep, term_rows, term_toks, sizes, firsts = [], [], [], [], [], [], []
+    ids, pos, keep, term_rows, term_toks, sizes, firsts, owns = [], [], [], [], [], [], [], []
     gather = torch.full((B, W), T, dtype=torch.long)  # [B, W]; T marks padding
     allowed = torch.zeros(B, W, prefix_len + W, dtype=torch.bool)  # [B, W, P + W]
     for b, (row, suffix, t) in enumerate(zip(rows, suffixes, tries)):
@@ -103,6 +104,7 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
         ids += suffix + t.tokens
         pos += list(range(row.prefix_len, row.prefix_len + n)) + [row.prefix_len + n + d - 1 for d in t.depths]
         gather[b, off:] = torch.arange(start, start + n + m)
+        owns.append((start, start + n))
         allowed[b, :, :row.prefix_len] = True  # only the prefix ids this item shares
         _own_mask(allowed[b, :, prefix_len:], off, n, t)
         firsts.append(_terms(row, t, start + n, keep, term_rows, term_toks))
@@ -112,7 +114,7 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
     slots[gather[real]] = torch.arange(B * W).view(B, W)[real]
     as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     return Layout(as_long(ids), as_long(pos), as_long(keep), gather, slots, allowed,
-                  as_long(term_rows), as_long(term_toks), sizes, firsts)
+                  as_long(term_rows), as_long(term_toks), sizes, firsts, owns)
 
 
 def _terms(row: Row, t: Trie, end: int, keep: list[int], term_rows: list[int], term_toks: list[int]) -> list[int]:
@@ -339,6 +341,29 @@ class Engine:
         b, w = lay.slots[lay.keep] // W, lay.slots[lay.keep] % W
         return hidden.reshape(B * K, H)[(b * K + w - (W - K)).to(hidden.device)]  # [R, H]
 
+    @staticmethod
+    def _packed(lay: Layout, found: torch.Tensor) -> torch.Tensor:
+        """A layer's states of one forward as packed tokens, [T, H]: the shared path's [1, T, H] as
+        it is, the padded path's [B, W, H] read at each packed token's slot."""
+        T = lay.ids.shape[0]
+        if found.shape[0] == 1 and found.shape[1] == T:
+            return found[0]
+        return found.reshape(-1, found.shape[-1])[lay.slots.to(found.device)]  # [T, H]
+
+    def _probed(self, lay: Layout, probe: Probe, seen: dict, wanted: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Per row, the probe's states: at each wanted answer position, then the mean over the
+        row's own tokens, for each layer: [len(wanted[b]) (+ 1), len(probe.layers), H] float32."""
+        stacked = torch.stack([self._packed(lay, seen[i]) for i in probe.layers], dim=1)  # [T, L, H]
+        out = []
+        for b, cands in enumerate(wanted):
+            at = lay.keep[[lay.firsts[b][i] for i in cands]].to(stacked.device)  # packed answer positions
+            parts = [stacked[at].float()]  # [n, L, H]
+            if probe.mean:
+                start, end = lay.owns[b]
+                parts.append(stacked[start:end].float().mean(dim=0, keepdim=True))  # [1, L, H]
+            out.append(torch.cat(parts).cpu().numpy())
+        return out
+
     def _standard_mask(self, lay: Layout, P: int) -> torch.Tensor | dict[str, torch.Tensor]:
         """The explicit [B, 1, W, P + W] mask; for a model mixing full and sliding-window layers,
         one per layer type (a 4D mask given alone would be used by both)."""
@@ -373,17 +398,26 @@ class Engine:
         """Summed log-probabilities, one list per row, one float per candidate (in order)."""
         return self._score(prefix, rows, None)[0]
 
-    def score_with_states(self, prefix: Prefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]]
-                          ) -> tuple[list[list[float]], list[np.ndarray]]:
+    def score_with_states(self, prefix: Prefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]],
+                          probe: Probe | None = None) -> tuple[list[list[float]], list[np.ndarray]]:
         """`score`, and per row the final hidden state (after the last norm: what the lm_head
         reads) at the answer position of each candidate in `wanted[b]` (indices into the row's
         candidates), float32 [len(wanted[b]), H]. The same forward computes both: the states are
-        those the candidates' first tokens are scored from."""
-        return self._score(prefix, rows, wanted)
+        those the candidates' first tokens are scored from. With a `probe` that is not plain, per
+        row [len(wanted[b]) (+ 1: the mean over its own tokens, last), len(probe.layers), H]."""
+        return self._score(prefix, rows, wanted, None if probe is None or probe.plain else probe)
+
+    @property
+    def layers(self) -> int:
+        """Decoder layers whose states a probe may read (1..layers); 0 when they cannot be found."""
+        try:
+            return len(compat.decoder_layers(self.model))
+        except compat.NoLayers:
+            return 0
 
     @torch.inference_mode()
-    def _score(self, prefix: Prefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]] | None
-               ) -> tuple[list[list[float]], list[np.ndarray]]:
+    def _score(self, prefix: Prefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]] | None,
+               probe: Probe | None = None) -> tuple[list[list[float]], list[np.ndarray]]:
         P = len(prefix.ids)
         for r in rows:
             if (not 0 <= r.prefix_len <= P or r.prefix_len >= len(r.ids)
@@ -391,8 +425,12 @@ class Engine:
                 raise ValueError("each row needs a prefix_len <= the prefix, own ids, and candidates with ids to score")
         lay = layout(P, rows)
         self.label_tokens += len(lay.ids) - sum(len(r.ids) - r.prefix_len for r in rows)
-        logits, states = None, []  # states: the lm_head's input of each forward, in order
-        with compat.scored_states(self.model, states) if wanted is not None else contextlib.nullcontext():
+        logits, states, seen = None, [], {}  # states: the lm_head's input of each forward; seen: the probe's layers
+        with contextlib.ExitStack() as stack:
+            if wanted is not None:
+                stack.enter_context(compat.scored_states(self.model, states))
+            if probe is not None:
+                stack.enter_context(compat.layer_states(self.model, probe.layers, seen))
             if self.backend == "shared":
                 try:
                     logits = self.forward_shared(prefix, lay)
@@ -407,7 +445,9 @@ class Engine:
                 hidden = self._standard_kept(lay, states[-1]) if wanted is not None else None
         self._scored = True
         picked_states = []
-        if wanted is not None:
+        if wanted is not None and probe is not None:
+            picked_states = self._probed(lay, probe, seen, wanted)
+        elif wanted is not None:
             for b, cands in enumerate(wanted):
                 at = torch.tensor([lay.firsts[b][i] for i in cands], dtype=torch.long, device=hidden.device)
                 picked_states.append(hidden[at].float().cpu().numpy())  # [len(cands), H]

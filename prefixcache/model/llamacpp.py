@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..errors import ModelError
-from .rows import Row, Trie, trie
+from .rows import Probe, Row, Trie, trie
 
 log = logging.getLogger(__name__)
 
@@ -267,10 +267,16 @@ class LlamaEngine:
         """Summed log-probabilities, one list per row, one float per candidate (in order)."""
         return self._score(prefix, rows, None)[0]
 
-    def score_with_states(self, prefix: LlamaPrefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]]
-                          ) -> tuple[list[list[float]], list[np.ndarray]]:
+    layers = 0  # llama.cpp's API gives the output norm's state at a decoded output, no other layer's
+
+    def score_with_states(self, prefix: LlamaPrefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]],
+                          probe: Probe | None = None) -> tuple[list[list[float]], list[np.ndarray]]:
         """`score`, and per row the final hidden state (the output norm's, what the output layer
-        reads) where each candidate in `wanted[b]` has its first token scored from."""
+        reads) where each candidate in `wanted[b]` has its first token scored from. Middle layers
+        and means (`probe`) are not offered: its API exposes no other layer, and a mean would need
+        an output (the vocabulary's logits) at every token of the item."""
+        if probe is not None and not probe.plain:
+            raise ValueError("the llama.cpp engine reads the final state at answer positions only (layers = 0)")
         return self._score(prefix, rows, wanted)
 
     def one_prompt_at_a_time(self, row: Row, fresh: str = "") -> list[float]:

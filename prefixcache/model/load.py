@@ -227,11 +227,14 @@ def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerB
     try:
         if source.kind == "gguf":
             converted = converted_dir(source, cache_dir)
-            if converted_usable(converted, source):
-                return AutoTokenizer.from_pretrained(str(converted))
+            for kept in (converted, tokenizer_dir(converted)):
+                if converted_usable(kept, source):
+                    return AutoTokenizer.from_pretrained(str(kept))
             path = Path(source.path)
             with compat.gguf_parsed_once(keep=True):  # the conversion that follows reads the same parse
-                return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+                tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            _keep_tokenizer(tokenizer, path, tokenizer_dir(converted))
+            return tokenizer
         return AutoTokenizer.from_pretrained(source.path, trust_remote_code=source.trust_remote_code,
                                              **_revision(source))
     except Exception as exc:
@@ -354,15 +357,35 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: PreTrainedTokeni
     return model
 
 
-def keep_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: Path, target: Path) -> None:
-    """Write the converted model aside, signed, and rename it into place, so no reader sees half
-    of it."""
+def tokenizer_dir(converted: Path) -> Path:
+    """Where a GGUF file's tokenizer alone is kept (a file run on llama.cpp is never converted,
+    and building its tokenizer from the file takes seconds to minutes)."""
+    return converted.with_name(converted.name + "-tokenizer")
+
+
+def _keep_tokenizer(tokenizer: PreTrainedTokenizerBase, source: Path, target: Path) -> None:
+    """Keep a GGUF file's tokenizer, signed as converted weights are; a cache that cannot take it
+    only costs the next command the same build."""
+    if _foreign(target.parent.parent) is not None or target.exists():
+        return
+    try:
+        keep_converted(None, tokenizer, source, target)
+    except Exception as exc:  # a full disk, a read-only cache: said, and the next command builds it again
+        log.warning("cannot keep the tokenizer of %s in %s (%s)", source.name, target.parent,
+                    getattr(exc, "strerror", None) or first_line(exc)[:160])
+
+
+def keep_converted(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, source: Path, target: Path
+                   ) -> None:
+    """Write the converted model (None: the tokenizer alone) aside, signed, and rename it into
+    place, so no reader sees half of it."""
     private_folder(target.parent.parent, tighten=False)  # the cache folder, when prefixcache creates it
     private_folder(target.parent)
     secret = cache_secret(prefixes_dir(target.parent.parent))
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))  # 0700, made exclusively: files go in by name
     try:
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        if model is not None:
+            model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         for written in tmp.rglob("*"):  # the user's alone, whatever the umask
             os.chmod(written, 0o700 if written.is_dir() else 0o600)

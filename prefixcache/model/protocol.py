@@ -16,7 +16,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from .rows import Row
+from .rows import Probe, Row
 
 
 class ScoringEngine(Protocol):
@@ -53,11 +53,18 @@ class ScoringEngine(Protocol):
         """Per row, per candidate in order, the summed log-probability of its tokens after the
         prefix and the row's own tokens."""
 
-    def score_with_states(self, prefix: Any, rows: Sequence[Row], wanted: Sequence[Sequence[int]]
-                          ) -> tuple[list[list[float]], list[np.ndarray]]:
+    @property
+    def layers(self) -> int:
+        """Decoder layers whose states a `Probe` may read besides the final one (1..layers), and
+        the means it may take; 0: this engine reads the final state at answer positions only."""
+
+    def score_with_states(self, prefix: Any, rows: Sequence[Row], wanted: Sequence[Sequence[int]],
+                          probe: Probe | None = None) -> tuple[list[list[float]], list[np.ndarray]]:
         """`score`, and per row the final hidden state [len(wanted[b]), hidden_size] (float32) at the
-        position each candidate in `wanted[b]` has its first token scored from, from the same pass."""
+        position each candidate in `wanted[b]` has its first token scored from, from the same pass.
+        With a probe that is not plain (only where `layers` > 0): per row [len(wanted[b]) (+ 1:
+        the mean over the row's own tokens, last), len(probe.layers), hidden_size]."""
 
 
 MEMBERS = frozenset({"name", "device", "dtype", "max_positions", "label_tokens", "hidden_size", "branches", "prefill", "score",
-                     "score_with_states"})  # what callers outside model/ may read of an engine
+                     "score_with_states", "layers"})  # what callers outside model/ may read of an engine

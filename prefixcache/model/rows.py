@@ -26,6 +26,22 @@ class Row:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """What a forward reads besides scores: per layer in `layers` (None: the final state, after the
+    last norm, what the lm_head reads; i >= 1: the residual stream after decoder layer i), the
+    state at each wanted answer position and, with `mean`, the mean over the row's own tokens (its
+    ids after the shared prefix: the item's prompt, never a candidate)."""
+
+    layers: tuple[int | None, ...] = (None,)
+    mean: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """Only the final state at answer positions: what every engine reads."""
+        return self.layers == (None,) and not self.mean
+
+
+@dataclass(frozen=True)
 class Trie:
     """Nodes for every proper prefix (length >= 1) of some candidates, parents before children.
     A candidate's last token needs no node: it is scored, never attended to."""

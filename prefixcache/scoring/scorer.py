@@ -29,10 +29,11 @@ from ..model.memory import GB, Footprint, available, float32_bytes, footprint, l
 from ..model.protocol import ScoringEngine
 from ..errors import ModelError, PrefixTooLong
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
-from ..model.rows import Candidate, Row, trie
+from ..model.rows import Candidate, Probe, Row, trie
 from ..data.items import Item
 from ..task.decision import Bounded, Groups, linear_keys, mean_distribution
 from ..model.store import PrefixStore, prefix_key
+from ..task.features import Features, layer_of, views_of
 from ..task.head import decided_by
 from ..task.questions import Answers
 from ..task.spec import PRUNING, TaskSpec
@@ -197,8 +198,9 @@ class Scorer:
         self._readouts = [self.head.readout_for(q.id) for q in task.questions] if self.head else []
         self._states = ScoreCache()  # by prompt: per question read by the head, its answer states
         self.head_only = False  # the head answers alone: no option scored (`answer_by_head`)
+        self.views = self.head.views if self.head is not None else ("state",)  # what its head reads
         if self.head is not None:
-            self.head.check_width(engine.hidden_size)
+            self.head.check_width(engine.hidden_size, engine.layers)
 
     @classmethod
     def load(cls, task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto",
@@ -290,27 +292,32 @@ class Scorer:
         tokens go through the model with, per answer position, one candidate of one token (its
         first, whose logits row is the only one computed), and records carry no log-probabilities."""
         self.head_only = self.task.spec.head_alone(prompt_scores)  # the rule `run`'s plan forms its batches by
-        needs = [q.id for q, r in zip(self.task.questions, self._readouts) if r is None or r.features != "state"]
+        needs = [q.id for q, r in zip(self.task.questions, self._readouts) if r is None or r.reads.logprobs]
         if self.head is not None and not prompt_scores and needs:
             log.info("the options are scored: the prompt answers, or its scores feed the head, for %s",
                      ", ".join(repr(q) for q in needs))
         return self.head_only
 
-    def states_alone(self, preps: Sequence[Prepared], reads: Sequence[bool | None] | None = None
-                     ) -> list[list[np.ndarray]]:
-        """The states the head reads (or those `reads` asks for, as `score_reading` takes it), per
-        item and question, from a forward of the item's tokens and, per answer position, the
-        candidate's context (a question's text) and its first token."""
-        reads, rows, wanted = self.reads if reads is None else reads, [], []
-        for p in preps:
-            positions = self.task.answer_positions(p, reads)
-            cands = list(p.candidates.values())
-            skips = [p.skips[i] if p.skips else 0 for i in positions]
-            rows.append(Row(p.row.ids, p.row.prefix_len, [cands[i][:s + 1] for i, s in zip(positions, skips)],
-                            skips if p.skips else ()))
-            wanted.append(list(range(len(positions))))
-        _, states = self.engine.score_with_states(self.prefix, rows, wanted)
-        return [self.split_states(p, reads, found) for p, found in zip(preps, states)]
+    def states_alone(self, preps: Sequence[Prepared], reads: Sequence[bool | None] | None = None,
+                     views: Sequence[str] | None = None) -> list[list[dict[str, np.ndarray]]]:
+        """The views the head reads (or those `reads` and `views` ask for, as `score_reading`
+        takes them), per item and question, from a forward of the item's tokens and, per answer
+        position, the candidate's context (a question's text) and its first token."""
+        reads, views = self.reads if reads is None else reads, self.views if views is None else tuple(views)
+        rows, wanted = zip(*[self.alone_row(p, reads) for p in preps]) if preps else ((), ())
+        _, states = self.engine.score_with_states(self.prefix, rows, wanted, probe_of(views))
+        return [self.split_states(p, reads, found, views) for p, found in zip(preps, states)]
+
+    def alone_row(self, prep: Prepared, reads: Sequence[bool | None]) -> tuple[Row, list[int]]:
+        """The row a head alone feeds for `prep` (its tokens and, per answer position `reads`
+        asks for, the candidate's context and first token: no option scored), and its wanted
+        candidates (every one)."""
+        positions = self.task.answer_positions(prep, reads)
+        cands = list(prep.candidates.values())
+        skips = [prep.skips[i] if prep.skips else 0 for i in positions]
+        row = Row(prep.row.ids, prep.row.prefix_len, [cands[i][:s + 1] for i, s in zip(positions, skips)],
+                  skips if prep.skips else ())
+        return row, list(range(len(positions)))
 
     @property
     def reads(self) -> list[bool | None]:
@@ -318,26 +325,33 @@ class Scorer:
         options start), True (each option judged yes/no: the state where each one's is scored)."""
         return self.head.reads(self.task.questions) if self.head else [None] * len(self.task.questions)
 
-    def split_states(self, prep: Prepared, reads: Sequence[bool | None], found: np.ndarray) -> list[np.ndarray]:
-        """The states read at `Task.answer_positions` ([n, H]), per question read: [1, H] or [K, H]."""
+    def split_states(self, prep: Prepared, reads: Sequence[bool | None], found: np.ndarray,
+                     views: Sequence[str] | None = None) -> list[dict[str, np.ndarray]]:
+        """The states read at `Task.answer_positions` (as the engine gives them for `views`), per
+        question read: each view [1, H], or [K, H] where it reads each option's yes/no (a mean over
+        the item's tokens is the same for each)."""
+        named = _named(found, tuple(views or self.views))
         parts, at = [], 0
         for r, (a, b) in zip(reads, prep.parts):
             if r is not None:
                 n = b - a if r else 1
-                parts.append(found[at: at + n])
+                parts.append({v: np.repeat(x, n, axis=0) if v.startswith("mean") else x[at: at + n]
+                              for v, x in named.items()})
                 at += n
         return parts
 
-    def score_reading(self, preps: Sequence[Prepared], reads: Sequence[bool | None]
-                      ) -> tuple[list[list[float]], list[list[np.ndarray]]]:
+    def score_reading(self, preps: Sequence[Prepared], reads: Sequence[bool | None],
+                      views: Sequence[str] | None = None
+                      ) -> tuple[list[list[float]], list[list[dict[str, np.ndarray]]]]:
         """Each item's options' log-probabilities (as `score` gives them, every option to the
-        end) and, per question whose `reads[i]` is not None, the final hidden states at its answer
-        position: [1, H], or [K, H] where `reads[i]` is True (each option judged yes/no at its
-        own). Both from one forward pass."""
+        end) and, per question whose `reads[i]` is not None, the views at its answer position:
+        each [1, H], or [K, H] where `reads[i]` is True (each option judged yes/no at its own).
+        Both from one forward pass."""
+        views = self.views if views is None else tuple(views)
         wanted = [self.task.answer_positions(p, reads) for p in preps]
-        values, states = self.engine.score_with_states(self.prefix, [p.row for p in preps], wanted)
+        values, states = self.engine.score_with_states(self.prefix, [p.row for p in preps], wanted, probe_of(views))
         return ([p.groups.combine(v) for p, v in zip(preps, values)],
-                [self.split_states(p, reads, found) for p, found in zip(preps, states)])
+                [self.split_states(p, reads, found, views) for p, found in zip(preps, states)])
 
     def prune(self, mode: str = "auto", exact: bool = False) -> bool:
         """Pruned label scoring, as `TaskSpec.prunes` says for `mode` ("auto", "on", "exact",
@@ -494,24 +508,51 @@ def decide_together(asked: Sequence[tuple[Scorer, Prepared]]) -> list[Answers]:
     questions) decided in as few forward passes as their prefixes allow: the items of scorers that
     share a prefilled prefix go through one pass, with the states their heads read; each is
     decided by its own scorer (normalisation, calibration, thresholds, head). In input order.
-    Every option is scored to the end: no pruning, one precision."""
+    Every option is scored to the end (no pruning, one precision), but where a scorer's head
+    answers alone (`head_only`): its items feed their tokens and one candidate token an answer."""
     out: list[Answers | None] = [None] * len(asked)
     by_prefix: dict[int, list[int]] = {}
     for i, (scorer, _) in enumerate(asked):
         by_prefix.setdefault(id(scorer.prefix), []).append(i)
     for members in by_prefix.values():
         first = asked[members[0]][0]
-        rows = [asked[i][1].row for i in members]
-        wanted = [asked[i][0].task.answer_positions(asked[i][1], asked[i][0].reads) for i in members]
+        rows, wanted = [], []
+        for i in members:
+            scorer, prep = asked[i]
+            row, want = scorer.alone_row(prep, scorer.reads) if scorer.head_only else (
+                prep.row, scorer.task.answer_positions(prep, scorer.reads))
+            rows.append(row)
+            wanted.append(want)
+        views = views_of([Features(asked[i][0].views) for i in members])
         if any(wanted):  # some scorer's head reads states: from the same forward
-            scores, states = first.engine.score_with_states(first.prefix, rows, wanted)
+            scores, states = first.engine.score_with_states(first.prefix, rows, wanted, probe_of(views))
         else:
             scores, states = first.engine.score(first.prefix, rows), [None] * len(members)
         for i, lps, found in zip(members, scores, states):
             scorer, prep = asked[i]
-            read = scorer.split_states(prep, scorer.reads, found) if found is not None else []
-            out[i] = scorer.decide_read(prep, prep.groups.combine(lps), read)
+            read = scorer.split_states(prep, scorer.reads, found, views) if found is not None else []
+            out[i] = scorer.decide_read(prep, None if scorer.head_only else prep.groups.combine(lps), read)
     return out  # type: ignore[return-value]
+
+
+def probe_of(views: Sequence[str]) -> Probe | None:
+    """What the engine reads for `views` (task/features.py); None: the final state alone."""
+    if tuple(views) == ("state",):
+        return None
+    return Probe(Features(tuple(views)).layers, any(v.startswith("mean") for v in views))
+
+
+def _named(found: np.ndarray, views: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The engine's states for a row as views: each answer position's [n, H], a mean [1, H]."""
+    probe = probe_of(views)
+    if probe is None:
+        return {"state": found}
+    n = found.shape[0] - (1 if probe.mean else 0)
+    out = {}
+    for v in views:
+        at = probe.layers.index(layer_of(v))
+        out[v] = found[n:, at] if v.startswith("mean") else found[:n, at]
+    return out
 
 
 def _combined(groups: Groups, scores: Sequence[float]) -> list[float]:

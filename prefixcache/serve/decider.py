@@ -40,7 +40,7 @@ from .tally import AnswerTally
 from ..scoring.prepare import Batching, Prepared, Task
 from ..scoring.scorer import Scorer, decide_together
 from ..task.questions import Answers
-from ..task.head import Head
+from ..task.head import FINGERPRINT_PARTS, Head
 from ..task.keys import spec_from_mapping
 from ..task.kind import shown
 from .defaults import AGE, BATCH_WAIT_MS, MAX_BATCH, MAX_REQUEST_TOKENS, PACKS, PASS_TOKENS, PREFIXES, RECENT, RECENT_S
@@ -109,8 +109,9 @@ class Decider:
         self.max_prefixes, self.max_packs = prefixes, packs
         self.lock = threading.Lock()  # one forward at a time: `decide` is called from one worker thread
         self._model_id = model_content_identity(self.base.source) if self.heads else None
+        self.why_no_head: dict[str, str] = {}  # pack key -> why no served head answers it (said once)
         for head in self.heads:
-            head.check_width(self.engine.hidden_size)
+            head.check_width(self.engine.hidden_size, self.engine.layers)
 
     @property
     def context(self) -> int | None:
@@ -133,6 +134,8 @@ class Decider:
             head = next((h for h in self.heads if dict(h.fingerprint) == found), None)
             if head is not None:
                 task = self.base.with_spec(dataclasses.replace(task.spec, head=head))
+            else:
+                self._no_head(key, found)
         ids = tuple(task.builder.prefix_ids)
         known = ids in self._prefixes
         if known:
@@ -150,6 +153,21 @@ class Decider:
         while len(self._packs) > self.max_packs:
             self._packs.popitem(last=False)
         return scorer, known
+
+    def _no_head(self, key: str, found: Mapping[str, str]) -> None:
+        """Say, once a pack and in its answers (`x_readout_why`), why no served head answers it:
+        what differs from the head closest to it."""
+        if key in self.why_no_head:
+            return
+        closest = max(self.heads, key=lambda h: sum(h.fingerprint.get(p) == found.get(p) for p in FINGERPRINT_PARTS))
+        differs = [what for p, what in FINGERPRINT_PARTS.items() if closest.fingerprint.get(p) != found.get(p)]
+        why = (f"the served head {closest.path} was fitted with another {differs[0]}"
+               if differs else "no served head was fitted on this pack")
+        if len(self.why_no_head) >= self.max_packs:
+            self.why_no_head.pop(next(iter(self.why_no_head)))
+        self.why_no_head[key] = why
+        log.info("a request's questions are answered by the prompt, not a head: %s (a head answers a pack only as it "
+                 "was fitted: the same questions, instructions and model)", why)
 
     def decide(self, asks: Sequence[Ask]) -> list[Decided | Exception]:
         """Answer asks together: per ask its answers, or the library error that refused it
@@ -171,10 +189,10 @@ class Decider:
                     pack = pack_key(ask)
                     scorer, cached = self._pack(ask, pack)
                     prep = scorer.task.prepare(Item(f"request {i}", {"state": ask.state}, 1), self.context)
-                    cost = WHOLE.cost(prep)  # its own tokens and its options' trie
+                    cost = dataclasses.replace(WHOLE, head_alone=scorer.head_only).cost(prep)  # its tokens, its options' trie
                     if cost > self.max_tokens:
                         raise TooCostly(cost, self.max_tokens)
-                    out.append(Ready(ask, pack, scorer, prep, cached, cost))
+                    out.append(Ready(ask, pack, scorer, prep, cached, cost, self.why_no_head.get(pack)))
                 except Exception as exc:  # noqa: BLE001 - a refused ask is answered with its error
                     out.append(exc)
         return out
@@ -202,7 +220,7 @@ class Ready:
     prep: Prepared
     cached: bool
     cost: int
-
+    why_no_head: str | None = None  # heads are served and none answers this pack: why
 
 def pack_key(ask: Ask) -> str:
     """An ask's pack (its instructions and questions) as canonical JSON."""
@@ -216,6 +234,8 @@ def _decided(ready: Ready, answers: Answers) -> Decided:
     for q, r in zip(ready.scorer.task.questions, ready.scorer.reads):
         if r is not None:  # answered by the fitted head, not the prompt's scores
             shaped[q.id]["x_readout"] = "head"
+        elif ready.why_no_head:
+            shaped[q.id].update(x_readout="prompt", x_readout_why=ready.why_no_head)
     prefix = ready.prep.enc.prefix_len
     return Decided(shaped, prefix + ready.cost, prefix if ready.cached else 0, 0.0, 0 if ready.cached else prefix)
 

@@ -130,15 +130,25 @@ def parse(body: Any) -> tuple[Ask, list[dict[str, Any]]]:
     questions = body.get("questions")
     if not isinstance(questions, list) or not 1 <= len(questions) <= MAX_QUESTIONS:
         raise Invalid([(("questions",), f"questions must be a list of 1 to {MAX_QUESTIONS} questions", "invalid_value")])
-    pack = {f"q{i}": _question(q, i) for i, q in enumerate(questions)}
+    pack = {qid: _question(q, i) for i, (qid, q) in enumerate(zip(question_ids(questions), questions))}
     return Ask(instructions, state, pack), questions
+
+
+def question_ids(questions: list[Any]) -> list[str]:
+    """The pack's question ids: the questions' names where every one has its own (so a head
+    fitted on a pack with those ids answers them, as the System One route names them), else
+    q0, q1, ... in order."""
+    names = [q.get("name") if isinstance(q, dict) else None for q in questions]
+    if all(isinstance(n, str) and n.strip() for n in names) and len(set(names)) == len(names):
+        return names  # type: ignore[return-value]
+    return [f"q{i}" for i in range(len(questions))]
 
 
 def answer(decided: Decided, questions: list[dict[str, Any]], model: str) -> dict[str, Any]:
     """The response body: one answer per question, in order."""
     out = []
-    for i, q in enumerate(questions):
-        got = decided.answers[f"q{i}"]
+    for qid, q in zip(question_ids(questions), questions):
+        got = decided.answers[qid]
         name = q.get("name")
         if got["type"] == "noul":
             out.append({"type": "predicate", "name": name, "probability": got["noul"]})

@@ -21,7 +21,9 @@
 - texts.py: when two listed texts (options, labels, words) are one: equal once trimmed and NFC-normalised;
 - overrides.py: the spec with what the command line or `Classifier` sets instead (-m, --gold);
 - head.py: a fitted readout (`head:`): the head file read and checked, its fingerprint, and the
-  probabilities it gives from hidden states (numpy, no torch).
+  probabilities it gives from hidden states (numpy, no torch);
+- features.py: what a head reads of the forward (`Features`: the answer position's state, the mean
+  over the item's tokens, of the final or a middle layer; the options' log-probs).
 
 May import: errors. Imported by every layer above it.
 """

@@ -1,13 +1,14 @@
-"""A fitted readout (`head:` in a spec): per question, a logistic regression on the model's final
-hidden state at the question's answer position, read from a safetensors file and checked before
-any model loads. No torch here.
+"""A fitted readout (`head:` in a spec): per question, a logistic regression on views of the
+model's forward (the state at the question's answer position, of the final or a middle layer, and
+the mean over the item's tokens: task/features.py), read from a safetensors file and checked
+before any model loads. No torch here.
 
 The file holds, per question `i`, float arrays `{i}.mean`, `{i}.scale` ([U, D]: the standardisation),
 `{i}.coef` ([K, D]) and `{i}.intercept` ([K]), and in its metadata (`prefixcache_head`, JSON) the
 questions (id, options, whether each option is its own yes/no head), which features it reads, and
 the fingerprint of what it was fitted on: the model, the prompt prefix's token ids, the item's
 prompt around its fields, and the questions. A question of one of several options has one unit
-(U = 1) whose features are the state where its first option token is scored (and, when it says so,
+(U = 1) whose features are its views where its first option token is scored (and, when it says so,
 its options' prompt log-probabilities): probabilities are softmax(coef z + intercept) over its K
 options. A multi-label spec's labels are each their own yes/no head (U = K), each reading the state
 where its own yes/no is scored: P(on) = sigmoid(coef[k] z[k] + intercept[k]).
@@ -29,12 +30,13 @@ import numpy as np
 
 from ..errors import SpecError
 from .decision import Decision, Tags, decide
+from .features import Features, views_of
 
 FORMAT = "prefixcache-head"
-VERSION = 1
+VERSION = 2  # 2: a readout's features may name middle layers and means (task/features.py); 1 is read too
+READS = (1, 2)
 META_KEY = "prefixcache_head"
 MAX_BYTES = 1 << 30  # a head of 150 options on a 4096-wide state is ~5 MB; far larger is not one
-FEATURES = ("state", "state+logprobs")
 FINGERPRINT_PARTS = {  # part -> what to say when it differs; the most specific first (labels and the
     "model": "model",  # template change the prefix too: the labels are listed in the system text, and the
     "questions": "label set or questions",  # template's text before its first field is part of the prefix)
@@ -50,7 +52,7 @@ class Readout:
     qid: str
     options: tuple[str, ...]
     binary: bool
-    features: str  # "state" or "state+logprobs"
+    features: str  # a feature set (task/features.py): "state", "state+logprobs", "state+mean", ...
     mean: np.ndarray  # [U, D]
     scale: np.ndarray  # [U, D]
     coef: np.ndarray  # [K, D]
@@ -63,19 +65,26 @@ class Readout:
         return len(self.options) if self.binary else 1
 
     @property
+    def reads(self) -> Features:
+        return Features.parse(self.features)
+
+    @property
     def hidden(self) -> int:
-        """The width of the state it reads."""
-        return self.coef.shape[1] - (self._extra if self.features == "state+logprobs" else 0)
+        """The width of the state it reads (each view's)."""
+        f = self.reads
+        return (self.coef.shape[1] - (self._extra if f.logprobs else 0)) // len(f.views)
 
     @property
     def _extra(self) -> int:
         return 1 if self.binary else len(self.options)
 
-    def probs(self, states: np.ndarray, logprobs: Sequence[float]) -> list[float]:
-        """The head's probabilities from `states` ([U, H] float) and the options' prompt
-        log-probabilities (K): a distribution over the options, or per option P(on)."""
-        x = np.asarray(states, dtype=np.float64)  # [U, H]
-        if self.features == "state+logprobs":
+    def probs(self, views: Mapping[str, np.ndarray], logprobs: Sequence[float] | None) -> list[float]:
+        """The head's probabilities from the views it reads (each [U, H] float) and the options'
+        prompt log-probabilities (K; None when it reads none): a distribution over the options, or
+        per option P(on)."""
+        f = self.reads
+        x = f.joined(views).astype(np.float64)  # [U, len(views) * H]
+        if f.logprobs:
             lp = np.asarray(logprobs, dtype=np.float64)
             x = np.concatenate([x, lp[:, None] if self.binary else lp[None, :]], axis=1)  # [U, D]
         z = (x - self.mean) / self.scale  # [U, D]
@@ -116,11 +125,27 @@ class Head:
         options start), True (each option judged yes/no: the state where each one's is scored)."""
         return [None if (r := self.readout_for(q.id)) is None else r.binary for q in questions]
 
-    def check_width(self, hidden: int) -> None:
-        """Refuse a head whose state width is not the model's."""
+    @property
+    def views(self) -> tuple[str, ...]:
+        """Every view its readouts read (task/features.py), each once."""
+        return views_of([r.reads for r in self.readouts])
+
+    def check_width(self, hidden: int, layers: int) -> None:
+        """Refuse a head whose state width is not the model's, or that reads a layer the model
+        lacks or its engine cannot read (`layers`: the engine's readable decoder layers)."""
         if self.readouts and self.readouts[0].hidden != hidden:
             raise SpecError(f"{self.path}: this head reads states of width {self.readouts[0].hidden}, and the model's "
                             f"are {hidden} wide: it was fitted on another model; fit it again")
+        for r in self.readouts:
+            f = r.reads
+            if not layers and (f.mean or f.layers != (None,)):
+                raise SpecError(f"{self.path}: question {r.qid!r}'s head reads {r.features}, and this engine gives "
+                                f"the final state at the answer position alone: run it with the backend it was "
+                                f"fitted on (--backend transformers), or fit it again on this one")
+            deepest = max((x for x in f.layers if x is not None), default=0)
+            if deepest > layers:
+                raise SpecError(f"{self.path}: question {r.qid!r}'s head reads layer {deepest}, and the model has "
+                                f"{layers}: it was fitted on another model; fit it again")
 
 
 def exact_refusal(head: Head) -> str:
@@ -208,7 +233,7 @@ def _parse(data: bytes, where: str, path: str) -> Head:
         raise SpecError(f"{bad} (no readable '{META_KEY}' header)") from None
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise SpecError(f"{bad} (its header is not a head's)")
-    if info.get("version") != VERSION:
+    if info.get("version") not in READS:
         raise SpecError(f"{where} is a head of version {info.get('version')!r}; this prefixcache reads version "
                         f"{VERSION}: fit it again")
     questions, fp = info.get("questions"), info.get("fingerprint")
@@ -238,7 +263,7 @@ def metadata_of(data: bytes) -> dict[str, str]:
 def _readout(i: int, q: Any, arrays: Mapping[str, np.ndarray], bad: str) -> Readout:
     if (not isinstance(q, dict) or not isinstance(q.get("id"), str) or not isinstance(q.get("options"), list)
             or len(q["options"]) < 2 or not all(isinstance(o, str) for o in q["options"])
-            or not isinstance(q.get("binary"), bool) or q.get("features") not in FEATURES):
+            or not isinstance(q.get("binary"), bool) or not _features_ok(q.get("features"))):
         raise SpecError(f"{bad} (question {i + 1} of its header is malformed)")
     try:
         mean, scale, coef, intercept = (np.asarray(arrays[f"{i}.{n}"], dtype=np.float64)
@@ -257,9 +282,10 @@ def _readout(i: int, q: Any, arrays: Mapping[str, np.ndarray], bad: str) -> Read
             raise SpecError(f"{bad} (question {q['id']!r}: {name} holds NaN or infinite values)")
     if (scale <= 0).any():
         raise SpecError(f"{bad} (question {q['id']!r}: a scale is not positive)")
-    extra = (1 if q["binary"] else K) if q["features"] == "state+logprobs" else 0
-    if D - extra < 1:
-        raise SpecError(f"{bad} (question {q['id']!r}: no state features)")
+    f = Features.parse(q["features"])
+    extra = (1 if q["binary"] else K) if f.logprobs else 0
+    if D - extra < len(f.views) or (D - extra) % len(f.views):
+        raise SpecError(f"{bad} (question {q['id']!r}: its width {D} is not that of {q['features']})")
     cuts = q.get("cuts", {})
     if (not isinstance(cuts, dict) or q["binary"] and cuts or not set(cuts) <= set(q["options"])
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in cuts.values())):
@@ -268,7 +294,16 @@ def _readout(i: int, q: Any, arrays: Mapping[str, np.ndarray], bad: str) -> Read
                    {k: float(v) for k, v in cuts.items()})
 
 
-def decided_by(readout: Readout, question: Any, states: np.ndarray, logprobs: Sequence[float]) -> Decision | Tags:
+def _features_ok(value: Any) -> bool:
+    try:
+        Features.parse(value)
+    except ValueError:
+        return False
+    return True
+
+
+def decided_by(readout: Readout, question: Any, states: Mapping[str, np.ndarray], logprobs: Sequence[float] | None
+               ) -> Decision | Tags:
     """The head's decision for one question: its probabilities, decided as the question's own
     threshold says (a label set or choice abstains below it, or below its answer's own cut where
     `fit --target-accuracy` chose one; each tag is on at its threshold)."""

@@ -173,7 +173,7 @@ class TaskSpec:
         """Whether its head answers alone (no option scored): every question has a head of the
         state alone, and the options' scores were not asked for (`Scorer.answer_by_head`)."""
         head = self.head
-        if head is None or prompt_scores or not all(r.features == "state" for r in head.readouts):
+        if head is None or prompt_scores or any(r.reads.logprobs for r in head.readouts):
             return False
         return all(head.readout_for(q.id) is not None for q in self.questions) if self.questions else bool(head.readouts)
 

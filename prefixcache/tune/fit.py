@@ -33,11 +33,12 @@ from ..task.questions import label_kind
 from ..task.spec import TaskSpec, gold_tags, gold_value
 from ..task.specfile import SpecFile, read_spec_file
 from .cutpoint import ABSTAIN_ALL
-from .heads import FEATURE_SETS, Asked, Judged, Labelled, judge
+from ..task.features import Features, candidates, views_of
+from .heads import Asked, Judged, Labelled, judge
 from .job import labelled_items
 from .tuned import check_tuned_output, relocated, write_tuned
 
-MIN_ITEMS = 10
+MIN_ITEMS = 2  # a head needs two items (of two answers); under SMALL, fit says its figures are rough
 LAYER = "final"  # the state after the last norm: what the lm_head reads (docs/fit.md says why)
 Step = Callable[[str, int, int], None]
 
@@ -54,7 +55,9 @@ class FitOptions:
     figures: Optional[Path] = None  # the JSON figures (default: OUTPUT with .fit.json)
     overwrite: bool = False
     asked: Optional[Asked] = None  # a cut-point to choose (--target-accuracy, --coverage, --confidence)
-    features: str = "auto"  # "state": heads of the state alone (they answer alone at run time); auto: chosen
+    features: str = "state"  # state: views of the forward alone, chosen (heads that answer alone at run time);
+    # auto: the options' log-probs may be chosen too (every option of every item scored); or one feature set
+    prompt_sample: Optional[int] = None  # items the prompt alone is measured on (None: by cost, see passes.py)
     more: tuple[str, ...] = ()  # further labelled files, read after `run.items` as one (an id at most once)
 
     @property
@@ -82,6 +85,7 @@ class FitResult:
     judged: list[Judged]
     ms_per_item: float
     kept: int = 0  # items whose states were read back from an earlier fit of the same task
+    read: Any = None  # the pass's own account (passes.States): forwards, the prompt's sample and its cost
     written: list[Path] = field(default_factory=list)
     engine: str = "transformers"  # what read the states (the fitted spec asks for the same)
 
@@ -89,6 +93,8 @@ class FitResult:
         return {"spec": str(self.options.run.spec), "labelled": [self.options.run.items, *self.options.more],
                 "items": len(self.plan.items), "folds": self.options.folds, "seed": self.options.seed,
                 "layer": LAYER, "ms_per_item": round(self.ms_per_item, 3), "states_read_back": self.kept,
+                **({"rows_forwarded": self.read.forwards, "prompt_scored_items": int(self.read.scored.sum()),
+                    "prompt_ms_per_item": round(self.read.prompt_ms_per_item, 3)} if self.read is not None else {}),
                 "questions": [j.to_json() for j in self.judged],
                 "written": [str(p) for p in self.written]}
 
@@ -107,10 +113,18 @@ def plan_fit(options: FitOptions) -> FitPlan:
     check_distinct({"-o": options.output, "head": options.head_path, "--json": options.figures_path},
                    {f"LABELLED {path}": path for path in files})
     items = all_labelled(files, o, spec)
-    if len(items) < max(MIN_ITEMS, 2 * options.folds):
-        raise UsageError(f"{o.items}: {len(items)} labelled items are too few to fit and judge a head by "
-                         f"{options.folds}-fold cross-validation; fit needs at least {max(MIN_ITEMS, 2 * options.folds)}")
+    if len(items) < MIN_ITEMS:
+        raise UsageError(f"{o.items}: {len(items)} labelled item{'s are' if len(items) != 1 else ' is'} too few to fit "
+                         f"a head and measure it held out; fit needs at least {MIN_ITEMS}")
     return FitPlan(replace(spec, head=None), spec_file, items, questions, last_fit(spec, options, items))
+
+
+def folds_for(items: int, folds: int) -> int:
+    """The folds a fit of `items` labelled items uses: those asked, at most one an item."""
+    return min(folds, items)
+
+
+SMALL = 10  # labelled items under which fit says its held-out figures are rough
 
 
 def all_labelled(files: Sequence[str], o: RunOptions, spec: TaskSpec) -> list[Item]:
@@ -154,8 +168,9 @@ def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: 
     o = options.run
     scorer = fit_scorer(plan.spec, o.scoring(), step)
     fitted = fit_heads(scorer, plan.items, plan.questions, Batching(o.batch_size, o.batch_tokens), options.folds,
-                       options.seed, step, options.asked, options.features, plan.before)
-    result = FitResult(options, plan, fitted.judged, fitted.ms_per_item, fitted.kept, engine=scorer.engine.name)
+                       options.seed, step, options.asked, options.features, plan.before, options.prompt_sample)
+    result = FitResult(options, plan, fitted.judged, fitted.ms_per_item, fitted.kept, fitted.read,
+                       engine=scorer.engine.name)
     _write(result, fitted.readouts, fitted.fingerprint)
     return result
 
@@ -169,35 +184,60 @@ class Fitted:
     fingerprint: dict[str, str]
     ms_per_item: float
     kept: int = 0  # items whose states an earlier fit had read
+    read: Any = None  # passes.States: what the pass cost and which items had their options scored
 
     def head(self, path: str = "<fitted in Python>") -> Head:
         """The readouts as the head a spec holds (what the head file, read back, gives)."""
         return Head(path, tuple(self.readouts), self.fingerprint, LAYER, "", {})
 
 
+def feature_sets(features: str, layers: int) -> tuple[str, ...]:
+    """The feature sets fit chooses among (`FitOptions.features`) on an engine that reads
+    `layers` decoder layers (0: the final state alone). Raises UsageError for one it cannot read."""
+    if features in ("state", "auto"):
+        return tuple(f.name for f in candidates(layers, logprobs=features == "auto"))
+    try:
+        f = Features.parse(features)
+    except ValueError as exc:
+        raise UsageError(f"--features: {exc}; or state, or auto") from None
+    deepest = max((x for x in f.layers if x is not None), default=0)
+    if (f.mean or deepest) and deepest > layers or (f.mean and not layers):
+        raise UsageError(f"--features {features}: this model's engine reads " + (
+            f"{layers} layers" if layers else "the final state at the answer position alone"))
+    return (f.name,)
+
+
 def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question], batching: Batching, folds: int,
               seed: int, step: Step = lambda what, done, total: None, asked: Optional[Asked] = None,
-              features: str = "auto", before: Optional[np.ndarray] = None) -> Fitted:
-    """Read the labelled items' states with `scorer` (its spec without a head), then judge and fit
-    a readout for each question (`before`: the items the last fit had, see `heads.judge`)."""
+              features: str = "state", before: Optional[np.ndarray] = None, prompt: Optional[int] = None) -> Fitted:
+    """Read the labelled items' views with `scorer` (its spec without a head) and the options'
+    scores where needed, then judge and fit a readout for each question (`before`: the items the
+    last fit had, see `heads.judge`; `prompt`: the items the prompt alone is measured on)."""
     from .passes import read_states  # torch
 
     spec = scorer.task.spec
-    read = read_states(scorer, items, questions, batching, step)
+    sets = feature_sets(features, scorer.engine.layers)
+    if any(Features.parse(f).logprobs for f in sets):
+        prompt = len(items)  # the options' scores are features: every item's
+    read = read_states(scorer, items, questions, batching, views_of([Features.parse(f) for f in sets]), prompt,
+                       seed, step)
     judged, readouts = [], []
     for q, (states, logprobs, decisions) in zip(questions, read.per_question):
-        data = labelled(q, spec, items, states, logprobs, decisions)
+        data = labelled(q, spec, items, states, logprobs, decisions, read.scored)
         what = f"judging {q.id}: {folds}-fold cross-validation, then the head on every item"
         step(what, 0, 0)
         cuts = asked if q.kind.name in ABSTAINING else None
-        j, r = judge(data, folds, seed, lambda done, total: step(what, done, total), cuts,
-                     ("state",) if features == "state" else FEATURE_SETS, before)
+        j, r = judge(data, folds_for(len(items), folds), seed, lambda done, total: step(what, done, total), cuts, sets,
+                     before)
+        if len(items) < SMALL:
+            j.notes.append(f"{len(items)} labelled items: the head is fitted, and its held-out figures (each item "
+                           f"predicted by a head fitted without it) are rough; label more to know how good it is")
         if asked is not None and cuts is None:
             j.notes.append(f"no cut chosen: a {q.kind.name} question's answer is never abstained" + (
                 " (each tag has its own threshold, chosen for F1)" if data.binary else " (it is a probability or score)"))
         judged.append(j)
         readouts.append(r)
-    return Fitted(judged, readouts, read.fingerprint, read.ms_per_item, read.kept)
+    return Fitted(judged, readouts, read.fingerprint, read.ms_per_item, read.kept, read)
 
 
 ABSTAINING = ("labels", "choice")  # the kinds of question whose answer abstains below a threshold
@@ -234,21 +274,23 @@ def fitted_questions(spec: TaskSpec) -> tuple[Question, ...]:
     return questions
 
 
-def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: np.ndarray, logprobs: np.ndarray,
-             decisions: Sequence[Any]) -> Labelled:
-    """One question's labelled data from the items, their states, log-probs and prompt decisions."""
-    binary = q.kind.judged_each
+def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: dict[str, np.ndarray], logprobs: np.ndarray,
+             decisions: Sequence[Any], scored: Optional[np.ndarray] = None) -> Labelled:
+    """One question's labelled data from the items, their views, log-probs and prompt decisions
+    (None where the item's options were not scored: `scored` marks those that were)."""
+    binary, k = q.kind.judged_each, len(q.options)
+    prompt = np.array([d.probs if d is not None else [np.nan] * k for d in decisions], dtype=float)
     if binary:
         gold = np.array([[o in gold_tags(item.record, q.gold, q.options, spec.gold_sep) for o in q.options]
                          for item in items], dtype=bool)
-        prompt = np.array([d.probs for d in decisions], dtype=float)
-        said = np.array([d.on for d in decisions], dtype=bool)
+        said = np.array([d.on if d is not None else [False] * k for d in decisions], dtype=bool)
     else:
         golds = [_option(q, spec, item) for item in items]
         gold = np.array([q.options.index(g) for g in golds], dtype=int)
-        prompt = np.array([d.probs for d in decisions], dtype=float)
-        said = np.array([-1 if d.best is None else d.best for d in decisions], dtype=int)
-    return Labelled(q.id, q.options, binary, states, logprobs, gold, prompt, said, None if binary else q.threshold)
+        said = np.array([-1 if d is None or d.best is None else d.best for d in decisions], dtype=int)
+    prompted = None if scored is None or scored.all() else np.asarray(scored, dtype=bool)
+    return Labelled(q.id, q.options, binary, states, logprobs, gold, prompt, said, None if binary else q.threshold,
+                    prompted)
 
 
 def _option(q: Question, spec: TaskSpec, item: Item) -> str:
@@ -267,7 +309,7 @@ def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> No
               "labelled": labelled_keys(plan.spec, plan.items)}
     safefile.replace(options.head_path, head_bytes(readouts, fingerprint, LAYER, fitted), "the head file")
     keys: dict[str, Any] = {**relocated(plan.spec_file.data, options.run.spec, options.output),
-                            "head": options.head_path.name}
+                            **model_key(options.run.model), "head": options.head_path.name}
     if result.engine != "transformers" and plan.spec.backend != result.engine:
         keys["backend"] = result.engine  # the head read its states: it runs where they were read
     tags = next((j for j in result.judged if j.thresholds), None)
@@ -280,6 +322,15 @@ def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> No
                      "the figures")
 
 
+def model_key(model: Optional[str]) -> dict[str, str]:
+    """The fitted spec's `model` where fit was given one (-m): the head read that model's states,
+    so the spec names it (a local file or folder by its absolute path)."""
+    if not model:
+        return {}
+    local = Path(model).expanduser()
+    return {"model": str(local.resolve()) if local.exists() else model}
+
+
 def labelled_keys(spec: TaskSpec, items: Sequence[Item]) -> dict[str, list[str]]:
     """What the head was fitted on, as `suggest` leaves it out and the next fit compares with it:
     the items' ids and the digests of their template fields' text."""
@@ -289,8 +340,9 @@ def labelled_keys(spec: TaskSpec, items: Sequence[Item]) -> dict[str, list[str]]
 
 def header(result: FitResult) -> str:
     """The fitted spec's first comment lines: what decides, and on what evidence."""
+    folds = result.judged[0].folds if result.judged else result.options.folds
     lines = [f"prefixcache fit: a head fitted on {len(result.plan.items)} labelled items decides "
-             f"({result.options.folds}-fold cross-validation, held out)"]
+             f"({folds}-fold cross-validation, held out)"]
     for j in result.judged:
         h, p = j.head["accuracy"], j.prompt["accuracy"]
         lines.append(f"{j.qid}: accuracy {h.value:.3f} [{h.low:.3f}, {h.high:.3f}] with the head, "

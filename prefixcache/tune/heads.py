@@ -21,13 +21,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import UsageError
+from ..task.features import Features
 from ..task.head import Readout
 from ..task.scoring_metrics import calibration_error
 from .cutpoint import CONFIDENCE, Cut, Row, choose_cut, per_option_cuts, risk_coverage
 from .selection import GAIN_LEVEL, LEVEL, Figure, cv_splits, interval, resamples
 
 C_GRID = (0.01, 0.1, 1.0)  # on standardised states: strong to mild regularisation (fitted in this order)
-FEATURE_SETS = ("state", "state+logprobs")
+FEATURE_SETS = ("state", "state+logprobs")  # the final state alone, or with the options' log-probs
+NOISE = 2.0  # standard errors by which a feature set that needs the options scored must win to be chosen
 INNER_FOLDS = 3
 CURVE = (1, 2, 4, 8, 16, 32)  # labelled items a class in the learning curve
 ABSENT = -30.0  # the logit of an option no fitted item had: never answered
@@ -42,12 +44,23 @@ class Labelled:
     qid: str
     options: tuple[str, ...]
     binary: bool
-    states: np.ndarray  # [N, U, H]
-    logprobs: np.ndarray  # [N, K]
+    states: dict[str, np.ndarray]  # per view (task/features.py): [N, U, H]
+    logprobs: np.ndarray  # [N, K] (NaN where the options were not scored)
     gold: np.ndarray
     prompt: np.ndarray
     said: np.ndarray
     threshold: float | None = None  # multiclass: the spec's, below which an answer abstains (-1)
+    prompted: np.ndarray | None = None  # [N] bool: the items whose options were scored (None: all)
+
+    def subset(self, idx: np.ndarray) -> "Labelled":
+        """The items `idx` alone."""
+        return replace(self, states={v: a[idx] for v, a in self.states.items()}, logprobs=self.logprobs[idx],
+                       gold=self.gold[idx], prompt=self.prompt[idx], said=self.said[idx], prompted=None)
+
+    @property
+    def prompt_items(self) -> np.ndarray:
+        """The items the prompt alone is measured on (those whose options were scored)."""
+        return np.arange(self.n) if self.prompted is None else np.flatnonzero(self.prompted)
 
     @property
     def n(self) -> int:
@@ -114,6 +127,7 @@ class Judged:
     cut: Cut | None = None  # where the head abstains, chosen on held-out probabilities (--target-accuracy, --coverage)
     since: Since | None = None  # the new labels' gain over the last fit's, on the same folds
     coverage: list[Row] = field(default_factory=list)  # one answer: the risk-coverage table of the held-out predictions
+    prompt_items: int = 0  # the items the prompt alone and the gain are measured on (its options scored)
 
     def to_json(self) -> dict[str, Any]:
         def js(figures: dict) -> dict:
@@ -121,6 +135,7 @@ class Judged:
 
         return {"question": self.qid, "kind": "tags" if self.binary else "one of", "items": self.items,
                 "folds": self.folds, "head": js(self.head), "prompt": js(self.prompt), "gain": self.gain.to_json(),
+                "prompt_items": self.prompt_items,
                 "verdict": self.verdict, "chosen": {"C": self.choice.C, "features": self.choice.features},
                 "labelled_per_option": self.counts, "learning_curve": self.curve,
                 **({"thresholds": dict(zip(self.counts, self.thresholds))} if self.thresholds else {}),
@@ -139,12 +154,14 @@ class Judged:
 
 # -- the design matrix and one readout ---------------------------------------------------------
 def design(data: Labelled, features: str, unit: int | None = None) -> np.ndarray:
-    """The features a readout reads: [N, H] (+ [N, K] log-probs); binary: of tag `unit`, [N, H] (+1)."""
-    if data.binary:
-        x = data.states[:, unit, :]
-        return np.concatenate([x, data.logprobs[:, unit:unit + 1]], axis=1) if features != "state" else x
-    x = data.states[:, 0, :]
-    return np.concatenate([x, data.logprobs], axis=1) if features != "state" else x
+    """The features a readout reads: its views side by side, [N, V * H] (+ [N, K] log-probs);
+    binary: of tag `unit`, [N, V * H] (+1)."""
+    f = Features.parse(features)
+    u = unit if data.binary else 0
+    x = f.joined({v: data.states[v][:, u, :] for v in f.views})
+    if not f.logprobs:
+        return x
+    return np.concatenate([x, data.logprobs[:, u:u + 1] if data.binary else data.logprobs], axis=1)
 
 
 def _standardised(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -239,31 +256,46 @@ def readout(data: Labelled, choice: Choice) -> Readout:
 
 
 # -- choosing C and the features -----------------------------------------------------------------
-def log_loss(data: Labelled, idx: np.ndarray, probs: np.ndarray) -> float:
-    """Mean negative log-likelihood of the gold answers (binary: summed over tags)."""
+def item_losses(data: Labelled, idx: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """Each item's negative log-likelihood of its gold answer (binary: summed over tags), [n]."""
     p = np.clip(probs, 1e-12, 1 - 1e-12)
     if data.binary:
         g = data.gold[idx]
-        return float(-(g * np.log(p) + (~g) * np.log(1 - p)).sum(axis=1).mean())
-    return float(-np.log(p[np.arange(len(idx)), data.gold[idx]]).mean())
+        return -(g * np.log(p) + (~g) * np.log(1 - p)).sum(axis=1)
+    return -np.log(p[np.arange(len(idx)), data.gold[idx]])
+
+
+def log_loss(data: Labelled, idx: np.ndarray, probs: np.ndarray) -> float:
+    """Mean negative log-likelihood of the gold answers (binary: summed over tags)."""
+    return float(item_losses(data, idx, probs).mean())
 
 
 def choose(data: Labelled, items: np.ndarray, seed: int, feature_sets: Sequence[str] = FEATURE_SETS) -> Choice:
     """The (C, features) of least held-out log-loss in an inner cross-validation over `items`
-    (features among `feature_sets`)."""
+    (features among `feature_sets`). A feature set that needs the options scored (they cost a
+    pass over every option of every item at run time) is chosen only when it beats the best one
+    that does not beyond noise: its per-item loss lower by more than NOISE standard errors."""
     folds = min(INNER_FOLDS, len(items))
     splits = cv_splits([data.strata()[i] for i in items], folds, seed)
-    best: tuple[float, Choice] | None = None
+    losses: dict[tuple[str, float], np.ndarray] = {}
+    where = {k: n for n, k in enumerate(items)}
     for features in feature_sets:
-        losses = np.zeros(len(C_GRID))
+        per = np.zeros((len(C_GRID), len(items)))
         for train, test in splits:
+            at = [where[k] for k in items[test]]
             for n, probs in enumerate(fitted_probs(data, items[train], items[test], features, C_GRID)):
-                losses[n] += log_loss(data, items[test], probs) * len(test)
-        for c, loss in zip(C_GRID, losses):
-            if best is None or loss < best[0] - 1e-9:
-                best = (float(loss), Choice(c, features))
-    assert best is not None
-    return best[1]
+                per[n, at] = item_losses(data, items[test], probs)
+        for c, row in zip(C_GRID, per):
+            losses[(features, c)] = row
+    cheap = {k: v for k, v in losses.items() if not Features.parse(k[0]).logprobs} or losses
+    best = min(cheap, key=lambda k: float(cheap[k].mean()))
+    costly = {k: v for k, v in losses.items() if k not in cheap}
+    if costly:
+        other = min(costly, key=lambda k: float(costly[k].mean()))
+        d = losses[best] - losses[other]  # > 0 where the costly set is better
+        if len(d) > 1 and d.mean() > NOISE * d.std(ddof=1) / np.sqrt(len(d)):
+            best = other
+    return Choice(best[1], best[0])
 
 
 # -- the held-out comparison -----------------------------------------------------------------------
@@ -291,11 +323,17 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     thresholds = _tag_thresholds(data, probs) if data.binary else None
     head_said = probs >= np.asarray(thresholds) if data.binary else answered(probs, data.threshold)
     head = figures(data, head_said, probs, seed)
-    prompt = figures(data, data.said, data.prompt, seed)
-    gain = paired_gain(data, head_said, data.said, seed)
+    asked_prompt = data.prompt_items  # the prompt alone is measured where its options were scored
+    sub = data.subset(asked_prompt)
+    prompt = figures(sub, sub.said, sub.prompt, seed)
+    gain = paired_gain(sub, head_said[asked_prompt], sub.said, seed)
+    if len(asked_prompt) < data.n:
+        notes.append(f"the prompt alone is measured on {len(asked_prompt)} of the {data.n} items (a uniform sample: "
+                     f"scoring every option of every item costs more than reading the states); the gain is on the "
+                     f"same {len(asked_prompt)}")
     verdict = "head" if gain.low > 0 else "prompt" if gain.high < 0 else "tie"
     judged = Judged(data.qid, data.binary, data.n, len(splits), head, prompt, gain, verdict, choice, data.counts(),
-                    notes=notes, thresholds=thresholds)
+                    notes=notes, thresholds=thresholds, prompt_items=len(asked_prompt))
     if earlier is not None:
         then = earlier >= np.asarray(thresholds) if data.binary else answered(earlier, data.threshold)
         judged.since = Since(int(before.sum()), figures(data, then, earlier, seed)["accuracy"],

@@ -20,6 +20,7 @@ from ..data.items import Item
 from ..scoring.build import build_on, build_scorer, load_engine
 from ..scoring.options import ScoringOptions
 from ..scoring.prepare import Batching, Failed, Prepared, Task
+from ..model.rows import trie
 from ..scoring.scorer import Scorer
 from ..task.kind import Question
 from ..task.spec import TaskSpec
@@ -115,13 +116,17 @@ def decide_all(scorer: Scorer, preps: Sequence[Prepared], logprobs: Sequence[Seq
 
 @dataclass
 class States:
-    """The labelled items' pass for `fit`: per question fitted, its answer states [N, U, H], its
-    options' log-probabilities [N, K] and the prompt rule's decisions; the task's fingerprint."""
+    """The labelled items' pass for `fit`: per question fitted, its views ({view: [N, U, H]}), its
+    options' log-probabilities [N, K] (NaN where not scored) and the prompt rule's decisions (None
+    where not scored); which items had their options scored; the task's fingerprint."""
 
-    per_question: list[tuple[np.ndarray, np.ndarray, list]]
-    ms_per_item: float  # scoring the items not read back
+    per_question: list[tuple[dict[str, np.ndarray], np.ndarray, list]]
+    scored: np.ndarray  # [N] bool: the items whose options were scored (the prompt's sample, or all)
+    ms_per_item: float  # reading the states of the items not read back
     fingerprint: dict[str, str]
     kept: int = 0  # items whose states were read back from an earlier fit
+    prompt_ms_per_item: float = 0.0  # scoring the options of the sampled items not read back
+    forwards: int = 0  # rows that went through the model (states and scores together)
 
 
 def fit_scorer(spec: TaskSpec, options: ScoringOptions, step: Step = lambda what, done, total: None) -> Scorer:
@@ -132,50 +137,120 @@ def fit_scorer(spec: TaskSpec, options: ScoringOptions, step: Step = lambda what
     return build_scorer(task, options.replace(prune="off", exact=False))
 
 
+def _store(scorer: Scorer, reads: Sequence, views: Sequence[str], scores: bool) -> StateStore | None:
+    task = scorer.task
+    if task.cache_dir is None:
+        return None
+    return StateStore(task.cache_dir, task.head_fingerprint(), scorer.engine.name, scorer.dtype,
+                      scorer.device.split(":")[0], reads, views, scores)
+
+
 def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Question], batching: Batching,
+                views: Sequence[str], prompt: int | None = None, seed: int = 0,
                 step: Step = lambda what, done, total: None) -> States:
-    """Score the items in `run`'s batches, every option to the end, reading the final hidden state
-    at each fitted question's answer position from the same forward (`scorer`: a spec without a
-    head, so that its decisions are the prompt rule's). Each batch's states are kept in the cache
-    (tune/states.py): a batch kept by an earlier fit of the same task is read back."""
+    """Read the items' `views` at each fitted question's answer position as a head-alone run
+    does (each item's tokens and one candidate token an answer: no option scored), then score the
+    options of `prompt` items drawn uniformly (None: as many as cost about what the states cost,
+    at least PROMPT_MIN; every item when `prompt` >= N), in `run`'s batches (`scorer`: a spec
+    without a head, so that its decisions are the prompt rule's). Every row is kept in the cache
+    (tune/states.py): a row an earlier fit of the same task read is read back, not forwarded."""
     task = scorer.task
     fitted = {q.id for q in questions}
-    asked = task.questions
-    reads = [q.kind.judged_each if q.id in fitted else None for q in asked]
-    index = [i for i, q in enumerate(asked) if q.id in fitted]
-    fingerprint = task.head_fingerprint()
-    store = StateStore(task.cache_dir, fingerprint, scorer.dtype, scorer.device.split(":")[0], reads) \
-        if task.cache_dir is not None else None
-    states: list[list[np.ndarray]] = [[] for _ in index]
-    logprobs: list[list] = [[] for _ in index]
-    decisions: list[list] = [[] for _ in index]
-    seconds, done, kept = 0.0, 0, 0
+    reads = [q.kind.judged_each if q.id in fitted else None for q in task.questions]
+    index = [i for i, q in enumerate(task.questions) if q.id in fitted]
+    states_store, scores_store = _store(scorer, reads, views, False), _store(scorer, (), (), True)
+    out = States([], np.zeros(len(items), dtype=bool), 0.0, task.head_fingerprint())
+    found_states: dict[int, list] = {}
+    own = []
+    seconds, done = 0.0, 0
     step("reading states", 0, len(items))
-    for batch in task.batches(items, batching, scorer.context):
-        keys = [p.key for p in batch]
-        found = store.get(keys) if store is not None else None
-        if found is not None:
-            values, per_item = [f[0] for f in found], [f[1] for f in found]
-            kept += len(batch)
-        else:
+    position = {id(item): n for n, item in enumerate(items)}
+    for batch in task.batches(items, replace(batching, head_alone=True), scorer.context):
+        todo = [p for p in batch if (states_store is None or states_store.get(p.key) is None)]
+        fresh: dict = {}
+        if todo:
             start = time.perf_counter()
-            values, per_item = scorer.score_reading(batch, reads)
+            per_item = scorer.states_alone(todo, reads, views)
             seconds += time.perf_counter() - start
-            if store is not None:
-                store.put(keys, values, per_item)
-        for prep, lps, per in zip(batch, values, per_item):
-            answers = scorer.decide(prep, lps)
-            for n, (i, s) in enumerate(zip(index, per)):
-                states[n].append(s)
-                logprobs[n].append(answers.logprobs[i])
-                decisions[n].append(answers.decisions[i])
+            out.forwards += len(todo)
+            if states_store is not None:
+                states_store.put([p.key for p in todo], None, per_item)
+            fresh = {p.key: s for p, s in zip(todo, per_item)}
+        own += [p.own_tokens for p in batch]
+        for p in batch:
+            found_states[position[id(p.item)]] = fresh[p.key] if p.key in fresh else states_store.get(p.key)[1]
+        out.kept += len(batch) - len(todo)
         done += len(batch)
         step("reading states", done, len(items))
-    if kept:
-        log.info("%d of %d items' states read back from an earlier fit of this task", kept, len(items))
-    per_question = [(np.stack(s), np.array(lp, dtype=float), d) for s, lp, d in zip(states, logprobs, decisions)]
-    scored = len(items) - kept
-    return States(per_question, 1000 * seconds / scored if scored else 0.0, fingerprint, kept)
+    out.ms_per_item = 1000 * seconds / (len(items) - out.kept) if len(items) > out.kept else 0.0
+    out.scored = prompt_sample(len(items), float(np.mean(own)) if own else 1.0, option_tokens(task), prompt, seed)
+    logprobs, decisions = _prompt_pass(scorer, items, out.scored, batching, index, scores_store, out, step)
+    per_question = []
+    for n, i in enumerate(index):
+        stacked = {v: np.stack([found_states[k][n][v] for k in range(len(items))]) for v in views}
+        width = len(task.questions[i].options)
+        lps = np.array([lp[n] if lp is not None else [np.nan] * width for lp in logprobs], dtype=float)
+        per_question.append((stacked, lps, [d[n] if d is not None else None for d in decisions]))
+    out.per_question = per_question
+    if out.kept:
+        log.info("%d of %d items' states read back from an earlier fit of this task", out.kept, len(items))
+    return out
+
+
+PROMPT_MIN = 30  # items the prompt alone is measured on at least (all, where there are fewer)
+
+
+def option_tokens(task: Task) -> int:
+    """The tokens an item's options feed after its own (the nodes of its candidates' trie)."""
+    return len(trie(list(task.builder.candidates.values())).tokens)
+
+
+def prompt_sample(n: int, own: float, options: int, asked: int | None, seed: int) -> np.ndarray:
+    """Which of `n` items have their options scored, [n] bool, drawn uniformly: `asked` of them,
+    or (None) as many as cost about what reading every item's states cost (`own` tokens an item,
+    `options` more to score its options), at least PROMPT_MIN."""
+    m = asked if asked is not None else max(PROMPT_MIN, int(np.ceil(n * own / (own + options))))
+    mask = np.zeros(n, dtype=bool)
+    mask[np.random.default_rng(seed + 7).permutation(n)[:min(n, m)]] = True
+    return mask
+
+
+def _prompt_pass(scorer: Scorer, items: Sequence[Item], scored: np.ndarray, batching: Batching, index: Sequence[int],
+                 store: StateStore | None, out: States, step: Step) -> tuple[list, list]:
+    """The options of the items `scored` marks, scored in `run`'s batches (rows kept in `store`):
+    per item, per fitted question its log-probabilities and the prompt rule's decision (None where
+    not scored)."""
+    logprobs: list = [None] * len(items)
+    decisions: list = [None] * len(items)
+    picked = [items[k] for k in np.flatnonzero(scored)]
+    where = {id(items[k]): k for k in np.flatnonzero(scored)}
+    seconds, done, computed = 0.0, 0, 0
+    what = f"scoring the options of {len(picked)} items (the prompt alone, for comparison)" \
+        if len(picked) < len(items) else "scoring the options (the prompt alone, and as features)"
+    if picked:
+        step(what, 0, len(picked))
+    for batch in scorer.task.batches(picked, batching, scorer.context):
+        todo = [p for p in batch if store is None or store.get(p.key) is None]
+        fresh = {}
+        if todo:
+            start = time.perf_counter()
+            values = scorer.score(todo).logprobs
+            seconds += time.perf_counter() - start
+            computed += len(todo)
+            if store is not None:
+                store.put([p.key for p in todo], values, [[] for _ in todo])
+            fresh = {p.key: v for p, v in zip(todo, values)}
+        for p in batch:
+            lps = fresh[p.key] if p.key in fresh else store.get(p.key)[0]
+            answers = scorer.decide(p, lps)
+            k = where[id(p.item)]
+            logprobs[k] = [answers.logprobs[i] for i in index]
+            decisions[k] = [answers.decisions[i] for i in index]
+        done += len(batch)
+        step(what, done, len(picked))
+    out.forwards += computed
+    out.prompt_ms_per_item = 1000 * seconds / computed if computed else 0.0
+    return logprobs, decisions
 
 
 @dataclass
@@ -217,7 +292,8 @@ def read_pool(scorer: Scorer, items: Sequence[Item], batching: Batching,
         seconds += time.perf_counter() - start
         for prep, lps, found in zip(preps, logprobs, states):
             out.items.append(prep.item)
-            vectors.append(np.concatenate(found).astype(np.float64).mean(axis=0))
+            joined = [np.concatenate([q[v] for v in scorer.views], axis=-1) for q in found]  # per question [U, V*H]
+            vectors.append(np.concatenate(joined).astype(np.float64).mean(axis=0))
             guesses = _guesses(scorer, prep, lps, found) if head else {}
             out.answers.append({q: (g, p) for q, (g, p, _) in guesses.items()} if head else None)
             out.margins.append(min((m for _, _, m in guesses.values()), default=1.0))

@@ -315,13 +315,22 @@ def test_real_model_fit_head_answers_from_the_states_of_a_full_reencode(tmp_path
     readout = load_head(str(tmp_path / "irony-fitted.head.safetensors"), out).readouts[0]
     model, names = scorer.engine.model, list(scorer.task.spec.label_names)
     for item, record in zip(list(read_items(str(labelled)))[:2], records):
+        enc = scorer.task.builder.encode_item(item.record, item.id)
         seen = []
         hook = model.get_output_embeddings().register_forward_pre_hook(lambda m, a: seen.append(a[0]))
         with torch.no_grad():
-            model(input_ids=torch.tensor([list(scorer.task.builder.encode_item(item.record, item.id).ids)]))
+            out_ = model(input_ids=torch.tensor([list(enc.ids)]), output_hidden_states=True)
         hook.remove()
-        # a head of the state alone answers alone (no logprobs in the record); one that reads them keeps them
-        assert ("logprobs" in record) == (readout.features == "state+logprobs")
-        want = readout.probs(seen[0][0, -1:].numpy(), [record.get("logprobs", {}).get(n, 0.0) for n in names])
+        final = seen[0][0]  # the lm_head's input at every position: the final state, after the last norm
+
+        def layer(view):  # every position's state of the view's layer, [T, H]
+            at = view.partition("@")[2]
+            return out_.hidden_states[int(at)][0] if at else final
+
+        views = {v: (layer(v)[enc.prefix_len:].mean(dim=0) if v.startswith("mean") else layer(v)[-1])[None].numpy()
+                 for v in readout.reads.views}
+        # a head of views alone answers alone (no logprobs in the record); one that reads them keeps them
+        assert ("logprobs" in record) == readout.reads.logprobs
+        want = readout.probs(views, [record.get("logprobs", {}).get(n, 0.0) for n in names])
         assert record["readout"] == "head"
         assert max(abs(record["probs"][n] - p) for n, p in zip(names, want)) < 1e-4

@@ -130,3 +130,37 @@ def test_typer_usage_errors_are_the_classes_it_raises():
     usage_error, no_args = compat.cli_usage_errors()
     assert issubclass(typer.BadParameter, usage_error) and issubclass(no_args, usage_error), \
         "typer no longer raises usage errors of typer._click.exceptions.UsageError"
+
+
+@pytest.mark.parametrize("arch", ("llama", "gpt2"))
+def test_decoder_layers_and_layer_states_read_each_layers_output(arch, chat_tokenizer):
+    """base_model.layers / .h, a decoder layer's output (a tensor or a tuple) and the base model's
+    last_hidden_state: what `compat.layer_states` reads are output_hidden_states' own values."""
+    model = llama_or(arch, chat_tokenizer)
+    layers = compat.decoder_layers(model)
+    assert len(layers) == model.config.get_text_config().num_hidden_layers
+    seen, ids = {}, torch.tensor([[5, 6, 7, 8, 9]])
+    with compat.layer_states(model, [None, 1, len(layers) - 1], seen), torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+    head = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda m, a: head.append(a[0]))
+    with torch.no_grad():
+        model(input_ids=ids)
+    hook.remove()
+    assert torch.allclose(seen[None], head[0], atol=1e-6), "last_hidden_state is no longer what the lm_head reads"
+    for i in (1, len(layers) - 1):
+        assert torch.allclose(seen[i], out.hidden_states[i], atol=1e-6), f"decoder layer {i}'s output moved"
+    with pytest.raises(compat.NoLayers):
+        compat.decoder_layers(_Bare())
+
+
+class _Bare(torch.nn.Module):
+    """A model with no decoder layers where prefixcache looks for them."""
+
+    @property
+    def base_model(self):
+        return torch.nn.Module()
+
+
+def llama_or(arch, tokenizer):
+    return tiny_model(arch, len(tokenizer))

@@ -79,7 +79,7 @@ def test_fit_writes_the_cut_and_run_abstains_below_it(tmp_path, tiny_model_dir):
     out = tmp_path / "fitted.yaml"
     result = invoke("fit", spec, labelled, "-o", out, "--folds", "4", "--target-accuracy", "0.9")
     assert result.exit_code == 0, result.output
-    assert "risk-coverage" in result.stdout and "cut: abstain below " in result.stdout
+    assert "risk-coverage" in result.stderr and "cut: abstain below " in result.stderr
     cut = json.loads((tmp_path / "fitted.fit.json").read_text())["questions"][0]["cut"]
     assert cut["chosen"]["low"] >= 0.9 and cut["target_accuracy"] == 0.9
     assert yaml.safe_load(out.read_text())["threshold"] == pytest.approx(cut["chosen"]["cut"], abs=1e-6)
@@ -89,7 +89,7 @@ def test_fit_writes_the_cut_and_run_abstains_below_it(tmp_path, tiny_model_dir):
         assert (r["label"] is None) == (r["prob"] < cut["chosen"]["cut"])  # abstained exactly below the cut
     unreachable = invoke("fit", spec, labelled, "-o", tmp_path / "f2.yaml", "--folds", "4", "--target-accuracy",
                          "0.999")
-    assert unreachable.exit_code == 0 and "cut: none reaches accuracy 0.999" in unreachable.stdout
+    assert unreachable.exit_code == 0 and "cut: none reaches accuracy 0.999" in unreachable.stderr
     assert "threshold" not in yaml.safe_load((tmp_path / "f2.yaml").read_text())
     both = invoke("fit", spec, labelled, "-o", tmp_path / "f3.yaml", "--target-accuracy", "0.9", "--coverage", "0.5")
     assert both.exit_code == 2 and "not both" in both.stderr
@@ -135,10 +135,10 @@ def test_a_per_answer_cut_is_the_heads_and_needs_the_questions_threshold(tmp_pat
     r = Readout("label", ("a", "b"), False, "state", np.zeros((1, 3)), np.ones((1, 3)), np.zeros((2, 3)),
                 np.log([0.7, 0.3]), {"a": 0.6})
     question = Question("label", None, "", ("a", "b"), (None, None), (("a",), ("b",)), threshold=0.8)
-    assert decided_by(r, question, np.zeros((1, 3)), None).best == 0  # 0.7: above a's own cut, below 0.8
-    assert decided_by(replace(r, cuts={}), question, np.zeros((1, 3)), None).best is None
-    assert decided_by(r, replace(question, threshold=None), np.zeros((1, 3)), None).best == 0
-    assert decided_by(replace(r, cuts={"a": 0.75}), replace(question, threshold=None), np.zeros((1, 3)), None).best == 0
+    assert decided_by(r, question, {'state': np.zeros((1, 3))}, None).best == 0  # 0.7: above a's own cut, below 0.8
+    assert decided_by(replace(r, cuts={}), question, {'state': np.zeros((1, 3))}, None).best is None
+    assert decided_by(r, replace(question, threshold=None), {'state': np.zeros((1, 3))}, None).best == 0
+    assert decided_by(replace(r, cuts={"a": 0.75}), replace(question, threshold=None), {'state': np.zeros((1, 3))}, None).best == 0
     fp = {"model": "m", "prefix": "p", "template": "t", "questions": "q"}
     path = tmp_path / "h.safetensors"
     path.write_bytes(head_bytes([r], fp, "final", {}))

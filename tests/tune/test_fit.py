@@ -105,7 +105,7 @@ def test_a_head_gives_the_probabilities_of_the_regression_it_stores():
     r = Readout("q", ("a", "b", "c"), False, "state", mean[None], scale[None], coef, b)
     want = LogisticRegression(C=0.5, max_iter=500).fit((x - mean) / scale, y).predict_proba((x[:5] - mean) / scale)
     for row, w in zip(x[:5], want):
-        assert np.allclose(r.probs(row[None], [0.0] * 3), w, atol=1e-6)
+        assert np.allclose(r.probs({'state': row[None]}, [0.0] * 3), w, atol=1e-6)
 
 
 # -- fit, end to end on a tiny model ----------------------------------------------------------------
@@ -132,12 +132,12 @@ def test_a_head_answers_every_held_out_item_where_the_labels_are_separable(fitte
     data = yaml.safe_load(out.read_text())
     assert data["head"] == "fitted.head.safetensors" and out.read_text().startswith("# prefixcache fit:")
     preds = tmp_path / "preds.jsonl"
-    result = invoke("run", out, labelled, "-o", preds, "--metrics", tmp_path / "m.json", "-q")
+    result = invoke("run", out, labelled, "-o", preds, "--metrics", tmp_path / "m.json", "-q", "--prompt-scores")
     assert result.exit_code == 0, result.output
     records = json_lines(preds)
     assert all(r["readout"] == "head" and r["correct"] for r in records)
     plain = json_lines(_run(spec, labelled, tmp_path / "plain.jsonl"))
-    for r, p in zip(records, plain):  # the prompt's log-probabilities are kept as they were
+    for r, p in zip(records, plain):  # asked for, the prompt's log-probabilities are kept as they were
         assert r["logprobs"] == pytest.approx(p["logprobs"], abs=1e-5) and "readout" not in p
 
 
@@ -181,20 +181,44 @@ def test_classifier_fit_gives_the_head_prefixcache_fit_writes(fitted, tmp_path):
     rows = [json.loads(line) for line in labelled.read_text().splitlines()]
     clf = Classifier(spec, gold=None, device="cpu", dtype="float32", progress=False)
     texts = [{"id": r["id"], "text": r["text"]} for r in rows]
-    head = clf.fit(texts, [r["gold"] for r in rows], folds=4)
-    assert clf.spec.head is None and head.spec.head is not None  # the classifier fitted is left as it was
+    golds = [r["gold"] for r in rows]
+    assert clf.spec.head is None
+    head = clf.fit(texts, golds, folds=4)
+    assert head is clf and clf.spec.head is not None  # fit fits the classifier itself, as scikit-learn's do
     assert head.fit_figures[0]["head"]["accuracy"]["value"] == 1.0
     cli = json_lines(_run(out, labelled, tmp_path / "cli.jsonl"))
     api = list(head.classify(texts))
     for a, b in zip(api, cli):
         assert a["label"] == b["label"] and a["probs"] == pytest.approx(b["probs"], abs=1e-6)
-    assert head.predict(texts) == [r["gold"] for r in rows]
-    assert head.predict_proba(texts[:3]).shape == (3, 2)
+    assert head.predict(texts) == golds and head.score(texts, golds) == 1.0
+    assert head.predict_proba(texts[:3]).shape == (3, 2) and list(head.classes_) == LABELS2
     import pandas as pd
 
     table = pd.DataFrame(rows)  # a DataFrame and the name of its label column
     again = clf.fit(table, "gold", folds=4)
-    assert again.predict(table) == [r["gold"] for r in rows]
+    assert again.predict(table) == golds
+
+
+def test_a_classifier_works_with_scikit_learns_clone_pipeline_and_cross_validation(fitted):
+    from sklearn.base import clone
+    from sklearn.model_selection import cross_val_score
+    from sklearn.pipeline import Pipeline
+
+    from prefixcache import Classifier
+
+    spec, labelled, _ = fitted
+    rows = [json.loads(line) for line in labelled.read_text().splitlines()]
+    texts, golds = [r["text"] for r in rows], [r["gold"] for r in rows]
+    clf = Classifier(spec, gold=None, device="cpu", dtype="float32", progress=False)
+    twin = clone(clf)
+    assert twin is not clf and twin.get_params() == clf.get_params() and twin.spec.head is None
+    assert twin.scorer.engine is clf.scorer.engine  # a clone shares the loaded model
+    clf.fit(texts, golds, folds=3)
+    assert clone(clf).spec.head is None  # a clone is unfitted, as scikit-learn's are
+    prompt_alone = twin.score(texts, golds)
+    scores = cross_val_score(Pipeline([("clf", twin)]), texts, golds, cv=3)
+    assert len(scores) == 3 and min(scores) == 1.0 > prompt_alone  # each fold's head, fitted on the others
+    assert twin.set_params(batch_size=4) is twin and twin.batching.size == 4 and twin.spec.head is None
 
 
 def test_bench_and_zero_shot_labels_take_a_fitted_spec(fitted, tmp_path):
@@ -319,7 +343,7 @@ def test_a_head_round_trips_through_its_file(tmp_path):
     os.chmod(path, 0o644)
     back = load_head(str(path), tmp_path / "spec.yaml").readouts[0]
     states = rng.normal(size=(2, 4))
-    assert back.probs(states, [-0.1, -2.0]) == pytest.approx(r.probs(states, [-0.1, -2.0]), abs=1e-6)
+    assert back.probs({'state': states}, [-0.1, -2.0]) == pytest.approx(r.probs({'state': states}, [-0.1, -2.0]), abs=1e-6)
 
 
 # -- what fit refuses ------------------------------------------------------------------------------
@@ -351,21 +375,26 @@ def test_fit_of_tags_writes_a_threshold_per_label(tmp_path, tiny_model_dir):
 
 # -- an interrupted fit continues ---------------------------------------------------------------
 def test_an_interrupted_fit_continues_from_the_states_it_kept(tmp_path, tiny_model_dir, monkeypatch):
+    """Rows are kept one by one: an interrupted fit forwards only the rows it had not read, a
+    grown file only its new rows, and a state-alone fit forwards no option token at all but those
+    of the sample the prompt alone is measured on."""
     from prefixcache.run.options import RunOptions
     from prefixcache.scoring.scorer import Scorer
     from prefixcache.tune.fit import FitOptions, fit
 
     spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS2, gold="gold")
-    rows = [json.loads(line) for line in _toy(tmp_path).read_text().splitlines()]
+    rows = [json.loads(line) for line in _toy(tmp_path, n=50).read_text().splitlines()]
     labelled = tmp_path / "distinct.jsonl"  # every prompt its own: none is read back for another
-    labelled.write_text("".join(json.dumps({**r, "text": f"{r['text']} {r['id']}"}) + "\n" for r in rows))
-    forwards = []
-    real = Scorer.score_reading
-    monkeypatch.setattr(Scorer, "score_reading", lambda self, preps, reads: forwards.append(len(preps)) or
-                        real(self, preps, reads))
+    labelled.write_text("".join(json.dumps({**r, "text": f"{r['text']} {r['id']}"}) + "\n" for r in rows[:40]))
+    states, scored = [], []
+    real_states, real_score = Scorer.states_alone, Scorer.score
+    monkeypatch.setattr(Scorer, "states_alone", lambda self, preps, *a: states.append(len(preps)) or
+                        real_states(self, preps, *a))
+    monkeypatch.setattr(Scorer, "score", lambda self, preps, *a: scored.append(len(preps)) or real_score(self, preps, *a))
 
-    def options(out, cache):
-        return FitOptions(RunOptions(spec, str(labelled), batch_size=8, cache_dir=cache), out, folds=4)
+    def options(out, cache, sample=10):
+        return FitOptions(RunOptions(spec, str(labelled), batch_size=8, cache_dir=cache), out, folds=4,
+                          prompt_sample=sample, overwrite=True)
 
     def stop_after_two_batches(what, done, total):
         if what == "reading states" and done >= 16:
@@ -373,13 +402,38 @@ def test_an_interrupted_fit_continues_from_the_states_it_kept(tmp_path, tiny_mod
 
     with pytest.raises(KeyboardInterrupt):
         fit(options(tmp_path / "a.yaml", tmp_path / "cache"), stop_after_two_batches)
-    assert forwards == [8, 8] and not (tmp_path / "a.yaml").exists()
-    fit(options(tmp_path / "a.yaml", tmp_path / "cache"))
-    assert forwards == [8, 8, 8, 8, 8]  # the two batches kept are read back, not scored
+    assert states == [8, 8] and not scored and not (tmp_path / "a.yaml").exists()
+    result = fit(options(tmp_path / "a.yaml", tmp_path / "cache"))
+    assert states == [8, 8, 8, 8, 8] and sum(scored) == 10  # the kept rows read back, not forwarded
+    assert result.read.forwards == 24 + 10 and result.kept == 16 and result.judged[0].prompt_items == 10
     fit(options(tmp_path / "b.yaml", tmp_path / "fresh-cache"))  # uninterrupted, from nothing
     assert (tmp_path / "a.head.safetensors").read_bytes() == (tmp_path / "b.head.safetensors").read_bytes()
+    states.clear(), scored.clear()
+    with labelled.open("a") as f:  # the file grows by ten rows
+        f.write("".join(json.dumps({**r, "text": f"{r['text']} {r['id']}"}) + "\n" for r in rows[40:]))
+    grown = fit(options(tmp_path / "a.yaml", tmp_path / "cache", sample=None))
+    assert sum(states) == 10 and grown.kept == 40  # only the new rows go through the model
     result = invoke("cache", "clear", "--cache-dir", tmp_path / "cache")
     assert result.exit_code == 0 and not (tmp_path / "cache" / "states").exists()
+
+
+def test_a_state_alone_fit_feeds_no_option_token(tmp_path, tiny_model_dir, monkeypatch):
+    """A fit of heads of the states alone feeds the model the items' tokens and one candidate
+    token an answer position (no trie node): the only option tokens fed are those of the items
+    the prompt alone is measured on (here one)."""
+    from prefixcache.run.options import RunOptions
+    from prefixcache.tune import passes
+    from prefixcache.tune.fit import FitOptions, fit
+
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS2, gold="gold")
+    labelled = _toy(tmp_path, n=30)
+    built, real = [], passes.fit_scorer
+    monkeypatch.setattr(passes, "fit_scorer", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    options = FitOptions(RunOptions(spec, str(labelled), cache_dir=tmp_path / "cache"), tmp_path / "f.yaml", folds=3,
+                         prompt_sample=1)
+    result = fit(options)
+    assert result.read.scored.sum() == 1 and result.read.forwards == 31
+    assert built[0].engine.label_tokens == passes.option_tokens(built[0].task)  # one item's options: its trie
 
 
 # -- the decisions server and decide ---------------------------------------------------------------
@@ -427,5 +481,7 @@ def test_decide_answers_a_fitted_pack_with_its_head_as_run_does(tmp_path, tiny_m
     other.write_text(requests.read_text().replace("Route the ticket.", "Route it."))
     result = invoke("decide", other, "-o", tmp_path / "o.jsonl", "-m", tiny_model_dir, "--head",
                     tmp_path / "fitted.head.safetensors", "-q")
-    assert result.exit_code == 0 and all("x_readout" not in line["response"]["body"]["answers"]["team"]
-                                         for line in json_lines(tmp_path / "o.jsonl"))
+    assert result.exit_code == 0
+    for line in json_lines(tmp_path / "o.jsonl"):  # answered by the prompt, saying why
+        team = line["response"]["body"]["answers"]["team"]
+        assert team["x_readout"] == "prompt" and "was fitted with another prompt prefix" in team["x_readout_why"]

@@ -31,7 +31,7 @@ def fitted(tmp_path_factory, tiny_model_dir):
     out = tmp / "fitted.yaml"
     result = invoke("fit", spec, labelled, "-o", out, "--folds", "3", "-q", "--features", "state")
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp / "fitted.fit.json").read_text())["questions"][0]["chosen"]["features"] == "state"
+    assert "logprobs" not in json.loads((tmp / "fitted.fit.json").read_text())["questions"][0]["chosen"]["features"]
     return out, labelled
 
 
@@ -51,12 +51,13 @@ def test_no_option_token_goes_through_the_model(fitted):
 
     out, labelled = fitted
     texts = [json.loads(line) for line in labelled.read_text().splitlines()]
-    alone = Classifier(out, progress=False)
-    list(alone.classify(texts))
-    scored = Classifier(out, progress=False, prompt_scores=True)
-    list(scored.classify(texts))
-    assert alone.scorer.head_only and not scored.scorer.head_only
-    assert alone.scorer.engine.label_tokens == 0 < scored.scorer.engine.label_tokens
+    fed = []
+    for prompt_scores in (False, True):
+        clf = Classifier(out, progress=False, prompt_scores=prompt_scores)
+        before = clf.scorer.engine.label_tokens  # a model loaded once is shared by the classifiers of it
+        list(clf.classify(texts))
+        fed.append((clf.scorer.head_only, clf.scorer.engine.label_tokens - before))
+    assert fed[0] == (True, 0) and not fed[1][0] and fed[1][1] > 0
 
 
 def test_a_head_only_csv_output_resumes_to_the_uninterrupted_records(fitted, tmp_path):
@@ -80,10 +81,10 @@ def test_a_head_reading_the_options_scores_keeps_them(tmp_path, tiny_model_dir):
     spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS, gold="gold")
     labelled = _labelled(tmp_path / "labelled.jsonl", 24)
     out = tmp_path / "fitted.yaml"
-    assert invoke("fit", spec, labelled, "-o", out, "--folds", "3", "-q").exit_code == 0
+    assert invoke("fit", spec, labelled, "-o", out, "--folds", "3", "-q", "--features", "auto").exit_code == 0
     chosen = json.loads((tmp_path / "fitted.fit.json").read_text())["questions"][0]["chosen"]["features"]
     clf = Classifier(out, progress=False)
-    assert clf.scorer.head_only == (chosen == "state")  # auto may choose either; the scorer follows the head
+    assert clf.scorer.head_only == ("logprobs" not in chosen)  # auto may choose either; the scorer follows the head
     assert clf.spec.head_alone() == clf.scorer.head_only == clf.batching.head_alone  # the batches follow it too
 
 
@@ -123,3 +124,42 @@ def test_a_head_alone_batches_by_the_tokens_it_feeds(fitted):
     assert clf.batching.head_alone and clf.batching.cost(prep) == prep.own_tokens + 1
     scored = Classifier(out, progress=False, prompt_scores=True)
     assert not scored.batching.head_alone and scored.batching.cost(prep) > prep.own_tokens + 1
+
+
+def test_decide_and_the_server_answer_a_head_alone_pack_without_scoring_an_option(tmp_path, tiny_model_dir):
+    """A pack whose every question has a head of the state alone: the decider (what `serve --head`
+    and `decide --head` run) feeds no option token, and both wire formats are answered by the
+    head (the Decisions route names its questions by their names)."""
+    from prefixcache.scoring.options import ScoringOptions
+    from prefixcache.serve import decisions
+    from prefixcache.serve.decider import Ask, Decider
+    from prefixcache.task.head import load_head
+
+    pack = {"team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "technical": None},
+                     "gold": "gold"}}
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), system="Route the ticket.", template="{state}", questions=pack)
+    rows = [json.loads(line) for line in _labelled(tmp_path / "rows.jsonl", 24).read_text().splitlines()]
+    labelled = tmp_path / "states.jsonl"
+    labelled.write_text("".join(json.dumps({"id": r["id"], "state": r["text"], "gold": r["gold"]}) + "\n" for r in rows))
+    result = invoke("fit", spec, labelled, "-o", tmp_path / "fitted.yaml", "--folds", "3", "-q")
+    assert result.exit_code == 0, result.output
+    run = {r["id"]: r for r in json_lines_of(invoke("run", tmp_path / "fitted.yaml", labelled, "-q").stdout)}
+    head = load_head(str(tmp_path / "fitted.head.safetensors"), tmp_path / "fitted.yaml")
+    decider = Decider(str(tiny_model_dir), ScoringOptions.from_environment(device="cpu", dtype="float32"), heads=[head])
+    asked = {"team": {k: v for k, v in pack["team"].items() if k != "gold"}}
+    system_one = decider.decide([Ask("Route the ticket.", r["text"], asked) for r in rows[:6]])
+    body = {"model": "local", "input": [{"role": "system", "content": "Route the ticket."},
+                                         {"role": "user", "content": rows[0]["text"]}],
+            "questions": [{"type": "choice", "name": "team", "instructions": "Which team?",
+                           "choices": [{"value": "billing"}, {"value": "technical"}]}]}
+    ask, questions = decisions.parse(body)
+    openai = decisions.answer(decider.decide([ask])[0], questions, "local")["answers"][0]
+    stem = decider.ready([ask])[0].prep.skips[0]  # the question's text: read (the answer follows it), never scored
+    assert decider.engine.label_tokens == 7 * stem  # and no option token went through the model
+    for r, got in zip(rows, system_one):
+        team = got.answers["team"]
+        assert team["x_readout"] == "head" and team["choice"] == run[r["id"]]["answers"]["team"]["choice"]
+        for option, p in run[r["id"]]["answers"]["team"]["probabilities"].items():
+            assert team["probabilities"][option] == pytest.approx(p, abs=1e-5)
+    assert openai["name"] == "team" and openai["choice"] == system_one[0].answers["team"]["choice"]
+    assert openai["confidence"] == pytest.approx(system_one[0].answers["team"]["confidence"], abs=1e-6)

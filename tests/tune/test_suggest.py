@@ -93,7 +93,7 @@ def test_fit_on_the_grown_file_measures_the_new_labels_on_the_same_folds(fitted,
     assert grown.exit_code == 0, grown.output
     since = json.loads((tmp_path / "fitted.fit.json").read_text())["questions"][0]["since_last_fit"]
     assert since["items"] == 12 and since["gain"]["low"] <= since["gain"]["value"] <= since["gain"]["high"]
-    assert "since the last fit (12 of these items, the same folds)" in grown.stdout
+    assert "since the last fit (12 of these items, the same folds)" in grown.stderr
 
 
 def test_fit_reads_several_labelled_files_as_one_and_refuses_an_id_in_two(fitted, tmp_path):
