@@ -92,7 +92,7 @@ FIT_FEATURES_OPT = typer.Option("state", "--features", help=(
 FitFeatures = str
 PROMPT_SAMPLE_OPT = typer.Option(None, "--prompt-sample", min=1, help=(
     "How many labelled items (drawn at random) have their options scored to measure the prompt alone beside the "
-    "head. Default: as many as cost about what reading the states costs, at least 30."), show_default=False)
+    "head. Default: as many as cost about what reading the states costs, at least 20."), show_default=False)
 POOL_ARG = typer.Argument(..., metavar="POOL", help="Unlabelled items to choose from: a .jsonl, .csv, .tsv, .json or .parquet file.", show_default=False)
 SUGGEST_N_OPT = typer.Option(50, "-n", "--count", min=1, help="How many items to suggest.")
 SUGGESTED_OPT = typer.Option(..., "--output", "-o", help="The items to label: .csv, else JSON lines (id, the template's fields, the gold column holding the head's guess to correct, its probability and margin).", show_default=False)

@@ -33,6 +33,9 @@ NOISE = 2.0  # standard errors by which a feature set that needs the options sco
 INNER_FOLDS = 3
 CURVE = (1, 2, 4, 8, 16, 32)  # labelled items a class in the learning curve
 ABSENT = -30.0  # the logit of an option no fitted item had: never answered
+# Newton steps with conjugate gradients: on 141 items of 106 intents (a C path of three), 0.14 s
+# where L-BFGS took 1.5 s (its iterations are many on nearly separable data); the same optimum.
+SOLVER = "newton-cg"
 
 
 @dataclass
@@ -170,6 +173,22 @@ def _standardised(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.where(scale > 1e-6, scale, 1.0)
 
 
+def row_space(z: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Standardised features [N, D] in the span of their rows, [N, r] and the basis [r, D] (None:
+    no wider than they are, kept as they are). With more features than items (a wide state, few
+    labels), an L2-penalised logistic regression's weights lie in that span (a part outside it
+    changes no prediction and only adds to the penalty), so fitting in it gives the same readout
+    (weights = basis.T @ w) at a fraction of the cost."""
+    n, d = z.shape
+    if d <= n:
+        return z, None
+    u, s, vt = np.linalg.svd(z, full_matrices=False)  # z = u diag(s) vt: [N, N], [N], [N, D]
+    r = int((s > s[0] * 1e-10).sum()) if len(s) and s[0] > 0 else 0
+    if r == 0:
+        return z[:, :0], np.zeros((0, d))
+    return u[:, :r] * s[:r], vt[:r]
+
+
 def fit_multiclass(x: np.ndarray, y: np.ndarray, k: int, cs: Sequence[float]) -> list[tuple[np.ndarray, ...]]:
     """Standardised multinomial logistic regressions over `k` options, one per C in `cs` (in
     order, each started from the one before: the regularisation path costs little more than its
@@ -178,15 +197,15 @@ def fit_multiclass(x: np.ndarray, y: np.ndarray, k: int, cs: Sequence[float]) ->
     from sklearn.linear_model import LogisticRegression
 
     mean, scale = _standardised(x)
-    z = (x - mean) / scale
+    z, basis = row_space((x - mean) / scale)
     present = np.unique(y)
     out = []
-    model = LogisticRegression(max_iter=500, warm_start=True)
+    model = LogisticRegression(max_iter=500, warm_start=True, solver=SOLVER)
     for c in cs:
-        coef, intercept = np.zeros((k, x.shape[1])), np.full(k, ABSENT)
-        if len(present) == 1:
-            intercept[present[0]] = 0.0
-            out.append((mean, scale, coef, intercept))
+        coef, intercept = np.zeros((k, z.shape[1])), np.full(k, ABSENT)
+        if len(present) == 1 or z.shape[1] == 0:
+            intercept[present] = 0.0 if len(present) == 1 else np.log(np.bincount(y)[present] / len(y))
+            out.append((mean, scale, coef if basis is None else coef @ basis, intercept))
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # convergence warnings: the result is used as it is, and judged held out
@@ -196,7 +215,7 @@ def fit_multiclass(x: np.ndarray, y: np.ndarray, k: int, cs: Sequence[float]) ->
             intercept[present[0]], intercept[present[1]] = -model.intercept_[0] / 2, model.intercept_[0] / 2
         else:
             coef[present], intercept[present] = model.coef_, model.intercept_
-        out.append((mean, scale, coef, intercept))
+        out.append((mean, scale, coef if basis is None else coef @ basis, intercept))  # [K, D]
     return out
 
 
@@ -209,13 +228,16 @@ def fit_binary(x: np.ndarray, y: np.ndarray, cs: Sequence[float]) -> list[tuple[
     mean, scale = _standardised(x)
     if y.all() or not y.any():
         return [(mean, scale, np.zeros(x.shape[1]), np.float64(-ABSENT if y.all() else ABSENT))] * len(cs)
-    z, out = (x - mean) / scale, []
-    model = LogisticRegression(max_iter=500, warm_start=True)
+    (z, basis), out = row_space((x - mean) / scale), []
+    if z.shape[1] == 0:  # every item the same: the rate alone
+        return [(mean, scale, np.zeros(x.shape[1]), np.float64(np.log(y.mean() / (1 - y.mean()))))] * len(cs)
+    model = LogisticRegression(max_iter=500, warm_start=True, solver=SOLVER)
     for c in cs:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model.set_params(C=c).fit(z, y)
-        out.append((mean, scale, model.coef_[0].copy(), np.float64(model.intercept_[0])))
+        coef = model.coef_[0] if basis is None else model.coef_[0] @ basis  # [D]
+        out.append((mean, scale, coef.copy(), np.float64(model.intercept_[0])))
     return out
 
 

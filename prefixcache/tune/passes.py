@@ -197,7 +197,7 @@ def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Quest
     return out
 
 
-PROMPT_MIN = 30  # items the prompt alone is measured on at least (all, where there are fewer)
+PROMPT_MIN = 20  # items the prompt alone is measured on at least (all, where there are fewer)
 
 
 def option_tokens(task: Task) -> int:

@@ -97,13 +97,13 @@ def test_a_questions_states_are_read_where_its_options_start(chat_tokenizer, tmp
 # -- the head file's arithmetic -------------------------------------------------------------------
 def test_a_head_gives_the_probabilities_of_the_regression_it_stores():
     from sklearn.linear_model import LogisticRegression
-    from prefixcache.tune.heads import fit_multiclass
+    from prefixcache.tune.heads import SOLVER, fit_multiclass
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(60, 8)), rng.integers(0, 3, 60)
     mean, scale, coef, b = fit_multiclass(x, y, 3, [0.5])[0]
     r = Readout("q", ("a", "b", "c"), False, "state", mean[None], scale[None], coef, b)
-    want = LogisticRegression(C=0.5, max_iter=500).fit((x - mean) / scale, y).predict_proba((x[:5] - mean) / scale)
+    want = LogisticRegression(C=0.5, max_iter=500, solver=SOLVER).fit((x - mean) / scale, y).predict_proba((x[:5] - mean) / scale)
     for row, w in zip(x[:5], want):
         assert np.allclose(r.probs({'state': row[None]}, [0.0] * 3), w, atol=1e-6)
 
@@ -346,6 +346,36 @@ def test_a_head_round_trips_through_its_file(tmp_path):
     assert back.probs({'state': states}, [-0.1, -2.0]) == pytest.approx(r.probs({'state': states}, [-0.1, -2.0]), abs=1e-6)
 
 
+def test_a_head_of_several_views_round_trips_and_is_refused_where_they_cannot_be_read(tmp_path):
+    from prefixcache.task.features import Features
+
+    rng = np.random.default_rng(2)
+    r = Readout("label", ("a", "b", "c"), False, "state@2+mean@2", rng.normal(size=(1, 8)), np.ones((1, 8)),
+                rng.normal(size=(3, 8)), rng.normal(size=3))
+    fp = {"model": "m", "prefix": "p", "template": "t", "questions": "q"}
+    path = tmp_path / "h.safetensors"
+    path.write_bytes(head_bytes([r], fp, "final", {}))
+    os.chmod(path, 0o644)
+    head = load_head(str(path), tmp_path / "spec.yaml")
+    views = {"state@2": rng.normal(size=(1, 4)), "mean@2": rng.normal(size=(1, 4))}
+    assert head.readouts[0].probs(views, None) == pytest.approx(r.probs(views, None), abs=1e-6)
+    assert head.views == ("mean@2", "state@2") and head.readouts[0].hidden == 4
+    head.check_width(4, 3)
+    with pytest.raises(SpecError, match="reads layer 2, and the model has 1"):
+        head.check_width(4, 1)
+    with pytest.raises(SpecError, match="this engine gives the final state at the answer position alone"):
+        head.check_width(4, 0)  # the llama.cpp engine
+    for bad in ("state+state", "states", "mean@0", "logprobs", "state+logprobs+mean", ""):
+        with pytest.raises(ValueError):
+            Features.parse(bad)
+    assert Features.parse("state@15+mean@15+logprobs").layers == (15,)
+    bad_width = Readout("label", ("a", "b", "c"), False, "state+mean", rng.normal(size=(1, 7)), np.ones((1, 7)),
+                        rng.normal(size=(3, 7)), rng.normal(size=3))  # 7 columns cannot be two views
+    path.write_bytes(head_bytes([bad_width], fp, "final", {}))
+    with pytest.raises(SpecError, match="its width 7 is not that of state\\+mean"):
+        load_head(str(path), tmp_path / "spec.yaml")
+
+
 # -- what fit refuses ------------------------------------------------------------------------------
 def test_fit_refuses_multiple_choice_and_a_spec_without_gold(tmp_path, tiny_model_dir):
     labelled = _toy(tmp_path)
@@ -485,3 +515,24 @@ def test_decide_answers_a_fitted_pack_with_its_head_as_run_does(tmp_path, tiny_m
     for line in json_lines(tmp_path / "o.jsonl"):  # answered by the prompt, saying why
         team = line["response"]["body"]["answers"]["team"]
         assert team["x_readout"] == "prompt" and "was fitted with another prompt prefix" in team["x_readout_why"]
+
+
+@pytest.mark.parametrize("binary", (False, True))
+def test_a_readout_wider_than_its_items_is_the_regression_on_every_feature(binary):
+    """Fitted in the span of the items' features (more features than items), a readout's weights
+    and probabilities are those of the same regression fitted on every feature."""
+    from sklearn.linear_model import LogisticRegression
+
+    from prefixcache.tune.heads import fit_binary, fit_multiclass
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(24, 200)) * rng.uniform(0.5, 3, size=200)  # 24 items, 200 features
+    y = (x[:, 0] + x[:, 1] > 0).astype(int) if binary else np.arange(24) % 3
+    mean, scale, coef, intercept = (fit_binary(x, y.astype(bool), [0.5]) if binary else fit_multiclass(x, y, 3, [0.5]))[0]
+    z = (x - mean) / scale
+    plain = LogisticRegression(C=0.5, max_iter=5000, tol=1e-10).fit(z, y)
+    want = plain.predict_proba(z)
+    logits = z @ (coef[:, None] if binary else coef.T) + intercept
+    got = np.concatenate([1 - 1 / (1 + np.exp(-logits)), 1 / (1 + np.exp(-logits))], axis=1) if binary else \
+        np.exp(logits - logits.max(1, keepdims=True)) / np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)
+    assert np.abs(got - want).max() < 1e-3
