@@ -170,6 +170,22 @@ def _check_text(record: Mapping[str, Any], name: str, lineno: int) -> None:
         raise InputError(f"{name}:{lineno}: JSON nested too deeply")
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet may run as a formula
+
+
+def spreadsheet_safe(cell: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula (it starts with =, +, -, @, a tab or a
+    carriage return), shown as text instead: a leading apostrophe, as OWASP's CSV-injection
+    guidance says. Numbers and other cells as they are. `unescaped` reads it back."""
+    return "'" + cell if isinstance(cell, str) and cell.startswith(FORMULA_STARTS) else cell
+
+
+def unescaped(cell: str) -> str:
+    """A CSV cell as `spreadsheet_safe` wrote it, read back: the apostrophe before a formula's
+    first character dropped (every CSV input is read so)."""
+    return cell[1:] if cell[:1] == "'" and cell[1:].startswith(FORMULA_STARTS) else cell
+
+
 def _csv_records(stream: IO[bytes], name: str, delimiter: str = ",", encoding: str | None = None
                  ) -> Iterator[tuple[int, Mapping[str, Any]]]:
     text = _text_lines(stream, name, encoding)
@@ -192,7 +208,7 @@ def _csv_records(stream: IO[bytes], name: str, delimiter: str = ",", encoding: s
             if len(row) != len(header):
                 raise InputError(f"{name}:{start}: expected {len(header)} columns, found {len(row)}"
                                  f"{_delimiter_hint(header, delimiter)}")
-            yield start, dict(zip(header, row))
+            yield start, {k: unescaped(v) for k, v in zip(header, row)}
             start = reader.line_num + 1
     except UnicodeDecodeError:
         raise InputError(f"{name}:{reader.line_num + 1}: not valid {encoding or 'UTF-8'} (see --encoding)")

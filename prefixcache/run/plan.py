@@ -131,9 +131,11 @@ def make_plan(options: RunOptions) -> Plan:
     for what, report in (("--metrics", options.metrics), ("--summary-md", options.summary_md), ("--junit", options.junit),
                          ("--review", options.review)):
         check_report(report, what)
+    _review_overwrites(options)
     check_distinct({"--metrics": options.metrics, "--summary-md": options.summary_md, "--junit": options.junit,
                     "--review": options.review, "-o": options.output},
-                   {"the input": None if stream else options.items, "the spec": options.spec}, outputs=("-o",))
+                   {"the input": None if stream else options.items, "the spec": options.spec,
+                    "the spec's head": spec.head.path if spec.head is not None else None}, outputs=("-o",))
     path = part_path(options.output, *part) if launched else options.output
     if launched:
         check_output(path, options.resume or options.update, options.overwrite, out_fmt)
@@ -176,6 +178,15 @@ def _keep(options: RunOptions, spec: TaskSpec, fields: dict[str, None], out_fmt:
             raise UsageError(f"--keep {name}: no item has this field; the items' fields are "
                              f"{', '.join(map(repr, fields))}")
     return tuple(names)
+
+
+def _review_overwrites(options: RunOptions) -> None:
+    """--review replaces a file that exists only with --overwrite, or when continuing an output
+    (--resume, --update: the earlier run's review is written again, whole): a labelled file named
+    by mistake is never lost."""
+    review = options.review
+    if review is not None and review.exists() and not (options.overwrite or options.resume or options.update):
+        raise OutputError(f"--review {review}: already exists; use --overwrite to replace it")
 
 
 def _review_possible(options: RunOptions, stream: bool, part: object) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .. import safefile
-from ..data.items import Item
+from ..data.items import Item, spreadsheet_safe
 from ..data.records import Record, id_text
 from ..task.spec import TaskSpec
 
@@ -68,7 +68,9 @@ def review_rows(spec: TaskSpec, items: Iterable[Item], records: Mapping[str, Rec
 
 
 def write_review(path: Path, rows: list[dict[str, Any]], what: str = "the review file") -> None:
-    """The rows as CSV (a .csv file: every column any row has, in first-seen order) or JSONL."""
+    """The rows as CSV (a .csv file: every column any row has, in first-seen order; a text that a
+    spreadsheet would run as a formula written with a leading apostrophe, which every CSV input
+    reads back without it) or JSONL."""
     if path.suffix.lower() == ".csv":
         columns: dict[str, None] = {}
         for row in rows:
@@ -76,7 +78,7 @@ def write_review(path: Path, rows: list[dict[str, Any]], what: str = "the review
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=list(columns) or ["id"], lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: spreadsheet_safe(v) for k, v in row.items()} for row in rows)
         body = text.getvalue()
     else:
         body = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)

@@ -4,6 +4,8 @@
   (`Prepared`), and into batches that never depend on timing;
 - scorer.py: `Scorer`: the engine and the prefilled prefix of one task; scores batches, reuses
   duplicates' scores, and decides (normalisation, calibration, PMI) through task/decision.py;
+- reading.py: `Reading`: what a scorer's fitted head reads of each forward (views, answer
+  positions, the engine's probe) and whether it answers alone, fixed when the scorer is built;
 - exact.py: `CheckedScorer` (--exact): a low-precision scorer whose close calls are scored again
   in float32;
 - pruning.py: pruned label scoring, the argmax of many labels at the cost of a few, exactly;

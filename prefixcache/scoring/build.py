@@ -63,10 +63,8 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
         scorer = CheckedScorer.pair(task, options.cache_dir, options.device, options.dtype, store)
     else:
         scorer = Scorer.load(task, options.cache_dir, options.device, options.dtype, store,
-                             backend=options.backend, threads=options.threads)
+                             backend=options.backend, threads=options.threads, prompt_scores=options.prompt_scores)
     scorer.prune(options.prune, options.exact)
-    if isinstance(scorer, Scorer):
-        scorer.answer_by_head(options.prompt_scores)
     return scorer
 
 
@@ -81,9 +79,9 @@ def build_on(task: Task, engine: Engine, options: ScoringOptions, prefix: Prefix
     variants, `Classifier`'s zero-shot label sets, the server's question packs), its prefix as
     `build_scorer` gets it, or `prefix` when the caller holds it already (prefilled for this
     task's prefix ids)."""
-    scorer = Scorer(task, engine, prefix) if prefix is not None else Scorer.on(task, engine, prefix_store(options))
+    scorer = Scorer(task, engine, prefix, prompt_scores=options.prompt_scores) if prefix is not None else \
+        Scorer.on(task, engine, prefix_store(options), prompt_scores=options.prompt_scores)
     scorer.prune(options.prune, options.exact)
-    scorer.answer_by_head(options.prompt_scores)
     return scorer
 
 

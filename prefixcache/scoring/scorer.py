@@ -29,12 +29,13 @@ from ..model.memory import GB, Footprint, available, float32_bytes, footprint, l
 from ..model.protocol import ScoringEngine
 from ..errors import ModelError, PrefixTooLong
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
-from ..model.rows import Candidate, Probe, Row, trie
+from ..model.rows import Candidate, Row, trie
 from ..data.items import Item
 from ..task.decision import Bounded, Groups, linear_keys, mean_distribution
 from ..model.store import PrefixStore, prefix_key
-from ..task.features import Features, layer_of, views_of
+from ..task.features import Features, views_of
 from ..task.head import decided_by
+from .reading import Reading, alone_row, probe_of
 from ..task.questions import Answers
 from ..task.spec import PRUNING, TaskSpec
 from .prepare import Batching, Prepared, Task
@@ -178,7 +179,8 @@ class Scorer:
     """
 
     def __init__(self, task: Task, engine: Engine, prefix: Prefix, prefix_source: str = "computed",
-                 load_seconds: float = 0.0, says_precision: bool = False, unconditional: ScoreCache | None = None):
+                 load_seconds: float = 0.0, says_precision: bool = False, unconditional: ScoreCache | None = None,
+                 prompt_scores: bool = False):
         self.task, self.engine, self.prefix = task, engine, prefix
         self.prefix_source, self.load_seconds = prefix_source, load_seconds
         self.device = str(engine.device)
@@ -194,28 +196,34 @@ class Scorer:
             self.prior = self._priors()
         self._contests: list[Contest] | None = None  # set by `prune`: what score_pruned races
         self.says_pruned = False  # records name the labels left at their bound (`prune`)
-        self.head = task.spec.head  # a fitted readout: decides from the states scoring computes
-        self._readouts = [self.head.readout_for(q.id) for q in task.questions] if self.head else []
+        self.reading = Reading.of(task, engine, prompt_scores)  # what its head reads, and whether it answers alone
+        self.head = self.reading.head
         self._states = ScoreCache()  # by prompt: per question read by the head, its answer states
-        self.head_only = False  # the head answers alone: no option scored (`answer_by_head`)
-        self.views = self.head.views if self.head is not None else ("state",)  # what its head reads
-        if self.head is not None:
-            self.head.check_width(engine.hidden_size, engine.layers)
+
+    @property
+    def head_only(self) -> bool:
+        """The head answers alone: no option is scored (scoring/reading.py)."""
+        return self.reading.alone
+
+    @property
+    def views(self) -> tuple[str, ...]:
+        return self.reading.views
 
     @classmethod
     def load(cls, task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto",
              store: PrefixStore | None = None, says_precision: bool = False, backend: str | None = None,
-             threads: int | None = None) -> "Scorer":
+             threads: int | None = None, prompt_scores: bool = False) -> "Scorer":
         """Load the task's model and get the prefilled prefix: from `store` when it has it, else by
         prefilling (and then keeping it there). `says_precision`: records name the precision that
-        scored them. `backend`, `threads`: as `load_engine`."""
+        scored them. `backend`, `threads`: as `load_engine`. `prompt_scores`: a head that could
+        answer alone has the options scored too (scoring/reading.py)."""
         start = time.perf_counter()
         engine = load_engine(task, cache_dir, device, dtype, backend, threads)
-        return cls.on(task, engine, store, time.perf_counter() - start, says_precision)
+        return cls.on(task, engine, store, time.perf_counter() - start, says_precision, prompt_scores)
 
     @classmethod
     def on(cls, task: Task, engine: Engine, store: PrefixStore | None = None, load_seconds: float = 0.0,
-           says_precision: bool = False) -> "Scorer":
+           says_precision: bool = False, prompt_scores: bool = False) -> "Scorer":
         """A scorer on a model already loaded, its prefix from `store` when it has it, else
         prefilled (and then kept there)."""
         ids = task.builder.prefix_ids
@@ -225,7 +233,7 @@ class Scorer:
                 f"model's context of {engine.max_positions}; shorten the system text or the examples"
             )
         prefix, source = _prefix(task, engine, store)
-        return cls(task, engine, prefix, source, load_seconds, says_precision)
+        return cls(task, engine, prefix, source, load_seconds, says_precision, prompt_scores=prompt_scores)
 
     @classmethod
     def start(cls, task: Task, engine: Engine) -> "Scorer":
@@ -239,7 +247,8 @@ class Scorer:
         task = self.task.with_spec(spec)
         if task.builder.prefix_ids != self.task.builder.prefix_ids:
             raise ValueError("under(): the spec's prompt differs from this scorer's")
-        return Scorer(task, self.engine, self.prefix, self.prefix_source, unconditional=self._unconditional)
+        return Scorer(task, self.engine, self.prefix, self.prefix_source, unconditional=self._unconditional,
+                      prompt_scores=self.reading.prompt_scores)
 
     @property
     def context(self) -> int | None:
@@ -286,59 +295,21 @@ class Scorer:
                 self._states.put(key, found)
         return Scores([self._scores.get(p.key) for p in preps], list(todo.values()))
 
-    def answer_by_head(self, prompt_scores: bool = False) -> bool:
-        """Whether the head answers alone (`head_only`): every question asked is read by a head of
-        the state alone and `prompt_scores` was not asked. Then no option is scored: each item's
-        tokens go through the model with, per answer position, one candidate of one token (its
-        first, whose logits row is the only one computed), and records carry no log-probabilities."""
-        self.head_only = self.task.spec.head_alone(prompt_scores)  # the rule `run`'s plan forms its batches by
-        needs = [q.id for q, r in zip(self.task.questions, self._readouts) if r is None or r.reads.logprobs]
-        if self.head is not None and not prompt_scores and needs:
-            log.info("the options are scored: the prompt answers, or its scores feed the head, for %s",
-                     ", ".join(repr(q) for q in needs))
-        return self.head_only
-
     def states_alone(self, preps: Sequence[Prepared], reads: Sequence[bool | None] | None = None,
                      views: Sequence[str] | None = None) -> list[list[dict[str, np.ndarray]]]:
         """The views the head reads (or those `reads` and `views` ask for, as `score_reading`
         takes them), per item and question, from a forward of the item's tokens and, per answer
         position, the candidate's context (a question's text) and its first token."""
         reads, views = self.reads if reads is None else reads, self.views if views is None else tuple(views)
-        rows, wanted = zip(*[self.alone_row(p, reads) for p in preps]) if preps else ((), ())
+        rows, wanted = zip(*[alone_row(self.task, p, reads) for p in preps]) if preps else ((), ())
         _, states = self.engine.score_with_states(self.prefix, rows, wanted, probe_of(views))
-        return [self.split_states(p, reads, found, views) for p, found in zip(preps, states)]
-
-    def alone_row(self, prep: Prepared, reads: Sequence[bool | None]) -> tuple[Row, list[int]]:
-        """The row a head alone feeds for `prep` (its tokens and, per answer position `reads`
-        asks for, the candidate's context and first token: no option scored), and its wanted
-        candidates (every one)."""
-        positions = self.task.answer_positions(prep, reads)
-        cands = list(prep.candidates.values())
-        skips = [prep.skips[i] if prep.skips else 0 for i in positions]
-        row = Row(prep.row.ids, prep.row.prefix_len, [cands[i][:s + 1] for i, s in zip(positions, skips)],
-                  skips if prep.skips else ())
-        return row, list(range(len(positions)))
+        return [self.reading.split(p, found, reads, views) for p, found in zip(preps, states)]
 
     @property
     def reads(self) -> list[bool | None]:
         """Per question asked, what its head reads: None (no head), False (the state where its
         options start), True (each option judged yes/no: the state where each one's is scored)."""
-        return self.head.reads(self.task.questions) if self.head else [None] * len(self.task.questions)
-
-    def split_states(self, prep: Prepared, reads: Sequence[bool | None], found: np.ndarray,
-                     views: Sequence[str] | None = None) -> list[dict[str, np.ndarray]]:
-        """The states read at `Task.answer_positions` (as the engine gives them for `views`), per
-        question read: each view [1, H], or [K, H] where it reads each option's yes/no (a mean over
-        the item's tokens is the same for each)."""
-        named = _named(found, tuple(views or self.views))
-        parts, at = [], 0
-        for r, (a, b) in zip(reads, prep.parts):
-            if r is not None:
-                n = b - a if r else 1
-                parts.append({v: np.repeat(x, n, axis=0) if v.startswith("mean") else x[at: at + n]
-                              for v, x in named.items()})
-                at += n
-        return parts
+        return list(self.reading.reads)
 
     def score_reading(self, preps: Sequence[Prepared], reads: Sequence[bool | None],
                       views: Sequence[str] | None = None
@@ -351,7 +322,7 @@ class Scorer:
         wanted = [self.task.answer_positions(p, reads) for p in preps]
         values, states = self.engine.score_with_states(self.prefix, [p.row for p in preps], wanted, probe_of(views))
         return ([p.groups.combine(v) for p, v in zip(preps, values)],
-                [self.split_states(p, reads, found, views) for p, found in zip(preps, states)])
+                [self.reading.split(p, found, reads, views) for p, found in zip(preps, states)])
 
     def prune(self, mode: str = "auto", exact: bool = False) -> bool:
         """Pruned label scoring, as `TaskSpec.prunes` says for `mode` ("auto", "on", "exact",
@@ -454,13 +425,13 @@ class Scorer:
         """`decide`, the head reading `states` (per question it reads, as `score_reading` gives them)."""
         if logprobs is None:  # the head answered alone: no option was scored
             asked, read = self.task.asked(prep), iter(states)
-            decisions = tuple(decided_by(r, q, next(read), None) for q, r in zip(asked, self._readouts))
+            decisions = tuple(decided_by(r, q, next(read), None) for q, r in zip(asked, self.reading.readouts))
             return Answers(tuple(asked), decisions, tuple(None for _ in asked))
         answers = self._answers(prep, logprobs, self.prior)
         if self.head is None:
             return answers
         decisions, states = list(answers.decisions), iter(states)
-        for i, (q, r) in enumerate(zip(answers.questions, self._readouts)):
+        for i, (q, r) in enumerate(zip(answers.questions, self.reading.readouts)):
             if r is not None:
                 decisions[i] = decided_by(r, q, next(states), answers.logprobs[i])
         return Answers(answers.questions, tuple(decisions), answers.logprobs)
@@ -519,8 +490,7 @@ def decide_together(asked: Sequence[tuple[Scorer, Prepared]]) -> list[Answers]:
         rows, wanted = [], []
         for i in members:
             scorer, prep = asked[i]
-            row, want = scorer.alone_row(prep, scorer.reads) if scorer.head_only else (
-                prep.row, scorer.task.answer_positions(prep, scorer.reads))
+            row, want = scorer.reading.row(scorer.task, prep)
             rows.append(row)
             wanted.append(want)
         views = views_of([Features(asked[i][0].views) for i in members])
@@ -530,29 +500,9 @@ def decide_together(asked: Sequence[tuple[Scorer, Prepared]]) -> list[Answers]:
             scores, states = first.engine.score(first.prefix, rows), [None] * len(members)
         for i, lps, found in zip(members, scores, states):
             scorer, prep = asked[i]
-            read = scorer.split_states(prep, scorer.reads, found, views) if found is not None else []
+            read = scorer.reading.split(prep, found, views=views) if found is not None else []
             out[i] = scorer.decide_read(prep, None if scorer.head_only else prep.groups.combine(lps), read)
     return out  # type: ignore[return-value]
-
-
-def probe_of(views: Sequence[str]) -> Probe | None:
-    """What the engine reads for `views` (task/features.py); None: the final state alone."""
-    if tuple(views) == ("state",):
-        return None
-    return Probe(Features(tuple(views)).layers, any(v.startswith("mean") for v in views))
-
-
-def _named(found: np.ndarray, views: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The engine's states for a row as views: each answer position's [n, H], a mean [1, H]."""
-    probe = probe_of(views)
-    if probe is None:
-        return {"state": found}
-    n = found.shape[0] - (1 if probe.mean else 0)
-    out = {}
-    for v in views:
-        at = probe.layers.index(layer_of(v))
-        out[v] = found[n:, at] if v.startswith("mean") else found[:n, at]
-    return out
 
 
 def _combined(groups: Groups, scores: Sequence[float]) -> list[float]:

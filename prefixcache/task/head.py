@@ -191,16 +191,36 @@ def load_head(value: Any, spec_path: Path) -> Head:
     if not path.is_absolute():
         path = spec_path.parent / path
     where = f"{spec_path}: head {value!r}"
+    return _parse(_read_checked(path, where), where, str(path))
+
+
+def _read_checked(path: Path, where: str) -> bytes:
+    """The head file's bytes, checked and read through one open file: what is checked (a
+    regular file of a head's size, the user's own and written by no one else) is what is read,
+    however the path's folders and links change meanwhile."""
     try:
-        st = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise SpecError(f"{where}: cannot be read ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise SpecError(f"{where} is not a regular file")
-    if st.st_size > MAX_BYTES:
-        raise SpecError(f"{where} is {st.st_size} bytes, larger than any head ({MAX_BYTES}): not a head file")
-    _check_owner(st, where)
-    return _parse(path.read_bytes(), where, str(path))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(f"{where} is not a regular file")
+        if st.st_size > MAX_BYTES:
+            raise SpecError(f"{where} is {st.st_size} bytes, larger than any head ({MAX_BYTES}): not a head file")
+        _check_owner(st, where)
+        chunks, left = [], st.st_size + 1  # one byte more: a file that grew since is read to its end and judged whole
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise SpecError(f"{where}: cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
 
 
 def _check_owner(st: os.stat_result, where: str) -> None:

@@ -171,7 +171,7 @@ class TaskSpec:
 
     def head_alone(self, prompt_scores: bool = False) -> bool:
         """Whether its head answers alone (no option scored): every question has a head of the
-        state alone, and the options' scores were not asked for (`Scorer.answer_by_head`)."""
+        state alone, and the options' scores were not asked for (scoring/reading.py)."""
         head = self.head
         if head is None or prompt_scores or any(r.reads.logprobs for r in head.readouts):
             return False

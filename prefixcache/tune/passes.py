@@ -274,7 +274,7 @@ def read_pool(scorer: Scorer, items: Sequence[Item], batching: Batching,
     scores. Without a head, the state read is the first question's (where its options start)."""
     task, head = scorer.task, scorer.head is not None
     reads = scorer.reads if head else [task.questions[0].kind.judged_each] + [None] * (len(task.questions) - 1)
-    alone = not head or scorer.answer_by_head()
+    alone = not head or scorer.head_only
     batching = replace(batching, head_alone=alone)  # one token an answer: as many items a batch as a head-only run
     out = Pool([], np.empty((0, 0)), [], [], 0, 0.0)
     vectors, seconds = [], 0.0

@@ -92,7 +92,9 @@ def plan_suggest(options: SuggestOptions) -> SuggestPlan:
         raise UsageError(f"{o.spec}: suggest picks items for a head of one set of answers; with 'choices' each item "
                          f"has its own options")
     check_tuned_output(options.output, o.spec, options.overwrite)
-    check_distinct({"-o": options.output}, {"POOL": o.items, **{f"--labelled {p}": p for p in options.labelled}})
+    check_distinct({"-o": options.output}, {"POOL": o.items, "the spec": o.spec,
+                                            "the spec's head": spec.head.path if spec.head is not None else None,
+                                            **{f"--labelled {p}": p for p in options.labelled}})
     pool = labelled_items(o.items, o, [without_gold(spec)], "suggest reads its pool from a file")
     known = known_items(spec, options.labelled, o)
     fields = spec.item_fields()

@@ -104,3 +104,37 @@ def test_fit_reads_several_labelled_files_as_one_and_refuses_an_id_in_two(fitted
     assert json.loads((tmp_path / "f.fit.json").read_text())["items"] == 18
     again = invoke("fit", spec, first, _write(tmp_path / "c.jsonl", _rows(3, start=9)), "-o", tmp_path / "g.yaml")
     assert again.exit_code == 2 and "item i9 is labelled in" in again.stderr
+
+
+def test_suggest_and_review_never_write_over_the_head_the_spec_or_what_they_read(fitted, tmp_path):
+    spec, out, labelled = fitted
+    pool = _write(tmp_path / "pool.jsonl", _rows(10, start=100, gold=False))
+    head = out.with_name("fitted.head.safetensors")
+    before = head.read_bytes()
+    for target, what in ((head, "is the spec's head"), (out, "is the spec"), (pool, "is POOL"),
+                         (labelled, "is --labelled")):
+        result = invoke("suggest", out, pool, "-n", 2, "-o", target, "--overwrite", "--labelled", labelled)
+        assert result.exit_code == 2 and what in result.stderr, (target, result.stderr)
+    for target, what in ((head, "is the spec's head"), (out, "is the spec"), (pool, "is the input")):
+        result = invoke("run", out, pool, "-o", tmp_path / "o.jsonl", "--review", target, "--overwrite", "--gold", "")
+        assert result.exit_code == 2 and what in result.stderr, (target, result.stderr)
+    assert head.read_bytes() == before
+    keep = tmp_path / "my-labels.csv"  # a file of the user's: --review replaces it only with --overwrite
+    keep.write_text("id,text,gold\nx,y,billing\n")
+    result = invoke("run", out, pool, "-o", tmp_path / "o2.jsonl", "--review", keep, "--gold", "")
+    assert result.exit_code == 2 and "already exists; use --overwrite" in result.stderr
+    assert keep.read_text() == "id,text,gold\nx,y,billing\n" and not (tmp_path / "o2.jsonl").exists()
+
+
+def test_text_a_spreadsheet_would_run_is_written_as_text_and_read_back_as_it_was(fitted, tmp_path):
+    spec, out, labelled = fitted
+    hostile = ["+cmd|' /C calc'!A0", "=HYPERLINK(\"http://x\")", "-2+3", "@SUM(A1)", "\tindented", "plain text"]
+    pool = _write(tmp_path / "pool.jsonl", [{"id": f"p{k}", "text": t} for k, t in enumerate(hostile)])
+    result = invoke("suggest", out, pool, "-n", len(hostile), "-o", tmp_path / "to_label.csv")
+    assert result.exit_code == 0, result.output
+    cells = [row["text"] for row in csv.DictReader((tmp_path / "to_label.csv").open())]
+    assert sorted(cells) == sorted(("'" + t if t[0] in "=+-@\t" else t) for t in hostile)  # OWASP: a leading '
+    from prefixcache.data.items import read_items
+
+    back = [item.record["text"] for item in read_items(str(tmp_path / "to_label.csv"))]
+    assert sorted(back) == sorted(hostile)  # fit and suggest --labelled read the texts as they were
