@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import compat
-from .cache import models_dir, prefixes_dir
+from .. import safefile
+from .cache import checks_dir, models_dir, prefixes_dir
 from ..errors import ModelError, UsageError, first_line
 from .private import (SIGNED, ForeignCache, cache_secret, owned, private_folder, sign_folder, unswappable,
                       verify_folder)
@@ -85,25 +86,62 @@ def resolve_model(ref: str | None, base_dir: str | Path = ".", trust_remote_code
     return ModelSource(ref, "hub", ref, trust_remote_code, revision)
 
 
-def model_content_identity(source: ModelSource) -> str:
+def model_content_identity(source: ModelSource, cache_dir: Path | None = None) -> str:
     """What distinguishes one model's weights from another's, by content and never by where or
     when the files were written (a reinstalled model keeps it): for files and folders, per file its
-    name, size and the digest of its first and last MiB (config and tokenizer files whole); for hub
-    ids the id and revision asked for."""
+    name, size and the digest of its whole content (kept in `cache_dir`, by the file's device,
+    inode, size and modification time, so a large file is read once, not at every command); for
+    hub ids the id and revision asked for."""
     if source.kind == "hub":
         return _hub_identity(source)
     h = hashlib.sha256()
     for f in _model_files(source):
-        size = f.stat().st_size
-        h.update(f"{f.name}|{size}\n".encode())
-        with open(f, "rb") as stream:
-            if size <= 2 << 20:
-                h.update(stream.read())
-                continue
-            h.update(stream.read(1 << 20))
-            stream.seek(-(1 << 20), os.SEEK_END)
-            h.update(stream.read())
+        size, digest = file_digest(f, cache_dir)
+        h.update(f"{f.name}|{size}|{digest}\n".encode())
     return f"{source.kind}:{h.hexdigest()[:32]}"
+
+
+_DIGESTS: dict[tuple[int, int, int, int], str] = {}  # (device, inode, size, mtime) -> sha256, this process's
+
+
+def file_digest(path: Path, cache_dir: Path | None = None) -> tuple[int, str]:
+    """A file's size and the sha256 of all its bytes, read through one open file; kept by its
+    device, inode, size and modification time in this process and, with `cache_dir`, in its
+    `checks/digests` folder (the user's own, as the cache's other folders)."""
+    with open(path, "rb") as stream:
+        st = os.fstat(stream.fileno())
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in _DIGESTS:
+            return st.st_size, _DIGESTS[key]
+        memo = _digest_memo(path, key, cache_dir)
+        if memo is not None and memo.is_file():
+            kept = memo.read_text(encoding="ascii", errors="replace").strip()
+            if re.fullmatch(r"[0-9a-f]{64}", kept):
+                _DIGESTS[key] = kept
+                return st.st_size, kept
+        h = hashlib.sha256()
+        for chunk in iter(lambda: stream.read(1 << 24), b""):
+            h.update(chunk)
+    _DIGESTS[key] = h.hexdigest()
+    if memo is not None:
+        try:
+            safefile.replace(memo, _DIGESTS[key] + "\n", "a model file's digest")
+        except OSError:
+            pass  # not kept: the next command reads the file again
+    return st.st_size, _DIGESTS[key]
+
+
+def _digest_memo(path: Path, key: tuple, cache_dir: Path | None) -> Path | None:
+    if cache_dir is None or _foreign(Path(cache_dir)):
+        return None
+    folder = checks_dir(cache_dir) / "digests"
+    try:
+        private_folder(Path(cache_dir), tighten=False)
+        private_folder(checks_dir(cache_dir), tighten=False)
+        private_folder(folder)
+    except (ForeignCache, OSError):
+        return None
+    return folder / hashlib.sha256(f"{Path(path).resolve()}|{key}".encode()).hexdigest()[:32]
 
 
 def model_identity(source: ModelSource) -> str:
@@ -205,9 +243,11 @@ def converted_usable(converted: Path, source: ModelSource) -> bool:
 
 
 def forget_verified() -> None:
-    """Forget which converted folders this process verified: the next load checks them again
-    (a long-lived process that knows a folder was changed under it)."""
+    """Forget which converted folders this process verified and the model files' digests it
+    computed: the next load checks them again (a long-lived process that knows a folder was
+    changed under it)."""
     _TRUSTED.clear()
+    _DIGESTS.clear()
 
 
 def remove_stale_conversions(folder: Path, age: float = 3600) -> None:

@@ -128,14 +128,7 @@ def make_plan(options: RunOptions) -> Plan:
     keep = _keep(options, spec, fields, out_fmt, stream)
     check_output(options.output, options.resume or options.update, options.overwrite, out_fmt)
     _review_possible(options, stream, part)
-    for what, report in (("--metrics", options.metrics), ("--summary-md", options.summary_md), ("--junit", options.junit),
-                         ("--review", options.review)):
-        check_report(report, what)
-    _review_overwrites(options)
-    check_distinct({"--metrics": options.metrics, "--summary-md": options.summary_md, "--junit": options.junit,
-                    "--review": options.review, "-o": options.output},
-                   {"the input": None if stream else options.items, "the spec": options.spec,
-                    "the spec's head": spec.head.path if spec.head is not None else None}, outputs=("-o",))
+    _check_reports(options, spec, stream)
     path = part_path(options.output, *part) if launched else options.output
     if launched:
         check_output(path, options.resume or options.update, options.overwrite, out_fmt)
@@ -178,6 +171,19 @@ def _keep(options: RunOptions, spec: TaskSpec, fields: dict[str, None], out_fmt:
             raise UsageError(f"--keep {name}: no item has this field; the items' fields are "
                              f"{', '.join(map(repr, fields))}")
     return tuple(names)
+
+
+def _check_reports(options: RunOptions, spec: TaskSpec, stream: bool) -> None:
+    """Every report file writable, none of them a file the run reads or another writes, and
+    --review replacing a file only as `_review_overwrites` says."""
+    for what, report in (("--metrics", options.metrics), ("--summary-md", options.summary_md), ("--junit", options.junit),
+                         ("--review", options.review)):
+        check_report(report, what)
+    _review_overwrites(options)
+    check_distinct({"--metrics": options.metrics, "--summary-md": options.summary_md, "--junit": options.junit,
+                    "--review": options.review, "-o": options.output},
+                   {"the input": None if stream else options.items, "the spec": options.spec,
+                    "the spec's head": spec.head.path if spec.head is not None else None}, outputs=("-o",))
 
 
 def _review_overwrites(options: RunOptions) -> None:

@@ -20,7 +20,7 @@ from ..data.items import Item
 from ..model.load import ModelSource, load_tokenizer, model_content_identity, model_context, resolve_model
 from ..task.decision import Groups
 from ..task.head import fingerprint
-from ..task.kind import Question
+from ..task.kind import Question, shown
 from ..task.questions import label_kind
 from ..task.prompt import EncodedItem, PromptBuilder
 from ..model.rows import Candidate, Row, trie
@@ -186,9 +186,10 @@ class Task:
         """What a head fitted on this task is fitted on (task/head.py `fingerprint`); `model`: the
         model's `model_content_identity` when the caller has it already."""
         free = self.content_free("")
-        questions = [(q.id, q.type, q.instructions, [*q.options, *(t for said in q.said for t in said)])
-                     for q in self.questions]
-        return fingerprint(model or model_content_identity(self.source), self.builder.prefix_ids,
+        questions = [(q.id, q.type, q.instructions, [*q.options, *(t for said in q.said for t in said),
+                                                     *(shown(d) for d in q.descriptions)])
+                     for q in self.questions]  # descriptions: a typed question's text the model reads
+        return fingerprint(model or model_content_identity(self.source, self.cache_dir), self.builder.prefix_ids,
                            free.ids[free.prefix_len:], self.spec.template.text, questions)
 
     def answer_positions(self, prep: Prepared, reads: Sequence[bool | None]) -> list[int]:

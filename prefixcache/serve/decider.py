@@ -108,7 +108,7 @@ class Decider:
         self._packs: OrderedDict[str, Scorer] = OrderedDict()  # a pack's scorer: its task, calibration, prefix
         self.max_prefixes, self.max_packs = prefixes, packs
         self.lock = threading.Lock()  # one forward at a time: `decide` is called from one worker thread
-        self._model_id = model_content_identity(self.base.source) if self.heads else None
+        self._model_id = model_content_identity(self.base.source, self.options.cache_dir) if self.heads else None
         self.why_no_head: dict[str, str] = {}  # pack key -> why no served head answers it (said once)
         for head in self.heads:
             head.check_width(self.engine.hidden_size, self.engine.layers)

@@ -130,6 +130,20 @@ class Head:
         """Every view its readouts read (task/features.py), each once."""
         return views_of([r.reads for r in self.readouts])
 
+    def check_questions(self, questions: Sequence[Any]) -> None:
+        """Refuse, in one line, a head whose header disagrees with the spec's questions: a readout
+        of a question the spec does not ask, or whose options (names and order) or kind are not
+        the question's (its labels were edited, or the header was)."""
+        asked = {q.id: q for q in questions}
+        for r in self.readouts:
+            q = asked.get(r.qid)
+            if q is None or tuple(q.options) != r.options or bool(q.kind.judged_each) != r.binary:
+                theirs = f"answers {list(r.options)}" if q is not None else "is a question the spec does not ask"
+                raise SpecError(f"{self.path}: this head was fitted with another label set or questions than the spec "
+                                f"now has (its question {r.qid!r} {theirs}"
+                                f"{f', the spec asks {list(q.options)}' if q is not None else ''}); it would answer "
+                                f"with the wrong names: fit it again (prefixcache fit) or remove 'head' from the spec")
+
     def check_width(self, hidden: int, layers: int) -> None:
         """Refuse a head whose state width is not the model's, or that reads a layer the model
         lacks or its engine cannot read (`layers`: the engine's readable decoder layers)."""
@@ -177,9 +191,21 @@ def head_bytes(readouts: Sequence[Readout], fingerprint_: Mapping[str, str], lay
         for name in ("mean", "scale", "coef", "intercept"):
             tensors[f"{i}.{name}"] = np.ascontiguousarray(getattr(r, name), dtype=np.float32)
     meta = {"format": FORMAT, "version": VERSION, "layer": layer, "fingerprint": dict(fingerprint_),
+            "weights": weights_digest(tensors),
             "questions": [{"id": r.qid, "options": list(r.options), "binary": r.binary, "features": r.features,
                            **({"cuts": dict(r.cuts)} if r.cuts else {})} for r in readouts], "fitted": dict(fitted)}
     return save(tensors, metadata={META_KEY: json.dumps(meta, ensure_ascii=False)})
+
+
+def weights_digest(arrays: Mapping[str, np.ndarray]) -> str:
+    """The digest of a head's arrays (names, shapes and float32 bytes, in name order): a weight
+    changed after `fit` wrote it (a flipped bit) no longer matches its header."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name], dtype=np.float32)
+        h.update(json.dumps([name, list(a.shape)]).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def load_head(value: Any, spec_path: Path) -> Head:
@@ -260,7 +286,15 @@ def _parse(data: bytes, where: str, path: str) -> Head:
     if (not isinstance(questions, list) or not questions or not isinstance(fp, dict)
             or set(fp) != set(FINGERPRINT_PARTS) or not all(isinstance(v, str) for v in fp.values())):
         raise SpecError(f"{bad} (its header lacks the questions or the fingerprint)")
+    if info.get("layer", "final") != "final":
+        raise SpecError(f"{bad} (its header names layer {info.get('layer')!r}; a readout's own features name the "
+                        f"layers it reads)")
+    if info["version"] >= 2 and info.get("weights") != weights_digest(arrays):
+        raise SpecError(f"{bad} (its weights' digest is not its header's: changed or damaged since fit wrote it; "
+                        f"fit it again)")
     readouts = tuple(_readout(i, q, arrays, bad) for i, q in enumerate(questions))
+    if len({r.qid for r in readouts}) != len(readouts):
+        raise SpecError(f"{bad} (two readouts for one question)")
     expected = {f"{i}.{n}" for i in range(len(readouts)) for n in ("mean", "scale", "coef", "intercept")}
     if set(arrays) != expected:
         raise SpecError(f"{bad} (it holds arrays {sorted(set(arrays) ^ expected)[:3]} it should not, or lacks them)")
@@ -283,6 +317,7 @@ def metadata_of(data: bytes) -> dict[str, str]:
 def _readout(i: int, q: Any, arrays: Mapping[str, np.ndarray], bad: str) -> Readout:
     if (not isinstance(q, dict) or not isinstance(q.get("id"), str) or not isinstance(q.get("options"), list)
             or len(q["options"]) < 2 or not all(isinstance(o, str) for o in q["options"])
+            or len(set(q["options"])) != len(q["options"])
             or not isinstance(q.get("binary"), bool) or not _features_ok(q.get("features"))):
         raise SpecError(f"{bad} (question {i + 1} of its header is malformed)")
     try:

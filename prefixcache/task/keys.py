@@ -15,7 +15,7 @@ from ..errors import SpecError
 from .decision import NORMALIZATIONS
 from .head import Head, load_head
 from .texts import text_key, twice, twins
-from .questions import Question, content_free_value, parse_pack, threshold_value
+from .questions import Question, content_free_value, label_kind, parse_pack, threshold_value
 from .spec import (
     DEFAULT_ANSWER_PREFIX,
     DEFAULT_ANSWERS,
@@ -272,12 +272,12 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
                         f"(a hub id, a folder or a .gguf file)")
     head = _head(data, path, choices)
     if "questions" in data:
-        return replace(_question_spec(data, path, template, fmt, norm, trust, id_field), head=head)
+        return _with_head(replace(_question_spec(data, path, template, fmt, norm, trust, id_field), head=head))
     tagging = _tagging(data, path, choices, labels)
     if tagging and norm != "sum":
         raise SpecError(f"{path}: a multi_label task compares two answers to the same question: normalize "
                         f"must be sum (use calibrate for the label prior); got {norm!r}")
-    return TaskSpec(
+    return _with_head(TaskSpec(
         path=str(path),
         model=_want_str(data, "model", path),
         system=_want_str(data, "system", path, "") or "",
@@ -299,7 +299,14 @@ def spec_from_mapping(data: Mapping[str, Any], path: str | Path = "<spec>") -> T
         score_by=_score_by(data, path, choices),
         head=head,
         **tagging,
-    )
+    ))
+
+
+def _with_head(spec: TaskSpec) -> TaskSpec:
+    """The spec, its head's header checked against its questions (before any model loads)."""
+    if spec.head is not None:
+        spec.head.check_questions(spec.questions or [label_kind(spec).question(spec, spec.label_names)])
+    return spec
 
 
 def _one_of(data: Mapping[str, Any], key: str, path: Path, default: str, allowed: tuple[str, ...]) -> str:
@@ -311,6 +318,9 @@ def _one_of(data: Mapping[str, Any], key: str, path: Path, default: str, allowed
 
 def _head(data: Mapping[str, Any], path: Path, choices: str | None) -> Head | None:
     """The fitted readout a spec names, read and checked (before any model loads)."""
+    if "head" in data and data["head"] is None:
+        raise SpecError(f"{path}: 'head' is empty: name the head file prefixcache fit wrote, or remove the key "
+                        f"(the prompt then answers)")
     if data.get("head") is None:
         return None
     if choices is not None:

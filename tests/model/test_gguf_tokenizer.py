@@ -33,3 +33,23 @@ def test_a_gguf_files_tokenizer_is_kept_and_read_back(tmp_path, monkeypatch):
     forget_verified()  # as a new command starts
     load_tokenizer(source, cache)
     assert parsed == ["tiny-F32.gguf"]
+
+
+def test_a_models_identity_covers_every_byte_of_its_file(tmp_path):
+    """Two files of one name and size that differ only in their middle are two models (a head
+    fitted on one is refused on the other); the digest is kept, so a file is read once."""
+    import os
+
+    from prefixcache.model import load
+
+    data = os.urandom(5 << 20)
+    a, b = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    a.parent.mkdir(), b.parent.mkdir()
+    a.write_bytes(data)
+    b.write_bytes(data[: 2 << 20] + bytes(1 << 20) + data[3 << 20:])  # 1 MiB zeroed in the middle
+    cache = tmp_path / "cache"
+    first = load.model_content_identity(resolve_model(str(a)), cache)
+    assert first != load.model_content_identity(resolve_model(str(b)), cache)
+    forget_verified()  # as a new command: the digest is read from the cache, the same
+    assert load.model_content_identity(resolve_model(str(a)), cache) == first
+    assert len(list((cache / "checks" / "digests").iterdir())) == 2

@@ -319,6 +319,59 @@ def test_a_damaged_head_file_is_refused_before_the_model_loads(fitted, tmp_path,
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "head" in result.output
 
 
+def _tampered(good: bytes, how: str) -> bytes:
+    """The head file with its header or weights changed as an attacker (or a bad copy) would."""
+    from safetensors.numpy import load, save
+
+    meta = json.loads(good[8: 8 + int.from_bytes(good[:8], "little")])["__metadata__"]
+    info, arrays = json.loads(meta["prefixcache_head"]), load(good)
+    q = info["questions"][0]
+    if how == "renamed":
+        q["options"] = ["x", "y"]
+    elif how == "reordered":
+        q["options"] = q["options"][::-1]
+    elif how == "repeated":
+        q["options"] = [q["options"][0]] * 2
+    elif how == "other-question":
+        q["id"] = "nothing"
+    elif how == "layer":
+        info["layer"] = "middle"
+    elif how == "two-readouts":
+        info["questions"] = [q, dict(q)]
+        arrays.update({"1." + k.split(".", 1)[1]: v for k, v in arrays.items()})
+        info["weights"] = __import__("prefixcache.task.head", fromlist=["x"]).weights_digest(arrays)
+    elif how == "bit-flip":  # a finite weight made huge: every answer changes
+        flipped = bytearray(good)
+        at = 8 + int.from_bytes(good[:8], "little") + 3
+        flipped[at] ^= 0x7f
+        return bytes(flipped)
+    return save(arrays, metadata={"prefixcache_head": json.dumps(info)})
+
+
+@pytest.mark.parametrize("how, says", [
+    ("renamed", "fitted with another label set or questions"), ("reordered", "fitted with another label set"),
+    ("repeated", "not a head file"), ("other-question", "a question the spec does not ask"),
+    ("layer", "names layer 'middle'"), ("two-readouts", "two readouts for one question"),
+    ("bit-flip", "its weights' digest is not its header's"),
+])
+def test_a_head_whose_header_disagrees_with_itself_or_the_spec_is_refused(fitted, tmp_path, how, says):
+    _, labelled, out = fitted
+    head = tmp_path / "fitted.head.safetensors"
+    head.write_bytes(_tampered(head.read_bytes(), how))
+    with pytest.raises(SpecError, match=says):
+        load_spec(out)
+    result = invoke("run", out, labelled, "-o", tmp_path / "x.jsonl", "-q")
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+
+
+def test_an_empty_head_key_is_refused(fitted, tmp_path):
+    _, _, out = fitted
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(out.read_text().replace("head: fitted.head.safetensors", "head:"))
+    with pytest.raises(SpecError, match="'head' is empty"):
+        load_spec(empty)
+
+
 def test_a_head_someone_else_can_change_is_refused(fitted, tmp_path):
     _, _, out = fitted
     head = tmp_path / "fitted.head.safetensors"
@@ -536,3 +589,20 @@ def test_a_readout_wider_than_its_items_is_the_regression_on_every_feature(binar
     got = np.concatenate([1 - 1 / (1 + np.exp(-logits)), 1 / (1 + np.exp(-logits))], axis=1) if binary else \
         np.exp(logits - logits.max(1, keepdims=True)) / np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)
     assert np.abs(got - want).max() < 1e-3
+
+
+def test_a_head_refuses_a_pack_whose_option_descriptions_were_reworded(tmp_path, tiny_model_dir):
+    """A typed question's option descriptions are text the model reads: a head fitted under one
+    wording is refused under another."""
+    questions = {"team": {"type": "choice", "instructions": "Which team?", "gold": "gold",
+                          "criteria": {"billing": "money matters", "technical": "software faults"}}}
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), template="{state}", questions=questions)
+    rows = [json.loads(line) for line in _toy(tmp_path, n=12).read_text().splitlines()]
+    labelled = tmp_path / "states.jsonl"
+    labelled.write_text("".join(json.dumps({"id": r["id"], "state": r["text"], "gold": r["gold"]}) + "\n" for r in rows))
+    assert invoke("fit", spec, labelled, "-o", tmp_path / "fitted.yaml", "--folds", "3", "-q").exit_code == 0
+    fitted = tmp_path / "fitted.yaml"
+    assert invoke("run", fitted, labelled, "-o", tmp_path / "a.jsonl", "-q").exit_code == 0
+    fitted.write_text(fitted.read_text().replace("software faults", "anything that breaks"))
+    result = invoke("run", fitted, labelled, "-o", tmp_path / "b.jsonl", "-q")
+    assert result.exit_code == 2 and "this head was fitted with another label set or questions" in result.output
