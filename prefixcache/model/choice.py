@@ -24,9 +24,12 @@ INSTALL = ("pip install 'prefixcache[llama]' (llama-cpp-python builds llama.cpp 
            "how to build it for your CPU or GPU)")
 
 
+ASKED = "asked for: --backend, PREFIXCACHE_BACKEND or the spec's 'backend'"
+
+
 @dataclass(frozen=True)
 class Picked:
-    """The engine chosen (`name`) and, for `auto`, why (said in the run's log)."""
+    """The engine chosen (`name`) and why (said in the run's log)."""
 
     name: str
     why: str = ""
@@ -40,13 +43,15 @@ def pick_engine(source: ModelSource, asked: str | None, device: str = "auto", dt
     asked = asked or "auto"
     if asked not in ENGINES:
         raise UsageError(f"unknown backend {asked!r}: choose one of {', '.join(ENGINES)}")
-    if asked == "transformers" or (asked == "auto" and source.kind != "gguf"):
-        return Picked("transformers")
+    if asked == "transformers":
+        return Picked("transformers", ASKED)
+    if asked == "auto" and source.kind != "gguf":
+        return Picked("transformers", "not a GGUF file")
     refusal = _llama_refusal(source, device, dtype, exact)
     if asked == "llama.cpp":
         if refusal:
             raise UsageError(f"--backend llama.cpp: {refusal}")
-        return Picked("llama.cpp")
+        return Picked("llama.cpp", ASKED)
     if refusal:
         return Picked("transformers", refusal)
     if float32_bytes is None or float32_bytes < AUTO_FLOAT32_BYTES:

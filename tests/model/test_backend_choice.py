@@ -26,7 +26,8 @@ def test_auto_keeps_a_large_gguf_file_quantised_and_the_rest_on_transformers(lla
     assert pick_engine(GGUF, None, float32_bytes=BIG).name == "llama.cpp"
     assert pick_engine(GGUF, "auto", float32_bytes=SMALL).name == "transformers"
     assert pick_engine(GGUF, "auto", float32_bytes=None).name == "transformers"  # size not known
-    assert pick_engine(FOLDER, "auto", float32_bytes=BIG) == choice.Picked("transformers")  # no reason to give
+    assert pick_engine(FOLDER, "auto", float32_bytes=BIG) == choice.Picked("transformers", "not a GGUF file")
+    assert pick_engine(GGUF, "llama.cpp").why == pick_engine(GGUF, "transformers").why == choice.ASKED  # said too
     # what llama.cpp cannot do keeps auto on transformers, and says why
     assert "--dtype bfloat16" in pick_engine(GGUF, "auto", dtype="bfloat16", float32_bytes=BIG).why
     assert pick_engine(GGUF, "auto", exact=True, float32_bytes=BIG).name == "transformers"
