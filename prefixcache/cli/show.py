@@ -350,6 +350,8 @@ def suggest_summary(result: SuggestResult) -> str:
     line = f"suggested {n} of {scored:,} unlabelled item{'s' if scored != 1 else ''}"
     if plan.left_out:
         line += f" ({plan.left_out:,} labelled already left out)"
+    if plan.copies:
+        line += f" ({plan.copies:,} copies of a text offered once)"
     if result.pool_margin is not None:
         picked = sorted(r["margin"] for r in result.picked)
         line += (f": the head's least sure, spread over the states (median margin {picked[len(picked) // 2]:.3f}, "

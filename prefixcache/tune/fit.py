@@ -289,8 +289,10 @@ def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: dict[st
         gold = np.array([q.options.index(g) for g in golds], dtype=int)
         said = np.array([-1 if d is None or d.best is None else d.best for d in decisions], dtype=int)
     prompted = None if scored is None or scored.all() else np.asarray(scored, dtype=bool)
+    fields = spec.item_fields()
+    groups = np.array([text_digest(item.record, fields) for item in items])
     return Labelled(q.id, q.options, binary, states, logprobs, gold, prompt, said, None if binary else q.threshold,
-                    prompted)
+                    prompted, groups if len(set(groups)) < len(groups) else None)
 
 
 def _option(q: Question, spec: TaskSpec, item: Item) -> str:

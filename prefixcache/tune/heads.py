@@ -54,11 +54,13 @@ class Labelled:
     said: np.ndarray
     threshold: float | None = None  # multiclass: the spec's, below which an answer abstains (-1)
     prompted: np.ndarray | None = None  # [N] bool: the items whose options were scored (None: all)
+    groups: np.ndarray | None = None  # [N] the digest of each item's text: copies share a fold (None: all distinct)
 
     def subset(self, idx: np.ndarray) -> "Labelled":
         """The items `idx` alone."""
         return replace(self, states={v: a[idx] for v, a in self.states.items()}, logprobs=self.logprobs[idx],
-                       gold=self.gold[idx], prompt=self.prompt[idx], said=self.said[idx], prompted=None)
+                       gold=self.gold[idx], prompt=self.prompt[idx], said=self.said[idx], prompted=None,
+                       groups=None if self.groups is None else self.groups[idx])
 
     @property
     def prompt_items(self) -> np.ndarray:
@@ -297,8 +299,9 @@ def choose(data: Labelled, items: np.ndarray, seed: int, feature_sets: Sequence[
     (features among `feature_sets`). A feature set that needs the options scored (they cost a
     pass over every option of every item at run time) is chosen only when it beats the best one
     that does not beyond noise: its per-item loss lower by more than NOISE standard errors."""
-    folds = min(INNER_FOLDS, len(items))
-    splits = cv_splits([data.strata()[i] for i in items], folds, seed)
+    groups = None if data.groups is None else [data.groups[i] for i in items]
+    folds = min(INNER_FOLDS, len(items) if groups is None else len(set(groups)))
+    splits = cv_splits([data.strata()[i] for i in items], folds, seed, groups)
     losses: dict[tuple[str, float], np.ndarray] = {}
     where = {k: n for n, k in enumerate(items)}
     for features in feature_sets:
@@ -330,7 +333,8 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     `before` [N] bool: the items the last fit had; the gain of the new ones is measured on the same
     folds (`Judged.since`)."""
     notes = _check_counts(data, folds)
-    splits = cv_splits(data.strata(), folds, seed)
+    folds = _fold_copies_together(data, folds, notes)
+    splits = cv_splits(data.strata(), folds, seed, data.groups)
     probs = np.empty(data.prompt.shape)
     earlier = np.empty(data.prompt.shape) if before is not None and 0 < before.sum() < data.n else None
     everything = np.arange(data.n)
@@ -346,13 +350,7 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     head_said = probs >= np.asarray(thresholds) if data.binary else answered(probs, data.threshold)
     head = figures(data, head_said, probs, seed)
     asked_prompt = data.prompt_items  # the prompt alone is measured where its options were scored
-    sub = data.subset(asked_prompt)
-    prompt = figures(sub, sub.said, sub.prompt, seed)
-    gain = paired_gain(sub, head_said[asked_prompt], sub.said, seed)
-    if len(asked_prompt) < data.n:
-        notes.append(f"the prompt alone is measured on {len(asked_prompt)} of the {data.n} items (a uniform sample: "
-                     f"scoring every option of every item costs more than reading the states); the gain is on the "
-                     f"same {len(asked_prompt)}")
+    prompt, gain = _prompt_beside(data, head_said, seed, notes)
     verdict = "head" if gain.low > 0 else "prompt" if gain.high < 0 else "tie"
     judged = Judged(data.qid, data.binary, data.n, len(splits), head, prompt, gain, verdict, choice, data.counts(),
                     notes=notes, thresholds=thresholds, prompt_items=len(asked_prompt))
@@ -371,6 +369,29 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     if judged.cut is not None and judged.cut.per_option:  # the head file keeps them; the spec, the cut for the rest
         final = replace(final, cuts={data.options[k]: round(r.cut, 6) for k, r in judged.cut.per_option.items()})
     return judged, final
+
+
+def _fold_copies_together(data: Labelled, folds: int, notes: list[str]) -> int:
+    """The folds to use when some items are copies of another's text (they share a fold), noted."""
+    if data.groups is None or len(set(data.groups)) == data.n:
+        return folds
+    copies = data.n - len(set(data.groups))
+    notes.append(f"{copies} labelled item{'s are copies' if copies != 1 else ' is a copy'} of another's text: each "
+                 f"kept in one fold with it, so that no item is judged by a head fitted on its copy")
+    return min(folds, len(set(data.groups)))
+
+
+def _prompt_beside(data: Labelled, head_said: np.ndarray, seed: int, notes: list[str]
+                   ) -> tuple[dict[str, Figure | float | None], Figure]:
+    """The prompt alone's figures and the head's gain over it, on the items whose options were
+    scored (all, or the prompt's sample: noted)."""
+    asked = data.prompt_items
+    sub = data.subset(asked)
+    if len(asked) < data.n:
+        notes.append(f"the prompt alone is measured on {len(asked)} of the {data.n} items (a uniform sample: "
+                     f"scoring every option of every item costs more than reading the states); the gain is on the "
+                     f"same {len(asked)}")
+    return figures(sub, sub.said, sub.prompt, seed), paired_gain(sub, head_said[asked], sub.said, seed)
 
 
 def answered(probs: np.ndarray, threshold: float | None) -> np.ndarray:

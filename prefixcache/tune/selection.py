@@ -58,15 +58,24 @@ class Goal:
         return None if value is None else float(value)
 
 
-def cv_splits(strata: Sequence[str], folds: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+def cv_splits(strata: Sequence[str], folds: int, seed: int = 0, groups: Sequence[str] | None = None
+              ) -> list[tuple[np.ndarray, np.ndarray]]:
     """k folds balanced on `strata` (each stratum's items, shuffled, dealt round-robin): per fold
-    the indices it is fitted on and those it predicts."""
+    the indices it is fitted on and those it predicts. With `groups`, the items of one group (the
+    copies of one text) are dealt together, by the stratum of the first, so that no fold is
+    predicted by a head fitted on a copy of its item (without copies, the same folds)."""
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(strata))
-    ranked = sorted(order, key=lambda i: strata[i])  # stable: shuffled within each stratum
-    fold_of = np.empty(len(strata), dtype=int)
-    for position, i in enumerate(ranked):
-        fold_of[i] = position % folds
+    first: dict[str, int] = {}
+    for i, g in enumerate(groups if groups is not None else range(len(strata))):
+        first.setdefault(str(g), len(first))
+    unit = [first[str(g)] for g in (groups if groups is not None else range(len(strata)))]  # [N] group index
+    leads = {u: i for i, u in reversed(list(enumerate(unit)))}  # group index -> its first item
+    order = rng.permutation(len(first))
+    ranked = sorted(order, key=lambda u: strata[leads[u]])  # stable: shuffled within each stratum
+    fold_of_unit = np.empty(len(first), dtype=int)
+    for position, u in enumerate(ranked):
+        fold_of_unit[u] = position % folds
+    fold_of = fold_of_unit[np.array(unit, dtype=int)] if unit else np.empty(0, dtype=int)
     everything = np.arange(len(strata))
     return [(everything[fold_of != f], everything[fold_of == f]) for f in range(folds)]
 

@@ -65,6 +65,7 @@ class SuggestPlan:
     spec: TaskSpec
     pool: list[Item]  # the unlabelled items, in file order
     left_out: int  # pool items labelled already (by id, text or a filled gold)
+    copies: int = 0  # pool items whose text an earlier one has (each text is offered once)
 
 
 def without_gold(spec: TaskSpec) -> TaskSpec:
@@ -98,11 +99,25 @@ def plan_suggest(options: SuggestOptions) -> SuggestPlan:
     pool = labelled_items(o.items, o, [without_gold(spec)], "suggest reads its pool from a file")
     known = known_items(spec, options.labelled, o)
     fields = spec.item_fields()
-    fresh = [item for item in pool if not known.has(item, fields) and not has_gold(spec, item)]
-    if not fresh:
+    unlabelled = [item for item in pool if not known.has(item, fields) and not has_gold(spec, item)]
+    if not unlabelled:
         raise UsageError(f"{o.items}: every item of the pool is labelled already (by id, text or a gold value): "
                          f"nothing to suggest")
-    return SuggestPlan(spec, fresh, len(pool) - len(fresh))
+    fresh = distinct(unlabelled, fields)
+    return SuggestPlan(spec, fresh, len(pool) - len(unlabelled), len(unlabelled) - len(fresh))
+
+
+def distinct(items: Sequence[Item], fields: Sequence[str]) -> list[Item]:
+    """The items, each text once (its first id): labelling a copy of a text teaches nothing new
+    (case and runs of whitespace aside, as `text_digest` compares)."""
+    seen: set[str] = set()
+    out = []
+    for item in items:
+        digest = text_digest(item.record, fields)
+        if digest not in seen:
+            seen.add(digest)
+            out.append(item)
+    return out
 
 
 def known_items(spec: TaskSpec, files: Sequence[str], o: RunOptions) -> Known:

@@ -66,7 +66,7 @@ def test_a_coverage_answers_that_share_and_the_table_runs_most_confident_first()
 
 def _toy(tmp_path, n=40):
     words = {"billing": "invoice", "technical": "crash"}
-    rows = [{"id": f"i{k}", "text": " ".join([words[label]] * (3 + k % 4)), "gold": label}
+    rows = [{"id": f"i{k}", "text": " ".join([words[label]] * (3 + k % 4)) + f" case {k}", "gold": label}
             for k, label in enumerate(["billing", "technical"] * (n // 2))]
     path = tmp_path / "labelled.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))

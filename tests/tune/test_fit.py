@@ -606,3 +606,25 @@ def test_a_head_refuses_a_pack_whose_option_descriptions_were_reworded(tmp_path,
     fitted.write_text(fitted.read_text().replace("software faults", "anything that breaks"))
     result = invoke("run", fitted, labelled, "-o", tmp_path / "b.jsonl", "-q")
     assert result.exit_code == 2 and "this head was fitted with another label set or questions" in result.output
+
+
+def test_copies_of_a_text_are_kept_in_one_fold(tmp_path, tiny_model_dir):
+    """Folds never split the copies of one text (under other ids): no item is judged by a head
+    fitted on its copy; without copies, the folds are those without groups."""
+    from prefixcache.tune.selection import cv_splits
+
+    strata = [str(k % 3) for k in range(30)]
+    groups = [f"t{k // 2}" for k in range(30)]  # each text twice
+    for train, test in cv_splits(strata, 5, 1, groups):
+        assert not {groups[i] for i in train} & {groups[i] for i in test}
+    plain = cv_splits(strata, 5, 1)
+    alone = cv_splits(strata, 5, 1, [f"u{k}" for k in range(30)])
+    assert all((a[1] == b[1]).all() for a, b in zip(plain, alone))
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS2, gold="gold")
+    rows = [json.loads(line) for line in _toy(tmp_path, n=16).read_text().splitlines()]
+    doubled = tmp_path / "doubled.jsonl"
+    doubled.write_text("".join(json.dumps({**r, "id": r["id"] + suffix, "text": f"{r['text']} {r['id']}"}) + "\n"
+                               for r in rows for suffix in ("", "-copy")))
+    assert invoke("fit", spec, doubled, "-o", tmp_path / "f.yaml", "--folds", "4", "-q").exit_code == 0
+    notes = json.loads((tmp_path / "f.fit.json").read_text())["questions"][0]["notes"]
+    assert any("16 labelled items are copies of another's text" in n for n in notes), notes

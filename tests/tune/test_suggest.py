@@ -138,3 +138,14 @@ def test_text_a_spreadsheet_would_run_is_written_as_text_and_read_back_as_it_was
 
     back = [item.record["text"] for item in read_items(str(tmp_path / "to_label.csv"))]
     assert sorted(back) == sorted(hostile)  # fit and suggest --labelled read the texts as they were
+
+
+def test_a_text_copied_under_many_ids_is_offered_once(fitted, tmp_path):
+    spec, out, labelled = fitted
+    rows = [{"id": f"copy{k}", "text": "Invoice  refund please"} for k in range(20)]  # one text, twenty ids
+    rows += [{"id": f"d{k}", **{k2: v for k2, v in r.items() if k2 != "gold"}} for k, r in enumerate(_rows(6, 200))]
+    pool = _write(tmp_path / "pool.jsonl", rows)
+    result = invoke("suggest", out, pool, "-n", 5, "-o", tmp_path / "s.jsonl")
+    assert result.exit_code == 0, result.output
+    texts = [" ".join(r["text"].split()).casefold() for r in _read(tmp_path / "s.jsonl")]
+    assert len(texts) == 5 == len(set(texts)) and "19 copies of a text offered once" in result.stderr
