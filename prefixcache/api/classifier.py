@@ -277,6 +277,8 @@ class Classifier:
         if self.spec.questions:
             raise UsageError("Classifier.fit learns a label spec's labels; for typed questions, name each one's gold "
                              "field and use prefixcache fit")
+        if folds < 2:
+            raise UsageError(f"folds must be 2 or more (got {folds})")
         rows = _rows(X)
         labels = _labels(rows, y)
         if len(rows) < MIN_ITEMS:
@@ -285,8 +287,11 @@ class Classifier:
         spec = dataclasses.replace(made, gold=GOLD, head=None)
         items = [dataclasses.replace(item, record={**item.record, GOLD: label})
                  for item, label in zip(self._items(rows), labels)]
-        for item in items:
-            spec.check_record(item.record)
+        for item, label in zip(items, labels):
+            try:
+                spec.check_record(item.record)
+            except ValueError as exc:  # the library's typed error, naming the item (the gold field is y, not a column)
+                raise InputError(f"item {item.id!r} (label {label!r}) {str(exc).replace(f' ({GOLD})', '')}") from None
         base = build_on(self.task.with_spec(spec), self.scorer.engine, self.options.replace(prune="off", exact=False))
         found = fit_heads(base, items, fitted_questions(spec), self.batching, folds, seed, features=features)
         keys: dict[str, Any] = {"head": found.head()}

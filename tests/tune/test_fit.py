@@ -628,3 +628,23 @@ def test_copies_of_a_text_are_kept_in_one_fold(tmp_path, tiny_model_dir):
     assert invoke("fit", spec, doubled, "-o", tmp_path / "f.yaml", "--folds", "4", "-q").exit_code == 0
     notes = json.loads((tmp_path / "f.fit.json").read_text())["questions"][0]["notes"]
     assert any("16 labelled items are copies of another's text" in n for n in notes), notes
+
+
+def test_classifier_fit_refuses_bad_labels_with_the_librarys_typed_errors(fitted):
+    import math
+
+    from prefixcache import Classifier
+    from prefixcache.errors import InputError, UsageError
+
+    spec, labelled, _ = fitted
+    rows = [json.loads(line) for line in labelled.read_text().splitlines()]
+    texts, golds = [r["text"] for r in rows], [r["gold"] for r in rows]
+    clf = Classifier(spec, gold=None, device="cpu", dtype="float32", progress=False)
+    with pytest.raises(InputError, match=r"item 40 \(label 'sales'\) has gold 'sales', which is not one of the labels"):
+        clf.fit(texts, golds[:-1] + ["sales"], folds=3)
+    with pytest.raises(InputError, match=r"item 40 \(label nan\)"):
+        clf.fit(texts, golds[:-1] + [math.nan], folds=3)
+    with pytest.raises(InputError, match="item 40 .* has no value in field 'text'"):
+        clf.fit([{"text": t} for t in texts[:-1]] + [{"text": math.nan}], golds, folds=3)  # a DataFrame's NaN
+    with pytest.raises(UsageError, match="folds must be 2 or more"):
+        clf.fit(texts, golds, folds=1)
