@@ -369,7 +369,8 @@ def fit(
         with steps(quiet, log_interval) as step:
             compat.quiet_libraries()
             result = run_fit(options, step, plan)
-        print_fit(result)
+        if not quiet:  # -q: no tables (the figures are in the JSON file)
+            print_fit(result)
         if not quiet:
             say("wrote " + ", ".join(str(p) for p in result.written))
 

@@ -318,7 +318,7 @@ def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> No
     if tags is not None and not plan.spec.questions:
         keys["threshold"] = dict(zip(plan.spec.label_names, tags.thresholds))
     keys.update(cut_keys(plan, result.judged))
-    write_tuned(options.output, plan.spec_file, keys, header(result))
+    write_tuned(options.output, plan.spec_file, keys, header(result), by="fit")
     result.written = [options.output, options.head_path, options.figures_path]
     safefile.replace(options.figures_path, json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n",
                      "the figures")

@@ -32,7 +32,7 @@ def check_tuned_output(path: Path | None, spec: Path, overwrite: bool) -> None:
         raise OutputError(f"{path}: already exists; use --overwrite to replace it")
 
 
-def tuned_text(original: str, keys: Mapping[str, Any], header: str = "") -> str:
+def tuned_text(original: str, keys: Mapping[str, Any], header: str = "", by: str = "tune") -> str:
     """The spec's text with `keys` set (each to a YAML value), `header` as comment lines on top."""
     lines = original.splitlines()
     starts = [(n, m.group(1)) for n, line in enumerate(lines) if (m := _KEY.match(line))]
@@ -53,7 +53,7 @@ def tuned_text(original: str, keys: Mapping[str, Any], header: str = "") -> str:
         starts = [(n + shift if n > first else n, k) for n, k in starts]
     missing = [key for key in keys if not any(k == key for _, k in starts)]
     if missing:
-        lines += ["", "# chosen by prefixcache tune"] + [line for key in missing for line in _dumped(key, keys[key])]
+        lines += ["", f"# chosen by prefixcache {by}"] + [line for key in missing for line in _dumped(key, keys[key])]
     top = [f"# {line}" if line else "#" for line in header.splitlines()]
     return "\n".join(top + lines) + "\n"
 
@@ -94,12 +94,12 @@ def relocated(raw: Mapping[str, Any], spec_path: Path, output: Path) -> dict[str
     return {"model": str(beside.resolve())}
 
 
-def write_tuned(path: Path, spec_file: SpecFile, keys: Mapping[str, Any], header: str) -> None:
+def write_tuned(path: Path, spec_file: SpecFile, keys: Mapping[str, Any], header: str, by: str = "tune") -> None:
     """Write the tuned spec: the spec file's text with `keys` set. Should an edit read back other
     than meant (a layout the line editor does not follow), the whole mapping is written instead,
     without the comments."""
     wanted = {**spec_file.data, **keys}
-    text = tuned_text(spec_file.text, keys, header)
+    text = tuned_text(spec_file.text, keys, header, by)
     if not _reads_back(text, wanted, spec_file.path):
         log.warning("%s: could not keep the spec's layout; writing its keys without the comments", path)
         text = tuned_text("", {}, header) + yaml.safe_dump(dict(wanted), sort_keys=False, allow_unicode=True, width=10**6)

@@ -131,6 +131,7 @@ def test_a_head_answers_every_held_out_item_where_the_labels_are_separable(fitte
     assert [r["coverage"] for r in table] == sorted(r["coverage"] for r in table) and table[-1]["coverage"] == 1.0
     data = yaml.safe_load(out.read_text())
     assert data["head"] == "fitted.head.safetensors" and out.read_text().startswith("# prefixcache fit:")
+    assert "# chosen by prefixcache fit\n" in out.read_text() and "prefixcache tune" not in out.read_text()
     preds = tmp_path / "preds.jsonl"
     result = invoke("run", out, labelled, "-o", preds, "--metrics", tmp_path / "m.json", "-q", "--prompt-scores")
     assert result.exit_code == 0, result.output

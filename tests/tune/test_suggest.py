@@ -88,6 +88,7 @@ def test_fit_on_the_grown_file_measures_the_new_labels_on_the_same_folds(fitted,
     out = tmp_path / "fitted.yaml"
     first = invoke("fit", spec, _write(tmp_path / "l1.jsonl", _rows(12)), "-o", out, "--folds", "3", "-q")
     assert first.exit_code == 0, first.output
+    assert "prefixcache fit ·" not in first.stderr  # -q: no evaluation tables, as its help says
     assert "since_last_fit" not in json.loads((tmp_path / "fitted.fit.json").read_text())["questions"][0]
     grown = invoke("fit", spec, _write(tmp_path / "l2.jsonl", _rows(24)), "-o", out, "--folds", "3", "--overwrite")
     assert grown.exit_code == 0, grown.output
