@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .. import safefile
-from ..data.items import Item, spreadsheet_safe
+from ..data.items import Item, item_sha, spreadsheet_safe
 from ..data.records import Record, id_text
+from ..errors import InputError
 from ..task.spec import TaskSpec
 
 GUESSES = 3  # top guesses shown for an abstained question
@@ -57,11 +58,17 @@ def gold_column(spec: TaskSpec, qid: str) -> str:
 
 
 def review_rows(spec: TaskSpec, items: Iterable[Item], records: Mapping[str, Record]) -> list[dict[str, Any]]:
-    """The rows of every item whose record abstained, in input order."""
+    """The rows of every item whose record abstained, in input order. An item whose fields are not
+    those its record was scored from (`item_sha`: the input was replaced or edited since) is
+    refused (InputError): a row must show the text that was scored beside its guesses."""
     rows = []
     for item in items:
         record = records.get(id_text(item.id))
         questions = abstained(record) if record is not None else []
+        if questions and record.get("item_sha") not in (None, item_sha(item.record)):
+            raise InputError(f"item {item.id!r}: the input holds other fields than those its record was scored from "
+                             f"(the file was replaced or edited during the run); the review file is not written: run "
+                             f"again with --update to score the changed items, then review")
         if questions:
             rows.append(review_row(spec, item, record, questions))
     return rows

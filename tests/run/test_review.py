@@ -68,3 +68,26 @@ def test_review_needs_an_output_file_and_an_input_file(tmp_path, spec_file):
     assert to_stdout.exit_code == 2 and "--review writes the abstained items" in to_stdout.stderr
     same = invoke("run", spec, items, "-o", tmp_path / "o.jsonl", "--review", tmp_path / "o.jsonl")
     assert same.exit_code == 2
+
+
+def test_a_review_is_refused_when_the_input_changed_after_it_was_scored(tmp_path, spec_file):
+    """The review's rows join the records with the input read again: an item whose fields are not
+    those its record was scored from (the file replaced during the run) is refused, never shown
+    beside another text's guesses."""
+    import pytest
+
+    from prefixcache.data.items import read_items
+    from prefixcache.errors import InputError
+    from prefixcache.run.review import review_rows
+    from prefixcache.task.specfile import load_spec
+
+    spec = spec_file(labels=["billing", "technical"], threshold=1.0)  # every item abstains
+    items = _items(tmp_path / "in.jsonl", 4)
+    out = tmp_path / "out.jsonl"
+    assert invoke("run", spec, items, "-o", out, "--review", tmp_path / "r.jsonl").exit_code == 0
+    records = {r["id"]: r for r in json_lines(out)}
+    read = list(read_items(str(items)))
+    assert len(review_rows(load_spec(spec), read, records)) == 4
+    changed = [read[0].__class__(read[0].id, {**read[0].record, "text": "another text"}, read[0].line), *read[1:]]
+    with pytest.raises(InputError, match="item 't0': the input holds other fields than those its record was scored"):
+        review_rows(load_spec(spec), changed, records)
