@@ -334,7 +334,7 @@ def fit(
     spec: Path = SPEC_ARG, labelled: list[str] = LABELLED_FILES_ARG, output: Path = FITTED_OPT, folds: int = FOLDS_OPT,
     seed: int = SEED_OPT, figures: Optional[Path] = FIT_JSON_OPT, overwrite: bool = OVERWRITE_FITTED_OPT,
     target_accuracy: Optional[float] = TARGET_ACCURACY_OPT, coverage: Optional[float] = COVERAGE_OPT,
-    confidence: float = CONFIDENCE_OPT, features: FitFeatures = FIT_FEATURES_OPT,
+    confidence: Optional[float] = CONFIDENCE_OPT, features: FitFeatures = FIT_FEATURES_OPT,
     prompt_sample: Optional[int] = PROMPT_SAMPLE_OPT, quiet: bool = QUIET_OPT, log_interval: float = LOG_INTERVAL_OPT, debug: bool = DEBUG_OPT, **given: Any,
 ) -> None:
     """Train a head on your labelled items: a readout of the model's hidden state that answers
@@ -355,6 +355,7 @@ def fit(
 
         prefixcache fit configs/support-emails.yaml labelled.jsonl -o fitted.yaml --target-accuracy 0.95
     """
+    from ..tune.cutpoint import CONFIDENCE
     from ..tune.fit import FitOptions, fit as run_fit, plan_fit
     from ..tune.heads import Asked
 
@@ -362,7 +363,10 @@ def fit(
     with errors(debug):
         if target_accuracy is not None and coverage is not None:
             raise UsageError("give --target-accuracy or --coverage, not both")
-        asked = Asked(target_accuracy, coverage, confidence) if target_accuracy or coverage else None
+        if confidence is not None and target_accuracy is None and coverage is None:
+            raise UsageError("--confidence is the confidence of a cut: give --target-accuracy or --coverage with it")
+        asked = Asked(target_accuracy, coverage, CONFIDENCE if confidence is None else confidence) \
+            if target_accuracy or coverage else None
         options = FitOptions(RunOptions(spec, labelled[0], **given), output, folds, seed, figures, overwrite, asked,
                              features, prompt_sample, tuple(labelled[1:]))
         plan = plan_fit(options)

@@ -82,7 +82,8 @@ TARGET_ACCURACY_OPT = typer.Option(None, "--target-accuracy", min=0.0, max=1.0, 
 COVERAGE_OPT = typer.Option(None, "--coverage", min=0.0, max=1.0, help=(
     "Instead of --target-accuracy: the cut that answers this share of the items (the rest abstain), with the "
     "accuracy it gives held out."))
-CONFIDENCE_OPT = typer.Option(0.95, "--confidence", min=0.5, max=0.9999, help="The confidence of --target-accuracy.")
+CONFIDENCE_OPT = typer.Option(None, "--confidence", min=0.5, max=0.9999, show_default=False,
+                              help="The confidence of --target-accuracy or --coverage (default 0.95).")
 FIT_FEATURES_OPT = typer.Option("state", "--features", help=(
     "What the heads read. state (the default): views of the model's forward alone, chosen by inner "
     "cross-validation among the final state where the answer is scored, that and the mean over the item's tokens, "

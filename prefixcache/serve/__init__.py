@@ -44,6 +44,23 @@ def api_key(variable: str, said_as: str) -> str:
     return key
 
 
+def check_port(host: str, port: int) -> None:
+    """Refuse, in one line, an address this process cannot listen on (another server holds the
+    port, or the host is not this machine's), by binding it once as the server will."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another server there?): choose "
+                         f"another --port, or stop the other one") from None
+
+
 def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1", port: int = 8000,
           key: Optional[str] = None, wait_ms: float = BATCH_WAIT_MS, batch: int = MAX_BATCH,
           ready: Optional[Callable[[int], None]] = None, heads: Sequence[Head] = (), revision: Optional[str] = None,
@@ -64,6 +81,7 @@ def serve(model: Optional[str], options: ScoringOptions, host: str = "127.0.0.1"
     if host not in ("127.0.0.1", "localhost", "::1") and key is None:
         log.warning("serving on %s without an API key: anyone who can reach this port can use the model "
                     "(set one with --api-key-env)", host)
+    check_port(host, port)  # before the model loads: a port in use costs a second, not a load
     app, batcher = served_app(model, options, key, wait_ms, batch, heads, revision, limits, host)
     config = uvicorn.Config(app, host=host, port=port, access_log=False, log_level="warning",
                             timeout_graceful_shutdown=int(limits.drain_s) + 2, lifespan="off")

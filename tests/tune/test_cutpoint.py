@@ -147,3 +147,10 @@ def test_a_per_answer_cut_is_the_heads_and_needs_the_questions_threshold(tmp_pat
     path.write_bytes(head_bytes([replace(r, cuts={"c": 0.6})], fp, "final", {}))
     with pytest.raises(SpecError, match="cuts are not probabilities of its options"):
         load_head(str(path), tmp_path / "spec.yaml")
+
+
+def test_a_confidence_without_a_target_is_refused(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["billing", "technical"], gold="gold")
+    result = invoke("fit", spec, _toy(tmp_path), "-o", tmp_path / "f.yaml", "--confidence", "0.99")
+    assert result.exit_code == 2 and "give --target-accuracy or --coverage with it" in result.stderr
+    assert not (tmp_path / "f.yaml").exists()
