@@ -79,8 +79,6 @@ def _labels(rows: Any, y: Any) -> list[Any]:
 
 
 _ENGINES: "weakref.WeakValueDictionary[tuple, Any]" = weakref.WeakValueDictionary()  # loaded models, while in use
-_INIT_ARGS = ("spec", "model", "device", "dtype", "cache_dir", "batch_size", "batch_tokens", "exact", "progress",
-              "backend", "threads", "prompt_scores")
 
 
 def _scorer_for(task: Task, options: ScoringOptions) -> "ItemScorer":
@@ -140,7 +138,7 @@ class Classifier:
         self._params = {"spec": spec, "model": model, "device": device, "dtype": dtype, "cache_dir": cache_dir,
                         "batch_size": batch_size, "batch_tokens": batch_tokens, "exact": exact, "progress": progress,
                         "backend": backend, "threads": threads, "prompt_scores": prompt_scores, **keys}
-        self.spec = with_overrides(_spec_of(spec, keys), model=model)
+        self.spec = self._made = with_overrides(_spec_of(spec, keys), model=model)  # _made: as made, before any fit
         # as the command line reads them: PREFIXCACHE_CACHE_DIR, PREFIXCACHE_STORE_MAX_MB
         self.options = ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype, exact=exact,
                                                        backend=backend, threads=threads, prompt_scores=prompt_scores)
@@ -166,7 +164,7 @@ class Classifier:
 
     def set_params(self, **params: Any) -> "Classifier":
         """This classifier made again with these arguments changed (a fitted head is dropped)."""
-        odd = next((k for k in params if k not in self._params and k not in _INIT_ARGS and k not in KNOWN_KEYS), None)
+        odd = next((k for k in params if k not in self._params and k not in KNOWN_KEYS), None)
         if odd is not None:
             raise UsageError(f"Classifier has no parameter {odd!r}")
         args = {**self._params, **params}
@@ -283,7 +281,7 @@ class Classifier:
         labels = _labels(rows, y)
         if len(rows) < MIN_ITEMS:
             raise UsageError(f"{len(rows)} labelled items are too few to fit a head; fit needs at least {MIN_ITEMS}")
-        made = self._made_spec()
+        made = self._made
         spec = dataclasses.replace(made, gold=GOLD, head=None)
         items = [dataclasses.replace(item, record={**item.record, GOLD: label})
                  for item, label in zip(self._items(rows), labels)]
@@ -301,11 +299,6 @@ class Classifier:
         self._use(fitted, build_on(self.task.with_spec(fitted), self.scorer.engine, self.options))
         self.fit_figures = [j.to_json() for j in found.judged]
         return self
-
-    def _made_spec(self) -> TaskSpec:
-        """The spec as this classifier was made (before any `fit`)."""
-        return with_overrides(_spec_of(self._params["spec"], {k: v for k, v in self._params.items()
-                                                             if k not in _INIT_ARGS}), model=self._params["model"])
 
     def predict(self, X: Any) -> list[Any]:
         """The label of each item (multi-label: its list of labels; None where it abstains)."""

@@ -403,7 +403,7 @@ def print_fit(result: FitResult) -> None:
     read = f"{result.ms_per_item:.1f} ms/item" if result.kept < items else "none scored"
     kept = f" ({result.kept} of {items} items read back from an earlier fit)" if result.kept else ""
     scored = ""
-    if result.read is not None and result.read.scored.any():
+    if result.read.scored.any():
         m = int(result.read.scored.sum())
         scored = (f"; options scored for {m} item{'s' if m != 1 else ''}"
                   + (f" ({result.read.prompt_ms_per_item:.1f} ms/item)" if result.read.prompt_ms_per_item else ""))

@@ -11,7 +11,7 @@ token only (`alone_row`), and no option is scored.
 Example:
     reading = Reading.of(task, engine, prompt_scores=False)
     row, wanted = reading.row(task, prep)      # what one forward feeds for the item
-    _, found = engine.score_with_states(prefix, [row], [wanted], reading.probe)
+    _, found = engine.score_with_states(prefix, [row], [wanted], probe_of(reading.views))
     views = reading.split(prep, found[0])      # per question read: {view: [U, H]}
 """
 
@@ -61,10 +61,6 @@ class Reading:
         return cls(head, readouts, tuple(head.reads(questions)), head.views, task.spec.head_alone(prompt_scores),
                    prompt_scores)
 
-    @property
-    def probe(self) -> Probe | None:
-        return probe_of(self.views)
-
     def row(self, task: Any, prep: Any) -> tuple[Row, list[int]]:
         """What a forward feeds for `prep` and the candidates whose answer states it reads: the
         head-alone row where the head answers alone, else the item's whole row."""
@@ -104,7 +100,8 @@ def probe_of(views: Sequence[str]) -> Probe | None:
     """What the engine reads for `views` (task/features.py); None: the final state alone."""
     if tuple(views) == PLAIN:
         return None
-    return Probe(Features(tuple(views)).layers, any(v.startswith("mean") for v in views))
+    f = Features(tuple(views))
+    return Probe(f.layers, f.mean)
 
 
 def _named(found: np.ndarray, views: tuple[str, ...]) -> dict[str, np.ndarray]:

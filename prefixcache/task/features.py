@@ -59,6 +59,16 @@ class Features:
         return any(v.startswith("mean") for v in self.views)
 
     @property
+    def deepest(self) -> int:
+        """The deepest decoder layer it reads (0: the final state only)."""
+        return max((x for x in self.layers if x is not None), default=0)
+
+    @property
+    def beyond_final(self) -> bool:
+        """It reads more than the final state at answer positions (an engine with layers must give it)."""
+        return self.mean or self.deepest > 0
+
+    @property
     def plain(self) -> bool:
         """The final state at the answer position alone (with or without the log-probs)."""
         return self.views == ("state",)

@@ -152,13 +152,12 @@ class Head:
                             f"are {hidden} wide: it was fitted on another model; fit it again")
         for r in self.readouts:
             f = r.reads
-            if not layers and (f.mean or f.layers != (None,)):
+            if not layers and f.beyond_final:
                 raise SpecError(f"{self.path}: question {r.qid!r}'s head reads {r.features}, and this engine gives "
                                 f"the final state at the answer position alone: run it with the backend it was "
                                 f"fitted on (--backend transformers), or fit it again on this one")
-            deepest = max((x for x in f.layers if x is not None), default=0)
-            if deepest > layers:
-                raise SpecError(f"{self.path}: question {r.qid!r}'s head reads layer {deepest}, and the model has "
+            if f.deepest > layers:
+                raise SpecError(f"{self.path}: question {r.qid!r}'s head reads layer {f.deepest}, and the model has "
                                 f"{layers}: it was fitted on another model; fit it again")
 
 

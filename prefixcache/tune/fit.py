@@ -83,18 +83,25 @@ class FitResult:
     options: FitOptions
     plan: FitPlan
     judged: list[Judged]
-    ms_per_item: float
-    kept: int = 0  # items whose states were read back from an earlier fit of the same task
-    read: Any = None  # the pass's own account (passes.States): forwards, the prompt's sample and its cost
+    read: Any  # the pass's own account (passes.States): its cost, rows read back, the prompt's sample
     written: list[Path] = field(default_factory=list)
     engine: str = "transformers"  # what read the states (the fitted spec asks for the same)
+
+    @property
+    def ms_per_item(self) -> float:
+        return self.read.ms_per_item
+
+    @property
+    def kept(self) -> int:
+        """Items whose states were read back from an earlier fit of the same task."""
+        return self.read.kept
 
     def to_json(self) -> dict[str, Any]:
         return {"spec": str(self.options.run.spec), "labelled": [self.options.run.items, *self.options.more],
                 "items": len(self.plan.items), "folds": self.options.folds, "seed": self.options.seed,
                 "layer": LAYER, "ms_per_item": round(self.ms_per_item, 3), "states_read_back": self.kept,
-                **({"rows_forwarded": self.read.forwards, "prompt_scored_items": int(self.read.scored.sum()),
-                    "prompt_ms_per_item": round(self.read.prompt_ms_per_item, 3)} if self.read is not None else {}),
+                "rows_forwarded": self.read.forwards, "prompt_scored_items": int(self.read.scored.sum()),
+                "prompt_ms_per_item": round(self.read.prompt_ms_per_item, 3),
                 "questions": [j.to_json() for j in self.judged],
                 "written": [str(p) for p in self.written]}
 
@@ -169,26 +176,23 @@ def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: 
     scorer = fit_scorer(plan.spec, o.scoring(), step)
     fitted = fit_heads(scorer, plan.items, plan.questions, Batching(o.batch_size, o.batch_tokens), options.folds,
                        options.seed, step, options.asked, options.features, plan.before, options.prompt_sample)
-    result = FitResult(options, plan, fitted.judged, fitted.ms_per_item, fitted.kept, fitted.read,
-                       engine=scorer.engine.name)
-    _write(result, fitted.readouts, fitted.fingerprint)
+    result = FitResult(options, plan, fitted.judged, fitted.read, engine=scorer.engine.name)
+    _write(result, fitted.readouts, fitted.read.fingerprint)
     return result
 
 
 @dataclass
 class Fitted:
-    """Each question's judgement and readout, the task's fingerprint and the cost of reading states."""
+    """Each question's judgement and readout, and the pass that read the states (passes.States:
+    the task's fingerprint, what it cost, which items had their options scored)."""
 
     judged: list[Judged]
     readouts: list[Readout]
-    fingerprint: dict[str, str]
-    ms_per_item: float
-    kept: int = 0  # items whose states an earlier fit had read
-    read: Any = None  # passes.States: what the pass cost and which items had their options scored
+    read: Any
 
     def head(self, path: str = "<fitted in Python>") -> Head:
         """The readouts as the head a spec holds (what the head file, read back, gives)."""
-        return Head(path, tuple(self.readouts), self.fingerprint, LAYER, "", {})
+        return Head(path, tuple(self.readouts), self.read.fingerprint, LAYER, "", {})
 
 
 def feature_sets(features: str, layers: int) -> tuple[str, ...]:
@@ -200,8 +204,7 @@ def feature_sets(features: str, layers: int) -> tuple[str, ...]:
         f = Features.parse(features)
     except ValueError as exc:
         raise UsageError(f"--features: {exc}; or state, or auto") from None
-    deepest = max((x for x in f.layers if x is not None), default=0)
-    if (f.mean or deepest) and deepest > layers or (f.mean and not layers):
+    if f.deepest > layers or (f.beyond_final and not layers):
         raise UsageError(f"--features {features}: this model's engine reads " + (
             f"{layers} layers" if layers else "the final state at the answer position alone"))
     return (f.name,)
@@ -237,7 +240,7 @@ def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question],
                 " (each tag has its own threshold, chosen for F1)" if data.binary else " (it is a probability or score)"))
         judged.append(j)
         readouts.append(r)
-    return Fitted(judged, readouts, read.fingerprint, read.ms_per_item, read.kept, read)
+    return Fitted(judged, readouts, read)
 
 
 ABSTAINING = ("labels", "choice")  # the kinds of question whose answer abstains below a threshold

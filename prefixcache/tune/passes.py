@@ -137,12 +137,32 @@ def fit_scorer(spec: TaskSpec, options: ScoringOptions, step: Step = lambda what
     return build_scorer(task, options.replace(prune="off", exact=False))
 
 
-def _store(scorer: Scorer, reads: Sequence, views: Sequence[str], scores: bool) -> StateStore | None:
+def _store(scorer: Scorer, fingerprint: dict[str, str], reads: Sequence, views: Sequence[str], scores: bool
+           ) -> StateStore | None:
     task = scorer.task
     if task.cache_dir is None:
         return None
-    return StateStore(task.cache_dir, task.head_fingerprint(), scorer.engine.name, scorer.dtype,
-                      scorer.device.split(":")[0], reads, views, scores)
+    return StateStore(task.cache_dir, fingerprint, scorer.engine.name, scorer.dtype, scorer.device.split(":")[0],
+                      reads, views, scores)
+
+
+def _kept_or_computed(batch: Sequence[Prepared], store: StateStore | None, compute: Callable[[list], list],
+                      scores: bool) -> tuple[list, int, float]:
+    """Per prepared item of `batch`, its row's value (`scores`: the options' log-probs, else the
+    views per question): read from `store` where it holds the row, else computed in one call for
+    those it lacks, and kept there. Returns the values, how many were computed and the seconds."""
+    todo = [p for p in batch if store is None or store.get(p.key) is None]
+    fresh, seconds = {}, 0.0
+    if todo:
+        start = time.perf_counter()
+        values = compute(todo)
+        seconds = time.perf_counter() - start
+        if store is not None:
+            keys = [p.key for p in todo]
+            store.put(keys, values, [[] for _ in values]) if scores else store.put(keys, None, values)
+        fresh = {p.key: v for p, v in zip(todo, values)}
+    part = 0 if scores else 1
+    return [fresh[p.key] if p.key in fresh else store.get(p.key)[part] for p in batch], len(todo), seconds
 
 
 def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Question], batching: Batching,
@@ -158,28 +178,24 @@ def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Quest
     fitted = {q.id for q in questions}
     reads = [q.kind.judged_each if q.id in fitted else None for q in task.questions]
     index = [i for i, q in enumerate(task.questions) if q.id in fitted]
-    states_store, scores_store = _store(scorer, reads, views, False), _store(scorer, (), (), True)
-    out = States([], np.zeros(len(items), dtype=bool), 0.0, task.head_fingerprint())
+    fingerprint = task.head_fingerprint()
+    states_store = _store(scorer, fingerprint, reads, views, False)
+    scores_store = _store(scorer, fingerprint, (), (), True)
+    out = States([], np.zeros(len(items), dtype=bool), 0.0, fingerprint)
     found_states: dict[int, list] = {}
     own = []
     seconds, done = 0.0, 0
     step("reading states", 0, len(items))
     position = {id(item): n for n, item in enumerate(items)}
     for batch in task.batches(items, replace(batching, head_alone=True), scorer.context):
-        todo = [p for p in batch if (states_store is None or states_store.get(p.key) is None)]
-        fresh: dict = {}
-        if todo:
-            start = time.perf_counter()
-            per_item = scorer.states_alone(todo, reads, views)
-            seconds += time.perf_counter() - start
-            out.forwards += len(todo)
-            if states_store is not None:
-                states_store.put([p.key for p in todo], None, per_item)
-            fresh = {p.key: s for p, s in zip(todo, per_item)}
+        values, computed, took = _kept_or_computed(
+            batch, states_store, lambda todo: scorer.states_alone(todo, reads, views), scores=False)
+        seconds += took
+        out.forwards += computed
         own += [p.own_tokens for p in batch]
-        for p in batch:
-            found_states[position[id(p.item)]] = fresh[p.key] if p.key in fresh else states_store.get(p.key)[1]
-        out.kept += len(batch) - len(todo)
+        for p, found in zip(batch, values):
+            found_states[position[id(p.item)]] = found
+        out.kept += len(batch) - computed
         done += len(batch)
         step("reading states", done, len(items))
     out.ms_per_item = 1000 * seconds / (len(items) - out.kept) if len(items) > out.kept else 0.0
@@ -230,18 +246,10 @@ def _prompt_pass(scorer: Scorer, items: Sequence[Item], scored: np.ndarray, batc
     if picked:
         step(what, 0, len(picked))
     for batch in scorer.task.batches(picked, batching, scorer.context):
-        todo = [p for p in batch if store is None or store.get(p.key) is None]
-        fresh = {}
-        if todo:
-            start = time.perf_counter()
-            values = scorer.score(todo).logprobs
-            seconds += time.perf_counter() - start
-            computed += len(todo)
-            if store is not None:
-                store.put([p.key for p in todo], values, [[] for _ in todo])
-            fresh = {p.key: v for p, v in zip(todo, values)}
-        for p in batch:
-            lps = fresh[p.key] if p.key in fresh else store.get(p.key)[0]
+        values, scored, took = _kept_or_computed(batch, store, lambda todo: scorer.score(todo).logprobs, scores=True)
+        seconds += took
+        computed += scored
+        for p, lps in zip(batch, values):
             answers = scorer.decide(p, lps)
             k = where[id(p.item)]
             logprobs[k] = [answers.logprobs[i] for i in index]
