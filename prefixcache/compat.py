@@ -18,6 +18,7 @@ the functions that need them.
 | typer._click.exceptions (UsageError, NoArgsIsHelpError)      | usage errors as one line (typer ships its own click) |
 | the output embeddings called on the kept positions' states   | hidden states where tokens are scored  |
 | base_model.layers / .h, a decoder layer's output, last_hidden_state | middle layers' and pooled states |
+| chat_template_utils.ImmutableSandboxedEnvironment, _compile_jinja_template | chat templates rendered within bounds |
 """
 
 from __future__ import annotations
@@ -198,6 +199,16 @@ def gguf_progress_bar(enabled: bool) -> Iterator[None]:
     finally:
         if original is not None:
             gguf_utils.tqdm = original
+
+
+def chat_template_environment(environment: type) -> None:
+    """transformers compiles chat templates in `environment` (a subclass of jinja2's immutable
+    sandbox) from now on; the templates it compiled before are forgotten."""
+    from transformers.utils import chat_template_utils as templates
+
+    if templates.ImmutableSandboxedEnvironment is not environment:
+        templates.ImmutableSandboxedEnvironment = environment
+        templates._compile_jinja_template.cache_clear()
 
 
 def progress_bars_enabled() -> bool:

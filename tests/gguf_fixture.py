@@ -62,8 +62,10 @@ def tokenizer_fields() -> list[tuple[str, object, object, object]]:
     return found
 
 
-def write_gguf(path: Path, shape: Shape = TINY, seed: int = 0, scale: float = 0.08, f16: bool = False) -> Path:
-    """A Llama model of `shape` with random weights at `path` (F32, or F16 with `f16`)."""
+def write_gguf(path: Path, shape: Shape = TINY, seed: int = 0, scale: float = 0.08, f16: bool = False,
+               chat_template: str | None = None) -> Path:
+    """A Llama model of `shape` with random weights at `path` (F32, or F16 with `f16`), its chat
+    template SmolLM2's or `chat_template`."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -84,6 +86,8 @@ def write_gguf(path: Path, shape: Shape = TINY, seed: int = 0, scale: float = 0.
     vocab = next(len(v) for k, v, _, _ in fields if k == "tokenizer.ggml.tokens")
     writer.add_vocab_size(vocab)
     for key, value, kind_, sub in fields:
+        if key == "tokenizer.chat_template" and chat_template is not None:
+            value = chat_template
         writer.add_key_value(key, value, kind_, sub)
 
     def weight(*dims: int, std: float = scale) -> np.ndarray:

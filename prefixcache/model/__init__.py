@@ -3,6 +3,7 @@
 - load.py: finds and loads models and tokenizers (hub ids, folders, GGUF files, the embedded
   default), converting GGUF weights once into the cache;
 - memory.py: the memory a model will take (weights, keys and values, a GGUF conversion), from its files;
+- ggufheader.py: a GGUF file's header walked within bounds before anything parses it;
 - protocol.py: what the rest of the program may ask of an engine (`ScoringEngine`), the seam;
 - engine.py: prefills the static prefix once and scores batches of rows and their candidates
   against it in one forward pass (transformers on torch);
@@ -14,7 +15,8 @@
 - private.py: the cache is the user's alone: its folders, the signing secret, signatures;
 - store.py: prefilled prefixes kept on disk across runs, verified;
 - rows.py: what the engine scores (rows, candidates, their token trie);
-- reference.py: the slow, obviously correct scorer the engine is tested against.
+- reference.py: the slow, obviously correct scorer the engine is tested against;
+- template.py: the model's chat template rendered within bounds (size, numbers, time).
 
 Knows nothing of specs, items or records. May import: compat, errors.
 """

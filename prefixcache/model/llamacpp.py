@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import ModelError
 from .rows import Probe, Row, Trie, trie
+from .ggufheader import check_gguf
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class LlamaEngine:
         # weights llama.cpp repacks for its CPU kernels in memory beside the repacked copy (1.74 GB resident
         # for a 1.0 GB file, 1.03 GB read).
         params.load_mode = 0  # LLAMA_LOAD_MODE_NONE
+        check_gguf(Path(path))
         self._model = L.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
             raise ModelError(f"llama.cpp cannot load {path}: not a GGUF file it reads (see its log with "

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 from .. import compat
 from .. import safefile
 from .cache import checks_dir, models_dir, prefixes_dir
+from . import template
+from .ggufheader import check_gguf
 from ..errors import ModelError, UsageError, first_line
 from .private import (SIGNED, ForeignCache, cache_secret, owned, private_folder, sign_folder, unswappable,
                       verify_folder)
@@ -262,8 +264,10 @@ def remove_stale_conversions(folder: Path, age: float = 3600) -> None:
 
 
 def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerBase:
+    """The model's tokenizer, its chat template rendered within bounds (`template.py`)."""
     from transformers import AutoTokenizer
 
+    template.install()
     try:
         if source.kind == "gguf":
             converted = converted_dir(source, cache_dir)
@@ -271,12 +275,15 @@ def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerB
                 if converted_usable(kept, source):
                     return AutoTokenizer.from_pretrained(str(kept))
             path = Path(source.path)
+            check_gguf(path)
             with compat.gguf_parsed_once(keep=True):  # the conversion that follows reads the same parse
                 tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
             _keep_tokenizer(tokenizer, path, tokenizer_dir(converted))
             return tokenizer
         return AutoTokenizer.from_pretrained(source.path, trust_remote_code=source.trust_remote_code,
                                              **_revision(source))
+    except ModelError:
+        raise
     except Exception as exc:
         raise ModelError(f"cannot load the tokenizer of {source.ref}: {first_line(exc)}{_hub_hint(source)}")
 
@@ -381,6 +388,7 @@ def _convert_gguf(source: ModelSource, target: Path, tokenizer: PreTrainedTokeni
     import torch
 
     path = Path(source.path)
+    check_gguf(path)
     foreign = _foreign(target.parent.parent)
     if foreign is None:
         log.info("converting %s to float weights once (takes a while); later runs load them from %s", path.name, target)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .load import ModelSource, converted_dir
+from .ggufheader import check_gguf
 
 log = logging.getLogger(__name__)
 CONVERSION = 1.0  # a GGUF conversion's peak beyond the running model, over its float32 weights (measured 0.45)
@@ -137,6 +138,7 @@ class GgufFacts:
 def gguf_facts(path: Path) -> GgufFacts:
     """The file's facts, its header parsed once per file version (a parse takes ~1.5 s: the
     vocabulary is read in Python)."""
+    check_gguf(Path(path))
     st = Path(path).stat()
     return _gguf_facts(str(path), st.st_mtime_ns, st.st_size)
 

@@ -164,3 +164,16 @@ class _Bare(torch.nn.Module):
 
 def llama_or(arch, tokenizer):
     return tiny_model(arch, len(tokenizer))
+
+
+def test_chat_templates_are_compiled_in_the_environment_given():
+    """touchpoint: chat_template_utils.ImmutableSandboxedEnvironment, _compile_jinja_template."""
+    from transformers.utils import chat_template_utils as templates
+
+    from prefixcache.model.template import BoundedEnvironment
+
+    compat.chat_template_environment(BoundedEnvironment)
+    compiled = templates._compile_jinja_template("{{ messages[0]['content'] }}")
+    assert isinstance(compiled.environment, BoundedEnvironment)
+    assert templates.render_jinja_template([[{"role": "user", "content": "hi"}]],
+                                           chat_template="{{ messages[0]['content'] }}")[0][0] == "hi"
