@@ -61,9 +61,14 @@ def trie(candidates: Sequence[Candidate]) -> Trie:
     parents: list[int] = []
     depths: list[int] = []
     paths: list[list[int]] = []
+    previous: Sequence[int] = ()
     for cand in candidates:
-        path, node = [], -1
-        for depth, tok in enumerate(cand[:-1], start=1):
+        # A candidate's nodes up to what it shares with the one before are that one's (candidates
+        # after one long question stem share thousands of tokens: walked once, not once each).
+        shared = _common_length(previous, cand, min(len(cand), len(previous)) - 1)
+        path, node = paths[-1][:shared] if shared else [], paths[-1][shared - 1] if shared else -1
+        previous = cand
+        for depth, tok in enumerate(cand[shared:-1], start=shared + 1):
             key = (node, tok)
             if key not in child:
                 child[key] = len(tokens)
@@ -74,3 +79,17 @@ def trie(candidates: Sequence[Candidate]) -> Trie:
             path.append(node)
         paths.append(path)
     return Trie(tokens, parents, depths, paths)
+
+
+def _common_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """How many leading ids `a` and `b` share, at most `limit` (compared by slices: in C)."""
+    low, high = 0, max(0, min(len(a), len(b), limit))
+    if high and a[:high] == b[:high]:
+        return high
+    while low < high:  # a[:low] == b[:low], a[:high + 1] != b[:high + 1]
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low

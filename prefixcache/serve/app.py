@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -57,9 +57,12 @@ class Settings:
 
 
 async def _body(request: Request, settings: Settings) -> Any:
-    return await read_body(request.stream(), request.headers.get("content-length"),
-                           request.headers.get("content-type"), request.headers.get("content-encoding"),
-                           settings.max_body)
+    try:
+        return await read_body(request.stream(), request.headers.get("content-length"),
+                               request.headers.get("content-type"), request.headers.get("content-encoding"),
+                               settings.max_body)
+    except ClientDisconnect:  # hung up mid-body: the client's doing, logged as 499
+        raise ClientGone() from None
 
 
 def _authorized(request: Request, key: str | None) -> bool:

@@ -7,6 +7,7 @@ field that holds a string that is not valid Unicode."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import zlib
 from typing import Any, AsyncIterator
@@ -15,6 +16,7 @@ from .errors import Invalid
 
 MAX_DEPTH = 32  # arrays and objects inside each other, the body itself counted
 DRAIN = 4  # an oversized body is read and dropped up to this many times the limit, then the connection closes
+DRAIN_S = 1.0  # ... and for at most this long (a client that declares more than it sends is not waited for)
 ZSTD_STEP = 256  # compressed bytes fed at a time: a zstd frame's output per step is bounded, so a bomb stops early
 
 
@@ -39,17 +41,18 @@ def is_json(content_type: str | None) -> bool:
 async def read_body(stream: AsyncIterator[bytes], declared: str | None, content_type: str | None,
                     encoding: str | None, limit: int) -> Any:
     """The body's JSON value. `declared`: its Content-Length header."""
-    raw, over = bytearray(), bool(declared and declared.isdigit() and int(declared) > limit)
-    drained = 0
-    async for chunk in stream:  # an oversized body is read and dropped (up to a bound), so that
-        if over:                # the client, still sending, gets the 413 rather than a reset
-            drained += len(chunk)
-            if drained > DRAIN * limit:
+    size = int(declared) if declared and declared.isdigit() else 0
+    if size > DRAIN * limit:  # never read: answered at once
+        raise TooLarge()
+    raw, over = bytearray(), size > limit
+    if not over:
+        async for chunk in stream:
+            raw += chunk
+            if len(raw) > limit:
+                over = True
                 break
-            continue
-        raw += chunk
-        over = len(raw) > limit
     if over:
+        await _drained(stream, DRAIN * limit - len(raw))
         raise TooLarge()
     if not is_json(content_type):
         raise WrongType(f"the body must be sent as Content-Type: application/json (got {content_type or 'none'})")
@@ -57,6 +60,19 @@ async def read_body(stream: AsyncIterator[bytes], declared: str | None, content_
     if len(data) > limit:
         raise TooLarge()
     return parsed(data)
+
+
+async def _drained(stream: AsyncIterator[bytes], most: int) -> None:
+    """Read and drop what a client still sends of an oversized body (at most `most` bytes and
+    DRAIN_S seconds), so that a client still sending gets the 413 rather than a reset."""
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            async for chunk in stream:
+                most -= len(chunk)
+                if most < 0:
+                    return
+    except TimeoutError:
+        return
 
 
 def inflated(data: bytes, encoding: str, limit: int) -> bytes:

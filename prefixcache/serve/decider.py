@@ -43,8 +43,8 @@ from ..task.questions import Answers
 from ..task.head import FINGERPRINT_PARTS, Head
 from ..task.keys import spec_from_mapping
 from ..task.kind import shown
-from .defaults import AGE, BATCH_WAIT_MS, MAX_BATCH, MAX_REQUEST_TOKENS, PACKS, PASS_TOKENS, PREFIXES, RECENT, RECENT_S
-from .errors import TooCostly
+from .defaults import AGE, BATCH_WAIT_MS, CHARS_A_TOKEN, MAX_BATCH, MAX_REQUEST_TOKENS, PACKS, PASS_SECONDS, PASS_TOKENS, PREFIXES, RECENT, RECENT_S
+from .errors import TooCostly, TooLarge
 
 log = logging.getLogger(__name__)
 WHOLE = Batching()  # a request costs what an item scored whole costs a batch (every option, none pruned)
@@ -186,6 +186,7 @@ class Decider:
         with self.lock:
             for i, ask in enumerate(asks):
                 try:
+                    check_size(ask, self.max_tokens)
                     pack = pack_key(ask)
                     scorer, cached = self._pack(ask, pack)
                     prep = scorer.task.prepare(Item(f"request {i}", {"state": ask.state}, 1), self.context)
@@ -221,6 +222,27 @@ class Ready:
     cached: bool
     cost: int
     why_no_head: str | None = None  # heads are served and none answers this pack: why
+
+
+def check_size(ask: Ask, max_tokens: int) -> None:
+    """Refuse (TooLarge) an ask whose state and questions hold more characters than `max_tokens`
+    tokens can hold: known from its size alone, before anything is tokenised (a 1 MB pack would
+    otherwise hold the worker for as long as tokenising it takes)."""
+    chars = len(ask.state) + _characters(ask.questions)
+    if chars > max_tokens * CHARS_A_TOKEN:
+        raise TooLarge(chars, max_tokens, CHARS_A_TOKEN)
+
+
+def _characters(value: Any) -> int:
+    """The characters of the strings in a parsed JSON value (keys included)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(len(str(k)) + _characters(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return sum(_characters(v) for v in value)
+    return 0
+
 
 def pack_key(ask: Ask) -> str:
     """An ask's pack (its instructions and questions) as canonical JSON."""
@@ -275,7 +297,7 @@ def ask_key(ask: Ask) -> str:
 class Batcher:
     """A decider in one worker thread, deciding the asks that arrive together in one pass:
     `submit` returns a future. A pass takes the asks queued, up to `size` and about `tokens`
-    tokens to score, the cheapest first (one passed over AGE times goes first; an ask refused
+    tokens to score (fewer once passes were timed: as many as take about `seconds`), the cheapest first (one passed over AGE times goes first; an ask refused
     before scoring is answered at once); under load (the last pass took several, or more are
     queued) it first waits up to `wait` seconds for the clients just answered to send again, so
     that they share the next pass; a lone client never waits. A pass that fails is tried again
@@ -288,8 +310,10 @@ class Batcher:
     `dropped` count what happened; `waiting` is what is queued or in a pass."""
 
     def __init__(self, decider: Decider | Callable[[], Decider], wait: float = BATCH_WAIT_MS / 1000,
-                 size: int = MAX_BATCH, recent: int = RECENT, recent_s: float = RECENT_S, tokens: int = PASS_TOKENS):
-        self.wait, self.size, self.tokens = wait, size, tokens
+                 size: int = MAX_BATCH, recent: int = RECENT, recent_s: float = RECENT_S, tokens: int = PASS_TOKENS,
+                 seconds: float = PASS_SECONDS):
+        self.wait, self.size, self.tokens, self.seconds = wait, size, tokens, seconds
+        self.per_token: float | None = None  # seconds a token of a pass took, a running mean of the passes timed
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._last = 0  # asks in the last pass
         self._lock = threading.Lock()  # guards the jobs below, taken by callers and the worker
@@ -318,6 +342,13 @@ class Batcher:
         return self._failed is None
 
     def submit(self, ask: Ask) -> Future:
+        """A future of the ask's answer; one too large to score is refused at once (never queued)."""
+        try:
+            check_size(ask, self.decider.max_tokens)
+        except TooLarge as exc:
+            refused: Future = Future()
+            refused.set_exception(exc)
+            return refused
         key = ask_key(ask)
         with self._lock:
             done = self._recent.get(key)
@@ -412,15 +443,29 @@ class Batcher:
         for job, ready in zip(fresh, self.decider.ready([j.ask for j in fresh]) if fresh else ()):
             job.ready = ready
         order = sorted(pending, key=lambda j: (j.skipped < AGE, j.cost))
-        taken, left, spent = [], [], 0
+        taken, left, spent, budget = [], [], 0, self.budget
         for job in order:
-            if job.cost == 0 or (len(taken) < self.size and (not spent or spent + job.cost <= self.tokens)):
+            if job.cost == 0 or (len(taken) < self.size and (not spent or spent + job.cost <= budget)):
                 taken.append(job)
                 spent += job.cost
             else:
                 job.skipped += 1
                 left.append(job)
         return taken, sorted(left, key=lambda j: j.number)
+
+    @property
+    def budget(self) -> int:
+        """Tokens a pass takes at most: `tokens`, and once passes were timed, as many as take
+        about `seconds` (a light request never shares a pass of seconds with heavy ones)."""
+        if self.per_token is None:
+            return self.tokens
+        return max(1, min(self.tokens, int(self.seconds / self.per_token)))
+
+    def _timed(self, jobs: Sequence[_Job], seconds: float) -> None:
+        tokens = sum(j.cost for j in jobs)
+        if tokens:
+            rate = seconds / tokens
+            self.per_token = rate if self.per_token is None else 0.7 * self.per_token + 0.3 * rate
 
     def _live(self, jobs: list[_Job]) -> list[_Job]:
         """The jobs someone still waits for; the others are dropped, their futures told why."""
@@ -440,7 +485,9 @@ class Batcher:
         scored = [j for j in jobs if isinstance(j.ready, Ready)]
         results: dict[int, Any] = {id(j): j.ready for j in jobs if not isinstance(j.ready, Ready)}
         try:
+            start = time.perf_counter()
             results.update(zip(map(id, scored), self.decider.decide_ready([j.ready for j in scored]) if scored else ()))
+            self._timed(scored, time.perf_counter() - start)
         except Exception as exc:  # noqa: BLE001 - the pass failed: each of its requests is tried alone
             if len(scored) == 1:
                 log.exception("deciding a request failed")

@@ -34,3 +34,15 @@ class TooCostly(Exception):
                          f"after it), over this server's limit of {limit}: split its questions into several requests, "
                          f"or start the server with a larger --max-request-tokens")
         self.tokens, self.limit = tokens, limit
+
+
+class TooLarge(TooCostly):
+    """A request whose texts are too long for its tokens to fit the server's limit, at the most
+    characters a token can hold: refused from its size, before any of it is tokenised."""
+
+    def __init__(self, chars: int, limit: int, per_token: int):
+        Exception.__init__(self, f"the request holds {chars:,} characters of state and questions, more than this "
+                                 f"server's limit of {limit} tokens to score can hold ({per_token} characters a token at "
+                                 f"most): split its questions into several requests, or start the server with a larger "
+                                 f"--max-request-tokens")
+        self.tokens, self.limit = chars // per_token, limit

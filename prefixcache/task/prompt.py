@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # any Hugging Face tokenizer
 _PROBES = ("A", "a", "1", " ", "  x", "\n", "\t", ".", ",", ":", "'s", '"', "-", "<", "é", "中", "x y", "")
 _SENTINEL = "\u2063PREFIXCACHE\u2063"
 ASK_SEP = "\n"  # multi-label: between the item's text and the question about a label
+TAIL_CHARS = 64  # a question stem's tail encoded with each answer: its last lines, at least this long
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,31 @@ class PromptBuilder:
         self.parts = ((0, len(members)),) if members else ()
         return candidates
 
+    def _after_stem(self, stem_text: str, stem: tuple[int, ...], texts: Sequence[str]) -> list[tuple[int, ...]]:
+        """Each answer's candidate ids after a question's stem (`stem`: the stem's ids). The
+        stem's last lines are encoded with each answer instead of the whole stem, so a stem that
+        lists 255 described options is encoded once, not 255 times; this holds when the tail
+        tokenises alike alone and within the stem, each answer splits token-clean from it, and the
+        first and last answers give what encoding the whole gives: otherwise every answer is
+        encoded whole (the reference)."""
+        def whole(text: str) -> tuple[int, ...]:
+            return self.candidate_ids(stem_text + self.candidate_text(text), whole=True)
+
+        cut = stem_text.rfind("\n", 0, len(stem_text) - TAIL_CHARS) + 1
+        if cut <= 0 or len(texts) < 3:
+            return [whole(t) for t in texts]
+        tail = stem_text[cut:]
+        tail_ids = self.tok(tail, add_special_tokens=False)["input_ids"]
+        out = []
+        for text in texts:
+            joined = self.tok(tail + self.candidate_text(text), add_special_tokens=False)["input_ids"]
+            if joined[: len(tail_ids)] != tail_ids or len(joined) == len(tail_ids):
+                return [whole(t) for t in texts]
+            out.append(stem + tuple(joined[len(tail_ids):]))
+        if list(stem[-len(tail_ids):]) != tail_ids or out[0] != whole(texts[0]) or out[-1] != whole(texts[-1]):
+            return [whole(t) for t in texts]
+        return out
+
     def _question_candidates(self) -> dict[str, tuple[int, ...]]:
         """Typed questions: each scored text of each option of each question, after its question's
         stem; `self.skips` holds per candidate the stem's length (read, not scored), and
@@ -320,10 +346,10 @@ class PromptBuilder:
         candidates: dict[str, tuple[int, ...]] = {}
         skips, spans = [], []
         for q in self.spec.questions:
-            stem = self.candidate_ids(self.stem_text(q.branch()), whole=True)
+            stem_text = self.stem_text(q.branch())
+            stem = self.candidate_ids(stem_text, whole=True)
             start, seen = len(candidates), {}
-            for text in q.texts:
-                ids = self.candidate_ids(self.branch_text(q.branch(), text), whole=True)
+            for text, ids in zip(q.texts, self._after_stem(stem_text, stem, q.texts)):
                 if ids[: len(stem)] != stem or len(ids) == len(stem):
                     raise SpecError(f"{self.spec.path}: question {q.id!r}: answer {text!r} does not split "
                                     f"token-clean from the question (the tokenizer merges it with the text before it)")

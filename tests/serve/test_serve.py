@@ -484,3 +484,36 @@ def test_sigterm_answers_the_queue_until_its_deadline_then_503_and_exits_0_witho
     said = "".join(served.lines)
     assert "Traceback" not in said and "CancelledError" not in said
     assert "answered 503, to be sent again" in said
+
+
+def _raw_exchange(url: str, head: bytes, body: bytes, hang_up: bool) -> bytes:
+    import socket
+    from urllib.parse import urlparse
+
+    at = urlparse(url)
+    with socket.create_connection((at.hostname, at.port), timeout=10) as sock:
+        sock.sendall(head + body)
+        if hang_up:
+            time.sleep(0.3)
+            return b""
+        sock.settimeout(3)
+        return sock.recv(4096)
+
+
+def test_a_client_hanging_up_mid_body_is_its_own_499_and_an_impossible_length_is_413_at_once(server):
+    from urllib.parse import urlparse
+
+    so = server.url + "/v1/systemone"
+    at = urlparse(so)
+    for _ in range(2):  # declares 1000 bytes, sends 9, hangs up
+        _raw_exchange(so, f"POST {at.path} HTTP/1.1\r\nHost: {at.netloc}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: 1000\r\n\r\n".encode(), b'{"model":', hang_up=True)
+    start = time.monotonic()
+    answer = _raw_exchange(so, f"POST {at.path} HTTP/1.1\r\nHost: {at.netloc}\r\nContent-Type: application/json\r\n"
+                               f"Content-Length: 99999999999\r\n\r\n".encode(), b"{", hang_up=False)
+    assert answer.startswith(b"HTTP/1.1 413") and time.monotonic() - start < 2, answer[:200]
+    deadline = time.monotonic() + 5
+    while sum(" 499 " in line for line in server.lines) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum(" 499 " in line for line in server.lines) >= 2
+    assert not any("internal error" in line or "Traceback" in line for line in server.lines)
