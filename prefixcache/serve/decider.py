@@ -297,7 +297,7 @@ def ask_key(ask: Ask) -> str:
 class Batcher:
     """A decider in one worker thread, deciding the asks that arrive together in one pass:
     `submit` returns a future. A pass takes the asks queued, up to `size` and about `tokens`
-    tokens to score (fewer once passes were timed: as many as take about `seconds`), the cheapest first (one passed over AGE times goes first; an ask refused
+    tokens to score (once passes were timed, only as many as take about `seconds`), the cheapest first (one passed over AGE times goes first; an ask refused
     before scoring is answered at once); under load (the last pass took several, or more are
     queued) it first waits up to `wait` seconds for the clients just answered to send again, so
     that they share the next pass; a lone client never waits. A pass that fails is tried again
@@ -455,8 +455,9 @@ class Batcher:
 
     @property
     def budget(self) -> int:
-        """Tokens a pass takes at most: `tokens`, and once passes were timed, as many as take
-        about `seconds` (a light request never shares a pass of seconds with heavy ones)."""
+        """Tokens a pass takes at most (beyond its first request): `tokens`, and once passes were
+        timed, as many as take about `seconds`, so that a light request waits for at most one
+        pass of about that long (or one heavy request alone) and shares no longer one."""
         if self.per_token is None:
             return self.tokens
         return max(1, min(self.tokens, int(self.seconds / self.per_token)))

@@ -13,7 +13,7 @@ RECENT, RECENT_S = 256, 30.0  # answers kept to answer an identical request (a c
 MAX_REQUEST_TOKENS = 16384  # tokens one request may have to score (its state, questions, options): 255 described options take ~7,500
 CHARS_A_TOKEN = 16  # a request with more characters than this many a token allowed is refused before tokenising
 PASS_TOKENS = 4096  # a forward pass takes requests up to about this many tokens (at least one request)
-PASS_SECONDS = 1.0  # ... and, once passes were timed, about this long (a light request shares no long pass)
+PASS_SECONDS = 2.0  # ... and, once passes were timed, about this long (a light request shares no long pass)
 AGE = 4  # passes a costlier request may be passed over for cheaper ones before it goes first
 DRAIN_S = 30.0  # after SIGTERM or Ctrl-C, how long requests queued are still answered (then 503)
 
