@@ -98,7 +98,22 @@ def float32_bytes(source: ModelSource, cache_dir: Path) -> int | None:
 
 
 def available() -> int | None:
-    """Bytes of memory this machine has available now (Linux: MemAvailable), or None."""
+    """Bytes of memory this process may still take: what the machine has available now (Linux:
+    MemAvailable), or less where its cgroup's memory limit leaves less (a container, a systemd
+    unit's MemoryMax, a batch slot); None when neither is known."""
+    return available_and_why()[0]
+
+
+def available_and_why() -> tuple[int | None, str]:
+    """`available()`, and what bounds it: "this machine" or "this process's cgroup (its memory limit)"."""
+    machine = _machine_available()
+    group = cgroup_headroom()
+    if group is not None and (machine is None or group < machine):
+        return group, "this process's cgroup (its memory limit)"
+    return machine, "this machine"
+
+
+def _machine_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             for line in meminfo:
@@ -110,6 +125,62 @@ def available() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def cgroup_headroom(membership: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this process's cgroups let it take beyond what they hold now (the limit less the usage
+    that cannot be reclaimed: usage less inactive file pages), the least over its cgroup and
+    those above it; cgroup v2 (`root`, or `root`/unified beside v1) or v1 (`root`/memory). None
+    without a limit (or off Linux)."""
+    try:
+        lines = membership.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        number, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if number == "0" and controllers == "":
+            for mount in (root, root / "unified"):
+                if (mount / "cgroup.controllers").exists():
+                    found.append(_headroom(mount, path, "memory.max", "memory.current", "inactive_file"))
+                    break
+        elif "memory" in controllers.split(","):
+            found.append(_headroom(root / "memory", path, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                                   "total_inactive_file"))
+    known = [f for f in found if f is not None]
+    return min(known) if known else None
+
+
+NO_LIMIT = 1 << 60  # cgroup v1 says "no limit" with a number near 2**63
+
+
+def _headroom(mount: Path, path: str, limit_file: str, usage_file: str, inactive_key: str) -> int | None:
+    """The least headroom over the cgroup at `path` under `mount` and its ancestors."""
+    best = None
+    folder = mount / path.strip("/")
+    while True:
+        try:
+            text = (folder / limit_file).read_text(encoding="ascii").strip()
+            if text != "max" and int(text) < NO_LIMIT:
+                usage = int((folder / usage_file).read_text(encoding="ascii"))
+                room = int(text) - max(0, usage - _stat(folder / "memory.stat", inactive_key))
+                best = room if best is None else min(best, room)
+        except (OSError, ValueError):
+            pass
+        if folder == mount or mount not in folder.parents:
+            return None if best is None else max(best, 0)
+        folder = folder.parent
+
+
+def _stat(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text(encoding="ascii").splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _shape(source: ModelSource, cache_dir: Path) -> tuple[Shape | None, bool]:

@@ -25,7 +25,7 @@ from .. import compat
 from ..model.engine import Engine, Prefix
 from ..model.choice import gpu_build, pick_engine
 from ..model.llamacpp import GPU_LAYERS, UBATCH_TOKENS
-from ..model.memory import GB, Footprint, available, float32_bytes, footprint, llama_footprint
+from ..model.memory import GB, Footprint, available_and_why, float32_bytes, footprint, llama_footprint
 from ..model.protocol import ScoringEngine
 from ..errors import ModelError, PrefixTooLong
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
@@ -74,7 +74,7 @@ def _llama_engine(task: Task, cache_dir: Path, device: str, threads: int | None)
     gpu = device not in ("cpu",) and gpu_build()
     path = Path(task.source.path)
     cells = context_cells(len(task.builder.prefix_ids))
-    fits(task, llama_footprint(path, cells, UBATCH_TOKENS, kv_bytes(path)), "cuda" if gpu else "cpu")
+    fits(task, llama_footprint(path, cells, UBATCH_TOKENS, kv_bytes(path)), "cuda" if gpu else "cpu", quantised=True)
     probe(path, checks_dir(cache_dir))
     return LlamaEngine(path, threads, gpu_layers=GPU_LAYERS if gpu else 0)
 
@@ -83,16 +83,17 @@ BATCH_TOKENS = Batching.tokens  # the keys and values of a batch the estimate co
 NO_CHECK = "PREFIXCACHE_NO_MEMORY_CHECK"  # set to 1: load a model whatever its estimate says
 
 
-def fits(task: Task, need: Footprint | None, device: str) -> None:
+def fits(task: Task, need: Footprint | None, device: str, quantised: bool = False) -> None:
     """Say (log) the memory the model will take, `need`, estimated from its files alone; raise
     ModelError, before anything is loaded, when that is more than the device has available."""
     if need is None:
         return
     log.info("memory: %s will take %s", task.source.ref, need.words())
-    free = available() if device == "cpu" else _accelerator_free(device)
+    free, bound = available_and_why() if device == "cpu" else (_accelerator_free(device), "this machine")
     if free is not None and need.total > free and os.environ.get(NO_CHECK) != "1":
-        raise ModelError(f"{task.source.ref} needs {need.words()}, and this machine has {free / GB:.2f} GB available "
-                         f"on {device}: free some memory, or use a smaller model or quantisation (-m){_other(task)}; "
+        raise ModelError(f"{task.source.ref} needs {need.words()}, and {bound} has {free / GB:.2f} GB available "
+                         f"on {device}: free some memory, or use a smaller model or quantisation (-m)"
+                         f"{'' if quantised else _other(task)}; "
                          f"{NO_CHECK}=1 loads it anyway")
 
 
