@@ -51,3 +51,18 @@ def test_relative_links_and_their_anchors_resolve():
             assert path.exists(), f"{doc.name}: broken link {target}"
             if anchor and path.suffix == ".md":
                 assert anchor in _anchors(path), f"{doc.name}: no heading for #{anchor} in {path.name}"
+
+
+def test_every_yaml_block_in_the_docs_parses():
+    """A spec shown in the docs is one a user can paste: each ```yaml block is YAML (a block of
+    several documents, or a fragment marked `# ...`, is read as YAML too)."""
+    import yaml
+
+    bad = []
+    for doc in DOCS:
+        for block in re.findall(r"```ya?ml\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.S):
+            try:
+                list(yaml.safe_load_all(block))
+            except yaml.YAMLError as exc:
+                bad.append(f"{doc.name}: {str(exc).splitlines()[0]}: {block[:60]!r}")
+    assert not bad, "\n".join(bad)

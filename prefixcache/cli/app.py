@@ -40,7 +40,8 @@ from .options import (
 )
 from .show import (rendered_text, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench,
                    print_fit, suggest_summary, print_summary, print_tune)
-from .terminal import Command, Commands, bench_step, err, say, errors, progress, reporting, setup_logging, signals, steps
+from .terminal import (Command, Commands, bench_step, err, say, errors, progress, reporting, setup_logging, signals,
+                       steps, stopped_at_once)
 
 app = typer.Typer(
     cls=Commands,
@@ -355,28 +356,42 @@ def fit(
 
         prefixcache fit configs/support-emails.yaml labelled.jsonl -o fitted.yaml --target-accuracy 0.95
     """
-    from ..tune.cutpoint import CONFIDENCE
     from ..tune.fit import FitOptions, fit as run_fit, plan_fit
-    from ..tune.heads import Asked
 
     setup_logging(quiet)
     with errors(debug):
-        if target_accuracy is not None and coverage is not None:
-            raise UsageError("give --target-accuracy or --coverage, not both")
-        if confidence is not None and target_accuracy is None and coverage is None:
-            raise UsageError("--confidence is the confidence of a cut: give --target-accuracy or --coverage with it")
-        asked = Asked(target_accuracy, coverage, CONFIDENCE if confidence is None else confidence) \
-            if target_accuracy or coverage else None
+        asked = _asked_cut(target_accuracy, coverage, confidence)
         options = FitOptions(RunOptions(spec, labelled[0], **given), output, folds, seed, figures, overwrite, asked,
                              features, prompt_sample, tuple(labelled[1:]))
         plan = plan_fit(options)
-        with steps(quiet, log_interval) as step:
+        with steps(quiet, log_interval) as step, stopped_at_once(FIT_KEPT):
             compat.quiet_libraries()
             result = run_fit(options, step, plan)
         if not quiet:  # -q: no tables (the figures are in the JSON file)
             print_fit(result)
-        if not quiet:
             say("wrote " + ", ".join(str(p) for p in result.written))
+
+
+FIT_KEPT = ("nothing written; the states and scores read so far are kept in the cache, and fit again reads them back "
+            "and forwards only the rest")
+
+
+def _asked_cut(target_accuracy: Optional[float], coverage: Optional[float], confidence: Optional[float]) -> Any:
+    """fit's cut-point options as an `Asked` (None: no cut asked), or a UsageError."""
+    from ..tune.cutpoint import CONFIDENCE
+    from ..tune.heads import Asked
+
+    if target_accuracy is not None and coverage is not None:
+        raise UsageError("give --target-accuracy or --coverage, not both")
+    if target_accuracy is not None and target_accuracy >= 1:
+        raise UsageError(f"--target-accuracy {target_accuracy:g} cannot be certified: no number of held-out items "
+                         f"proves an accuracy of 1 (the bound of n right out of n stays below it); ask for 0.99 or "
+                         f"another value below 1")
+    if confidence is not None and target_accuracy is None and coverage is None:
+        raise UsageError("--confidence is the confidence of a cut: give --target-accuracy or --coverage with it")
+    if not (target_accuracy or coverage):
+        return None
+    return Asked(target_accuracy, coverage, CONFIDENCE if confidence is None else confidence)
 
 
 @app.command(cls=Command)

@@ -436,6 +436,10 @@ def _print_cut(out: Console, j: Any) -> None:
         r = cut.chosen
         aim = (f"at least {cut.target:g} at {level} confidence" if cut.target is not None
                else f"{r.coverage:.0%} answered, as --coverage {cut.coverage:g} asks")
+        if r.answered == r.total and not cut.per_option:
+            out.print(f"cut: none: every item answered, with accuracy {r.accuracy:.3f} [{r.low:.3f}, {r.high:.3f}] "
+                      f"({aim}); no threshold written for {escape(j.qid)} (new items are all answered)")
+            return
         out.print(f"cut: abstain below {r.cut:.3f}: answers {r.coverage:.0%} of the items with accuracy {r.accuracy:.3f} "
                   f"[{r.low:.3f}, {r.high:.3f}] ({aim}); written as {escape(j.qid)}'s threshold")
         _print_own_cuts(out, j, "with the threshold for the rest")

@@ -92,7 +92,7 @@ def errors(debug: bool) -> Iterator[None]:
     except PrefixcacheError as exc:
         if debug:
             traceback.print_exc()
-        err.print(f"error: {shown(exc)}", markup=False, soft_wrap=True)
+        err.print(f"{_lead()}error: {shown(exc)}", markup=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
@@ -103,9 +103,15 @@ def errors(debug: bool) -> Iterator[None]:
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        err.print(f"internal error: {type(exc).__name__}: {shown(exc)} (run with --debug for a traceback)", markup=False,
+        err.print(f"{_lead()}internal error: {type(exc).__name__}: {shown(exc)} (run with --debug for a traceback)", markup=False,
                   soft_wrap=True)
         raise typer.Exit(EXIT_INTERNAL)
+
+
+def _lead() -> str:
+    """Before an error line: nothing on a terminal; in a log read later (cron, CI) the time and
+    the program, as every other line there."""
+    return "" if err.is_terminal else stamp()
 
 
 def detach_closed_streams() -> None:
@@ -323,6 +329,21 @@ def progress(quiet: bool, interval: float = 30.0) -> Iterator[Reporter]:
 
 
 STOP_GRACE = 10.0  # seconds a stop waits for the batch in flight before abandoning it
+
+
+@contextmanager
+def stopped_at_once(kept: str) -> Iterator[None]:
+    """SIGINT/SIGTERM stop a command at once, saying in one line what was kept (`kept`)."""
+
+    def handler(signum, frame):
+        raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name}: {kept}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextmanager

@@ -17,6 +17,7 @@ import hashlib
 import io
 import itertools
 import json
+import logging
 import math
 import os
 import stat
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Iterable, IO, Any, Callable, Iterator, Mapping
 
 from ..errors import InputError, UsageError, first_line
+
+log = logging.getLogger("prefixcache")
 
 INPUT_FORMATS = ("jsonl", "csv", "tsv", "json", "parquet")
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv", ".json": "json",
@@ -122,12 +125,18 @@ def _jsonl_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
+            if not raw.endswith(b"\n") and exc.reason == "unexpected end of data":  # cut inside a character
+                _unfinished(name, lineno)
+                return
             raise InputError(f"{name}:{lineno}: not valid UTF-8 (byte {exc.start + 1} of the line)")
         if not text.strip():
             continue
         try:
             record = json.loads(text, parse_constant=_not_json, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
+            if not raw.endswith(b"\n"):  # an exporter still writing it: read once it is finished
+                _unfinished(name, lineno)
+                return
             raise InputError(f"{name}:{lineno}: malformed JSON: {exc.msg} (column {exc.colno})")
         except ValueError as exc:  # NaN / Infinity, a number of thousands of digits
             raise InputError(f"{name}:{lineno}: {_bad_value(exc)}")
@@ -137,6 +146,18 @@ def _jsonl_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[
             raise InputError(f"{name}:{lineno}: expected a JSON object, got {type(record).__name__}")
         _check_text(record, name, lineno)
         yield lineno, record
+
+
+_UNFINISHED: set[tuple[str, int]] = set()
+
+
+def _unfinished(name: str, lineno: int) -> None:
+    """A last line with no newline that is not JSON yet is one being written (a growing file):
+    it is left for the next run, said once."""
+    if (name, lineno) not in _UNFINISHED:
+        _UNFINISHED.add((name, lineno))
+        log.warning("%s:%d: the last line is not finished (no newline, not valid JSON yet): left for the next run, "
+                    "which reads it once it is written (--resume skips what this run scores)", name, lineno)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

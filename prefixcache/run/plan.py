@@ -107,6 +107,9 @@ def make_plan(options: RunOptions) -> Plan:
     spec = load_options_spec(options)
     if options.exact and spec.head is not None:
         raise UsageError(exact_refusal(spec.head))
+    if options.exact and (options.backend or spec.backend) == "llama.cpp":
+        raise UsageError("--backend llama.cpp: --exact scores close calls again in float32 on transformers; llama.cpp "
+                         "has no float32 twin of a file (drop --exact, or use --backend transformers --dtype bfloat16)")
     if options.exact and options.dtype not in ("bfloat16", "float16"):
         raise UsageError("--exact re-scores the close calls of a bfloat16 or float16 run in float32: "
                          "give --dtype bfloat16 (or float16)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -32,12 +33,13 @@ from ..task.kind import Question
 from ..task.questions import label_kind
 from ..task.spec import TaskSpec, gold_tags, gold_value
 from ..task.specfile import SpecFile, read_spec_file
-from .cutpoint import ABSTAIN_ALL
+from .cutpoint import ABSTAIN_ALL, Cut
 from ..task.features import Features, candidates, views_of
 from .heads import Asked, Judged, Labelled, judge
 from .job import labelled_items
 from .tuned import check_tuned_output, relocated, write_tuned
 
+log = logging.getLogger("prefixcache")
 MIN_ITEMS = 2  # a head needs two items (of two answers); under SMALL, fit says its figures are rough
 LAYER = "final"  # the state after the last norm: what the lm_head reads (docs/fit.md says why)
 Step = Callable[[str, int, int], None]
@@ -250,7 +252,8 @@ def cut_keys(plan: FitPlan, judged: Sequence[Judged]) -> dict[str, Any]:
     """The spec keys that make `run` abstain below each chosen cut: a label spec's `threshold`, a
     pack's questions each with its own (the pack written whole, with the others as they were)."""
     cuts = {j.qid: round(j.cut.chosen.cut, 6) if j.cut.chosen is not None else ABSTAIN_ALL
-            for j in judged if j.cut is not None and (j.cut.chosen is not None or j.cut.per_option)}
+            for j in judged if j.cut is not None and (j.cut.chosen is not None or j.cut.per_option)
+            and not answers_all(j.cut)}
     if not cuts:
         return {}
     if not plan.spec.questions:
@@ -259,6 +262,13 @@ def cut_keys(plan: FitPlan, judged: Sequence[Judged]) -> dict[str, Any]:
     for qid, cut in cuts.items():
         pack[qid]["threshold"] = cut
     return {"questions": pack}
+
+
+def answers_all(cut: Cut) -> bool:
+    """The cut chosen answers every held-out item (`--coverage 1`, or a target met at full
+    coverage): no threshold, since one at the least confident held-out item would make new
+    items below it abstain."""
+    return cut.chosen is not None and cut.chosen.answered == cut.chosen.total and not cut.per_option
 
 
 def fitted_questions(spec: TaskSpec) -> tuple[Question, ...]:
@@ -294,8 +304,30 @@ def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: dict[st
     prompted = None if scored is None or scored.all() else np.asarray(scored, dtype=bool)
     fields = spec.item_fields()
     groups = np.array([text_digest(item.record, fields) for item in items])
+    _say_conflicts(q, items, groups, gold)
     return Labelled(q.id, q.options, binary, states, logprobs, gold, prompt, said, None if binary else q.threshold,
                     prompted, groups if len(set(groups)) < len(groups) else None)
+
+
+def _say_conflicts(q: Question, items: Sequence[Item], groups: np.ndarray, gold: np.ndarray) -> None:
+    """Warn of one text labelled under two ids with different gold (one of them is likely wrong;
+    both are kept, in one fold), naming the first few."""
+    first: dict[str, int] = {}
+    clashes = []
+    for i, group in enumerate(groups):
+        j = first.setdefault(group, i)
+        if j != i and not np.array_equal(gold[i], gold[j]):
+            clashes.append((j, i))
+    if not clashes:
+        return
+
+    def answer(i: int) -> str:
+        return "+".join(o for o, on in zip(q.options, gold[i]) if on) if gold.ndim == 2 else q.options[gold[i]]
+    shown = "; ".join(f"{items[j].id!r} says {answer(j)!r}, {items[i].id!r} {answer(i)!r}" for j, i in clashes[:3])
+    more = f" and {len(clashes) - 3} more" if len(clashes) > 3 else ""
+    log.warning("question %r: %d labelled item%s the text of an earlier one with other gold (%s%s): both are kept "
+                "(in one fold), but one of each pair is likely mislabelled", q.id, len(clashes),
+                " has" if len(clashes) == 1 else "s have", shown, more)
 
 
 def _option(q: Question, spec: TaskSpec, item: Item) -> str:

@@ -100,6 +100,8 @@ def plan_suggest(options: SuggestOptions) -> SuggestPlan:
     known = known_items(spec, options.labelled, o)
     fields = spec.item_fields()
     unlabelled = [item for item in pool if not known.has(item, fields) and not has_gold(spec, item)]
+    if not pool:
+        raise UsageError(f"{o.items}: the pool holds no items: nothing to suggest")
     if not unlabelled:
         raise UsageError(f"{o.items}: every item of the pool is labelled already (by id, text or a gold value): "
                          f"nothing to suggest")

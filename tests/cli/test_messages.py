@@ -3,6 +3,7 @@ model loads."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import pytest
@@ -70,7 +71,8 @@ def test_spec_errors_do_not_import_torch(tmp_path):
             "    print(e.code, 'torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True)
     assert out.stdout.strip() == "2 False False"
-    assert out.stderr == f"error: {bad}: unknown key 'lables'; did you mean 'labels'?\n"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d prefixcache: " + re.escape(
+        f"error: {bad}: unknown key 'lables'; did you mean 'labels'?\n"), out.stderr)  # stamped: a log read later
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def test_a_closed_stderr_loses_no_report_and_is_no_error(spec_path, tmp_path):
     head = _sh(f"{_prefixcache()} run {gold_spec} {src} -q | head -1; exit ${{PIPESTATUS[0]}}", tmp_path)
     assert head.returncode == 0 and len(head.stdout.splitlines()) == 1 and head.stderr == ""
     closed = _sh(f"{_prefixcache()} run {gold_spec} {src} -q >&-", tmp_path)
-    assert closed.returncode == 2 and closed.stderr == "error: stdout is closed; give an output file with -o\n"
+    assert closed.returncode == 2 and closed.stderr.endswith(" prefixcache: error: stdout is closed; give an output file with -o\n")
 
 
 @pytest.mark.slow
@@ -332,3 +332,39 @@ def test_a_batch_abandoned_after_a_stop_still_prints_the_resume_command(spec_thr
     assert str(stopped.value) == f"{abandoned}; resume with: prefixcache run {spec_three_labels} {src} -o {out} --batch-size 2 --resume"
     assert stopped.value.exit_code == 130 and len(json_lines(out)) == 4
 
+
+
+def test_a_growing_files_unfinished_last_line_is_left_for_the_next_run_and_errors_are_stamped(spec_path, tmp_path):
+    """An exporter mid-write (a last line with no newline, not JSON yet): the finished lines are
+    scored, the unfinished one is said once and left; once written, --resume scores it. An
+    error line in a cron log carries the time, as every other line does."""
+    src = tmp_path / "growing.jsonl"
+    rows = [json.dumps({"id": i, "text": t}) for i, t in enumerate(ticket_texts(4))]
+    src.write_text("\n".join(rows[:3]) + "\n" + rows[3][:17])
+    first = _sh(f"{_prefixcache()} run {spec_path} {src} -o out.jsonl --resume < /dev/null > cron.log 2>&1", tmp_path)
+    log = (tmp_path / "cron.log").read_text()
+    assert first.returncode == 0, log
+    assert [r["id"] for r in _records(tmp_path / "out.jsonl")] == [0, 1, 2]
+    assert log.count(f"{src}:4: the last line is not finished") == 1
+    src.write_text("\n".join(rows) + "\n")
+    again = _sh(f"{_prefixcache()} run {spec_path} {src} -o out.jsonl --resume < /dev/null >> cron.log 2>&1", tmp_path)
+    assert again.returncode == 0
+    assert [r["id"] for r in _records(tmp_path / "out.jsonl")] == [0, 1, 2, 3]
+    src.write_text("\n".join(rows[:2]) + "\n{broken\n" + rows[3] + "\n")  # a finished line that is not JSON
+    bad = _sh(f"{_prefixcache()} run {spec_path} {src} -o out2.jsonl < /dev/null 2> err.log", tmp_path)
+    assert bad.returncode == 2
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d prefixcache: error: .*:3: malformed JSON.*\n",
+                        (tmp_path / "err.log").read_text().splitlines(keepends=True)[-1])
+
+
+def test_fit_stopped_by_sigterm_says_what_was_kept_in_one_line(spec_path, tmp_path):
+    """fit and the like stop at once on SIGTERM or Ctrl-C, with one line and exit 128 + signal."""
+    from prefixcache.cli.terminal import errors, stopped_at_once
+
+    import typer
+
+    with pytest.raises(typer.Exit) as stopped:
+        with errors(debug=False), stopped_at_once("the states read so far are kept"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # interrupted long before
+    assert stopped.value.exit_code == 143

@@ -77,16 +77,22 @@ def test_fit_writes_the_cut_and_run_abstains_below_it(tmp_path, tiny_model_dir):
     spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["billing", "technical"], gold="gold")
     labelled = _toy(tmp_path)
     out = tmp_path / "fitted.yaml"
-    result = invoke("fit", spec, labelled, "-o", out, "--folds", "4", "--target-accuracy", "0.9")
+    certified = invoke("fit", spec, labelled, "-o", tmp_path / "f0.yaml", "--folds", "4", "--target-accuracy", "0.9")
+    assert certified.exit_code == 0, certified.output
+    cut = json.loads((tmp_path / "f0.fit.json").read_text())["questions"][0]["cut"]
+    assert cut["chosen"]["low"] >= 0.9 and cut["target_accuracy"] == 0.9
+    if cut["chosen"]["coverage"] < 1:  # else every item is answered: no threshold (the test below)
+        assert yaml.safe_load((tmp_path / "f0.yaml").read_text())["threshold"] == pytest.approx(cut["chosen"]["cut"])
+    result = invoke("fit", spec, labelled, "-o", out, "--folds", "4", "--coverage", "0.5")
     assert result.exit_code == 0, result.output
     assert "risk-coverage" in result.stderr and "cut: abstain below " in result.stderr
     cut = json.loads((tmp_path / "fitted.fit.json").read_text())["questions"][0]["cut"]
-    assert cut["chosen"]["low"] >= 0.9 and cut["target_accuracy"] == 0.9
+    assert cut["chosen"]["coverage"] == 0.5
     assert yaml.safe_load(out.read_text())["threshold"] == pytest.approx(cut["chosen"]["cut"], abs=1e-6)
     ran = invoke("run", out, labelled, "-o", tmp_path / "preds.jsonl")
     assert ran.exit_code == 0, ran.output
     for r in json_lines(tmp_path / "preds.jsonl"):
-        assert (r["label"] is None) == (r["prob"] < cut["chosen"]["cut"])  # abstained exactly below the cut
+        assert (r["label"] is None) == (max(r["probs"].values()) < cut["chosen"]["cut"])  # abstained exactly below it
     unreachable = invoke("fit", spec, labelled, "-o", tmp_path / "f2.yaml", "--folds", "4", "--target-accuracy",
                          "0.999")
     assert unreachable.exit_code == 0 and "cut: none reaches accuracy 0.999" in unreachable.stderr
@@ -154,3 +160,30 @@ def test_a_confidence_without_a_target_is_refused(tmp_path, tiny_model_dir):
     result = invoke("fit", spec, _toy(tmp_path), "-o", tmp_path / "f.yaml", "--confidence", "0.99")
     assert result.exit_code == 2 and "give --target-accuracy or --coverage with it" in result.stderr
     assert not (tmp_path / "f.yaml").exists()
+
+
+def test_a_cut_that_answers_every_item_writes_no_threshold_and_a_target_of_1_is_refused(tmp_path, tiny_model_dir):
+    """--coverage 1 answers every item: a threshold at the least confident held-out item would make
+    new items below it abstain, so none is written. No count of items certifies an accuracy of 1."""
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["billing", "technical"], gold="gold")
+    labelled = _toy(tmp_path)
+    out = tmp_path / "all.yaml"
+    result = invoke("fit", spec, labelled, "-o", out, "--folds", "4", "--coverage", "1.0")
+    assert result.exit_code == 0, result.output
+    assert "cut: none: every item answered" in result.stderr and "no threshold written" in result.stderr
+    assert "threshold" not in yaml.safe_load(out.read_text())
+    one = invoke("fit", spec, labelled, "-o", tmp_path / "one.yaml", "--target-accuracy", "1.0")
+    assert one.exit_code == 2 and "--target-accuracy 1 cannot be certified" in one.stderr
+    assert not (tmp_path / "one.yaml").exists()
+
+
+def test_one_text_with_other_gold_under_two_ids_is_said(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["billing", "technical"], gold="gold")
+    rows = [json.loads(line) for line in _toy(tmp_path, n=20).read_text().splitlines()]
+    rows.append({**rows[0], "id": "again", "gold": "technical" if rows[0]["gold"] == "billing" else "billing"})
+    path = tmp_path / "clash.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = invoke("fit", spec, path, "-o", tmp_path / "f.yaml", "--folds", "3")
+    assert result.exit_code == 0, result.output
+    assert "1 labelled item has the text of an earlier one with other gold ('i0' says 'billing', 'again' " \
+           "'technical')" in result.stderr
