@@ -25,6 +25,7 @@ MAX_TENSORS = 1 << 20
 MAX_DIMS = 8
 _SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # fixed-size value types
 _STRING, _ARRAY = 8, 9
+_INTEGERS = {4: "I", 5: "i", 10: "Q", 11: "q"}  # the integer types a context length is written in
 
 
 class _Refused(Exception):
@@ -34,6 +35,7 @@ class _Refused(Exception):
 class _Walk:
     def __init__(self, data: mmap.mmap, order: str):
         self.data, self.order, self.at, self.entries = data, order, 0, 0
+        self.context: int | None = None  # `<arch>.context_length`, when the header says it
 
     def take(self, size: int, what: str) -> int:
         if size < 0 or self.at + size > len(self.data):
@@ -59,7 +61,9 @@ class _Walk:
 
     def value(self, kind: int, key: str, depth: int = 0) -> None:
         if kind in _SIZES:
-            self.take(_SIZES[kind], f"metadata {key!r}")
+            at = self.take(_SIZES[kind], f"metadata {key!r}")
+            if depth == 0 and key.endswith(".context_length") and kind in _INTEGERS:
+                self.context = struct.unpack_from(self.order + _INTEGERS[kind], self.data, at)[0]
         elif kind == _STRING:
             self.string(f"metadata {key!r}")
         elif kind == _ARRAY and depth < 2:
@@ -101,25 +105,35 @@ class _Walk:
 
 def check_gguf(path: Path) -> None:
     """Refuse (`ModelError`) a GGUF file whose header is malformed or beyond the bounds above."""
+    _read(path)
+
+
+def gguf_context(path: Path) -> int | None:
+    """The model's limit on positions its header says (`<arch>.context_length`), or None; the
+    file checked as `check_gguf` does."""
+    return _read(path)[1]
+
+
+def _read(path: Path) -> tuple[str, int | None]:
     st = Path(path).stat()
-    why = _verdict(str(path), st.st_size, st.st_mtime_ns)
+    why, context = _verdict(str(path), st.st_size, st.st_mtime_ns)
     if why:
         raise ModelError(f"{path}: not read: {why}")
+    return why, context
 
 
 @functools.lru_cache(maxsize=16)
-def _verdict(path: str, size: int, mtime_ns: int) -> str:
+def _verdict(path: str, size: int, mtime_ns: int) -> tuple[str, int | None]:
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            _walk(data)
+            return "", _walk(data).context
     except _Refused as exc:
-        return str(exc)
+        return str(exc), None
     except (OSError, ValueError) as exc:  # an empty file cannot be mapped
-        return f"cannot read it ({exc})"
-    return ""
+        return f"cannot read it ({exc})", None
 
 
-def _walk(data: mmap.mmap) -> None:
+def _walk(data: mmap.mmap) -> "_Walk":
     if data[:4] != b"GGUF":
         raise _Refused("it does not start with GGUF's magic number")
     order = "<"
@@ -143,3 +157,4 @@ def _walk(data: mmap.mmap) -> None:
         if dims > MAX_DIMS:
             raise _Refused(f"a tensor has {dims:,} dimensions")
         walk.take(8 * dims + 4 + 8, "a tensor's description")
+    return walk

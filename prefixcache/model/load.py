@@ -28,7 +28,7 @@ from .. import compat
 from .. import safefile
 from .cache import checks_dir, models_dir, prefixes_dir
 from . import template
-from .ggufheader import check_gguf
+from .ggufheader import check_gguf, gguf_context
 from ..errors import ModelError, UsageError, first_line
 from .private import (SIGNED, ForeignCache, cache_secret, owned, private_folder, sign_folder, unswappable,
                       verify_folder)
@@ -289,18 +289,18 @@ def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerB
 
 
 def model_context(source: ModelSource, cache_dir: Path) -> int | None:
-    """The model's limit on positions, read from its config alone (no weights are loaded); None
-    when the config cannot be had cheaply (a GGUF file not converted yet, a hub model not
-    downloaded)."""
+    """The model's limit on positions, read from its config or its GGUF header alone (no weights
+    are loaded); None when it cannot be had cheaply (a hub model not downloaded)."""
     try:
         if source.kind == "hub":
             from transformers import AutoConfig
 
             config = AutoConfig.from_pretrained(source.path, trust_remote_code=source.trust_remote_code,
                                                 **_revision(source)).to_dict()
+        elif source.kind == "gguf":
+            return gguf_context(Path(source.path))
         else:
-            folder = converted_dir(source, cache_dir) if source.kind == "gguf" else Path(source.path)
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            config = json.loads((Path(source.path) / "config.json").read_text(encoding="utf-8"))
     except Exception:  # no config to be had without the model: the caller's bound applies
         return None
     for part in (config, config.get("text_config") or {}):

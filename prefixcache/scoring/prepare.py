@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
-from ..errors import ItemError, TooLong
+from ..errors import ItemError, PrefixTooLong, TooLong
 from ..data.items import Item
 from ..model.load import ModelSource, load_tokenizer, model_content_identity, model_context, resolve_model
 from ..task.decision import Groups
@@ -139,6 +139,15 @@ class Task:
         """The model's limit on positions as its config says (None: not known), read on first use
         only: a run passes the loaded model's own limit and never needs it."""
         return model_context(self.source, self.cache_dir) if self.cache_dir is not None else None
+
+    def check_context(self, items: Iterable[Item]) -> None:
+        """Before the model loads, when its config or file says its context: the prefix fits it
+        (else PrefixTooLong) and so does every item (else its ItemError), known from the tokenizer."""
+        if self.context is None:
+            return
+        check_prefix(len(self.builder.prefix_ids), self.context)
+        for item in items:
+            self.prepare(item)
 
     def prepare(self, item: Item, context: int | None = None) -> Prepared:
         """Tokens and candidates of one item; `context` is the model's limit on positions, when
@@ -282,3 +291,10 @@ class Task:
             starts.append(at)
             at += len(batch)
         return starts
+
+
+def check_prefix(tokens: int, context: int | None) -> None:
+    """Refuse (PrefixTooLong) a static prefix of `tokens` tokens that leaves no room in `context`."""
+    if context and tokens >= context:
+        raise PrefixTooLong(f"the static prompt prefix has {tokens} tokens, more than the model's context of {context}; "
+                            f"shorten the system text or the examples")

@@ -27,7 +27,7 @@ from ..model.choice import gpu_build, pick_engine
 from ..model.llamacpp import GPU_LAYERS, UBATCH_TOKENS
 from ..model.memory import GB, Footprint, available_and_why, float32_bytes, footprint, llama_footprint
 from ..model.protocol import ScoringEngine
-from ..errors import ModelError, PrefixTooLong
+from ..errors import ModelError
 from ..model.load import load_model, model_identity, pick_device, pick_dtype
 from ..model.rows import Candidate, Row, trie
 from ..data.items import Item
@@ -38,7 +38,7 @@ from ..task.head import decided_by
 from .reading import Reading, alone_row, probe_of
 from ..task.questions import Answers
 from ..task.spec import PRUNING, TaskSpec
-from .prepare import Batching, Prepared, Task
+from .prepare import Batching, Prepared, Task, check_prefix
 from .pruning import MASS, Contest, score_pruned
 
 log = logging.getLogger(__name__)
@@ -227,12 +227,7 @@ class Scorer:
            says_precision: bool = False, prompt_scores: bool = False) -> "Scorer":
         """A scorer on a model already loaded, its prefix from `store` when it has it, else
         prefilled (and then kept there)."""
-        ids = task.builder.prefix_ids
-        if engine.max_positions and len(ids) >= engine.max_positions:
-            raise PrefixTooLong(
-                f"the static prompt prefix has {len(ids)} tokens, more than the "
-                f"model's context of {engine.max_positions}; shorten the system text or the examples"
-            )
+        check_prefix(len(task.builder.prefix_ids), engine.max_positions)
         prefix, source = _prefix(task, engine, store)
         return cls(task, engine, prefix, source, load_seconds, says_precision, prompt_scores=prompt_scores)
 

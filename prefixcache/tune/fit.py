@@ -175,7 +175,7 @@ def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: 
 
     plan = plan or plan_fit(options)
     o = options.run
-    scorer = fit_scorer(plan.spec, o.scoring(), step)
+    scorer = fit_scorer(plan.spec, o.scoring(), step, plan.items)
     fitted = fit_heads(scorer, plan.items, plan.questions, Batching(o.batch_size, o.batch_tokens), options.folds,
                        options.seed, step, options.asked, options.features, plan.before, options.prompt_sample)
     result = FitResult(options, plan, fitted.judged, fitted.read, engine=scorer.engine.name)

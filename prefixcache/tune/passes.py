@@ -129,10 +129,13 @@ class States:
     forwards: int = 0  # rows that went through the model (states and scores together)
 
 
-def fit_scorer(spec: TaskSpec, options: ScoringOptions, step: Step = lambda what, done, total: None) -> Scorer:
-    """The scorer `read_states` reads with: the spec's prompt, no head, every option scored."""
+def fit_scorer(spec: TaskSpec, options: ScoringOptions, step: Step = lambda what, done, total: None,
+               items: Sequence[Item] = ()) -> Scorer:
+    """The scorer `read_states` reads with: the spec's prompt, no head, every option scored;
+    the prefix and `items` checked against the model's context before it loads."""
     step("loading the tokenizer", 0, 0)
     task = Task.from_spec(spec, options.cache_dir)
+    task.check_context(items)
     step(f"loading the model {task.source.ref}", 0, 0)
     return build_scorer(task, options.replace(prune="off", exact=False))
 
