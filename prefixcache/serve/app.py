@@ -160,8 +160,7 @@ def _decisions_route(decide: Decide, settings: Settings) -> Callable[[Request], 
     async def route(request: Request) -> Response:
         refused = _refused(request, settings)
         if refused is not None:
-            return _json(*decisions.failure(refused[0], refused[1],
-                                            code="invalid_api_key" if refused[0] == 401 else "forbidden"))
+            return _json(*decisions.failure(refused[0], refused[1], code=REFUSAL_CODES[refused[0]]))
         try:
             ask, questions = decisions.parse(await _body(request, settings))
             decided = await decide(ask, request)
@@ -199,8 +198,21 @@ LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def _refused(request: Request, settings: Settings) -> tuple[int, str] | None:
-    """Why a request is refused before its body is read: a foreign Host or Origin (403: a web page
-    the user visits could otherwise reach a server on this machine), or no valid key (401)."""
+    """Why a request is refused before its body is read: `_foreign`, or no valid key (401)."""
+    foreign = _foreign(request, settings)
+    if foreign is not None:
+        return foreign
+    if not _authorized(request, settings.key):
+        return 401, "a valid API key is required (Authorization: Bearer KEY)"
+    return None
+
+
+def _foreign(request: Request, settings: Settings) -> tuple[int, str] | None:
+    """A request from elsewhere than this machine's clients: a foreign Host or Origin (403: a web
+    page the user visits could otherwise reach a server on this machine), or two Host headers
+    (400, as HTTP/1.1 requires)."""
+    if len(request.headers.getlist("host")) > 1:
+        return 400, "the request has more than one Host header"
     host = _hostname(request.headers.get("host", ""))
     if settings.hosts is not None and host not in LOOPBACK and host not in settings.hosts:
         return 403, (f"the Host {host!r} is not this server's: a name pointed at this machine by another site is "
@@ -210,15 +222,17 @@ def _refused(request: Request, settings: Settings) -> tuple[int, str] | None:
             and _hostname(origin.partition("://")[2]) not in LOOPBACK:
         return 403, (f"requests from the web page origin {origin!r} are refused (start the server with "
                      f"--allow-origin {origin} to accept them)")
-    if not _authorized(request, settings.key):
-        return 401, "a valid API key is required (Authorization: Bearer KEY)"
     return None
+
+
+REFUSAL_KINDS = {400: "invalid_request", 401: "authentication_error", 403: "forbidden"}
+REFUSAL_CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "forbidden"}
 
 
 def _systemone_refusal(refused: tuple[int, str]) -> Response:
     """A `_refused` request answered in System One's error shape."""
     status, message = refused
-    return _json(*systemone.failure(status, "authentication_error" if status == 401 else "forbidden", message))
+    return _json(*systemone.failure(status, REFUSAL_KINDS[status], message))
 
 
 def _hostname(host: str) -> str:
@@ -245,6 +259,9 @@ def _models_route(settings: Settings) -> Callable[[Request], Awaitable[Response]
 
 def _health_route(settings: Settings, batcher: Batcher) -> Callable[[Request], Awaitable[Response]]:
     async def route(request: Request) -> Response:
+        foreign = _foreign(request, settings)  # no key needed (a load balancer's probe), but this machine's clients
+        if foreign is not None:
+            return _json(foreign[0], {"status": "refused", "detail": foreign[1]})
         return _json(200, {"status": "ok", "model": settings.model, "passes": batcher.passes,
                            "computed": batcher.computed, "shared": batcher.shared, "dropped": batcher.dropped,
                            "waiting": batcher.waiting, "rss_mb": _rss_mb()})

@@ -136,7 +136,7 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def parsed(data: bytes) -> Any:
     """One JSON value from UTF-8 bytes, checked (see the module's docstring)."""
     try:
-        value = json.loads(data.decode("utf-8"), object_pairs_hook=_unique)
+        value = json.loads(data.decode("utf-8"), object_pairs_hook=_unique, parse_constant=_not_json)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadBody(f"the body is not JSON: {exc}") from exc
     except RecursionError as exc:
@@ -145,6 +145,11 @@ def parsed(data: bytes) -> Any:
         raise BadBody(f"the key {_shown(str(exc.args[0]))} appears twice in one object of the body") from exc
     _check(value)
     return value
+
+
+def _not_json(constant: str) -> Any:
+    """NaN, Infinity and -Infinity, which Python's reader takes and JSON does not have."""
+    raise BadBody(f"the body is not JSON: {constant} is not a JSON value (numbers are finite)")
 
 
 def _check(value: Any) -> None:

@@ -34,7 +34,7 @@ def parse(body: Any) -> Ask:
         problems.append((("body", "state"), "field required: a string, an object or an array", "value_error.missing"))
     elif not isinstance(state, (str, dict, list)):
         problems.append((("body", "state"), "state must be a string, an object or an array", "type_error"))
-    elif isinstance(state, str) and not state.strip():
+    elif not state or (isinstance(state, str) and not state.strip()):
         problems.append((("body", "state"), "state must not be empty: it is what the questions are asked about",
                          "value_error"))
     instructions = body.get("instructions")

@@ -26,6 +26,7 @@ def letter(i: int) -> str:
 class ChoiceKind(Asked):
     name = "choice"
     races = True
+    abstains = True
     reads = ("text", "letters")
     aliases: tuple[str, ...] = ()
 

@@ -93,6 +93,7 @@ class Kind(Protocol):
 
     name: str
     aliases: tuple[str, ...]
+    abstains: bool  # its answer may abstain below a `threshold`
 
     def parse(self, qid: str, entry: Mapping[str, Any], where: str) -> dict[str, Any]:
         """The kind's fields of a `Question` (options, descriptions, said, extra) from its entry."""
@@ -145,6 +146,7 @@ class Asked:
     reads: tuple[str, ...] = ("text",)  # the `read` values it takes
     collapses = True  # one answer for most items hints at a biased model (not so for levels)
     judged_each = False  # each option is a yes/no call of its own (a fitted head reads one state per option)
+    abstains = False  # its answer may abstain below a `threshold` (one of its options, not a number)
 
     def value_of(self, cell: str) -> Any:
         """Its answer's value from a CSV cell (the inverse of writing `answer[type]`)."""

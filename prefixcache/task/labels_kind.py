@@ -26,6 +26,7 @@ class LabelsKind(Asked):
     """The label set of a single-label spec (not a pack type: a spec's `labels:` builds it)."""
 
     name = "labels"
+    abstains = True
     races = True
 
     def branch(self, q: Question) -> str | None:

@@ -22,6 +22,7 @@ class OptionsKind(Asked):
     """An item's own options (not a pack type: a spec's `choices:` field builds it per item)."""
 
     name = "options"
+    abstains = True
 
     def branch(self, q: Question) -> str | None:
         return None  # the options follow the item's prompt (the template may show them lettered)

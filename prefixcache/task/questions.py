@@ -62,6 +62,10 @@ def parse_question(qid: str, entry: Any, where: str, normalize: str = "sum", cal
     gold = entry.get("gold")
     if gold is not None and (not isinstance(gold, str) or not gold):
         raise SpecError(f"{at}: 'gold' must name the item field with the expected answer")
+    if entry.get("threshold") is not None and not kind.abstains:
+        takers = sorted(k.name for k in KINDS.values() if k.abstains)
+        raise SpecError(f"{at}: 'threshold' applies to {' and '.join(takers)} questions, whose answer can abstain; "
+                        f"a {kind.name} question always answers")
     fields = kind.parse(qid, entry, at)
     if read not in kind.reads:
         takers = sorted({k.name for k in KINDS.values() if read in k.reads})

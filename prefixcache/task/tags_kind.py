@@ -25,6 +25,7 @@ class TagsKind:
     name = "tags"
     races = False  # every label is judged
     judged_each = True  # each label a yes/no call of its own, read where its own answer is scored
+    abstains = False  # each label has its own threshold, chosen for F1; the set never abstains as one
 
     def decide(self, q: Question, logprobs: Sequence[float], counts: Sequence[int],
                unconditional: Sequence[float] = (), prior: Sequence[float] | None = None) -> Tags:

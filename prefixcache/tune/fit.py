@@ -231,7 +231,7 @@ def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question],
         data = labelled(q, spec, items, states, logprobs, decisions, read.scored)
         what = f"judging {q.id}: {folds}-fold cross-validation, then the head on every item"
         step(what, 0, 0)
-        cuts = asked if q.kind.name in ABSTAINING else None
+        cuts = asked if q.kind.abstains else None
         j, r = judge(data, folds_for(len(items), folds), seed, lambda done, total: step(what, done, total), cuts, sets,
                      before)
         if len(items) < SMALL:
@@ -245,7 +245,6 @@ def fit_heads(scorer: Any, items: Sequence[Item], questions: Sequence[Question],
     return Fitted(judged, readouts, read)
 
 
-ABSTAINING = ("labels", "choice")  # the kinds of question whose answer abstains below a threshold
 
 
 def cut_keys(plan: FitPlan, judged: Sequence[Judged]) -> dict[str, Any]:

@@ -517,3 +517,24 @@ def test_a_client_hanging_up_mid_body_is_its_own_499_and_an_impossible_length_is
         time.sleep(0.05)
     assert sum(" 499 " in line for line in server.lines) >= 2
     assert not any("internal error" in line or "Traceback" in line for line in server.lines)
+
+
+def test_health_answers_this_machines_clients_only_and_two_host_headers_are_400(server):
+    import socket
+    from urllib.parse import urlparse
+
+    at = urlparse(server.url)
+    request = urllib.request.Request(server.url + "/health", headers={"Host": "attacker.example"})
+    try:
+        urllib.request.urlopen(request, timeout=10)
+        status = 200
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    assert status == 403
+    with urllib.request.urlopen(server.url + "/health", timeout=10) as resp:
+        assert json.loads(resp.read())["status"] == "ok"
+    body = json.dumps({"model": "m", "state": "x", "questions": {"q": {"type": "noul", "instructions": "Urgent?"}}})
+    with socket.create_connection((at.hostname, at.port), timeout=10) as sock:
+        sock.sendall(f"POST /v1/systemone HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\nContent-Type: "
+                     f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+        assert sock.recv(200).startswith(b"HTTP/1.1 400")
