@@ -144,8 +144,12 @@ def question_ids(questions: list[Any]) -> list[str]:
     return [f"q{i}" for i in range(len(questions))]
 
 
+READOUT_KEYS = ("x_readout", "x_readout_why")  # what answered it, when heads are served, as on System One
+
+
 def answer(decided: Decided, questions: list[dict[str, Any]], model: str) -> dict[str, Any]:
-    """The response body: one answer per question, in order."""
+    """The response body: one answer per question, in order (each with what answered it, when
+    heads are served)."""
     out = []
     for qid, q in zip(question_ids(questions), questions):
         got = decided.answers[qid]
@@ -163,6 +167,7 @@ def answer(decided: Decided, questions: list[dict[str, Any]], model: str) -> dic
                         "probabilities": [{"value": int(k), "label": labels[int(k)], "probability": p}
                                           for k, p in got["probabilities"].items()],
                         "confidence": got["confidence"]})
+        out[-1].update({k: v for k, v in got.items() if k in READOUT_KEYS})
     usage = {"input_tokens": decided.input_tokens,
              "input_tokens_details": {"cached_tokens": decided.cached_tokens, "cache_write_tokens": decided.written_tokens},
              "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": decided.input_tokens}

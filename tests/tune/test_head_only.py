@@ -162,4 +162,5 @@ def test_decide_and_the_server_answer_a_head_alone_pack_without_scoring_an_optio
         for option, p in run[r["id"]]["answers"]["team"]["probabilities"].items():
             assert team["probabilities"][option] == pytest.approx(p, abs=1e-5)
     assert openai["name"] == "team" and openai["choice"] == system_one[0].answers["team"]["choice"]
+    assert openai["x_readout"] == "head"  # said on both routes
     assert openai["confidence"] == pytest.approx(system_one[0].answers["team"]["confidence"], abs=1e-6)
