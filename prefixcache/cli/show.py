@@ -371,8 +371,8 @@ def print_fit(result: FitResult) -> None:
     o = result.options
     for j in result.judged:
         kind = "exact label sets" if j.binary else "accuracy"
-        table = Table(title=f"prefixcache fit · {escape(j.qid)} · {j.folds}-fold cross-validation over {j.items} "
-                            f"items", title_justify="left")
+        table = Table(title=f"prefixcache fit · {escape(j.qid)} · {j.folds}-fold cross-validation over "
+                            f"{j.counted}", title_justify="left")
         for col in ("readout", kind, "macro-F1", "ECE"):
             table.add_column(col, justify="left" if col == "readout" else "right")
         for name, f in (("head", j.head), ("prompt alone", j.prompt)):
@@ -449,10 +449,10 @@ def _print_cut(out: Console, j: Any) -> None:
           f"({cut.target - m.low:.3f} short)" if m else f": fewer than {least_items(cut.target, cut.confidence)} "
           f"items could be answered")
     if cut.per_option:
-        out.print(f"cut: no one cut reaches accuracy {cut.target:g} at {level} confidence on these {j.items} items{by}")
+        out.print(f"cut: no one cut reaches accuracy {cut.target:g} at {level} confidence on these {j.counted}{by}")
         _print_own_cuts(out, j, "every other answer abstaining (threshold 1)")
         return
-    out.print(f"cut: none reaches accuracy {cut.target:g} at {level} confidence on these {j.items} items{by}; no "
+    out.print(f"cut: none reaches accuracy {cut.target:g} at {level} confidence on these {j.counted}{by}; no "
               f"threshold written: label more items or lower the target")
 
 

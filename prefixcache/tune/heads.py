@@ -133,6 +133,12 @@ class Judged:
     since: Since | None = None  # the new labels' gain over the last fit's, on the same folds
     coverage: list[Row] = field(default_factory=list)  # one answer: the risk-coverage table of the held-out predictions
     prompt_items: int = 0  # the items the prompt alone and the gain are measured on (its options scored)
+    texts: int = 0  # the distinct texts every figure counts once (0: as many as items)
+
+    @property
+    def counted(self) -> str:
+        """What the figures stand on, in words: "48 items (24 distinct texts)"."""
+        return f"{self.items} items" + (f" ({self.texts} distinct texts)" if 0 < self.texts < self.items else "")
 
     def to_json(self) -> dict[str, Any]:
         def js(figures: dict) -> dict:
@@ -140,7 +146,7 @@ class Judged:
 
         return {"question": self.qid, "kind": "tags" if self.binary else "one of", "items": self.items,
                 "folds": self.folds, "head": js(self.head), "prompt": js(self.prompt), "gain": self.gain.to_json(),
-                "prompt_items": self.prompt_items,
+                "prompt_items": self.prompt_items, "texts": self.texts or self.items,
                 "verdict": self.verdict, "chosen": {"C": self.choice.C, "features": self.choice.features},
                 "labelled_per_option": self.counts, "learning_curve": self.curve,
                 **({"thresholds": dict(zip(self.counts, self.thresholds))} if self.thresholds else {}),
@@ -346,29 +352,44 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
             earlier[test] = fitted_probs(data, train[before[train]], test, chosen.features, [chosen.C])[0]
     step(folds, folds + 1)
     choice = choose(data, everything, seed, feature_sets)
-    thresholds = _tag_thresholds(data, probs) if data.binary else None
+    # Every figure, interval and cut counts a text once: copies (in one fold, so predicted alike)
+    # would otherwise narrow the intervals and certify cuts as if they were more evidence.
+    one = once_a_text(data)
+    ev, probs = replace(data.subset(one), prompted=None if data.prompted is None else data.prompted[one]), probs[one]
+    thresholds = _tag_thresholds(ev, probs) if data.binary else None
     head_said = probs >= np.asarray(thresholds) if data.binary else answered(probs, data.threshold)
-    head = figures(data, head_said, probs, seed)
-    asked_prompt = data.prompt_items  # the prompt alone is measured where its options were scored
-    prompt, gain = _prompt_beside(data, head_said, seed, notes)
+    head = figures(ev, head_said, probs, seed)
+    prompt, gain = _prompt_beside(ev, head_said, seed, notes)
     verdict = "head" if gain.low > 0 else "prompt" if gain.high < 0 else "tie"
     judged = Judged(data.qid, data.binary, data.n, len(splits), head, prompt, gain, verdict, choice, data.counts(),
-                    notes=notes, thresholds=thresholds, prompt_items=len(asked_prompt))
+                    notes=notes, thresholds=thresholds, prompt_items=len(ev.prompt_items), texts=len(one))
     if earlier is not None:
+        earlier = earlier[one]
         then = earlier >= np.asarray(thresholds) if data.binary else answered(earlier, data.threshold)
-        judged.since = Since(int(before.sum()), figures(data, then, earlier, seed)["accuracy"],
-                             paired_gain(data, head_said, then, seed))
+        judged.since = Since(int(before.sum()), figures(ev, then, earlier, seed)["accuracy"],
+                             paired_gain(ev, head_said, then, seed))
     if not data.binary:
         judged.curve = learning_curve(data, splits, choice, seed)
         top, best = probs.max(axis=1), probs.argmax(axis=1)
         if asked is not None:
-            judged.cut = per_option_cuts(choose_cut(top, best == data.gold, asked.target, asked.coverage,
-                                                    asked.confidence), top, best, best == data.gold)
-        judged.coverage = judged.cut.table if judged.cut else risk_coverage(top, best == data.gold)
+            judged.cut = per_option_cuts(choose_cut(top, best == ev.gold, asked.target, asked.coverage,
+                                                    asked.confidence), top, best, best == ev.gold)
+        judged.coverage = judged.cut.table if judged.cut else risk_coverage(top, best == ev.gold)
     final = readout(data, choice)
     if judged.cut is not None and judged.cut.per_option:  # the head file keeps them; the spec, the cut for the rest
         final = replace(final, cuts={data.options[k]: round(r.cut, 6) for k, r in judged.cut.per_option.items()})
     return judged, final
+
+
+def once_a_text(data: Labelled) -> np.ndarray:
+    """One item of each text, in order (every item when no two share one): the first whose
+    options were scored, else the first."""
+    if data.groups is None:
+        return np.arange(data.n)
+    scored = np.ones(data.n, dtype=bool) if data.prompted is None else data.prompted
+    order = np.lexsort((~scored, data.groups))  # by text, the scored first (a stable sort: then in order)
+    _, first = np.unique(data.groups[order], return_index=True)
+    return np.sort(order[first])
 
 
 def _fold_copies_together(data: Labelled, folds: int, notes: list[str]) -> int:
@@ -377,7 +398,8 @@ def _fold_copies_together(data: Labelled, folds: int, notes: list[str]) -> int:
         return folds
     copies = data.n - len(set(data.groups))
     notes.append(f"{copies} labelled item{'s are copies' if copies != 1 else ' is a copy'} of another's text: each "
-                 f"kept in one fold with it, so that no item is judged by a head fitted on its copy")
+                 f"kept in one fold with it, so that no item is judged by a head fitted on its copy, and every "
+                 f"held-out figure and cut counts each text once")
     return min(folds, len(set(data.groups)))
 
 

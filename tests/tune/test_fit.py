@@ -28,11 +28,11 @@ WORDS = {"billing": "refund", "technical": "crashes"}  # a word a label, repeate
 
 def _toy(tmp_path, n=40, name="labelled.jsonl"):
     """Items whose word says their label (separable in a state that reads it), of several
-    lengths, in an order the labels do not follow."""
+    lengths, in an order the labels do not follow, each text its own (copies are counted once)."""
     rows = []
     for k in range(n):
         label = LABELS2[(k * 7 + k // 3) % 2]
-        rows.append({"id": f"i{k}", "text": " ".join([WORDS[label]] * (3 + k % 4)), "gold": label})
+        rows.append({"id": f"i{k}", "text": " ".join([WORDS[label]] * (3 + k % 4)) + f" case {k}", "gold": label})
     path = tmp_path / name
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -627,8 +627,10 @@ def test_copies_of_a_text_are_kept_in_one_fold(tmp_path, tiny_model_dir):
     doubled.write_text("".join(json.dumps({**r, "id": r["id"] + suffix, "text": f"{r['text']} {r['id']}"}) + "\n"
                                for r in rows for suffix in ("", "-copy")))
     assert invoke("fit", spec, doubled, "-o", tmp_path / "f.yaml", "--folds", "4", "-q").exit_code == 0
-    notes = json.loads((tmp_path / "f.fit.json").read_text())["questions"][0]["notes"]
-    assert any("16 labelled items are copies of another's text" in n for n in notes), notes
+    question = json.loads((tmp_path / "f.fit.json").read_text())["questions"][0]
+    assert any("16 labelled items are copies of another's text" in n for n in question["notes"]), question["notes"]
+    assert question["items"] == 32 and question["texts"] == 16  # every figure counts a text once
+    assert max(row["answered"] for row in question["risk_coverage"]) == 16
 
 
 def test_classifier_fit_refuses_bad_labels_with_the_librarys_typed_errors(fitted):
