@@ -55,6 +55,7 @@ class Labelled:
     threshold: float | None = None  # multiclass: the spec's, below which an answer abstains (-1)
     prompted: np.ndarray | None = None  # [N] bool: the items whose options were scored (None: all)
     groups: np.ndarray | None = None  # [N] the digest of each item's text: copies share a fold (None: all distinct)
+    notes: tuple[str, ...] = ()  # what the reading of the items found to say (near-copies)
 
     def subset(self, idx: np.ndarray) -> "Labelled":
         """The items `idx` alone."""
@@ -338,7 +339,7 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     on the held-out probabilities (a question of one answer; tags have their thresholds).
     `before` [N] bool: the items the last fit had; the gain of the new ones is measured on the same
     folds (`Judged.since`)."""
-    notes = _check_counts(data, folds)
+    notes = [*data.notes, *_check_counts(data, folds)]
     folds = _fold_copies_together(data, folds, notes)
     splits = cv_splits(data.strata(), folds, seed, data.groups)
     probs = np.empty(data.prompt.shape)

@@ -651,3 +651,20 @@ def test_classifier_fit_refuses_bad_labels_with_the_librarys_typed_errors(fitted
         clf.fit([{"text": t} for t in texts[:-1]] + [{"text": math.nan}], golds, folds=3)  # a DataFrame's NaN
     with pytest.raises(UsageError, match="folds must be 2 or more"):
         clf.fit(texts, golds, folds=1)
+
+
+def test_near_copies_by_the_models_reading_are_listed_and_exact_copies_are_not():
+    from prefixcache.data.items import Item
+    from prefixcache.tune.fit import near_copies
+
+    rng = np.random.default_rng(0)
+    states = rng.standard_normal((12, 1, 64))
+    states[5] = states[2] + 0.01 * rng.standard_normal((1, 64))  # read alike, another text
+    states[9] = states[4]  # read alike, the same text (an exact copy: folded together, not listed)
+    items = [Item(f"t{k}", {"text": f"text {k}"}, k + 1) for k in range(12)]
+    groups = np.array([f"g{k}" for k in range(12)])
+    groups[9] = groups[4]
+    notes = near_copies(items, groups, {"state": states})
+    assert len(notes) == 1 and notes[0].startswith("1 pair of labelled items of other texts the model reads alike")
+    assert "'t2' and 't5'" in notes[0] and "'t4'" not in notes[0]
+    assert near_copies(items, np.array([f"g{k}" for k in range(12)]), {"state": rng.standard_normal((12, 1, 64))}) == []
