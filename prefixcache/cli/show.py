@@ -380,11 +380,7 @@ def print_fit(result: FitResult) -> None:
                           style="bold" if (name == "head") == (j.verdict == "head") and j.verdict != "tie" else None)
         out.print(table)
         g = j.gain
-        verdict = {"head": "the head is better beyond noise",
-                   "prompt": "the prompt alone is better: keep the spec without 'head'",
-                   "tie": "no difference beyond noise: the prompt alone is as good, and you may keep the spec "
-                          "without 'head'"}[j.verdict]
-        out.print(f"gain in {kind}: {g.value:+.3f} [{g.low:+.3f}, {g.high:+.3f}] (98%): {verdict}")
+        out.print(f"gain in {kind}: {g.value:+.3f} [{g.low:+.3f}, {g.high:+.3f}] (98%): {j.verdict_words}")
         out.print(f"head: C={j.choice.C:g}, reads {reads_words(j.choice.features)} (chosen by inner cross-validation)")
         if j.curve:
             out.print("learning curve (held-out accuracy by labelled items a class): "

@@ -388,7 +388,8 @@ def _coverage_figure(plt: Any, questions: list) -> str:
     return _svg(fig)
 
 
-VERDICTS = {"head": "the head is better", "prompt": "the prompt alone is better", "tie": "no difference beyond noise"}
+VERDICTS = {"head": "the head is better beyond noise", "prompt": "the prompt alone is better beyond noise",
+            "tie": "not enough labels to tell"}
 
 
 def _interval(figure: Any) -> str:

@@ -14,6 +14,7 @@ other folds, and the prompt rule is measured on the same items, paired, with boo
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -137,6 +138,26 @@ class Judged:
     texts: int = 0  # the distinct texts every figure counts once (0: as many as items)
 
     @property
+    def verdict_words(self) -> str:
+        """The verdict as the gain's interval allows: better or worse beyond noise, or not enough
+        labels to tell, with about how many compared items would tell them apart at this gain."""
+        g = self.gain
+        if self.verdict == "head":
+            return "the head is better beyond noise"
+        if self.verdict == "prompt":
+            return "the prompt alone is better beyond noise: keep the spec without 'head'"
+        words = f"not enough labels to tell: the gain lies in [{g.low:+.3f}, {g.high:+.3f}]"
+        if abs(g.value) < 0.01:
+            return words + "; the two answer alike on these items"
+        compared = self.prompt_items or self.items
+        need = math.ceil(compared * ((g.high - g.low) / 2 / abs(g.value)) ** 2)
+        if compared < self.items:
+            more = f", and about {need - self.items} more labels" if need > self.items else ""
+            return words + (f"; the prompt measured on about {need} items (--prompt-sample {min(need, self.items)}"
+                            f"{more}) would tell them apart at this gain")
+        return words + f"; about {need} labelled items ({need - compared} more) would tell them apart at this gain"
+
+    @property
     def counted(self) -> str:
         """What the figures stand on, in words: "48 items (24 distinct texts)"."""
         return f"{self.items} items" + (f" ({self.texts} distinct texts)" if 0 < self.texts < self.items else "")
@@ -148,7 +169,7 @@ class Judged:
         return {"question": self.qid, "kind": "tags" if self.binary else "one of", "items": self.items,
                 "folds": self.folds, "head": js(self.head), "prompt": js(self.prompt), "gain": self.gain.to_json(),
                 "prompt_items": self.prompt_items, "texts": self.texts or self.items,
-                "verdict": self.verdict, "chosen": {"C": self.choice.C, "features": self.choice.features},
+                "verdict": self.verdict, "verdict_words": self.verdict_words, "chosen": {"C": self.choice.C, "features": self.choice.features},
                 "labelled_per_option": self.counts, "learning_curve": self.curve,
                 **({"thresholds": dict(zip(self.counts, self.thresholds))} if self.thresholds else {}),
                 **({"cut": self._cut_json()} if self.cut else {}),

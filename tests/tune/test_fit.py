@@ -668,3 +668,24 @@ def test_near_copies_by_the_models_reading_are_listed_and_exact_copies_are_not()
     assert len(notes) == 1 and notes[0].startswith("1 pair of labelled items of other texts the model reads alike")
     assert "'t2' and 't5'" in notes[0] and "'t4'" not in notes[0]
     assert near_copies(items, np.array([f"g{k}" for k in range(12)]), {"state": rng.standard_normal((12, 1, 64))}) == []
+
+
+@pytest.mark.parametrize("gain, verdict, items, prompt_items, words", [
+    ((0.10, 0.02, 0.18), "head", 60, 60, "the head is better beyond noise"),
+    ((-0.10, -0.18, -0.02), "prompt", 60, 60, "the prompt alone is better beyond noise"),
+    ((0.10, -0.10, 0.30), "tie", 40, 40, "not enough labels to tell: the gain lies in [-0.100, +0.300]; about 160 "
+                                          "labelled items (120 more) would tell them apart at this gain"),
+    ((0.10, -0.10, 0.30), "tie", 200, 20, "not enough labels to tell: the gain lies in [-0.100, +0.300]; the prompt "
+                                           "measured on about 80 items (--prompt-sample 80) would tell them apart"),
+    ((0.001, -0.2, 0.2), "tie", 40, 40, "not enough labels to tell: the gain lies in [-0.200, +0.200]; the two "
+                                         "answer alike"),
+])
+def test_the_verdicts_words_follow_the_gains_interval(gain, verdict, items, prompt_items, words):
+    """A wide interval is "not enough labels to tell", never "as good"; the items that would tell
+    them apart scale as the interval's half-width over the gain, squared."""
+    from prefixcache.tune.heads import Choice, Judged
+    from prefixcache.tune.selection import Figure
+
+    judged = Judged("label", False, items, 5, {}, {}, Figure(*gain), verdict, Choice(1.0, "state"), {},
+                    prompt_items=prompt_items)
+    assert judged.verdict_words.startswith(words)
