@@ -306,7 +306,7 @@ def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: dict[st
     _say_conflicts(q, items, groups, gold)
     return Labelled(q.id, q.options, binary, states, logprobs, gold, prompt, said, None if binary else q.threshold,
                     prompted, groups if len(set(groups)) < len(groups) else None,
-                    notes=tuple(near_copies(items, groups, states)))
+                    notes=tuple(near_copies(items, groups, states)), ids=tuple(id_text(i.id) for i in items))
 
 
 NEAR = 0.9  # centred cosine of two items' final states from which they are near-copies (measured: one mark

@@ -57,10 +57,12 @@ class Labelled:
     prompted: np.ndarray | None = None  # [N] bool: the items whose options were scored (None: all)
     groups: np.ndarray | None = None  # [N] the digest of each item's text: copies share a fold (None: all distinct)
     notes: tuple[str, ...] = ()  # what the reading of the items found to say (near-copies)
+    ids: tuple[str, ...] = ()  # each item's id, as text (to name items in notes)
 
     def subset(self, idx: np.ndarray) -> "Labelled":
         """The items `idx` alone."""
         return replace(self, states={v: a[idx] for v, a in self.states.items()}, logprobs=self.logprobs[idx],
+                       ids=tuple(self.ids[i] for i in idx) if self.ids else (),
                        gold=self.gold[idx], prompt=self.prompt[idx], said=self.said[idx], prompted=None,
                        groups=None if self.groups is None else self.groups[idx])
 
@@ -136,6 +138,7 @@ class Judged:
     coverage: list[Row] = field(default_factory=list)  # one answer: the risk-coverage table of the held-out predictions
     prompt_items: int = 0  # the items the prompt alone and the gain are measured on (its options scored)
     texts: int = 0  # the distinct texts every figure counts once (0: as many as items)
+    suspects: list[dict[str, Any]] = field(default_factory=list)  # likely label errors (`likely_errors`)
 
     @property
     def verdict_words(self) -> str:
@@ -168,7 +171,7 @@ class Judged:
 
         return {"question": self.qid, "kind": "tags" if self.binary else "one of", "items": self.items,
                 "folds": self.folds, "head": js(self.head), "prompt": js(self.prompt), "gain": self.gain.to_json(),
-                "prompt_items": self.prompt_items, "texts": self.texts or self.items,
+                "prompt_items": self.prompt_items, "texts": self.texts or self.items, "likely_errors": self.suspects,
                 "verdict": self.verdict, "verdict_words": self.verdict_words, "chosen": {"C": self.choice.C, "features": self.choice.features},
                 "labelled_per_option": self.counts, "learning_curve": self.curve,
                 **({"thresholds": dict(zip(self.counts, self.thresholds))} if self.thresholds else {}),
@@ -391,16 +394,55 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
         judged.since = Since(int(before.sum()), figures(ev, then, earlier, seed)["accuracy"],
                              paired_gain(ev, head_said, then, seed))
     if not data.binary:
+        _one_answer(judged, ev, probs, asked)
         judged.curve = learning_curve(data, splits, choice, seed)
-        top, best = probs.max(axis=1), probs.argmax(axis=1)
-        if asked is not None:
-            judged.cut = per_option_cuts(choose_cut(top, best == ev.gold, asked.target, asked.coverage,
-                                                    asked.confidence), top, best, best == ev.gold)
-        judged.coverage = judged.cut.table if judged.cut else risk_coverage(top, best == ev.gold)
     final = readout(data, choice)
     if judged.cut is not None and judged.cut.per_option:  # the head file keeps them; the spec, the cut for the rest
         final = replace(final, cuts={data.options[k]: round(r.cut, 6) for k, r in judged.cut.per_option.items()})
     return judged, final
+
+
+def _one_answer(judged: Judged, ev: Labelled, probs: np.ndarray, asked: Asked | None) -> None:
+    """A question of one answer's likely label errors, its cut (`asked`) and its risk-coverage
+    table, from the held-out probabilities `probs` of the items `ev` (a text once)."""
+    judged.suspects = likely_errors(ev, probs)
+    if judged.suspects:
+        judged.notes.append(_suspects_note(judged.suspects))
+    top, best = probs.max(axis=1), probs.argmax(axis=1)
+    if asked is not None:
+        judged.cut = per_option_cuts(choose_cut(top, best == ev.gold, asked.target, asked.coverage, asked.confidence),
+                                     top, best, best == ev.gold)
+    judged.coverage = judged.cut.table if judged.cut else risk_coverage(top, best == ev.gold)
+
+
+SUSPECTS_SHOWN = 5
+CONFIDENT = 0.5  # a suspect's other answer is at least this probable (a weak head flags nothing it is unsure of)
+
+
+def likely_errors(data: Labelled, probs: np.ndarray) -> list[dict[str, Any]]:
+    """Labelled items the held-out head confidently answers otherwise (confident learning's
+    idea): an item labelled i is suspect when another option j has a held-out probability at
+    least j's own threshold (the mean held-out probability of j over the items labelled j), at
+    least CONFIDENT, and above that of i. Most confident first, as {"id", "gold", "read_as", "probability"}."""
+    k = probs.shape[1]
+    thresholds = np.array([probs[data.gold == j, j].mean() if (data.gold == j).any() else 1.0 for j in range(k)])
+    out = []
+    for i in range(data.n):
+        g = data.gold[i]
+        over = [j for j in range(k) if j != g and probs[i, j] >= max(thresholds[j], CONFIDENT) and probs[i, j] > probs[i, g]]
+        if over:
+            j = max(over, key=lambda o: probs[i, o])
+            out.append({"id": data.ids[i] if data.ids else str(i), "gold": data.options[g],
+                        "read_as": data.options[j], "probability": round(float(probs[i, j]), 4)})
+    return sorted(out, key=lambda s: -s["probability"])
+
+
+def _suspects_note(suspects: list[dict[str, Any]]) -> str:
+    shown = "; ".join(f"{s['id']!r} labelled {s['gold']!r}, read as {s['read_as']!r} ({s['probability']:.2f})"
+                      for s in suspects[:SUSPECTS_SHOWN])
+    more = f" and {len(suspects) - SUSPECTS_SHOWN} more (the JSON's likely_errors)" if len(suspects) > SUSPECTS_SHOWN else ""
+    return (f"{len(suspects)} labelled item{'s' if len(suspects) != 1 else ''} the held-out head confidently answers "
+            f"otherwise, likely label errors to check: {shown}{more}")
 
 
 def once_a_text(data: Labelled) -> np.ndarray:

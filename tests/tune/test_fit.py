@@ -689,3 +689,25 @@ def test_the_verdicts_words_follow_the_gains_interval(gain, verdict, items, prom
     judged = Judged("label", False, items, 5, {}, {}, Figure(*gain), verdict, Choice(1.0, "state"), {},
                     prompt_items=prompt_items)
     assert judged.verdict_words.startswith(words)
+
+
+def test_planted_label_flips_are_listed_as_likely_errors_and_a_weak_head_flags_nothing():
+    from prefixcache.tune.heads import Labelled, likely_errors
+
+    rng = np.random.default_rng(3)
+    n, k = 60, 3
+    truth = np.arange(n) % k
+    probs = np.full((n, k), 0.03)
+    probs[np.arange(n), truth] = 0.94
+    probs += rng.uniform(0, 0.02, probs.shape)
+    probs /= probs.sum(axis=1, keepdims=True)
+    gold = truth.copy()
+    flipped = [4, 17, 33, 50]
+    gold[flipped] = (truth[flipped] + 1) % k
+    data = Labelled("q", ("a", "b", "c"), False, {}, np.zeros((n, k)), gold, probs, gold,
+                    ids=tuple(f"r{i}" for i in range(n)))
+    found = likely_errors(data, probs)
+    assert sorted(s["id"] for s in found) == sorted(f"r{i}" for i in flipped)
+    assert all(s["read_as"] == "abc"[truth[int(s["id"][1:])]] for s in found)
+    unsure = np.full((n, k), 1 / k) + rng.uniform(0, 0.05, (n, k))
+    assert likely_errors(data, unsure / unsure.sum(axis=1, keepdims=True)) == []
