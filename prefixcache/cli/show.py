@@ -378,6 +378,10 @@ def print_fit(result: FitResult) -> None:
         for name, f in (("head", j.head), ("prompt alone", j.prompt)):
             table.add_row(name, _interval(f["accuracy"]), _interval(f["macro_f1"]), f"{f['ece']:.3f}",
                           style="bold" if (name == "head") == (j.verdict == "head") and j.verdict != "tie" else None)
+        if j.baseline:  # no language model: what the head must beat to be worth it
+            b = j.baseline
+            table.add_row("TF-IDF + LR", _interval(b["accuracy"]), _interval(b["macro_f1"]), f"{b['ece']:.3f}",
+                          style="dim")
         out.print(table)
         g = j.gain
         out.print(f"gain in {kind}: {g.value:+.3f} [{g.low:+.3f}, {g.high:+.3f}] (98%): {j.verdict_words}")

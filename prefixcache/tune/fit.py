@@ -31,7 +31,7 @@ from ..scoring.prepare import Batching
 from ..task.head import Head, Readout, head_bytes
 from ..task.kind import Question
 from ..task.questions import label_kind
-from ..task.spec import TaskSpec, gold_tags, gold_value
+from ..task.spec import TaskSpec, field_text, gold_tags, gold_value
 from ..task.specfile import SpecFile, read_spec_file
 from .cutpoint import ABSTAIN_ALL, Cut
 from ..task.features import Features, candidates, views_of
@@ -306,7 +306,8 @@ def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: dict[st
     _say_conflicts(q, items, groups, gold)
     return Labelled(q.id, q.options, binary, states, logprobs, gold, prompt, said, None if binary else q.threshold,
                     prompted, groups if len(set(groups)) < len(groups) else None,
-                    notes=tuple(near_copies(items, groups, states)), ids=tuple(id_text(i.id) for i in items))
+                    notes=tuple(near_copies(items, groups, states)), ids=tuple(id_text(i.id) for i in items),
+                    texts=tuple(" ".join(field_text(item.record.get(f)) for f in fields) for item in items))
 
 
 NEAR = 0.9  # centred cosine of two items' final states from which they are near-copies (measured: one mark

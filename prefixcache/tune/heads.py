@@ -58,11 +58,13 @@ class Labelled:
     groups: np.ndarray | None = None  # [N] the digest of each item's text: copies share a fold (None: all distinct)
     notes: tuple[str, ...] = ()  # what the reading of the items found to say (near-copies)
     ids: tuple[str, ...] = ()  # each item's id, as text (to name items in notes)
+    texts: tuple[str, ...] = ()  # each item's text as the template reads it (for the TF-IDF baseline)
 
     def subset(self, idx: np.ndarray) -> "Labelled":
         """The items `idx` alone."""
         return replace(self, states={v: a[idx] for v, a in self.states.items()}, logprobs=self.logprobs[idx],
                        ids=tuple(self.ids[i] for i in idx) if self.ids else (),
+                       texts=tuple(self.texts[i] for i in idx) if self.texts else (),
                        gold=self.gold[idx], prompt=self.prompt[idx], said=self.said[idx], prompted=None,
                        groups=None if self.groups is None else self.groups[idx])
 
@@ -139,6 +141,7 @@ class Judged:
     prompt_items: int = 0  # the items the prompt alone and the gain are measured on (its options scored)
     texts: int = 0  # the distinct texts every figure counts once (0: as many as items)
     suspects: list[dict[str, Any]] = field(default_factory=list)  # likely label errors (`likely_errors`)
+    baseline: dict[str, Figure | float | None] | None = None  # TF-IDF + logistic regression on the same folds
 
     @property
     def verdict_words(self) -> str:
@@ -153,7 +156,7 @@ class Judged:
         if abs(g.value) < 0.01:
             return words + "; the two answer alike on these items"
         compared = self.prompt_items or self.items
-        need = math.ceil(compared * ((g.high - g.low) / 2 / abs(g.value)) ** 2)
+        need = max(math.ceil(compared * ((g.high - g.low) / 2 / abs(g.value)) ** 2), compared + 1)
         if compared < self.items:
             more = f", and about {need - self.items} more labels" if need > self.items else ""
             return words + (f"; the prompt measured on about {need} items (--prompt-sample {min(need, self.items)}"
@@ -172,6 +175,7 @@ class Judged:
         return {"question": self.qid, "kind": "tags" if self.binary else "one of", "items": self.items,
                 "folds": self.folds, "head": js(self.head), "prompt": js(self.prompt), "gain": self.gain.to_json(),
                 "prompt_items": self.prompt_items, "texts": self.texts or self.items, "likely_errors": self.suspects,
+                **({"tfidf_baseline": js(self.baseline)} if self.baseline else {}),
                 "verdict": self.verdict, "verdict_words": self.verdict_words, "chosen": {"C": self.choice.C, "features": self.choice.features},
                 "labelled_per_option": self.counts, "learning_curve": self.curve,
                 **({"thresholds": dict(zip(self.counts, self.thresholds))} if self.thresholds else {}),
@@ -396,10 +400,33 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     if not data.binary:
         _one_answer(judged, ev, probs, asked)
         judged.curve = learning_curve(data, splits, choice, seed)
+        if data.texts:
+            base = tfidf_baseline(data, splits)[one]
+            judged.baseline = figures(ev, answered(base, data.threshold), base, seed)
     final = readout(data, choice)
     if judged.cut is not None and judged.cut.per_option:  # the head file keeps them; the spec, the cut for the rest
         final = replace(final, cuts={data.options[k]: round(r.cut, 6) for k, r in judged.cut.per_option.items()})
     return judged, final
+
+
+def tfidf_baseline(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Held-out probabilities [N, K] of TF-IDF (words and word pairs, sublinear) + logistic
+    regression on the items' texts, fold by fold: what a model-free classifier answers on the same
+    folds, beside the head."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    probs = np.zeros((data.n, len(data.options)))
+    texts = np.asarray(data.texts, dtype=object)
+    for train, test in splits:
+        classes = np.unique(data.gold[train])
+        if len(classes) < 2:
+            probs[test, classes[0]] = 1.0
+            continue
+        vectors = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True)
+        fitted = LogisticRegression(C=10.0, max_iter=2000).fit(vectors.fit_transform(texts[train]), data.gold[train])
+        probs[np.ix_(test, fitted.classes_)] = fitted.predict_proba(vectors.transform(texts[test]))
+    return probs
 
 
 def _one_answer(judged: Judged, ev: Labelled, probs: np.ndarray, asked: Asked | None) -> None:

@@ -711,3 +711,13 @@ def test_planted_label_flips_are_listed_as_likely_errors_and_a_weak_head_flags_n
     assert all(s["read_as"] == "abc"[truth[int(s["id"][1:])]] for s in found)
     unsure = np.full((n, k), 1 / k) + rng.uniform(0, 0.05, (n, k))
     assert likely_errors(data, unsure / unsure.sum(axis=1, keepdims=True)) == []
+
+
+def test_tfidf_beside_the_head_on_the_same_folds(fitted, tmp_path):
+    """The model-free baseline's held-out figures are printed and written beside the head's."""
+    spec, labelled, _ = fitted
+    result = invoke("fit", spec, labelled, "-o", tmp_path / "b.yaml", "--folds", "4")
+    assert result.exit_code == 0, result.output
+    assert "TF-IDF + LR" in result.stderr
+    question = json.loads((tmp_path / "b.fit.json").read_text())["questions"][0]
+    assert 0 <= question["tfidf_baseline"]["accuracy"]["value"] <= 1 and "ece" in question["tfidf_baseline"]
