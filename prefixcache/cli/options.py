@@ -98,7 +98,10 @@ POOL_ARG = typer.Argument(..., metavar="POOL", help="Unlabelled items to choose 
 SUGGEST_N_OPT = typer.Option(50, "-n", "--count", min=1, help="How many items to suggest.")
 SUGGESTED_OPT = typer.Option(..., "--output", "-o", help="The items to label: .csv, else JSON lines (id, the template's fields, the gold column holding the head's guess to correct, its probability and margin).", show_default=False)
 SUGGEST_LABELLED_OPT = typer.Option([], "--labelled", help="A file of items labelled already (never suggested, by id or text); repeat for more. The items the spec's head was fitted on are left out without it.", show_default=False)
-SUGGEST_SEED_OPT = typer.Option(0, "--seed", help="Seed of the clustering.")
+SUGGEST_SEED_OPT = typer.Option(0, "--seed", help="Seed of the clustering (or of --random's draw).")
+SUGGEST_RANDOM_OPT = typer.Option(False, "--random", help=(
+    "Draw the rows at random from the pool (no model is read; picked_by: random): fit estimates its figures and "
+    "certifies its cuts on such rows, so that they describe the items the head will answer, not the hardest ones."))
 OVERWRITE_SUGGESTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace -o if it exists.")
 FIT_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON here instead of beside the fitted spec.")
 OVERWRITE_FITTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the fitted spec, its head and figures if they exist.")

@@ -352,6 +352,9 @@ def suggest_summary(result: SuggestResult) -> str:
         line += f" ({plan.left_out:,} labelled already left out)"
     if plan.copies:
         line += f" ({plan.copies:,} copies of a text offered once)"
+    if result.drawn:
+        return line + (f": drawn at random (picked_by: random), so that fit estimates on rows like those it will "
+                       f"answer; fill in the gold column · wrote {', '.join(map(str, result.written))}")
     if result.pool_margin is not None:
         picked = sorted(r["margin"] for r in result.picked)
         line += (f": the head's least sure, spread over the states (median margin {picked[len(picked) // 2]:.3f}, "

@@ -36,6 +36,7 @@ from ..task.specfile import SpecFile, read_spec_file
 from .cutpoint import ABSTAIN_ALL, Cut
 from ..task.features import Features, candidates, views_of
 from .heads import Asked, Judged, Labelled, judge
+from .suggest import PICKED_BY, RANDOM
 from .job import labelled_items
 from .tuned import check_tuned_output, relocated, write_tuned
 
@@ -307,12 +308,20 @@ def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: dict[st
     return Labelled(q.id, q.options, binary, states, logprobs, gold, prompt, said, None if binary else q.threshold,
                     prompted, groups if len(set(groups)) < len(groups) else None,
                     notes=tuple(near_copies(items, groups, states)), ids=tuple(id_text(i.id) for i in items),
-                    texts=tuple(" ".join(field_text(item.record.get(f)) for f in fields) for item in items))
+                    texts=tuple(" ".join(field_text(item.record.get(f)) for f in fields) for item in items),
+                    picked=_picked(items))
 
 
 NEAR = 0.9  # centred cosine of two items' final states from which they are near-copies (measured: one mark
 # changed 0.91-0.98; paraphrases of one intent at most 0.87; other tickets at most 0.66)
 NEAR_MAX = 4096  # items compared pairwise at most (the first ones)
+
+
+def _picked(items: Sequence[Item]) -> np.ndarray | None:
+    """[N] bool: the rows `suggest` picked (their `picked_by` says so and is not "random"); rows
+    without it are taken as drawn at random. None when none was picked."""
+    picked = np.array([str(i.record.get(PICKED_BY) or RANDOM).strip().lower() != RANDOM for i in items], dtype=bool)
+    return picked if picked.any() else None
 
 
 def near_copies(items: Sequence[Item], groups: np.ndarray, states: dict[str, np.ndarray]) -> list[str]:

@@ -59,12 +59,14 @@ class Labelled:
     notes: tuple[str, ...] = ()  # what the reading of the items found to say (near-copies)
     ids: tuple[str, ...] = ()  # each item's id, as text (to name items in notes)
     texts: tuple[str, ...] = ()  # each item's text as the template reads it (for the TF-IDF baseline)
+    picked: np.ndarray | None = None  # [N] bool: chosen by `suggest` (not at random); None: all at random
 
     def subset(self, idx: np.ndarray) -> "Labelled":
         """The items `idx` alone."""
         return replace(self, states={v: a[idx] for v, a in self.states.items()}, logprobs=self.logprobs[idx],
                        ids=tuple(self.ids[i] for i in idx) if self.ids else (),
                        texts=tuple(self.texts[i] for i in idx) if self.texts else (),
+                       picked=None if self.picked is None else self.picked[idx],
                        gold=self.gold[idx], prompt=self.prompt[idx], said=self.said[idx], prompted=None,
                        groups=None if self.groups is None else self.groups[idx])
 
@@ -383,7 +385,7 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     choice = choose(data, everything, seed, feature_sets)
     # Every figure, interval and cut counts a text once: copies (in one fold, so predicted alike)
     # would otherwise narrow the intervals and certify cuts as if they were more evidence.
-    one = once_a_text(data)
+    one = representative(data, once_a_text(data), notes)
     ev, probs = replace(data.subset(one), prompted=None if data.prompted is None else data.prompted[one]), probs[one]
     thresholds = _tag_thresholds(ev, probs) if data.binary else None
     head_said = probs >= np.asarray(thresholds) if data.binary else answered(probs, data.threshold)
@@ -470,6 +472,28 @@ def _suspects_note(suspects: list[dict[str, Any]]) -> str:
     more = f" and {len(suspects) - SUSPECTS_SHOWN} more (the JSON's likely_errors)" if len(suspects) > SUSPECTS_SHOWN else ""
     return (f"{len(suspects)} labelled item{'s' if len(suspects) != 1 else ''} the held-out head confidently answers "
             f"otherwise, likely label errors to check: {shown}{more}")
+
+
+MIN_RANDOM = 10  # rows drawn at random from which the figures stand on them alone
+
+
+def representative(data: Labelled, rows: np.ndarray, notes: list[str]) -> np.ndarray:
+    """Of `rows`, those the figures and the cut stand on: the rows drawn at random when some were
+    picked by `suggest` (the least sure: estimates on them describe them, not the items the head
+    will answer) and at least MIN_RANDOM were drawn at random; said in a note either way."""
+    if data.picked is None or not data.picked[rows].any():
+        return rows
+    drawn = rows[~data.picked[rows]]
+    picked = len(rows) - len(drawn)
+    if len(drawn) >= MIN_RANDOM:
+        notes.append(f"every held-out figure and cut stands on the {len(drawn)} rows drawn at random; the {picked} "
+                     f"rows suggest picked (picked_by) train the head but are left out of them, since they are the "
+                     f"hardest by construction")
+        return drawn
+    notes.append(f"{picked} of the {len(rows)} rows were picked by suggest (the hardest by construction) and only "
+                 f"{len(drawn)} drawn at random: the figures stand on all of them and describe those rows, not the "
+                 f"items the head will answer; label rows of `suggest --random` (at least {MIN_RANDOM})")
+    return rows
 
 
 def once_a_text(data: Labelled) -> np.ndarray:

@@ -47,6 +47,7 @@ class SuggestOptions:
     seed: int = 0
     labelled: tuple[str, ...] = ()  # files of labelled items, never suggested
     overwrite: bool = False
+    random: bool = False  # a uniform sample of the pool (no model): rows `fit` estimates on
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class SuggestResult:
     ms_per_item: float
     pool_margin: Optional[float] = None  # the pool's median margin (None without a head)
     written: list[Path] = field(default_factory=list)
+    drawn: bool = False  # --random: a uniform sample, no model read
 
 
 def plan_suggest(options: SuggestOptions) -> SuggestPlan:
@@ -148,6 +150,8 @@ def suggest(options: SuggestOptions, step: Step = lambda what, done, total: None
     from .picking import pick
 
     plan = plan or plan_suggest(options)
+    if options.random:
+        return _drawn(options, plan)
     o = options.run
     scorer = fit_scorer(without_gold(plan.spec), o.scoring())
     read = read_pool(scorer, plan.pool, Batching(o.batch_size, o.batch_tokens, on_error="skip"), step)
@@ -155,9 +159,25 @@ def suggest(options: SuggestOptions, step: Step = lambda what, done, total: None
     step("picking", 0, 0)
     picked = pick(read.vectors, margins, options.n, options.seed)
     rows = [row(plan.spec, read.items[i], read.answers[i], None if margins is None else margins[i]) for i in picked]
+    for r in rows:
+        r[PICKED_BY] = "least sure" if margins is not None else "spread"
     write_review(options.output, rows, "the suggested items")
     return SuggestResult(plan, rows, read.skipped, read.ms_per_item,
                          None if margins is None else float(np.median(margins)), [options.output])
+
+
+PICKED_BY = "picked_by"  # how a suggested row was chosen: "random" rows are those `fit` estimates on
+RANDOM = "random"
+
+
+def _drawn(options: SuggestOptions, plan: SuggestPlan) -> SuggestResult:
+    """`--random`: a uniform sample of the unlabelled pool (seeded), read by no model, its gold
+    columns empty (no guess to anchor the person labelling)."""
+    rng = np.random.default_rng(options.seed)
+    chosen = sorted(rng.choice(len(plan.pool), size=min(options.n, len(plan.pool)), replace=False))
+    rows = [{**row(plan.spec, plan.pool[i], None, None), PICKED_BY: RANDOM} for i in chosen]
+    write_review(options.output, rows, "the suggested items")
+    return SuggestResult(plan, rows, 0, 0.0, None, [options.output], drawn=True)
 
 
 def row(spec: TaskSpec, item: Item, guesses: Optional[dict[str, tuple[str, float]]], margin: Optional[float]

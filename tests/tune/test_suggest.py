@@ -57,7 +57,8 @@ def test_with_a_head_never_an_item_it_was_fitted_on(fitted, tmp_path):
     assert all(r["gold"] in LABELS and 0.5 <= float(r["prob"]) <= 1 for r in rows)
     margins = [float(r["margin"]) for r in rows]
     assert margins == sorted(margins)
-    assert list(rows[0]) == ["id", "text", "gold", "prob", "margin"]
+    assert list(rows[0]) == ["id", "text", "gold", "prob", "margin", "picked_by"]
+    assert {r["picked_by"] for r in rows} == {"least sure"}
 
 
 def test_never_a_labelled_item_by_id_text_or_gold(fitted, tmp_path):
@@ -150,3 +151,32 @@ def test_a_text_copied_under_many_ids_is_offered_once(fitted, tmp_path):
     assert result.exit_code == 0, result.output
     texts = [" ".join(r["text"].split()).casefold() for r in _read(tmp_path / "s.jsonl")]
     assert len(texts) == 5 == len(set(texts)) and "19 copies of a text offered once" in result.stderr
+
+
+def test_random_rows_are_drawn_without_the_model_and_fit_estimates_on_them_alone(fitted, tmp_path):
+    """--random draws a uniform, seeded sample (no model read, no guess to anchor the labeller);
+    fit trains on every row but estimates and certifies on the rows drawn at random."""
+    spec, out, _ = fitted
+    pool = _write(tmp_path / "pool.jsonl", _rows(60, start=100, gold=False))
+    drawn = tmp_path / "random.csv"
+    result = invoke("suggest", out, pool, "-n", "12", "--random", "-o", drawn)
+    assert result.exit_code == 0, result.output
+    assert "drawn at random" in result.stderr and "loading the model" not in result.stderr
+    rows = _read(drawn)
+    assert len(rows) == 12 and {r["picked_by"] for r in rows} == {"random"} and all(r["gold"] == "" for r in rows)
+    again = tmp_path / "again.csv"
+    assert invoke("suggest", out, pool, "-n", "12", "--random", "-o", again).exit_code == 0
+    assert [r["id"] for r in _read(again)] == [r["id"] for r in rows]  # seeded
+    picked = [{**r, "picked_by": "least sure"} for r in _rows(8, start=200)]
+    random_rows = [{**r, "picked_by": "random"} for r in _rows(12, start=300)]
+    labelled = _write(tmp_path / "mixed.jsonl", picked + random_rows)
+    result = invoke("fit", spec, labelled, "-o", tmp_path / "mixed.yaml", "--folds", "3")
+    assert result.exit_code == 0, result.output
+    question = json.loads((tmp_path / "mixed.fit.json").read_text())["questions"][0]
+    assert any("stands on the 12 rows drawn at random" in n for n in question["notes"]), question["notes"]
+    assert max(row["answered"] for row in question["risk_coverage"]) == 12
+    few = _write(tmp_path / "few.jsonl", picked + random_rows[:4])
+    result = invoke("fit", spec, few, "-o", tmp_path / "few.yaml", "--folds", "3")
+    assert result.exit_code == 0, result.output
+    notes = json.loads((tmp_path / "few.fit.json").read_text())["questions"][0]["notes"]
+    assert any("label rows of `suggest --random`" in n for n in notes), notes
