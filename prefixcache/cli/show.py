@@ -6,6 +6,7 @@ that is reports/htmlpage.py."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -450,13 +451,36 @@ def _print_cut(out: Console, j: Any) -> None:
     m = cut.missed
     by = (f": the most confident cut tested answers {m.coverage:.0%} with a lower bound of {m.low:.3f} "
           f"({cut.target - m.low:.3f} short)" if m else f": fewer than {least_items(cut.target, cut.confidence)} "
-          f"items could be answered")
+          f"items could be answered") + _to_certify(j)
     if cut.per_option:
-        out.print(f"cut: no one cut reaches accuracy {cut.target:g} at {level} confidence on these {j.counted}{by}")
+        out.print(f"cut: no one cut reaches accuracy {cut.target:g} at {level} confidence on these {_on(j)}{by}")
         _print_own_cuts(out, j, "every other answer abstaining (threshold 1)")
         return
-    out.print(f"cut: none reaches accuracy {cut.target:g} at {level} confidence on these {j.counted}{by}; no "
+    out.print(f"cut: none reaches accuracy {cut.target:g} at {level} confidence on these {_on(j)}{by}; no "
               f"threshold written: label more items or lower the target")
+
+
+def _on(j: Any) -> str:
+    """What a cut was tested on, in words."""
+    return f"{j.calibration} calibration rows" if j.calibration else j.counted
+
+
+def _to_certify(j: Any) -> str:
+    """When no cut is certified: the most the rows certify, and about how many rows drawn at
+    random would certify the target at the accuracy measured."""
+    from ..tune.cutpoint import items_to_certify
+
+    table, cut = j.cut.table, j.cut
+    if not table:
+        return ""
+    best = max(table, key=lambda r: r.low)
+    words = f"; the most these rows certify is {best.low:.3f} (answering {best.coverage:.0%})"
+    need = items_to_certify(cut.target, table[-1].accuracy, cut.confidence)
+    if need is None or not j.calibration:
+        return words
+    rows = int(math.ceil(need / max(j.calibration / max(j.texts or j.items, 1), 1e-9)))
+    return words + (f"; at the accuracy measured ({table[-1].accuracy:.3f}) about {rows} labelled rows drawn at random "
+                    f"({need} of them held out to certify) would certify it")
 
 
 def _print_own_cuts(out: Console, j: Any, rest: str) -> None:

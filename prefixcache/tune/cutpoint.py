@@ -173,3 +173,16 @@ def per_option_cuts(cut: Cut, confidence_of: Sequence[float], answer: Sequence[i
 
 
 ABSTAIN_ALL = 1.0  # the threshold of answers without a cut of their own when no one cut reaches the target
+
+
+def items_to_certify(target: float, accuracy: float, confidence: float = CONFIDENCE, most: int = 10**6) -> int | None:
+    """The fewest answered items at `accuracy` whose lower bound reaches `target` (None: not
+    below `most`, or `accuracy` is not above the target)."""
+    if accuracy <= target:
+        return None
+    n = least_items(target, confidence)
+    while n <= most:
+        if bounds(int(math.floor(accuracy * n)), n, confidence)[0] >= target:
+            return n
+        n = max(n + 1, int(n * 1.05))
+    return None

@@ -25,7 +25,7 @@ from ..errors import UsageError
 from ..task.features import Features
 from ..task.head import Readout
 from ..task.scoring_metrics import calibration_error
-from .cutpoint import CONFIDENCE, Cut, Row, choose_cut, per_option_cuts, risk_coverage
+from .cutpoint import CONFIDENCE, Cut, Row, choose_cut, least_items, per_option_cuts, risk_coverage
 from .selection import GAIN_LEVEL, LEVEL, Figure, cv_splits, interval, resamples
 
 C_GRID = (0.01, 0.1, 1.0)  # on standardised states: strong to mild regularisation (fitted in this order)
@@ -144,6 +144,7 @@ class Judged:
     texts: int = 0  # the distinct texts every figure counts once (0: as many as items)
     suspects: list[dict[str, Any]] = field(default_factory=list)  # likely label errors (`likely_errors`)
     baseline: dict[str, Figure | float | None] | None = None  # TF-IDF + logistic regression on the same folds
+    calibration: int = 0  # rows held out from the head that runs to certify its cut (a target asked)
 
     @property
     def verdict_words(self) -> str:
@@ -399,16 +400,16 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
         then = earlier >= np.asarray(thresholds) if data.binary else answered(earlier, data.threshold)
         judged.since = Since(int(before.sum()), figures(ev, then, earlier, seed)["accuracy"],
                              paired_gain(ev, head_said, then, seed))
+    final = None
     if not data.binary:
-        _one_answer(judged, ev, probs, asked)
+        _one_answer(judged, ev, probs, asked if asked is not None and asked.target is None else None)
         judged.curve = learning_curve(data, splits, choice, seed)
         if data.texts:
             base = tfidf_baseline(data, splits)[one]
             judged.baseline = figures(ev, answered(base, data.threshold), base, seed)
-    final = readout(data, choice)
-    if judged.cut is not None and judged.cut.per_option:  # the head file keeps them; the spec, the cut for the rest
-        final = replace(final, cuts={data.options[k]: round(r.cut, 6) for k, r in judged.cut.per_option.items()})
-    return judged, final
+        if asked is not None and asked.target is not None:
+            final = _certified(judged, data, one, asked, seed, feature_sets)
+    return judged, final or readout(data, choice)
 
 
 def tfidf_baseline(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -429,6 +430,42 @@ def tfidf_baseline(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray
         fitted = LogisticRegression(C=10.0, max_iter=2000).fit(vectors.fit_transform(texts[train]), data.gold[train])
         probs[np.ix_(test, fitted.classes_)] = fitted.predict_proba(vectors.transform(texts[test]))
     return probs
+
+
+CALIBRATION = 0.3  # the share of the representative rows held out to certify a target's cut (at most half)
+
+
+def calibration_rows(data: Labelled, rows: np.ndarray, target: float, confidence: float, seed: int) -> np.ndarray:
+    """A seeded uniform share of `rows` (representative, a text once) held out from the head that
+    runs to certify its cut: CALIBRATION of them, more (up to half) where that is too few for a
+    perfect record to reach `target`."""
+    share = min(0.5, max(CALIBRATION, least_items(target, confidence) / max(len(rows), 1)))
+    count = max(1, min(len(rows) - 1, int(round(share * len(rows)))))
+    return np.sort(np.random.default_rng(seed + 7).choice(rows, size=count, replace=False))
+
+
+def _certified(judged: Judged, data: Labelled, rows: np.ndarray, asked: Asked, seed: int,
+               feature_sets: Sequence[str]) -> Readout:
+    """A target's cut certified on the head that runs: that head is chosen and fitted on every
+    row but a calibration share (and their copies), and the cut is tested on its predictions for
+    the calibration rows, which it never saw; the rows' exchangeability with new items makes the
+    fixed-sequence bound hold for it. Returns that head (its per-answer cuts kept in it)."""
+    cal = calibration_rows(data, rows, asked.target, asked.confidence, seed)
+    held = set(cal.tolist()) if data.groups is None else set(data.groups[cal].tolist())
+    train = np.array([i for i in range(data.n) if (i if data.groups is None else data.groups[i]) not in held])
+    choice = choose(data, train, seed, feature_sets)
+    probs = fitted_probs(data, train, cal, choice.features, [choice.C])[0]
+    top, best, right = probs.max(axis=1), probs.argmax(axis=1), probs.argmax(axis=1) == data.gold[cal]
+    judged.cut = per_option_cuts(choose_cut(top, right, asked.target, None, asked.confidence), top, best, right)
+    judged.coverage = judged.cut.table
+    judged.calibration = len(cal)
+    judged.notes.append(f"the cut is certified on {len(cal)} calibration rows held out from the head that runs, which "
+                        f"is fitted on the other {len(train)} (its held-out figures above are those of heads fitted "
+                        f"on every row, fold by fold)")
+    final = readout(data.subset(train), choice)
+    if judged.cut.per_option:  # the head file keeps them; the spec, the cut for the rest
+        final = replace(final, cuts={data.options[k]: round(r.cut, 6) for k, r in judged.cut.per_option.items()})
+    return final
 
 
 def _one_answer(judged: Judged, ev: Labelled, probs: np.ndarray, asked: Asked | None) -> None:

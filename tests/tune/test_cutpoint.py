@@ -80,9 +80,9 @@ def test_fit_writes_the_cut_and_run_abstains_below_it(tmp_path, tiny_model_dir):
     certified = invoke("fit", spec, labelled, "-o", tmp_path / "f0.yaml", "--folds", "4", "--target-accuracy", "0.9")
     assert certified.exit_code == 0, certified.output
     cut = json.loads((tmp_path / "f0.fit.json").read_text())["questions"][0]["cut"]
-    assert cut["chosen"]["low"] >= 0.9 and cut["target_accuracy"] == 0.9
-    if cut["chosen"]["coverage"] < 1:  # else every item is answered: no threshold (the test below)
-        assert yaml.safe_load((tmp_path / "f0.yaml").read_text())["threshold"] == pytest.approx(cut["chosen"]["cut"])
+    assert cut["target_accuracy"] == 0.9 and "20 calibration rows" in certified.stderr  # half of 40: too few for 0.9
+    assert cut["chosen"] is None and "the most these rows certify is" in certified.stderr
+    assert "threshold" not in yaml.safe_load((tmp_path / "f0.yaml").read_text())
     result = invoke("fit", spec, labelled, "-o", out, "--folds", "4", "--coverage", "0.5")
     assert result.exit_code == 0, result.output
     assert "risk-coverage" in result.stderr and "cut: abstain below " in result.stderr
@@ -187,3 +187,35 @@ def test_one_text_with_other_gold_under_two_ids_is_said(tmp_path, tiny_model_dir
     assert result.exit_code == 0, result.output
     assert "1 labelled item has the text of an earlier one with other gold ('i0' says 'billing', 'again' " \
            "'technical')" in result.stderr
+
+
+def _gaussian_rows(rng, n, means, spread=1.6):
+    gold = rng.integers(0, len(means), n)
+    return means[gold] + spread * rng.standard_normal((n, means.shape[1])), gold
+
+
+def test_a_certified_cut_holds_for_the_head_that_runs_on_fresh_rows_over_many_seeds():
+    """The cut is tested on calibration rows the written head never trained on, so its bound is
+    about that head: over many draws of the labelled rows, the answered fresh rows reach the target
+    in all but about 1 in 20 (95% confidence), though fold heads and the refitted head differ."""
+    from prefixcache.tune.heads import Asked, Labelled, judge
+
+    means = np.random.default_rng(99).standard_normal((3, 12)) * 1.5
+    misses, certified = 0, 0
+    for seed in range(16):
+        rng = np.random.default_rng(seed)
+        x, gold = _gaussian_rows(rng, 300, means)
+        data = Labelled("q", ("a", "b", "c"), False, {"state": x[:, None, :]}, np.zeros((300, 3)), gold,
+                        np.full((300, 3), 1 / 3), gold)
+        judged, head = judge(data, 5, seed, asked=Asked(0.9, None, 0.95), feature_sets=("state",))
+        if judged.cut.chosen is None:
+            continue
+        certified += 1
+        fresh, truth = _gaussian_rows(rng, 20000, means)
+        z = (fresh - head.mean) / head.scale
+        logits = z @ head.coef.T + head.intercept
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        answered = probs.max(axis=1) >= judged.cut.chosen.cut
+        misses += (probs.argmax(axis=1)[answered] == truth[answered]).mean() < 0.9
+    assert certified >= 10 and misses <= 1, (certified, misses)
