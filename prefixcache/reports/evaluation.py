@@ -9,6 +9,8 @@ choice, whose options differ per item, accuracy is the measure.
 
 from __future__ import annotations
 
+import math
+
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -71,7 +73,17 @@ class Gated:
         if gates.min_recall is not None:
             out += [f"recall of {label!r} {st['recall']:.4f} is below --min-recall {gates.min_recall}"
                     for label, st in self.per_label().items() if st["recall"] < gates.min_recall]
+        if gates.min_answered is not None:
+            correct, answered = self.answered_record()
+            low = exact_lower_bound(correct, answered)
+            if low < gates.min_answered:
+                out.append(f"the answered items' accuracy {correct}/{answered} has a 95% lower bound of {low:.4f}, "
+                           f"below --min-answered-accuracy {gates.min_answered}")
         return out
+
+    def answered_record(self) -> tuple[int, int]:
+        """(right, answered) among the items with gold that were answered (not abstained, not failed)."""
+        return 0, 0
 
     def to_junit(self, gates: "Gates", name: str = "prefixcache", seconds: float = 0.0) -> str:
         """A JUnit XML report with stable test names (CI history follows them from run to run):
@@ -81,6 +93,29 @@ class Gated:
         checks += [(f"recall[{label}]", st["recall"], gates.min_recall, "--min-recall")
                    for label, st in self.per_label().items()]
         return junit_xml(checks, name, seconds, {k: v for k, v in self.to_json().items() if not isinstance(v, dict)})
+
+
+def exact_lower_bound(correct: int, n: int, confidence: float = 0.95) -> float:
+    """The one-sided exact (Clopper-Pearson) lower bound of a proportion `correct`/`n`: the p at
+    which P(X >= correct | n, p) = 1 - confidence, by bisection on the binomial tail (no scipy)."""
+    if n == 0 or correct == 0:
+        return 0.0
+    alpha = 1 - confidence
+
+    def tail(p: float) -> float:  # P(X >= correct), summed in logs
+        logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p)
+                + (n - i) * math.log1p(-p) for i in range(correct, n + 1)]
+        top = max(logs)
+        return math.exp(top) * sum(math.exp(v - top) for v in logs)
+
+    low, high = 0.0, correct / n
+    for _ in range(60):
+        mid = (low + high) / 2
+        if tail(mid) < alpha:
+            low = mid
+        else:
+            high = mid
+    return low
 
 
 @dataclass
@@ -93,6 +128,9 @@ class Evaluation(Gated):
     bins: list = field(default_factory=lambda: [[0, 0.0, 0] for _ in range(CALIBRATION_BINS)])  # [items, confidence, correct]
     confusion: Counter = field(default_factory=Counter)  # (gold, predicted) -> count
     bounded: int = 0  # records with labels pruned scoring left at a bound (their decision exact)
+
+    def answered_record(self) -> tuple[int, int]:
+        return self.correct, self.n - self.abstained - self.failed
 
     def add(self, gold: str, predicted: str | None, correct: bool | None = None, prob: float | None = None) -> None:
         """One item: its gold value and prediction (`correct` when the record decided it, e.g. a
@@ -142,6 +180,10 @@ class Evaluation(Gated):
             "items": self.n, "correct": self.correct, "accuracy": self.accuracy,
             "abstained": self.abstained, "failed": self.failed, "coverage": self.coverage, "ece": self.ece,
         }
+        right, answered = self.answered_record()
+        if self.abstained and answered:  # an abstaining head: what its answers are worth, with its exact bound
+            data["answered_accuracy"] = right / answered
+            data["answered_accuracy_low"] = round(exact_lower_bound(right, answered), 6)
         if self.bounded:
             data["items_with_pruned_labels"] = self.bounded  # their decision is full scoring's
         if self.labels is not None:
@@ -280,13 +322,15 @@ class Gates:
     min_accuracy: float | None = None
     min_recall: float | None = None  # for every label
     per_question: tuple[tuple[str, float], ...] = ()  # typed questions: (question id, least accuracy)
+    min_answered: float | None = None  # the answered items' accuracy, its exact 95% lower bound (an audit)
 
     @classmethod
-    def parse(cls, min_accuracy: float | str | None, min_recall: float | None = None) -> "Gates":
+    def parse(cls, min_accuracy: float | str | None, min_recall: float | None = None,
+              min_answered: float | None = None) -> "Gates":
         """The gates from the options: --min-accuracy is a number (every question, or the label
         task's accuracy) or QUESTION=NUMBER pairs separated by commas."""
         if min_accuracy is None or isinstance(min_accuracy, (int, float)):
-            return cls(min_accuracy, min_recall)
+            return cls(min_accuracy, min_recall, min_answered=min_answered)
         plain, per = None, []
         for part in str(min_accuracy).split(","):
             name, _, value = part.rpartition("=")
@@ -301,10 +345,13 @@ class Gates:
                 per.append((name.strip(), bound))
             else:
                 plain = bound
-        return cls(plain, min_recall, tuple(per))
+        return cls(plain, min_recall, tuple(per), min_answered)
 
     def check(self, spec: TaskSpec) -> None:
         """Refuse gates that name no question of the spec (or name one in a label task)."""
+        if self.min_answered is not None and (spec.questions or spec.multi_label):
+            raise UsageError("--min-answered-accuracy applies to a label set or multiple choice (a spec without "
+                             "'questions' or 'multi_label')")
         qids = [q.id for q in spec.questions if q.gold]
         for qid, _ in self.per_question:
             if not spec.questions:

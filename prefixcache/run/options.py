@@ -140,6 +140,9 @@ class RunOptions:
         f"them: team=0.8,blocked=0.9)."))
     min_recall: Optional[float] = _opt(None, "--min-recall", min=0.0, max=1.0,
                                        help=f"Exit with code {EXIT_GATE} when any label's recall is below this.")
+    min_answered_accuracy: Optional[float] = _opt(None, "--min-answered-accuracy", min=0.0, max=1.0, help=(
+        f"Exit with code {EXIT_GATE} when the accuracy of the items answered (not abstained) has an exact 95% lower "
+        f"bound below this: an audit of a fitted head's cut on labelled items drawn at random (suggest --random)."))
     device: str = _opt("auto", "--device", group="device", envvar="PREFIXCACHE_DEVICE", metavar="auto|cpu|cuda|cuda:N|mps",
                        help="Where the model runs (auto: CUDA when present, else the CPU).")
     dtype: str = _opt("auto", "--dtype", group="device", envvar="PREFIXCACHE_DTYPE", cli_type=Dtype,

@@ -113,7 +113,7 @@ def make_plan(options: RunOptions) -> Plan:
     if options.exact and options.dtype not in ("bfloat16", "float16"):
         raise UsageError("--exact re-scores the close calls of a bfloat16 or float16 run in float32: "
                          "give --dtype bfloat16 (or float16)")
-    gates = Gates.parse(options.min_accuracy, options.min_recall)
+    gates = Gates.parse(options.min_accuracy, options.min_recall, options.min_answered_accuracy)
     if (options.metrics or options.summary_md or options.junit or gates != Gates()) and not spec.has_gold:
         raise SpecError("--metrics, --summary-md, --junit, --min-accuracy and --min-recall need a gold field "
                         + ("(a question's 'gold' in the spec, or --gold QUESTION=FIELD)" if spec.questions
