@@ -35,6 +35,7 @@ Named = Callable[[str, Any], Optional[str]]  # a fingerprint key and value -> th
 EXACT_BOUND = "exact_bound"  # --exact: the re-scoring bound reached, kept for a run that continues the output
 
 _THING_OF = {"spec": "another version of the spec file", "model": "another model",
+             "engine_version": "another version of its engine (its numbers may differ)",
              "of": "another number of items (--limit)"}
 
 

@@ -57,11 +57,13 @@ class Plan:
         input may grow, or with --update change). The spec is the digest of the bytes read, so a
         spec given through a pipe is told from another."""
         o, device = self.options, pick_device(self.device)
+        engine, version = run_engine(self.spec, o)
         return {
             "spec": self.spec.digest or file_digest(str(o.spec)), "gold": self.spec.gold,
             "model": model_identity(spec_model(self.spec)),
             "input": file_digest(o.items), "input_bytes": None if self.stream else os.path.getsize(o.items),
-            "device": device.split(":")[0], "dtype": dtype_name(o.dtype, device),
+            "engine": engine, "engine_version": version, "device": device.split(":")[0],
+            "dtype": dtype_name(o.dtype, device) if engine == "transformers" else "the GGUF file's own types",
             "batch_size": o.batch_size, "batch_tokens": o.batch_tokens,
             "keep": "all" if self.keep is None else list(self.keep), "exact": o.exact,
             **({"head": self.spec.head.digest} if self.spec.head else {}),
@@ -72,9 +74,31 @@ class Plan:
         }
 
 
+def run_engine(spec: TaskSpec, o: RunOptions) -> tuple[str, str]:
+    """The engine a run scores with (as `load_engine` will pick it, from the files alone) and its
+    version: part of what an output is, since two engines' numbers differ."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ..model.choice import pick_engine
+    from ..model.memory import float32_bytes
+
+    source = spec_model(spec)
+    if o.exact:
+        name = "transformers"  # --exact: a low precision and its float32 twin, both on transformers
+    else:
+        name = pick_engine(source, o.backend or spec.backend, o.device, o.dtype,
+                           float32_bytes=float32_bytes(source, o.cache_dir)).name
+    try:
+        return name, version("transformers" if name == "transformers" else "llama_cpp_python")
+    except PackageNotFoundError:
+        return name, "unknown"
+
+
 def refusal_words(key: str, value: Any) -> Optional[str]:
     """The option that gives a fingerprint's value ("--keep id,text", "--keep-all", "no --exact"),
     or None when the key is not an option's (the spec, the model)."""
+    if key == "engine":
+        return f"--backend {value}"
     if key == "pruned":
         return "--prune on" if value else "--prune off"
     if key == "keep":

@@ -130,3 +130,23 @@ def test_fit_reads_states_on_llama_cpp_and_the_fitted_spec_runs_there(tmp_path, 
     ran = invoke("run", out, labelled, "-o", tmp_path / "preds.jsonl", "--cache-dir", tmp_path / "cache")
     assert ran.exit_code == 0 and "backend: llama.cpp" in ran.stderr, ran.output
     assert all(r["readout"] == "head" for r in records(tmp_path / "preds.jsonl"))
+
+
+def test_an_output_names_its_engine_and_is_not_continued_by_another(tmp_path, items, gguf_file):
+    """Two engines' numbers differ: an output's sidecar names the engine, its version and the
+    precision it computed in, and a resume under another engine is refused in one line."""
+    spec = write_spec(tmp_path, labels=["billing", "technical", "account"])
+    out = tmp_path / "out.jsonl"
+    common = ["-o", out, "-m", gguf_file, "--cache-dir", tmp_path / "cache"]
+    first = invoke("run", spec, items, *common, "--backend", "llama.cpp", "--limit", "3")
+    assert first.exit_code == 0, first.output
+    sidecar = json.loads((tmp_path / "out.jsonl.prefixcache.json").read_text())
+    fingerprint = sidecar.get("fingerprint", sidecar)
+    assert fingerprint["engine"] == "llama.cpp" and fingerprint["engine_version"]
+    assert fingerprint["dtype"] == "the GGUF file's own types"
+    other = invoke("run", spec, items, *common, "--backend", "transformers", "--resume")
+    assert other.exit_code == 2
+    assert "it was written with --backend llama.cpp" in other.stderr
+    again = invoke("run", spec, items, *common, "--backend", "llama.cpp", "--resume")
+    assert again.exit_code == 0, again.output
+    assert len(records(out)) == len(ROWS)
