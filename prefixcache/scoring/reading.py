@@ -31,6 +31,12 @@ log = logging.getLogger(__name__)
 PLAIN = ("state",)  # the final state at the answer position: what every engine reads
 
 
+def precision_of(engine: Any) -> str:
+    """What an engine computes in, in words: a torch dtype's name ("float32"), or a GGUF file's
+    type as llama.cpp reads it ("Q4_1")."""
+    return str(engine.dtype).removeprefix("torch.")
+
+
 @dataclass(frozen=True)
 class Reading:
     """A scorer's head and what it reads, per question asked (`readouts`: its readout or None;
@@ -53,6 +59,7 @@ class Reading:
         if head is None:
             return cls(None, (None,) * len(questions), (None,) * len(questions), PLAIN, False, prompt_scores)
         head.check_width(engine.hidden_size, engine.layers)
+        head.check_engine(engine.name, precision_of(engine))
         readouts = tuple(head.readout_for(q.id) for q in questions)
         needs = [q.id for q, r in zip(questions, readouts) if r is None or r.reads.logprobs]
         if needs and not prompt_scores:

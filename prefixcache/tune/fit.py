@@ -28,6 +28,7 @@ from ..errors import InputError, SpecError, UsageError
 from ..run.options import RunOptions
 from ..run.plan import load_options_spec
 from ..scoring.prepare import Batching
+from ..scoring.reading import precision_of
 from ..task.head import Head, Readout, head_bytes
 from ..task.kind import Question
 from ..task.questions import label_kind
@@ -89,6 +90,7 @@ class FitResult:
     read: Any  # the pass's own account (passes.States): its cost, rows read back, the prompt's sample
     written: list[Path] = field(default_factory=list)
     engine: str = "transformers"  # what read the states (the fitted spec asks for the same)
+    engine_read: dict[str, str] = field(default_factory=dict)  # that engine and its precision (the head keeps it)
 
     @property
     def ms_per_item(self) -> float:
@@ -179,7 +181,8 @@ def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: 
     scorer = fit_scorer(plan.spec, o.scoring(), step, plan.items)
     fitted = fit_heads(scorer, plan.items, plan.questions, Batching(o.batch_size, o.batch_tokens), options.folds,
                        options.seed, step, options.asked, options.features, plan.before, options.prompt_sample)
-    result = FitResult(options, plan, fitted.judged, fitted.read, engine=scorer.engine.name)
+    result = FitResult(options, plan, fitted.judged, fitted.read, engine=scorer.engine.name,
+                       engine_read={"name": scorer.engine.name, "precision": precision_of(scorer.engine)})
     _write(result, fitted.readouts, fitted.read.fingerprint)
     return result
 
@@ -376,7 +379,7 @@ def _option(q: Question, spec: TaskSpec, item: Item) -> str:
 def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> None:
     """The head file, then the fitted spec that names it, then the figures."""
     options, plan = result.options, result.plan
-    fitted = {"items": len(plan.items), "folds": options.folds,
+    fitted = {"items": len(plan.items), "folds": options.folds, "engine": result.engine_read,
               "questions": {j.qid: {"verdict": j.verdict, "C": j.choice.C, "features": j.choice.features}
                             for j in result.judged},
               "labelled": labelled_keys(plan.spec, plan.items)}

@@ -150,3 +150,18 @@ def test_an_output_names_its_engine_and_is_not_continued_by_another(tmp_path, it
     again = invoke("run", spec, items, *common, "--backend", "llama.cpp", "--resume")
     assert again.exit_code == 0, again.output
     assert len(records(out)) == len(ROWS)
+
+
+def test_a_head_fitted_on_llama_cpps_states_is_refused_on_transformers(tmp_path, gguf_file):
+    pytest.importorskip("sklearn")
+    spec = write_spec(tmp_path, labels=["billing", "technical"], gold="gold")
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text("".join(json.dumps({"id": f"x{n}", "text": f"{r['text']} ({n})", "gold": ["billing", "technical"][n % 2]})
+                                + "\n" for n, r in enumerate(ROWS * 2)))
+    fitted = tmp_path / "fitted.yaml"
+    result = invoke("fit", spec, labelled, "-o", fitted, "-m", gguf_file, "--backend", "llama.cpp", "--folds", "2",
+                    "--cache-dir", tmp_path / "cache", "-q")
+    assert result.exit_code == 0, result.output
+    other = invoke("run", fitted, labelled, "-o", tmp_path / "o.jsonl", "--backend", "transformers",
+                   "--cache-dir", tmp_path / "cache", "-q")
+    assert other.exit_code == 2 and "run it with --backend llama.cpp" in other.stderr

@@ -721,3 +721,17 @@ def test_tfidf_beside_the_head_on_the_same_folds(fitted, tmp_path):
     assert "TF-IDF + LR" in result.stderr
     question = json.loads((tmp_path / "b.fit.json").read_text())["questions"][0]
     assert 0 <= question["tfidf_baseline"]["accuracy"]["value"] <= 1 and "ece" in question["tfidf_baseline"]
+
+
+def test_a_head_is_refused_on_states_read_in_another_precision(fitted, tmp_path):
+    """A head keeps the engine and precision that read its states; read otherwise, its states
+    differ, so the run is refused in one line saying how to run it."""
+    _, labelled, out = fitted
+    from prefixcache.task.head import load_head
+
+    head = load_head(str(out.parent / "fitted.head.safetensors"), out)
+    assert head.fitted["engine"] == {"name": "transformers", "precision": "float32"}
+    result = invoke("run", out, labelled, "-o", tmp_path / "bf16.jsonl", "--dtype", "bfloat16", "-q")
+    assert result.exit_code == 2
+    assert "this head was fitted on states transformers read in float32" in result.stderr
+    assert "run it with --dtype float32" in result.stderr
