@@ -467,6 +467,16 @@ def _length(row: Row, t: Trie) -> int:
     return len(row.ids) - row.prefix_len + len(t)
 
 
+def check_sequences(candidates: Sequence[Sequence[int]]) -> None:
+    """Refuse (ModelError), before a model loads, candidates that need more llama.cpp sequences
+    than one context holds (a leaf of their trie each): every item would fail at its first batch."""
+    if candidates:
+        s = len(_leaf_nodes(trie(list(candidates))))
+        if s >= MAX_SEQUENCES:
+            raise ModelError(f"the spec's candidates need {s} llama.cpp sequences an item, more than its "
+                             f"{MAX_SEQUENCES - 1}: use fewer labels or options, or --backend transformers")
+
+
 def _leaf_nodes(t: Trie) -> list[int]:
     """The trie's nodes no other node continues."""
     parents = set(t.parents)

@@ -69,8 +69,10 @@ def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = 
 
 def _llama_engine(task: Task, cache_dir: Path, device: str, threads: int | None) -> ScoringEngine:
     from ..model.cache import checks_dir
-    from ..model.llamacpp import LlamaEngine, context_cells, kv_bytes, probe
+    from ..model.llamacpp import LlamaEngine, check_sequences, context_cells, kv_bytes, probe
 
+    if not task.spec.choices:  # the same candidates for every item: known before the model loads
+        check_sequences(tuple(task.builder.candidates.values()))
     gpu = device not in ("cpu",) and gpu_build()
     path = Path(task.source.path)
     cells = context_cells(len(task.builder.prefix_ids))

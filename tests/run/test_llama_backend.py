@@ -165,3 +165,12 @@ def test_a_head_fitted_on_llama_cpps_states_is_refused_on_transformers(tmp_path,
     other = invoke("run", fitted, labelled, "-o", tmp_path / "o.jsonl", "--backend", "transformers",
                    "--cache-dir", tmp_path / "cache", "-q")
     assert other.exit_code == 2 and "run it with --backend llama.cpp" in other.stderr
+
+
+def test_a_spec_beyond_llama_cpps_sequences_is_refused_before_the_model_loads(tmp_path, items, gguf_file):
+    spec = write_spec(tmp_path, labels=[f"queue {n}" for n in range(300)])
+    result = invoke("run", spec, items, "-o", tmp_path / "o.jsonl", "-m", gguf_file, "--backend", "llama.cpp",
+                    "--cache-dir", tmp_path / "cache")
+    assert result.exit_code == 3, result.output
+    assert "llama.cpp sequences an item, more than its 255" in result.stderr
+    assert "memory:" not in result.stderr  # refused before the memory check and the load
