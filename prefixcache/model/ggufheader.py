@@ -105,21 +105,17 @@ class _Walk:
 
 def check_gguf(path: Path) -> None:
     """Refuse (`ModelError`) a GGUF file whose header is malformed or beyond the bounds above."""
-    _read(path)
+    gguf_context(path)
 
 
 def gguf_context(path: Path) -> int | None:
     """The model's limit on positions its header says (`<arch>.context_length`), or None; the
     file checked as `check_gguf` does."""
-    return _read(path)[1]
-
-
-def _read(path: Path) -> tuple[str, int | None]:
     st = Path(path).stat()
     why, context = _verdict(str(path), st.st_size, st.st_mtime_ns)
     if why:
         raise ModelError(f"{path}: not read: {why}")
-    return why, context
+    return context
 
 
 @functools.lru_cache(maxsize=16)

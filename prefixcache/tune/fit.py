@@ -90,7 +90,7 @@ class FitResult:
     read: Any  # the pass's own account (passes.States): its cost, rows read back, the prompt's sample
     written: list[Path] = field(default_factory=list)
     engine: str = "transformers"  # what read the states (the fitted spec asks for the same)
-    engine_read: dict[str, str] = field(default_factory=dict)  # that engine and its precision (the head keeps it)
+    precision: str = "float32"  # what that engine computed in (the head keeps both)
 
     @property
     def ms_per_item(self) -> float:
@@ -182,7 +182,7 @@ def fit(options: FitOptions, step: Step = lambda what, done, total: None, plan: 
     fitted = fit_heads(scorer, plan.items, plan.questions, Batching(o.batch_size, o.batch_tokens), options.folds,
                        options.seed, step, options.asked, options.features, plan.before, options.prompt_sample)
     result = FitResult(options, plan, fitted.judged, fitted.read, engine=scorer.engine.name,
-                       engine_read={"name": scorer.engine.name, "precision": precision_of(scorer.engine)})
+                       precision=precision_of(scorer.engine))
     _write(result, fitted.readouts, fitted.read.fingerprint)
     return result
 
@@ -379,7 +379,7 @@ def _option(q: Question, spec: TaskSpec, item: Item) -> str:
 def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> None:
     """The head file, then the fitted spec that names it, then the figures."""
     options, plan = result.options, result.plan
-    fitted = {"items": len(plan.items), "folds": options.folds, "engine": result.engine_read,
+    fitted = {"items": len(plan.items), "folds": options.folds, "engine": {"name": result.engine, "precision": result.precision},
               "questions": {j.qid: {"verdict": j.verdict, "C": j.choice.C, "features": j.choice.features}
                             for j in result.judged},
               "labelled": labelled_keys(plan.spec, plan.items)}

@@ -459,6 +459,7 @@ def _certified(judged: Judged, data: Labelled, rows: np.ndarray, asked: Asked, s
     judged.cut = per_option_cuts(choose_cut(top, right, asked.target, None, asked.confidence), top, best, right)
     judged.coverage = judged.cut.table
     judged.calibration = len(cal)
+    judged.choice = choice  # what the head written reads (fit reports and its header name it)
     judged.notes.append(f"the cut is certified on {len(cal)} calibration rows held out from the head that runs, which "
                         f"is fitted on the other {len(train)} (its held-out figures above are those of heads fitted "
                         f"on every row, fold by fold)")
@@ -495,7 +496,8 @@ def likely_errors(data: Labelled, probs: np.ndarray) -> list[dict[str, Any]]:
     out = []
     for i in range(data.n):
         g = data.gold[i]
-        over = [j for j in range(k) if j != g and probs[i, j] >= max(thresholds[j], CONFIDENT) and probs[i, j] > probs[i, g]]
+        over = [j for j in range(k)
+                if j != g and probs[i, j] >= max(thresholds[j], CONFIDENT) and probs[i, j] > probs[i, g]]
         if over:
             j = max(over, key=lambda o: probs[i, o])
             out.append({"id": data.ids[i] if data.ids else str(i), "gold": data.options[g],

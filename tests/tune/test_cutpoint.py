@@ -208,6 +208,7 @@ def test_a_certified_cut_holds_for_the_head_that_runs_on_fresh_rows_over_many_se
         data = Labelled("q", ("a", "b", "c"), False, {"state": x[:, None, :]}, np.zeros((300, 3)), gold,
                         np.full((300, 3), 1 / 3), gold)
         judged, head = judge(data, 5, seed, asked=Asked(0.9, None, 0.95), feature_sets=("state",))
+        assert judged.choice.features == head.features and judged.calibration > 0  # reports the head that runs
         if judged.cut.chosen is None:
             continue
         certified += 1
