@@ -208,14 +208,13 @@ def test_no_function_of_the_package_is_over_50_lines():
 
 def engine_reads(root: Path = PACKAGE) -> list[tuple[str, str]]:
     """(module, attribute) of every read of an engine's attribute outside model/, where the
-    engine is reached as `engine.X` or `.engine.X`; `bench`, which times the transformers engine's
-    own internals, apart."""
+    engine is reached as `engine.X` or `.engine.X`."""
     import re
 
     found = []
     for path in root.rglob("*.py"):
         where = path.relative_to(root)
-        if where.parts[0] == "model" or str(where) == "run/bench.py":
+        if where.parts[0] == "model":
             continue
         for name in re.findall(r"\bengine\.([A-Za-z_]\w*)", path.read_text(encoding="utf-8")):
             found.append((str(where), name))
@@ -224,11 +223,56 @@ def engine_reads(root: Path = PACKAGE) -> list[tuple[str, str]]:
 
 def test_nothing_outside_the_model_asks_an_engine_more_than_its_protocol():
     """The engine protocol (model/protocol.py) is the seam: the scorer, pruning's callers, serve,
-    tune, fit and the Python API read only its members of an engine, so another engine can serve."""
-    from prefixcache.model.protocol import MEMBERS
+    tune, fit and the Python API read only its members of an engine, so another engine can serve;
+    `bench` also the members it times with (`TimedEngine`)."""
+    from prefixcache.model.protocol import MEMBERS, TIMED
 
     reads = engine_reads()
-    assert reads and {name for _, name in reads} <= MEMBERS, [r for r in reads if r[1] not in MEMBERS]
+    beyond = [r for r in reads if r[1] not in MEMBERS and not (r[0] == "run/bench.py" and r[1] in TIMED)]
+    assert reads and not beyond, beyond
+
+
+ENGINE_NAMES = ("transformers", "llama.cpp")
+
+
+def engine_name_tests(root: Path = PACKAGE) -> list[str]:
+    """Places outside model/ that compare something with an engine's name (a capability asked
+    by name), or import torch, or an engine's module: all of that is the model layer's."""
+    found = []
+    for path in root.rglob("*.py"):
+        where = path.relative_to(root)
+        if where.parts[0] == "model" or where.parts[0] not in {p.name for p in root.iterdir() if p.is_dir()}:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(c, ast.Constant) and c.value in ENGINE_NAMES for c in [node.left, *node.comparators]):
+                found.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+            elif isinstance(node, ast.keyword) and isinstance(node.value, ast.Constant) and node.value.value in ENGINE_NAMES:
+                found.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+            elif isinstance(node, ast.Import) and any(a.name.split(".")[0] in ("torch", "llama_cpp") for a in node.names):
+                found.append(f"{where}:{node.lineno} imports {node.names[0].name}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("torch", "llama_cpp"):
+                found.append(f"{where}:{node.lineno} imports {node.module}")
+            elif isinstance(node, ast.ImportFrom) and node.module in ("model.engine", "engine", "model.llamacpp",
+                                                                      "llamacpp") and node.level:
+                found.append(f"{where}:{node.lineno} imports an engine's module")
+    return found
+
+
+def test_no_engine_name_or_torch_outside_the_model_layer():
+    """What an engine can do is asked of the registry (model/engines.py) and the protocol, never of
+    its name; torch and the engines' modules are the model layer's alone."""
+    assert not engine_name_tests()
+
+
+def test_the_engine_name_check_finds_a_test_by_name(tmp_path):
+    bad = tmp_path / "pkg"
+    (bad / "scoring").mkdir(parents=True)
+    (bad / "scoring" / "x.py").write_text("import torch\nfrom ..model.engine import Engine\n"
+                                          "def f(e):\n    return e.name == 'llama.cpp' or g(backend='transformers')\n")
+    found = engine_name_tests(bad)
+    assert len(found) == 4 and "imports torch" in found[0] and "'llama.cpp'" in " ".join(found)
 
 
 def test_the_protocol_check_finds_a_read_beyond_it(tmp_path):

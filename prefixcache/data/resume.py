@@ -52,6 +52,9 @@ def check_fingerprint(output: str, previous: Mapping[str, Any], fingerprint: Map
         _gold_changed(output, previous["gold"], fingerprint["gold"])
     options = [words for words in (named(k, previous[k]) for k in changed) if words]
     things = [_THING_OF.get(k, f"another {k}") for k in changed if not named(k, previous[k])]
+    if "engine" in changed:  # both engines named: which one this run would have scored with
+        options = [f"{w} (this run: {fingerprint['engine']})" if w == named("engine", previous["engine"]) else w
+                   for w in options]
     if options:
         raise OutputError(f"{output}: cannot continue it: it was written with {' and '.join(options)}; "
                           f"add {'them' if len(options) > 1 else 'it'} back to continue it, or choose another output file")

@@ -8,7 +8,9 @@
 - engine.py: prefills the static prefix once and scores batches of rows and their candidates
   against it in one forward pass (transformers on torch);
 - llamacpp.py: the same on llama.cpp, a GGUF file kept quantised (llama-cpp-python's low-level API);
-- choice.py: which of the two runs a model (`--backend`, the spec's `backend`, auto);
+- engines.py: the engines there are, one registry entry each (name, refusal, memory, load,
+  capabilities): what the rest of the program asks instead of an engine's name;
+- choice.py: which engine runs a model (`--backend`, the spec's `backend`, auto);
 - attention.py: the cascade attention kernel that reads the shared prefix once per layer;
 - branches.py: pruned scoring's passes: items run once and kept, then candidates' branches after them;
 - cache.py: the cache's layout (where it is, models/ and prefixes/) and its environment variables;

@@ -33,6 +33,7 @@ from . import attention
 from .. import compat
 from .attention import UnsupportedAttention
 from ..errors import ModelError, first_line
+from .reference import score_naive
 from .rows import Probe, Row, Trie, trie
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,79 @@ class Engine:
         self.unchecked = backend == "auto" and model.config.model_type not in CHECKED_ARCHITECTURES
         self._scored = False  # no batch scored yet: a failure then means the model is not supported
         self.label_tokens = 0  # candidate tokens fed after items (trie nodes), every call together
+        self._full: Engine | None = None  # the padded path on the same model (`naive`)
         self._warm_up()
+
+    naive_ways = ("item", "candidate")  # the slow, obviously correct paths `naive` offers
+
+    def naive(self, row: Row, way: str) -> list[float]:
+        """The row's candidates scored without the cached prefix (`bench`'s references): "item",
+        one full forward of the whole prompt per row (padded path, every candidate in it);
+        "candidate", one full forward per candidate (model/reference.py). `row.prefix_len` is 0."""
+        if way == "candidate":
+            return _per_candidate(self.model, row)
+        if self._full is None:
+            self._full = Engine(self.model, "standard")
+        return self._full.score(Prefix((), (), torch.empty(0), 0.0), [row])[0]
+
+    @property
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def linear_params(self) -> tuple[int, int]:
+        """(weights of all matmul layers except the lm_head, lm_head weights): what `bench` counts as work."""
+        head = self.model.get_output_embeddings()
+        body = sum(m.weight.numel() for m in self.model.modules() if m is not head and
+                   (isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"))
+        return body, head.weight.numel()
+
+    def peak_gflops(self, seconds: float = 1.0) -> float | None:
+        """Best of three timings of a large square matmul on this engine's device and dtype."""
+        n = 2048
+        a = torch.randn(n, n, device=self.device, dtype=self.dtype)
+        b = torch.randn(n, n, device=self.device, dtype=self.dtype)
+        a @ b
+        best = 0.0
+        for _ in range(3):
+            self.synchronize()
+            start, reps = time.perf_counter(), 0
+            while time.perf_counter() - start < seconds / 3:
+                a @ b
+                reps += 1
+            self.synchronize()
+            best = max(best, 2 * n**3 * reps / (time.perf_counter() - start) / 1e9)
+        return best
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (a timing's edge)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    @property
+    def precision(self) -> str:
+        """What it computes in, in words ("float32", "bfloat16")."""
+        return str(self.dtype).removeprefix("torch.")
+
+    def export_prefix(self, prefix: Prefix) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """What the prefix store keeps of a prefix: its last logits and each layer's keys and values."""
+        tensors = {"logits": prefix.last_logits.detach().cpu().contiguous()}
+        for i, (k, v) in enumerate(prefix.kv):
+            tensors[f"k.{i}"], tensors[f"v.{i}"] = k.detach().cpu().contiguous(), v.detach().cpu().contiguous()
+        return tensors, {"layers": str(len(prefix.kv))}
+
+    def restore_prefix(self, ids: Sequence[int], tensors: dict[str, torch.Tensor], meta: dict[str, str],
+                       load_ms: float) -> Prefix:
+        """A prefix `export_prefix` gave, back on this engine's device; ValueError when it does
+        not hold the whole prefix."""
+        layers = int(meta["layers"])
+        kv = tuple((tensors[f"k.{i}"].to(self.device), tensors[f"v.{i}"].to(self.device)) for i in range(layers))
+        if any(k.shape[-2] != len(ids) or v.shape[-2] != len(ids) for k, v in kv):
+            raise ValueError("a layer does not hold every prefix position")  # e.g. a sliding-window cache
+        return Prefix(tuple(ids), kv, tensors["logits"].to(self.device), load_ms)
 
     @property
     def hidden_size(self) -> int:
@@ -463,3 +536,10 @@ class Engine:
                 at += n
             results.append(row)
         return results, picked_states
+
+
+def _per_candidate(model: PreTrainedModel, row: Row) -> list[float]:
+    """A full forward per candidate; a typed question's text before its answer is read, not scored."""
+    if not row.skips:
+        return score_naive(model, row.ids, row.candidates)
+    return [score_naive(model, list(row.ids) + list(c[:s]), [c[s:]])[0] for c, s in zip(row.candidates, row.skips)]

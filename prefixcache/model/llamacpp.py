@@ -43,11 +43,22 @@ GPU_LAYERS = 999  # offload every layer when llama.cpp was built for a GPU
 FLOAT_FILES = ("all F32", "F32", "F16", "BF16")  # GGUF file types whose weights are not quantised  # tokens llama.cpp computes at once inside a decode
 
 
+INSTALL = ("pip install 'prefixcache[llama]' (llama-cpp-python builds llama.cpp from source; docs/models.md says "
+           "how to build it for your CPU or GPU)")
+
+
 def installed() -> bool:
     """Whether llama-cpp-python can be imported (without importing it)."""
     import importlib.util
 
     return importlib.util.find_spec("llama_cpp") is not None
+
+
+def gpu_build() -> bool:
+    """Whether the installed llama.cpp can offload layers to a GPU (CUDA, Metal, Vulkan builds)."""
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload())
 
 
 def default_threads() -> int:
@@ -188,6 +199,21 @@ class LlamaEngine:
     def hidden_size(self) -> int:
         return int(self._L.llama_model_n_embd(self._model))
 
+    naive_ways = ("item", "candidate", "rewound")  # its own one-prompt-at-a-time paths (`naive`)
+    weights_bytes = 0  # the file as llama.cpp reads it: not a second copy of anything
+
+    def naive(self, row: Row, way: str) -> list[float]:
+        """llama.cpp's own one-prompt-at-a-time path (`one_prompt_at_a_time`): "item" re-encodes
+        each row, "candidate" each candidate, "rewound" rewinds to what a prompt shares with the last."""
+        return self.one_prompt_at_a_time(row, "" if way == "rewound" else way)
+
+    def peak_gflops(self, seconds: float = 1.0) -> float | None:
+        """None: its quantised kernels have no float32 matrix peak to compare with."""
+        return None
+
+    def synchronize(self) -> None:
+        """Nothing: a decode returns when it is done."""
+
     def linear_params(self) -> tuple[int, int]:
         """(numbers in the layers every token goes through, numbers in the output layer): the
         model's parameters less its embeddings', and the embeddings' (what `bench` counts as work)."""
@@ -235,9 +261,21 @@ class LlamaEngine:
         self._resident = LlamaPrefix(ids, last, (time.perf_counter() - start) * 1000, self._saved())
         return self._resident
 
-    def state(self, prefix: LlamaPrefix) -> bytes:
-        """The prefix's keys and values as llama.cpp saves a sequence (what the prefix store keeps)."""
-        return prefix.state
+    @property
+    def precision(self) -> str:
+        """What it computes in: the GGUF file's type as llama.cpp reads it ("Q4_1")."""
+        return str(self.dtype)
+
+    def export_prefix(self, prefix: LlamaPrefix) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """What the prefix store keeps of a prefix: its last logits and the keys and values as
+        llama.cpp saves a sequence."""
+        return {"logits": prefix.last_logits.copy(), "state": np.frombuffer(prefix.state, np.uint8).copy()}, {}
+
+    def restore_prefix(self, ids: Sequence[int], tensors: dict[str, Any], meta: dict[str, str],
+                       load_ms: float) -> LlamaPrefix:
+        """A prefix `export_prefix` gave, put back into sequence 0; ValueError when llama.cpp refuses it."""
+        state = np.asarray(tensors["state"], dtype=np.uint8).tobytes()
+        return self.restore(ids, state, np.asarray(tensors["logits"], dtype=np.float32), load_ms)
 
     def restore(self, ids: Sequence[int], state: bytes, last_logits: np.ndarray, prefill_ms: float) -> LlamaPrefix:
         """A prefix saved by `state`, put back into sequence 0; ValueError when llama.cpp refuses it."""
@@ -465,16 +503,6 @@ def _shared(a: Sequence[int], b: Sequence[int]) -> int:
 def _length(row: Row, t: Trie) -> int:
     """The cells a row takes in a decode: its own tokens and its trie's (`t`) nodes."""
     return len(row.ids) - row.prefix_len + len(t)
-
-
-def check_sequences(candidates: Sequence[Sequence[int]]) -> None:
-    """Refuse (ModelError), before a model loads, candidates that need more llama.cpp sequences
-    than one context holds (a leaf of their trie each): every item would fail at its first batch."""
-    if candidates:
-        s = len(_leaf_nodes(trie(list(candidates))))
-        if s >= MAX_SEQUENCES:
-            raise ModelError(f"the spec's candidates need {s} llama.cpp sequences an item, more than its "
-                             f"{MAX_SEQUENCES - 1}: use fewer labels or options, or --backend transformers")
 
 
 def _leaf_nodes(t: Trie) -> list[int]:

@@ -19,6 +19,13 @@ import numpy as np
 from .rows import Probe, Row
 
 
+class PrefixHandle(Protocol):
+    """An engine's prefilled prefix, opaque: callers read its `ids` and `prefill_ms` only."""
+
+    ids: tuple[int, ...]
+    prefill_ms: float
+
+
 class ScoringEngine(Protocol):
     """An engine that scores candidates after prompts sharing one prefilled prefix.
 
@@ -46,6 +53,18 @@ class ScoringEngine(Protocol):
     @property
     def branches(self) -> bool: ...
 
+    @property
+    def precision(self) -> str:
+        """What it computes in, in words: "float32", or a GGUF file's type ("Q4_1")."""
+
+    def export_prefix(self, prefix: Any) -> tuple[dict[str, Any], dict[str, str]]:
+        """What the prefix store keeps of a prefix: named arrays (torch tensors or numpy) and a
+        header of strings; `restore_prefix` takes them back."""
+
+    def restore_prefix(self, ids: Sequence[int], tensors: dict[str, Any], meta: dict[str, str],
+                       load_ms: float) -> Any:
+        """A prefix `export_prefix` gave, ready to score with; ValueError when it is not whole."""
+
     def prefill(self, ids: Sequence[int]) -> Any:
         """The prefix `ids` run once and kept: a handle with `.ids` to give to `score`."""
 
@@ -66,5 +85,34 @@ class ScoringEngine(Protocol):
         the mean over the row's own tokens, last), len(probe.layers), hidden_size]."""
 
 
-MEMBERS = frozenset({"name", "device", "dtype", "max_positions", "label_tokens", "hidden_size", "branches", "prefill", "score",
+class TimedEngine(ScoringEngine, Protocol):
+    """What `bench` also asks of an engine, to time it against slower references and count its work.
+
+    Attributes:
+        naive_ways: the reference paths `naive` offers: "item" (a full forward of the whole prompt per
+            row), "candidate" (one per candidate), and where the engine has one, "rewound" (its own
+            one-prompt-at-a-time path, rewound to what a prompt shares with the last).
+        threads: CPU threads it computes with.
+        weights_bytes: the weights it holds in memory as a copy of its own (0: the file as read).
+    """
+
+    naive_ways: tuple[str, ...]
+    threads: int
+    weights_bytes: int
+
+    def naive(self, row: Row, way: str) -> list[float]:
+        """The row's candidates scored by the reference path `way`, no prefix (`row.prefix_len` 0)."""
+
+    def linear_params(self) -> tuple[int, int]:
+        """(numbers in the layers every token goes through, numbers in the output layer)."""
+
+    def peak_gflops(self, seconds: float = 1.0) -> float | None:
+        """The device's measured matrix-product peak at its precision; None where none compares."""
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (the edges of a timing)."""
+
+
+MEMBERS = frozenset({"name", "device", "dtype", "precision", "export_prefix", "restore_prefix", "max_positions", "label_tokens", "hidden_size", "branches", "prefill", "score",
                      "score_with_states", "layers"})  # what callers outside model/ may read of an engine
+TIMED = frozenset({"naive_ways", "threads", "weights_bytes", "naive", "linear_params", "peak_gflops", "synchronize"})

@@ -27,8 +27,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
-from .engine import Prefix
-from .llamacpp import LlamaPrefix
 from .. import safefile
 from ..errors import OutputError
 from .cache import models_dir, prefixes_dir, states_dir
@@ -39,7 +37,7 @@ log = logging.getLogger(__name__)
 
 # What reading a damaged, truncated or foreign file raises: the file is then unusable, never an error.
 UNREADABLE = (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError)
-FORMAT = "prefixcache-prefix-1"
+FORMAT = "prefixcache-prefix-2"
 DEFAULT_MAX_BYTES = 2 * 1024**3
 STALE_SECONDS = 3600  # a temporary file this old belongs to a writer that is gone
 
@@ -55,25 +53,18 @@ class Entry:
     prefill_ms: float
 
 
-def prefix_key(model_identity: str, dtype: torch.dtype | str, device_type: str, prefix_ids: Sequence[int]) -> str:
+def prefix_key(model_identity: str, engine: str, version: str, dtype: Any, device_type: str,
+               prefix_ids: Sequence[int]) -> str:
+    """The store's name for a prefix: everything that changes what is kept (the engine and its
+    version among them: each keeps its own layout)."""
     import transformers
 
     parts = {
-        "format": FORMAT, "model": model_identity, "dtype": str(dtype), "device": device_type,
-        "torch": torch.__version__, "transformers": transformers.__version__, "ids": list(prefix_ids),
+        "format": FORMAT, "model": model_identity, "engine": engine, "engine_version": version, "dtype": str(dtype),
+        "device": device_type, "torch": torch.__version__, "transformers": transformers.__version__,
+        "ids": list(prefix_ids),
     }
-    if "|llama.cpp" in model_identity:  # its saved state's layout is llama.cpp's own
-        parts["llama_cpp"] = _llama_version()
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def _llama_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("llama_cpp_python")
-    except PackageNotFoundError:
-        return "?"
 
 
 def _signature(secret: bytes, meta: dict[str, str]) -> str:
@@ -90,31 +81,18 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _kept(prefix: Prefix | LlamaPrefix, engine: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """What a prefix is kept as: a transformers prefix's keys and values per layer, or the state
-    llama.cpp saves of its sequence; with the header naming which."""
-    if isinstance(prefix, LlamaPrefix):
-        state = torch.frombuffer(bytearray(engine.state(prefix)), dtype=torch.uint8)
-        return {"logits": torch.from_numpy(prefix.last_logits.copy()), "state": state}, {"engine": "llama.cpp", "layers": "0"}
-    tensors = {"logits": prefix.last_logits.detach().cpu().contiguous()}
-    for i, (k, v) in enumerate(prefix.kv):
-        tensors[f"k.{i}"], tensors[f"v.{i}"] = k.detach().cpu().contiguous(), v.detach().cpu().contiguous()
-    return tensors, {"layers": str(len(prefix.kv))}
+def _kept(prefix: Any, engine: Any) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """What a prefix is kept as: the arrays and header its engine exports, the header naming the engine."""
+    arrays, meta = engine.export_prefix(prefix)
+    tensors = {name: a if isinstance(a, torch.Tensor) else torch.from_numpy(a) for name, a in arrays.items()}
+    return tensors, {**meta, "engine": engine.name}
 
 
-def _restored(meta: dict[str, str], tensors: dict[str, torch.Tensor], device: torch.device | str, engine: Any,
-              load_ms: float) -> Prefix | LlamaPrefix:
-    """A kept prefix back as its engine's; ValueError when it does not hold the whole prefix."""
-    ids = tuple(json.loads(meta["ids"]))
-    if meta.get("engine") == "llama.cpp":
-        if getattr(engine, "name", None) != "llama.cpp":
-            raise ValueError("a llama.cpp prefix asked for by another engine")
-        return engine.restore(ids, tensors["state"].numpy().tobytes(), tensors["logits"].numpy(), load_ms)
-    layers = int(meta["layers"])
-    kv = tuple((tensors[f"k.{i}"].to(device), tensors[f"v.{i}"].to(device)) for i in range(layers))
-    if any(k.shape[-2] != len(ids) or v.shape[-2] != len(ids) for k, v in kv):
-        raise ValueError("a layer does not hold every prefix position")  # e.g. a sliding-window cache
-    return Prefix(ids, kv, tensors["logits"].to(device), load_ms)
+def _restored(meta: dict[str, str], tensors: dict[str, torch.Tensor], engine: Any, load_ms: float) -> Any:
+    """A kept prefix back as its engine's; ValueError when another engine kept it or it is not whole."""
+    if meta.get("engine") != engine.name:
+        raise ValueError(f"a prefix the {meta.get('engine', 'unknown')} engine kept, asked for by {engine.name}")
+    return engine.restore_prefix(tuple(json.loads(meta["ids"])), tensors, meta, load_ms)
 
 
 class PrefixStore:
@@ -136,9 +114,9 @@ class PrefixStore:
     def _path(self, key: str) -> Path:
         return self.root / f"{key}.safetensors"
 
-    def load(self, key: str, device: torch.device | str, engine: Any = None) -> Prefix | LlamaPrefix | None:
-        """The stored prefix, verified, on `device` (a llama.cpp prefix: put back into `engine`);
-        None when absent or unusable (then removed)."""
+    def load(self, key: str, engine: Any) -> Any:
+        """The stored prefix, verified, restored by `engine` (model/protocol.py); None when absent
+        or unusable (then removed)."""
         path = self._path(key)
         if not path.exists():
             return None
@@ -156,7 +134,7 @@ class PrefixStore:
                 raise ValueError("checksum or header mismatch")
             if not self._signed(meta):
                 raise ValueError("not signed by this store")
-            prefix = _restored(meta, tensors, device, engine, (time.perf_counter() - start) * 1000)
+            prefix = _restored(meta, tensors, engine, (time.perf_counter() - start) * 1000)
         except UNREADABLE as exc:  # a torn, truncated or foreign file: rebuild it
             log.warning("prefix store: %s is unusable (%s); computing the prefix again", path.name, exc)
             try:
@@ -172,9 +150,9 @@ class PrefixStore:
         self.remove_stale()  # a run that only loads still sweeps what killed writers left
         return prefix
 
-    def save(self, key: str, prefix: Prefix | LlamaPrefix, model: str, engine: Any = None) -> Prefix | LlamaPrefix:
-        """Write `prefix` atomically (a llama.cpp prefix: the state `engine` holds); returns it.
-        Failure to write is a warning, not an error."""
+    def save(self, key: str, prefix: Any, model: str, engine: Any) -> Any:
+        """Write `prefix` atomically, as `engine` exports it; returns it. Failure to write is a
+        warning, not an error."""
         tensors, meta = _kept(prefix, engine)
         meta.update({"format": FORMAT, "key": key, "model": model, "ids": json.dumps(list(prefix.ids)),
                      "prefill_ms": f"{prefix.prefill_ms:.3f}", "sha256": _digest(tensors)})

@@ -22,21 +22,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-import torch
-
-from ..model.engine import Engine, Prefix
 from ..errors import UsageError
 from ..scoring.exact import CheckedScorer
 from ..data.items import Item
 from ..data.records import Record
 from ..task.questions import Answers, answer_word
 from ..task.spec import TaskSpec
-from ..model.reference import score_naive
 from ..model.rows import Row, trie
 from .pipeline import classify
 from ..scoring.build import build_scorer
 from ..scoring.options import ScoringOptions
 from ..scoring.scorer import Scorer
+from ..model.engines import default_backend
 from ..model.store import PrefixStore
 from ..scoring.prepare import Batching, Prepared, Task
 
@@ -86,41 +83,6 @@ class BenchReport:
 
 
 PEAK_SECONDS = 1.0  # spent measuring the matmul peak
-
-
-def measure_peak_gflops(device: torch.device, dtype: torch.dtype, seconds: float | None = None) -> float:
-    """Best of three timings of a large square matmul on the model's device and dtype."""
-    seconds = PEAK_SECONDS if seconds is None else seconds
-    n = 2048
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    best = 0.0
-    for _ in range(3):
-        _sync(device)
-        start, reps = time.perf_counter(), 0
-        while time.perf_counter() - start < seconds / 3:
-            a @ b
-            reps += 1
-        _sync(device)
-        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start) / 1e9)
-    return best
-
-
-def _sync(device: torch.device | str) -> None:
-    if getattr(device, "type", None) == "cuda":  # llama.cpp's decode returns when it is done
-        torch.cuda.synchronize()
-
-
-def linear_params(model: torch.nn.Module) -> tuple[int, int]:
-    """(weights of all matmul layers except the lm_head, lm_head weights)."""
-    head = model.get_output_embeddings()
-    body = 0
-    for module in model.modules():
-        if module is head:
-            continue
-        if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D":
-            body += module.weight.numel()
-    return body, head.weight.numel()
 
 
 class _PeakRSS:
@@ -179,14 +141,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-def _timed(name: str, n: int, fn: Callable[[], list[str]], device: torch.device, step: Step = _quiet,
+def _timed(name: str, n: int, fn: Callable[[], list[str]], engine: Any, step: Step = _quiet,
            about: float | None = None) -> ModeResult:
     step(f"timing {name} on {n} items" + (f" (about {_duration(about)})" if about is not None and about >= 10 else ""))
-    _sync(device)
+    engine.synchronize()
     with _PeakRSS() as rss:
         start = time.perf_counter()
         labels = fn()
-        _sync(device)
+        engine.synchronize()
         elapsed = time.perf_counter() - start
     return ModeResult(name, n, 1000 * elapsed / n, n / elapsed, rss.mb, labels=labels)
 
@@ -371,7 +333,7 @@ def _store_timings(scorer: Scorer) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         store = PrefixStore(tmp)
         store.save("bench", engine.prefill(ids), "bench", engine)
-        load = min(store.load("bench", engine.device, engine).prefill_ms for _ in range(3))
+        load = min(store.load("bench", engine).prefill_ms for _ in range(3))
     return prefill, load
 
 
@@ -380,7 +342,7 @@ def _unavoidable_work(engine: Any, prepared: Sequence[Prepared]) -> tuple[float,
     layers on them plus the lm_head rows scored, and the GFLOP of the item alone (its tokens and
     one row of logits: one one-token candidate). A llama.cpp engine's layers are counted from its
     file (every weight but the embeddings' in the body, the output layer the embeddings' size)."""
-    body, head = linear_params(engine.model) if engine.name == "transformers" else engine.linear_params()
+    body, head = engine.linear_params()
     nodes = sum(len(trie(list(p.candidates.values()))) for p in prepared) / len(prepared)
     own = sum(p.own_tokens for p in prepared) / len(prepared)
     gflop = (2 * body * (own + nodes) + 2 * head * (1 + nodes)) / 1e9
@@ -398,9 +360,7 @@ class _Modes:
                  batching: Batching):
         self.scorer, self.items, self.prepared, self.batching = scorer, items, prepared, batching
         self.few = prepared[:naive_limit]
-        self.llama = scorer.engine.name == "llama.cpp"  # its naive modes are llama.cpp's own one-prompt path
-        self.full = None if self.llama else Engine(scorer.engine.model, "standard")
-        self.empty = Prefix((), (), torch.empty(0), 0.0)
+        self.rewinds = "rewound" in scorer.engine.naive_ways  # the engine's own one-prompt path, timed too
 
     def _pick(self, prep: Prepared, scores: list[float]) -> str | None:
         """The decision `run` would make from these candidate scores (forms combined,
@@ -408,22 +368,17 @@ class _Modes:
         return prediction(self.scorer.decide(prep, prep.groups.combine(scores)), self.scorer.task.spec)
 
     def naive(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
-        if self.llama:
-            return [self._pick(p, self._one_prompt(p, "item")) for p in (self.few if rows is None else rows)]
-        return [self._pick(p, self.full.score(self.empty, [Row(p.enc.ids, 0, _cands(p), p.skips)])[0])
-                for p in (self.few if rows is None else rows)]
+        return [self._pick(p, self._naive(p, "item")) for p in (self.few if rows is None else rows)]
 
     def naive_per_label(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
-        if self.llama:
-            return [self._pick(p, self._one_prompt(p, "candidate")) for p in (self.few if rows is None else rows)]
-        return [self._pick(p, _per_candidate(self.scorer.engine.model, p)) for p in (self.few if rows is None else rows)]
+        return [self._pick(p, self._naive(p, "candidate")) for p in (self.few if rows is None else rows)]
 
     def rewound(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
-        """llama.cpp's own one-prompt-at-a-time path, rewound to what each prompt shares with the last."""
-        return [self._pick(p, self._one_prompt(p, "")) for p in (self.prepared if rows is None else rows)]
+        """The engine's own one-prompt-at-a-time path, rewound to what each prompt shares with the last."""
+        return [self._pick(p, self._naive(p, "rewound")) for p in (self.prepared if rows is None else rows)]
 
-    def _one_prompt(self, prep: Prepared, fresh: str) -> list[float]:
-        return self.scorer.engine.one_prompt_at_a_time(Row(prep.enc.ids, 0, _cands(prep), prep.skips), fresh)
+    def _naive(self, prep: Prepared, way: str) -> list[float]:
+        return self.scorer.engine.naive(Row(prep.enc.ids, 0, _cands(prep), prep.skips), way)
 
     def cached_single(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
         engine, prefix = self.scorer.engine, self.scorer.prefix
@@ -442,8 +397,7 @@ class _Modes:
         first, warm = self.few[0], self.items[:min(self.batching.size, WARM_ITEMS)]
         one_label = dataclasses.replace(first, candidates=dict(list(first.candidates.items())[:1]),
                                         skips=first.skips[:1])
-        per_label = _seconds(lambda: self._one_prompt(one_label, "candidate") if self.llama
-                             else _per_candidate(self.scorer.engine.model, one_label)) * len(_cands(first))
+        per_label = _seconds(lambda: self._naive(one_label, "candidate")) * len(_cands(first))
         seconds = [_seconds(lambda: self.naive(self.few[:1])), per_label, _seconds(lambda: self.cached_single(
             self.prepared[:1])), _seconds(lambda: self.pipeline(warm)) / max(len(warm), 1)]
         counts = (len(self.few), len(self.few), len(self.prepared), len(self.items))
@@ -454,40 +408,33 @@ def _cands(prep: Prepared) -> list[tuple[int, ...]]:
     return list(prep.candidates.values())
 
 
-def _per_candidate(model: torch.nn.Module, prep: Prepared) -> list[float]:
-    """A full forward per candidate; a typed question's text before its answer is read, not scored."""
-    if not prep.skips:
-        return score_naive(model, prep.enc.ids, _cands(prep))
-    return [score_naive(model, list(prep.enc.ids) + list(c[:s]), [c[s:]])[0] for c, s in zip(_cands(prep), prep.skips)]
-
-
 def _timed_modes(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepared], naive_limit: int,
                  batching: Batching, step: Step = _quiet, estimate_slow: bool = False) -> list[ModeResult]:
     """The four ways of getting the same scores, each timed after a warm-up on the same items
     (`estimate_slow`: the per-label naive mode estimated when it would take over NAIVE_SECONDS)."""
-    modes, device = _Modes(scorer, items, prepared, naive_limit, batching), scorer.engine.device
+    modes, engine = _Modes(scorer, items, prepared, naive_limit, batching), scorer.engine
     step(f"warming up each mode on one item (with {len(scorer.task.spec.labels) or 'its'} labels)")
     each, per_label = modes.warm_up()
     per_label_name = "naive: full forward per item and label"
     estimated = estimate_slow and each[1] > NAIVE_SECONDS  # minutes per item: said from its first forward, not run
     step(f"timing every mode: about {_duration(sum(each) - (each[1] if estimated else 0))} from the warm-up "
          f"(first calls are slower, so likely less)")
-    first_mode = _timed("naive: full re-encode per item", len(modes.few), modes.naive, device, step, each[0])
+    first_mode = _timed("naive: full re-encode per item", len(modes.few), modes.naive, engine, step, each[0])
     if estimated:
         step(f"not timing {per_label_name}: about {_duration(each[1])}; its time is estimated from one forward "
              f"(give --limit to time it)")
         slow = ModeResult(per_label_name, len(modes.few), 1000 * per_label, 1 / per_label, None, estimated=True)
     else:
-        slow = _timed(per_label_name, len(modes.few), modes.naive_per_label, device, step, each[1])
+        slow = _timed(per_label_name, len(modes.few), modes.naive_per_label, engine, step, each[1])
     pipeline_name = f"run pipeline (<= {batching.size} items, ~{batching.tokens} tokens a batch)"
-    rewound = [_timed("llama.cpp one prompt at a time, rewound to the shared start", len(prepared), modes.rewound,
-                      device, step, each[2])] if modes.llama else []
+    rewound = [_timed(f"{engine.name} one prompt at a time, rewound to the shared start", len(prepared),
+                      modes.rewound, engine, step, each[2])] if modes.rewinds else []
     return [
         first_mode,
         slow,
         *rewound,
-        _timed("cached, one item at a time", len(prepared), modes.cached_single, device, step, each[2]),
-        _timed(pipeline_name, len(items), modes.pipeline, device, step, each[3]),
+        _timed("cached, one item at a time", len(prepared), modes.cached_single, engine, step, each[2]),
+        _timed(pipeline_name, len(items), modes.pipeline, engine, step, each[3]),
     ]
 
 
@@ -513,19 +460,16 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
     prefill_ms, load_ms = _store_timings(scorer)
 
     own, nodes, gflop, alone = _unavoidable_work(engine, prepared)
-    peak = 0.0  # llama.cpp's quantised kernels: no float32 matmul peak to compare with
-    if engine.name == "transformers":
-        step("measuring this machine's matmul peak")
-        peak = measure_peak_gflops(engine.device, engine.dtype)
+    step("measuring this machine's matmul peak")
+    peak = engine.peak_gflops(PEAK_SECONDS) or 0.0  # none: quantised kernels, no float matmul peak to compare with
     for m in modes:
         m.speedup = modes[0].ms_per_item / m.ms_per_item
         m.efficiency = gflop / (m.ms_per_item / 1000) / peak if peak else None
     n = min(naive_limit, len(prepared))
     differing = sum(any(m.labels[i] != modes[0].labels[i] for m in modes if not m.estimated) for i in range(n))
     return BenchReport(
-        device=f"{engine.name} {engine.device}" if engine.name != "transformers" else str(engine.device),
-        dtype=str(engine.dtype).removeprefix("torch."),
-        threads=torch.get_num_threads() if engine.name == "transformers" else engine.threads,
+        device=str(engine.device) if engine.name == default_backend().name else f"{engine.name} {engine.device}",
+        dtype=engine.precision, threads=engine.threads,
         peak_gflops=peak, load_seconds=task.load_seconds + scorer.load_seconds, prefill_ms=prefix.prefill_ms,
         prefix_tokens=len(prefix.ids), item_tokens=own, candidate_tokens=nodes, unavoidable_gflop=gflop,
         same_labels=differing == 0, items_compared=n, items_differing=differing,
@@ -542,7 +486,7 @@ def _time_head_alone(head: Scorer, items: Sequence[Item], batching: Batching, st
     list(classify(head, warm, batching))
     head.clear()
     return _timed(HEAD_ALONE, len(items), lambda: [record_prediction(r) for r in classify(head, items, batching)],
-                  head.engine.device, step)
+                  head.engine, step)
 
 
 HEAD_ALONE = "run pipeline, the fitted head alone (no option scored)"
@@ -574,11 +518,11 @@ def run_precision_bench(fp32: Scorer, fast: Scorer, checked: CheckedScorer, item
         list(classify(scorer, items[: batching.size], batching))  # warm-up
         scorer.clear()  # neither its scores nor (--exact) its measured bound carry over
         labels = lambda: [record_prediction(r) for r in classify(scorer, items, batching)]  # noqa: E731
-        return _timed(name, len(items), labels, scorer.engine.device, step)
+        return _timed(name, len(items), labels, scorer.engine, step)
 
     runs = [timed(s, name) for s, name in ((fp32, "float32"), (fast, fast.dtype), (checked, f"{fast.dtype} --exact"))]
     (ms32, want), (ms_fast, fast_labels), (ms_exact, exact_labels) = ((m.ms_per_item, m.labels) for m in runs)
-    weights = sum(p.numel() * p.element_size() for p in fp32.engine.model.parameters()) / 2**20
+    weights = fp32.engine.weights_bytes / 2**20
     return PrecisionReport(
         dtype=fast.dtype, items=len(items), float32_ms=ms32, fast_ms=ms_fast, exact_ms=ms_exact,
         rescored=checked.rescored, bound=checked.bound or 0.0,

@@ -17,6 +17,7 @@ from typing import Any, Callable, Literal, Optional
 
 from ..errors import EXIT_GATE
 from ..model.cache import cache_root, store_max_bytes
+from ..model.choice import engines
 from ..scoring.options import ScoringOptions
 from ..task.spec import TaskSpec
 
@@ -26,7 +27,6 @@ OutFormat = Literal["jsonl", "csv"]
 OnError = Literal["fail", "skip"]
 Prune = Literal["auto", "on", "exact", "off"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
-Backend = Literal["auto", "transformers", "llama.cpp"]
 
 
 def field_list(text: Optional[str]) -> tuple[str, ...]:
@@ -147,7 +147,8 @@ class RunOptions:
                        help="Where the model runs (auto: CUDA when present, else the CPU).")
     dtype: str = _opt("auto", "--dtype", group="device", envvar="PREFIXCACHE_DTYPE", cli_type=Dtype,
                       help="auto: float32 on the CPU, bfloat16 (or float16) on CUDA.")
-    backend: Optional[str] = _opt(None, "--backend", group="device", envvar="PREFIXCACHE_BACKEND", cli_type=Optional[Backend],
+    backend: Optional[str] = _opt(None, "--backend", group="device", envvar="PREFIXCACHE_BACKEND", cli_type=Optional[str],
+                                  metavar=f"<{'|'.join(engines())}>",
                                   help=(
         "What runs the model: transformers (any model; a GGUF file is dequantised to float once), llama.cpp (a "
         "GGUF file kept quantised: needs the llama extra) or auto: llama.cpp for a GGUF file of about a billion "

@@ -15,6 +15,7 @@ from ..data.output import check_distinct, check_output, check_report, output_for
 from ..data.resume import file_digest, OutputFile
 from ..data.records import Keep, columns, keep_clash
 from ..errors import OutputError, SpecError, UsageError
+from ..model.engines import Backend, backend_named, twin_backend
 from ..model.load import dtype_name, model_identity, pick_device
 from ..reports.evaluation import Gates
 from ..scoring.prepare import Batching, spec_model
@@ -57,13 +58,13 @@ class Plan:
         input may grow, or with --update change). The spec is the digest of the bytes read, so a
         spec given through a pipe is told from another."""
         o, device = self.options, pick_device(self.device)
-        engine, version = run_engine(self.spec, o)
+        backend = run_engine(self.spec, o)
         return {
             "spec": self.spec.digest or file_digest(str(o.spec)), "gold": self.spec.gold,
             "model": model_identity(spec_model(self.spec)),
             "input": file_digest(o.items), "input_bytes": None if self.stream else os.path.getsize(o.items),
-            "engine": engine, "engine_version": version, "device": device.split(":")[0],
-            "dtype": dtype_name(o.dtype, device) if engine == "transformers" else "the GGUF file's own types",
+            "engine": backend.name, "engine_version": backend.version(), "device": device.split(":")[0],
+            "dtype": backend.precision(dtype_name(o.dtype, device)),
             "batch_size": o.batch_size, "batch_tokens": o.batch_tokens,
             "keep": "all" if self.keep is None else list(self.keep), "exact": o.exact,
             **({"head": self.spec.head.digest} if self.spec.head else {}),
@@ -74,24 +75,17 @@ class Plan:
         }
 
 
-def run_engine(spec: TaskSpec, o: RunOptions) -> tuple[str, str]:
-    """The engine a run scores with (as `load_engine` will pick it, from the files alone) and its
-    version: part of what an output is, since two engines' numbers differ."""
-    from importlib.metadata import PackageNotFoundError, version
-
+def run_engine(spec: TaskSpec, o: RunOptions) -> Backend:
+    """The engine a run scores with, as `load_engine` will pick it from the files alone (--exact:
+    the engine of the float32 twin): part of what an output is, since two engines' numbers differ."""
     from ..model.choice import pick_engine
     from ..model.memory import float32_bytes
 
-    source = spec_model(spec)
     if o.exact:
-        name = "transformers"  # --exact: a low precision and its float32 twin, both on transformers
-    else:
-        name = pick_engine(source, o.backend or spec.backend, o.device, o.dtype,
-                           float32_bytes=float32_bytes(source, o.cache_dir)).name
-    try:
-        return name, version("transformers" if name == "transformers" else "llama_cpp_python")
-    except PackageNotFoundError:
-        return name, "unknown"
+        return twin_backend()
+    source = spec_model(spec)
+    return backend_named(pick_engine(source, o.backend or spec.backend, o.device, o.dtype,
+                                     float32_bytes=float32_bytes(source, o.cache_dir)).name)
 
 
 def refusal_words(key: str, value: Any) -> Optional[str]:
@@ -131,9 +125,11 @@ def make_plan(options: RunOptions) -> Plan:
     spec = load_options_spec(options)
     if options.exact and spec.head is not None:
         raise UsageError(exact_refusal(spec.head))
-    if options.exact and (options.backend or spec.backend) == "llama.cpp":
-        raise UsageError("--backend llama.cpp: --exact scores close calls again in float32 on transformers; llama.cpp "
-                         "has no float32 twin of a file (drop --exact, or use --backend transformers --dtype bfloat16)")
+    asked = options.backend or spec.backend
+    if options.exact and asked not in (None, "auto") and not backend_named(asked).float32_twin:
+        twin = twin_backend().name
+        raise UsageError(f"--backend {asked}: --exact scores close calls again in float32 on {twin}; {asked} "
+                         f"has no float32 twin of a file (drop --exact, or use --backend {twin} --dtype bfloat16)")
     if options.exact and options.dtype not in ("bfloat16", "float16"):
         raise UsageError("--exact re-scores the close calls of a bfloat16 or float16 run in float32: "
                          "give --dtype bfloat16 (or float16)")

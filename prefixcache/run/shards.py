@@ -174,11 +174,12 @@ def launch_state(cpu: bool = False) -> PartialState | None:
     if not os.environ.get("MASTER_ADDR"):
         raise UsageError(f"WORLD_SIZE is {world} but no launcher started this process (MASTER_ADDR is not set); "
                          f"use accelerate launch or torchrun, or unset WORLD_SIZE to run one process")
-    import torch
     from accelerate import PartialState
 
+    from ..model.load import pick_device
+
     try:  # a bounded wait: processes that never come would otherwise hang the run for half an hour
-        state = PartialState(cpu=cpu or not torch.cuda.is_available(), timeout=timedelta(seconds=LAUNCH_TIMEOUT))
+        state = PartialState(cpu=cpu or pick_device("auto") == "cpu", timeout=timedelta(seconds=LAUNCH_TIMEOUT))
     except (ValueError, RuntimeError, KeyError) as exc:
         raise UsageError(f"WORLD_SIZE is {world} but the processes of the launch did not all join within "
                          f"{LAUNCH_TIMEOUT} s ({first_line(exc)[:120]}); start them with accelerate launch or torchrun, "

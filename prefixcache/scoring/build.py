@@ -29,8 +29,9 @@ from .. import compat
 from ..errors import UsageError
 from ..task.head import exact_refusal
 from ..model.cache import prefixes_dir
-from ..model.engine import Engine, Prefix
+from ..model.protocol import PrefixHandle, ScoringEngine
 from ..model.choice import pick_engine
+from ..model.engines import twin_backend
 from ..model.load import pick_device
 from ..model.store import PrefixStore
 from .options import ScoringOptions
@@ -58,7 +59,7 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
         log.warning("this %s has no bfloat16 matrix instructions, so --exact would gain nothing: scoring in float32",
                     device)
         scorer: ItemScorer = Scorer.load(task, options.cache_dir, options.device, "float32", store,
-                                         says_precision=True, backend="transformers")
+                                         says_precision=True, backend=twin_backend().name)
     elif options.exact:
         scorer = CheckedScorer.pair(task, options.cache_dir, options.device, options.dtype, store)
     else:
@@ -68,13 +69,13 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
     return scorer
 
 
-def load_engine(task: Task, options: ScoringOptions) -> Engine:
+def load_engine(task: Task, options: ScoringOptions) -> ScoringEngine:
     """The task's model, loaded on the options' device and precision, as an engine (for
     `build_on`: one model for several tasks)."""
     return scorer_engine(task, options.cache_dir, options.device, options.dtype, options.backend, options.threads)
 
 
-def build_on(task: Task, engine: Engine, options: ScoringOptions, prefix: Prefix | None = None) -> Scorer:
+def build_on(task: Task, engine: ScoringEngine, options: ScoringOptions, prefix: PrefixHandle | None = None) -> Scorer:
     """The task's scorer on a model already loaded (several tasks of one model: `tune`'s
     variants, `Classifier`'s zero-shot label sets, the server's question packs), its prefix as
     `build_scorer` gets it, or `prefix` when the caller holds it already (prefilled for this

@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 
 from .scorer import Rescoring, Scorer, Scores
 from ..task.questions import Answers
+from ..model.engines import twin_backend
 from ..model.store import PrefixStore
 from .prepare import Prepared, Task
 
@@ -62,8 +63,9 @@ class CheckedScorer(Scorer):
              ) -> "CheckedScorer":
         """The low-precision scorer and its float32 twin (both models in memory; each prefix
         prefilled, or loaded from the store, once)."""
-        fast = cls.load(task, cache_dir, device, dtype, store, says_precision=True, backend="transformers")
-        fast.exact = Scorer.load(task, cache_dir, device, "float32", store, backend="transformers")
+        twin = twin_backend().name
+        fast = cls.load(task, cache_dir, device, dtype, store, says_precision=True, backend=twin)
+        fast.exact = Scorer.load(task, cache_dir, device, "float32", store, backend=twin)
         return fast
 
     def precision(self, key: tuple) -> str | None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
-from ..errors import ItemError, PrefixTooLong, TooLong
+from ..errors import ItemError, PrefixTooLong, SpecError, TooLong
 from ..data.items import Item
+from ..model.choice import engines
 from ..model.load import ModelSource, load_tokenizer, model_content_identity, model_context, resolve_model
 from ..task.decision import Groups
 from ..task.head import fingerprint
@@ -36,7 +37,10 @@ UNKNOWN_CONTEXT = 131072  # positions assumed when the model's are not known yet
 
 
 def spec_model(spec: TaskSpec) -> ModelSource:
-    """The model a task spec names (relative paths: the current folder, then the spec's folder)."""
+    """The model a task spec names (relative paths: the current folder, then the spec's folder);
+    the spec's `backend` checked against the engines there are, before any model loads."""
+    if spec.backend is not None and spec.backend not in engines():
+        raise SpecError(f"{spec.path}: backend must be one of {', '.join(engines())}, not {spec.backend!r}")
     return resolve_model(spec.model, Path(spec.path).parent, spec.trust_remote_code, spec.revision)
 
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..model.branches import Node, OpenItems, open_items
-from ..model.engine import Engine, Prefix
+from ..model.protocol import PrefixHandle, ScoringEngine
 from ..task.decision import Bounded
 from .prepare import Prepared
 
@@ -76,7 +76,7 @@ class Contest:
     mass: float | None = None
 
 
-def score_pruned(engine: Engine, prefix: Prefix, preps: Sequence[Prepared], contests: Sequence[Contest]) -> list[Bounded]:
+def score_pruned(engine: ScoringEngine, prefix: PrefixHandle, preps: Sequence[Prepared], contests: Sequence[Contest]) -> list[Bounded]:
     """Each item's candidate log-probs, in candidate order (those left at their bounds: upper
     bounds, named by `Bounded.pruned`)."""
     race = _Race(open_items(engine, prefix, [p.row for p in preps]), contests)

@@ -34,7 +34,7 @@ PLAIN = ("state",)  # the final state at the answer position: what every engine 
 def precision_of(engine: Any) -> str:
     """What an engine computes in, in words: a torch dtype's name ("float32"), or a GGUF file's
     type as llama.cpp reads it ("Q4_1")."""
-    return str(engine.dtype).removeprefix("torch.")
+    return engine.precision
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -22,13 +21,11 @@ from typing import Mapping, Protocol, Sequence
 import numpy as np
 
 from .. import compat
-from ..model.engine import Engine, Prefix
-from ..model.choice import gpu_build, pick_engine
-from ..model.llamacpp import GPU_LAYERS, UBATCH_TOKENS
-from ..model.memory import GB, Footprint, available_and_why, float32_bytes, footprint, llama_footprint
-from ..model.protocol import ScoringEngine
-from ..errors import ModelError
-from ..model.load import load_model, model_identity, pick_device, pick_dtype
+from ..model.protocol import PrefixHandle, ScoringEngine
+from ..model.choice import pick_engine
+from ..model.engines import Load, backend_named, default_backend, open_engine
+from ..model.memory import float32_bytes
+from ..model.load import model_identity
 from ..model.rows import Candidate, Row, trie
 from ..data.items import Item
 from ..task.decision import Bounded, Groups, linear_keys, mean_distribution
@@ -48,69 +45,19 @@ MIN_RACE_TOKENS = 128  # candidate tokens an item from which pruning may pay (me
 def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto", backend: str | None = None,
                 threads: int | None = None) -> ScoringEngine:
     """The task's model on `device` in `dtype` ("auto": see model/load.py), as an engine of the
-    backend asked (None: the spec's, else auto: model/choice.py); its memory said first, and a model
-    that would not fit refused before it loads (`fits`)."""
+    backend asked (None: the spec's, else auto: model/choice.py); its limits checked and its memory
+    said first, a model that would not fit refused before it loads (model/engines.py)."""
     picked = pick_engine(task.source, backend or task.spec.backend, device, dtype,
                          float32_bytes=float32_bytes(task.source, cache_dir))
-    said = log.info if picked.name != "transformers" or backend or task.spec.backend else log.debug
+    chosen = backend_named(picked.name)
+    said = log.info if chosen is not default_backend() or backend or task.spec.backend else log.debug
     said("backend: %s%s", picked.name, f" ({picked.why})" if picked.why else "")
-    if picked.name == "llama.cpp":
-        return _llama_engine(task, cache_dir, device, threads)
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    dev = pick_device(device)
-    torch_dtype = pick_dtype(dtype, dev)
-    fits(task, footprint(task.source, cache_dir, torch_dtype.itemsize, len(task.builder.prefix_ids) + BATCH_TOKENS),
-         dev)
-    return Engine(load_model(task.source, task.tokenizer, cache_dir, dev, torch_dtype))
-
-
-def _llama_engine(task: Task, cache_dir: Path, device: str, threads: int | None) -> ScoringEngine:
-    from ..model.cache import checks_dir
-    from ..model.llamacpp import LlamaEngine, check_sequences, context_cells, kv_bytes, probe
-
-    if not task.spec.choices:  # the same candidates for every item: known before the model loads
-        check_sequences(tuple(task.builder.candidates.values()))
-    gpu = device not in ("cpu",) and gpu_build()
-    path = Path(task.source.path)
-    cells = context_cells(len(task.builder.prefix_ids))
-    fits(task, llama_footprint(path, cells, UBATCH_TOKENS, kv_bytes(path)), "cuda" if gpu else "cpu", quantised=True)
-    probe(path, checks_dir(cache_dir))
-    return LlamaEngine(path, threads, gpu_layers=GPU_LAYERS if gpu else 0)
+    same = None if task.spec.choices else tuple(task.builder.candidates.values())  # known before the model loads
+    return open_engine(chosen, Load(task.source, task.tokenizer, cache_dir, device, dtype, threads,
+                                    len(task.builder.prefix_ids), BATCH_TOKENS, same))
 
 
 BATCH_TOKENS = Batching.tokens  # the keys and values of a batch the estimate counts: the run pipeline's default budget
-NO_CHECK = "PREFIXCACHE_NO_MEMORY_CHECK"  # set to 1: load a model whatever its estimate says
-
-
-def fits(task: Task, need: Footprint | None, device: str, quantised: bool = False) -> None:
-    """Say (log) the memory the model will take, `need`, estimated from its files alone; raise
-    ModelError, before anything is loaded, when that is more than the device has available."""
-    if need is None:
-        return
-    log.info("memory: %s will take %s", task.source.ref, need.words())
-    free, bound = available_and_why() if device == "cpu" else (_accelerator_free(device), "this machine")
-    if free is not None and need.total > free and os.environ.get(NO_CHECK) != "1":
-        raise ModelError(f"{task.source.ref} needs {need.words()}, and {bound} has {free / GB:.2f} GB available "
-                         f"on {device}: free some memory, or use a smaller model or quantisation (-m)"
-                         f"{'' if quantised else _other(task)}; "
-                         f"{NO_CHECK}=1 loads it anyway")
-
-
-def _other(task: Task) -> str:
-    """The other backend, where it would take less memory: a GGUF file kept quantised."""
-    return ", or --backend llama.cpp to keep it quantised" if task.source.kind == "gguf" else ""
-
-
-def _accelerator_free(device: str) -> int | None:
-    import torch
-
-    try:
-        return int(torch.cuda.mem_get_info(torch.device(device))[0]) if device.startswith("cuda") else None
-    except Exception:  # noqa: BLE001 - no figure: no check
-        return None
 
 
 class ScoreCache:
@@ -140,8 +87,8 @@ class ItemScorer(Protocol):
     """What the run pipeline asks of a scorer (`Scorer`, and `CheckedScorer` for --exact)."""
 
     task: Task
-    engine: Engine
-    prefix: Prefix
+    engine: ScoringEngine
+    prefix: PrefixHandle
     prefix_source: str  # "computed" or "loaded" (from the prefix store)
     load_seconds: float
     device: str
@@ -181,13 +128,13 @@ class Scorer:
         load_seconds (loading the model), device, dtype (as text).
     """
 
-    def __init__(self, task: Task, engine: Engine, prefix: Prefix, prefix_source: str = "computed",
+    def __init__(self, task: Task, engine: ScoringEngine, prefix: PrefixHandle, prefix_source: str = "computed",
                  load_seconds: float = 0.0, says_precision: bool = False, unconditional: ScoreCache | None = None,
                  prompt_scores: bool = False):
         self.task, self.engine, self.prefix = task, engine, prefix
         self.prefix_source, self.load_seconds = prefix_source, load_seconds
         self.device = str(engine.device)
-        self.dtype = str(engine.dtype).removeprefix("torch.")
+        self.dtype = engine.precision
         self.prior: list[list[float] | None] | None = None  # per question asked: its calibration prior
         self.says_precision = says_precision  # records name their precision (a run asked for --exact)
         self._scores = ScoreCache()
@@ -225,7 +172,7 @@ class Scorer:
         return cls.on(task, engine, store, time.perf_counter() - start, says_precision, prompt_scores)
 
     @classmethod
-    def on(cls, task: Task, engine: Engine, store: PrefixStore | None = None, load_seconds: float = 0.0,
+    def on(cls, task: Task, engine: ScoringEngine, store: PrefixStore | None = None, load_seconds: float = 0.0,
            says_precision: bool = False, prompt_scores: bool = False) -> "Scorer":
         """A scorer on a model already loaded, its prefix from `store` when it has it, else
         prefilled (and then kept there)."""
@@ -234,7 +181,7 @@ class Scorer:
         return cls(task, engine, prefix, source, load_seconds, says_precision, prompt_scores=prompt_scores)
 
     @classmethod
-    def start(cls, task: Task, engine: Engine) -> "Scorer":
+    def start(cls, task: Task, engine: ScoringEngine) -> "Scorer":
         """A scorer on a model already loaded (the prefix is prefilled, not stored)."""
         return cls(task, engine, engine.prefill(task.builder.prefix_ids))
 
@@ -334,8 +281,7 @@ class Scorer:
         contests = self._contests_of(MASS if mode == "exact" else None) if self.says_pruned else None
         raced = self._raced_tokens(contests) if contests else 0
         if self.says_pruned and not self.engine.branches:
-            why = ("this model's attention cannot keep items between passes" if self.engine.name == "transformers"
-                   else f"the {self.engine.name} engine does not keep items between passes")
+            why = f"the {self.engine.name} engine cannot keep this model's items between passes"
         elif contests and raced < MIN_RACE_TOKENS:
             why = (f"{raced} candidate tokens an item are too few for a race to pay (from {MIN_RACE_TOKENS}: each step "
                    f"of a race is a forward pass)")
@@ -544,7 +490,7 @@ class Scores:
     computed: list[Prepared]
 
 
-def _prefix(task: Task, engine: Engine, store: PrefixStore | None) -> tuple[Prefix, str]:
+def _prefix(task: Task, engine: ScoringEngine, store: PrefixStore | None) -> tuple[PrefixHandle, str]:
     """The prefilled prefix and where it came from ("loaded" from the store, or "computed")."""
     ids = task.builder.prefix_ids
     if store is None:
@@ -552,10 +498,9 @@ def _prefix(task: Task, engine: Engine, store: PrefixStore | None) -> tuple[Pref
     identity = model_identity(task.source)
     if task.source.kind == "hub":  # the revision actually loaded, so a new upload misses
         identity += "@" + str(compat.hub_revision(task.source.path))
-    if engine.name != "transformers":
-        identity += f"|{engine.name}"
-    key = prefix_key(identity, engine.dtype, str(engine.device).split(":")[0], ids)
-    prefix = store.load(key, engine.device, engine)
+    key = prefix_key(identity, engine.name, backend_named(engine.name).version(), engine.dtype,
+                     str(engine.device).split(":")[0], ids)
+    prefix = store.load(key, engine)
     if prefix is not None and prefix.ids == tuple(ids):
         return prefix, "loaded"
     return store.save(key, engine.prefill(ids), task.source.ref, engine), "computed"

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..data.items import Item
 from ..errors import UsageError
-from ..model.engine import Prefix
+from ..model.protocol import PrefixHandle
 from ..model.load import model_content_identity
 from ..scoring.build import build_on, load_engine
 from ..scoring.options import ScoringOptions
@@ -103,7 +103,7 @@ class Decider:
         self.engine = load_engine(self.base, options)
         self.name = Path(self.base.source.path).name.removesuffix(".gguf") if self.base.source.kind != "hub" \
             else self.base.source.ref  # the served model, as answers name it
-        self._prefixes: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
+        self._prefixes: OrderedDict[tuple[int, ...], PrefixHandle] = OrderedDict()
         self.tally = AnswerTally(packs)  # answers per pack and question: a collapse is said once
         self._packs: OrderedDict[str, Scorer] = OrderedDict()  # a pack's scorer: its task, calibration, prefix
         self.max_prefixes, self.max_packs = prefixes, packs

@@ -28,6 +28,7 @@ from ..errors import InputError, SpecError, UsageError
 from ..run.options import RunOptions
 from ..run.plan import load_options_spec
 from ..scoring.prepare import Batching
+from ..model.engines import default_backend
 from ..scoring.reading import precision_of
 from ..task.head import Head, Readout, head_bytes
 from ..task.kind import Question
@@ -88,9 +89,9 @@ class FitResult:
     plan: FitPlan
     judged: list[Judged]
     read: Any  # the pass's own account (passes.States): its cost, rows read back, the prompt's sample
+    engine: str  # what read the states (the fitted spec asks for the same)
+    precision: str  # what that engine computed in (the head keeps both)
     written: list[Path] = field(default_factory=list)
-    engine: str = "transformers"  # what read the states (the fitted spec asks for the same)
-    precision: str = "float32"  # what that engine computed in (the head keeps both)
 
     @property
     def ms_per_item(self) -> float:
@@ -386,7 +387,7 @@ def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> No
     safefile.replace(options.head_path, head_bytes(readouts, fingerprint, LAYER, fitted), "the head file")
     keys: dict[str, Any] = {**relocated(plan.spec_file.data, options.run.spec, options.output),
                             **model_key(options.run.model), "head": options.head_path.name}
-    if result.engine != "transformers" and plan.spec.backend != result.engine:
+    if result.engine != default_backend().name and plan.spec.backend != result.engine:
         keys["backend"] = result.engine  # the head read its states: it runs where they were read
     tags = next((j for j in result.judged if j.thresholds), None)
     if tags is not None and not plan.spec.questions:

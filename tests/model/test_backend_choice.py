@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from prefixcache.errors import UsageError
-from prefixcache.model import choice
+from prefixcache.model import choice, llamacpp
 from prefixcache.model.choice import AUTO_FLOAT32_BYTES, pick_engine
 from prefixcache.model.load import ModelSource
 
@@ -18,8 +18,8 @@ BIG, SMALL = AUTO_FLOAT32_BYTES * 2, AUTO_FLOAT32_BYTES // 10
 
 @pytest.fixture()
 def llama_installed(monkeypatch):
-    monkeypatch.setattr(choice, "installed", lambda: True)
-    monkeypatch.setattr(choice, "gpu_build", lambda: False)
+    monkeypatch.setattr(llamacpp, "installed", lambda: True)
+    monkeypatch.setattr(llamacpp, "gpu_build", lambda: False)
 
 
 def test_auto_keeps_a_large_gguf_file_quantised_and_the_rest_on_transformers(llama_installed):
@@ -35,7 +35,7 @@ def test_auto_keeps_a_large_gguf_file_quantised_and_the_rest_on_transformers(lla
 
 
 def test_auto_without_llama_cpp_installed_is_transformers(monkeypatch):
-    monkeypatch.setattr(choice, "installed", lambda: False)
+    monkeypatch.setattr(llamacpp, "installed", lambda: False)
     picked = pick_engine(GGUF, "auto", float32_bytes=BIG)
     assert picked.name == "transformers" and "pip install 'prefixcache[llama]'" in picked.why
 
@@ -53,7 +53,7 @@ def test_asking_for_llama_cpp_refuses_what_it_cannot_do(llama_installed, source,
 
 
 def test_not_installed_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(choice, "installed", lambda: False)
+    monkeypatch.setattr(llamacpp, "installed", lambda: False)
     with pytest.raises(UsageError, match=r"llama-cpp-python is not installed: pip install 'prefixcache\[llama\]'"):
         pick_engine(GGUF, "llama.cpp")
 

@@ -322,13 +322,13 @@ def test_a_stored_prefix_rewritten_to_another_key_is_rebuilt(tmp_path, chat_toke
     engine = Engine(tiny_model("llama", len(chat_tokenizer)))
     one = engine.prefill(PromptBuilder(make_spec(tmp_path, system="One task."), chat_tokenizer).prefix_ids)
     store = PrefixStore(tmp_path / "store")
-    store.save("key-one", one, "tiny")
+    store.save("key-one", one, "tiny", engine)
     with safe_open(str(tmp_path / "store" / "key-one.safetensors"), framework="pt") as f:
         meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
     save_file(tensors, str(tmp_path / "store" / "key-two.safetensors"), metadata={**meta, "key": "key-two"})
-    assert store.load("key-two", "cpu") is None  # the header claims another key: not signed for it
+    assert store.load("key-two", engine) is None  # the header claims another key: not signed for it
     assert "not signed by this store" in caplog.text
-    assert store.load("key-one", "cpu") is not None
+    assert store.load("key-one", engine) is not None
 
 
 def test_stale_temporary_files_are_cleaned(tmp_path, chat_tokenizer):
@@ -346,6 +346,6 @@ def test_stale_temporary_files_are_cleaned(tmp_path, chat_tokenizer):
     fresh.write_bytes(b"y")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     engine = Engine(tiny_model("llama", len(chat_tokenizer)))
-    PrefixStore(store_dir).save("k", engine.prefill(PromptBuilder(make_spec(tmp_path), chat_tokenizer).prefix_ids), "t")
+    PrefixStore(store_dir).save("k", engine.prefill(PromptBuilder(make_spec(tmp_path), chat_tokenizer).prefix_ids), "t", engine)
     assert not old.exists() and fresh.exists()  # a writer may still own the fresh one
 

@@ -144,14 +144,14 @@ def test_the_prefix_store_keeps_a_llama_cpp_prefix(engine, tokenizer, tmp_path):
     want = engine.score(computed, rows)
     store = PrefixStore(tmp_path / "store")
     store.save("k", computed, "tiny", engine)
-    loaded = store.load("k", "cpu", engine)
+    loaded = store.load("k", engine)
     assert loaded is not None and loaded.ids == computed.ids
     assert engine.score(loaded, rows) == want
     path = next((tmp_path / "store").glob("*.safetensors"))
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF  # a flipped byte in the state: refused, removed, computed again by the caller
     path.write_bytes(bytes(data))
-    assert store.load("k", "cpu", engine) is None and not path.exists()
+    assert store.load("k", engine) is None and not path.exists()
 
 
 def test_a_quantised_copy_scores_near_the_float32_file(gguf_file, tokenizer, tmp_path):

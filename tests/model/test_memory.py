@@ -33,14 +33,14 @@ def test_a_gguf_files_footprint_is_read_from_its_tensor_table_with_the_conversio
 
 
 def test_a_model_that_would_not_fit_is_refused_before_it_loads_unless_told(tmp_path, tiny_model_dir, monkeypatch):
-    from prefixcache.scoring import scorer
+    from prefixcache.model import engines
 
     spec = write_spec(tmp_path, model=str(tiny_model_dir))
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS[:2])))
     said = invoke("run", spec, items, "-o", tmp_path / "fits.jsonl")
     assert said.exit_code == 0 and "memory: " in said.stderr and " will take about " in said.stderr
-    monkeypatch.setattr(scorer, "available_and_why", lambda: (1000, "this machine"))  # a machine with 1 kB free
+    monkeypatch.setattr(engines, "available_and_why", lambda: (1000, "this machine"))  # a machine with 1 kB free
     refused = invoke("run", spec, items, "-o", tmp_path / "out.jsonl")
     assert refused.exit_code == 3, refused.output
     assert "and this machine has 0.00 GB available on cpu" in refused.stderr and "PREFIXCACHE_NO_MEMORY_CHECK=1" in refused.stderr

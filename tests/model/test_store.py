@@ -31,20 +31,21 @@ def _same(a, b) -> bool:
 def test_hit_returns_the_same_tensors(prefilled, tmp_path):
     engine, prefix = prefilled
     store = PrefixStore(tmp_path / "store")
-    assert store.load("k", "cpu") is None
-    store.save("k", prefix, "tiny")
-    loaded = store.load("k", "cpu")
+    assert store.load("k", engine) is None
+    store.save("k", prefix, "tiny", engine)
+    loaded = store.load("k", engine)
     assert _same(loaded, prefix)
     [entry] = store.entries()
     assert (entry.key, entry.model, entry.prefix_tokens) == ("k", "tiny", len(prefix.ids))
 
 
 def test_every_fingerprint_component_changes_the_key(monkeypatch):
-    base = dict(model_identity="dir:m:1", dtype=torch.float32, device_type="cpu", prefix_ids=[1, 2, 3])
+    base = dict(model_identity="dir:m:1", engine="transformers", version="5.0", dtype=torch.float32,
+                device_type="cpu", prefix_ids=[1, 2, 3])
     key = prefix_key(**base)
     assert key == prefix_key(**base)
-    for change in (dict(model_identity="dir:m:2"), dict(dtype=torch.bfloat16), dict(device_type="cuda"),
-                   dict(prefix_ids=[1, 2, 4])):
+    for change in (dict(model_identity="dir:m:2"), dict(engine="llama.cpp"), dict(version="5.1"),
+                   dict(dtype=torch.bfloat16), dict(device_type="cuda"), dict(prefix_ids=[1, 2, 4])):
         assert prefix_key(**{**base, **change}) != key
     monkeypatch.setattr(torch, "__version__", "0.0-other")
     assert prefix_key(**base) != key
@@ -57,9 +58,9 @@ def test_every_fingerprint_component_changes_the_key(monkeypatch):
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "foreign"])
 def test_a_damaged_file_is_reported_and_rebuilt(prefilled, tmp_path, caplog, damage):
-    _, prefix = prefilled
+    engine, prefix = prefilled
     store = PrefixStore(tmp_path)
-    store.save("k", prefix, "tiny")
+    store.save("k", prefix, "tiny", engine)
     path = tmp_path / "k.safetensors"
     data = bytearray(path.read_bytes())
     if damage == "flip":
@@ -67,43 +68,43 @@ def test_a_damaged_file_is_reported_and_rebuilt(prefilled, tmp_path, caplog, dam
     elif damage == "truncate":
         data = data[: len(data) // 2]
     else:
-        store.save("other", prefix, "tiny")
+        store.save("other", prefix, "tiny", engine)
         data = bytearray((tmp_path / "other.safetensors").read_bytes())  # a valid file under the wrong name
     path.write_bytes(bytes(data))
     with caplog.at_level("WARNING", logger="prefixcache"):
-        assert store.load("k", "cpu") is None
+        assert store.load("k", engine) is None
     assert "is unusable" in caplog.text and not path.exists()
-    store.save("k", prefix, "tiny")
-    assert _same(store.load("k", "cpu"), prefix)
+    store.save("k", prefix, "tiny", engine)
+    assert _same(store.load("k", engine), prefix)
 
 
 def test_concurrent_writers_leave_one_good_file(prefilled, tmp_path):
-    _, prefix = prefilled
+    engine, prefix = prefilled
     store = PrefixStore(tmp_path / "store")
-    threads = [threading.Thread(target=store.save, args=("k", prefix, "tiny")) for _ in range(8)]
+    threads = [threading.Thread(target=store.save, args=("k", prefix, "tiny", engine)) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [".store-key", "k.safetensors"]  # no temporary files left
-    assert _same(store.load("k", "cpu"), prefix)
+    assert _same(store.load("k", engine), prefix)
 
 
 def test_least_recently_used_are_evicted(prefilled, tmp_path):
     import os
     import time
 
-    _, prefix = prefilled
+    engine, prefix = prefilled
     store = PrefixStore(tmp_path)
-    store.save("a", prefix, "tiny")
+    store.save("a", prefix, "tiny", engine)
     size = (tmp_path / "a.safetensors").stat().st_size
     store.max_bytes = int(2.5 * size)
-    store.save("b", prefix, "tiny")
+    store.save("b", prefix, "tiny", engine)
     old = time.time() - 100
     os.utime(tmp_path / "a.safetensors", (old, old))
     os.utime(tmp_path / "b.safetensors", (old + 1, old + 1))
-    assert store.load("a", "cpu") is not None  # a hit makes "a" the most recently used
-    store.save("c", prefix, "tiny")
+    assert store.load("a", engine) is not None  # a hit makes "a" the most recently used
+    store.save("c", prefix, "tiny", engine)
     assert sorted(e.key for e in store.entries()) == ["a", "c"]
 
 

@@ -1,0 +1,242 @@
+"""The engines a model can run on, one registry entry each: its name, why it cannot run a model as
+asked, the memory it will take, how it loads, and what it can do (its capabilities), all known
+before anything loads. The rest of the program asks the entry, never tests an engine's name.
+
+Adding an engine is one module implementing the engine protocol (model/protocol.py) and one
+`register(Backend(...))` line.
+
+Example:
+    backend = backend_named("llama.cpp")
+    why = backend.refusal(source, device="cpu", dtype="auto", exact=False)   # None: it can
+    engine = open_engine(backend, Load(source, tokenizer, cache_dir, prefix_tokens=145))
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import ModelError, UsageError
+from .llamacpp import MAX_SEQUENCES
+from .load import ModelSource
+from .memory import GB, Footprint, available_and_why
+
+log = logging.getLogger(__name__)
+NO_CHECK = "PREFIXCACHE_NO_MEMORY_CHECK"  # set to 1: load a model whatever its estimate says
+
+
+@dataclass(frozen=True)
+class Load:
+    """What loading an engine is given: the model, where and how it runs, and what the task will
+    ask of it (`prefix_tokens`, `batch_tokens`: the keys and values it keeps; `candidates`: every
+    item's candidates when they are the same for all, so limits are checked before loading)."""
+
+    source: ModelSource
+    tokenizer: Any
+    cache_dir: Path
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None
+    prefix_tokens: int = 0
+    batch_tokens: int = 0
+    candidates: tuple[tuple[int, ...], ...] | None = None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One engine as the registry knows it.
+
+    Attributes:
+        name: what `--backend`, the spec's `backend` and every record call it.
+        package: the distribution whose version is part of a record's identity.
+        make: the engine loaded (the memory check and limits passed).
+        refusal: why it cannot run a model as asked (source, device, dtype, exact), or None.
+        footprint: the memory it will take and the device that memory is on, from the files alone.
+        float32_twin: it can load a float32 twin of a low-precision model (`--exact`).
+        file_precision: it computes in the model file's own types, not a dtype asked for.
+        max_leaves: the most candidate leaves (of their token trie) an item may have; None: no limit.
+        stores_prefix: its prefilled prefix can be exported and restored (the prefix store).
+    """
+
+    name: str
+    package: str
+    make: Callable[[Load], Any]
+    refusal: Callable[[ModelSource, str, str, bool], str | None] = lambda source, device, dtype, exact: None
+    footprint: Callable[[Load], tuple[Footprint | None, str]] = lambda load: (None, "cpu")
+    float32_twin: bool = False
+    file_precision: bool = False
+    max_leaves: int | None = None
+    stores_prefix: bool = True
+    options: tuple[str, ...] = field(default=())  # its own options among Load's (threads, ...): said in docs
+
+    def version(self) -> str:
+        """The installed version of what computes (part of an output's identity)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version(self.package)
+        except PackageNotFoundError:
+            return "unknown"
+
+    def precision(self, dtype_words: str) -> str:
+        """What records say it computes in, given the dtype a run resolved (`dtype_words`)."""
+        return "the GGUF file's own types" if self.file_precision else dtype_words
+
+    def check_candidates(self, candidates: Sequence[Sequence[int]]) -> None:
+        """Refuse (ModelError), before the model loads, candidates beyond `max_leaves`."""
+        from .rows import trie
+
+        if self.max_leaves is None or not candidates:
+            return
+        t = trie(list(candidates))
+        leaves = len(t) - len(set(t.parents) - {-1})
+        if leaves > self.max_leaves:
+            raise ModelError(f"the spec's candidates need {leaves} {self.name} sequences an item, more than its "
+                             f"{self.max_leaves}: use fewer labels or options, or --backend {default_backend().name}")
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    """Add (or replace) an engine; the first registered is the default."""
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def unregister(name: str) -> None:
+    """Remove an engine (a test's toy engine)."""
+    _REGISTRY.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """Every engine's name, the default first."""
+    return tuple(_REGISTRY)
+
+
+def default_backend() -> Backend:
+    return next(iter(_REGISTRY.values()))
+
+
+def backend_named(name: str) -> Backend:
+    """The registry's entry; UsageError naming the choices for an unknown one."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UsageError(f"unknown backend {name!r}: choose one of {', '.join(('auto',) + names())}") from None
+
+
+def twin_backend() -> Backend:
+    """The engine that loads a float32 twin (`--exact` runs on it)."""
+    return next(b for b in _REGISTRY.values() if b.float32_twin)
+
+
+def open_engine(backend: Backend, load: Load) -> Any:
+    """The engine loaded: its limits checked and its memory said first, a model that would not
+    fit refused before it loads (`fits`)."""
+    if load.candidates:
+        backend.check_candidates(load.candidates)
+    need, device = backend.footprint(load)
+    fits(load.source, need, device, backend)
+    return backend.make(load)
+
+
+def fits(source: ModelSource, need: Footprint | None, device: str, backend: Backend | None = None) -> None:
+    """Say (log) the memory the model will take, `need`, estimated from its files alone; raise
+    ModelError, before anything is loaded, when that is more than the device has available."""
+    if need is None:
+        return
+    log.info("memory: %s will take %s", source.ref, need.words())
+    free, bound = available_and_why() if device == "cpu" else (_accelerator_free(device), "this machine")
+    if free is not None and need.total > free and os.environ.get(NO_CHECK) != "1":
+        raise ModelError(f"{source.ref} needs {need.words()}, and {bound} has {free / GB:.2f} GB available "
+                         f"on {device}: free some memory, or use a smaller model or quantisation (-m)"
+                         f"{_smaller(source, backend)}; {NO_CHECK}=1 loads it anyway")
+
+
+def _smaller(source: ModelSource, backend: Backend | None) -> str:
+    """Another engine that keeps a GGUF file quantised, where this one would not."""
+    if source.kind != "gguf" or (backend is not None and backend.file_precision):
+        return ""
+    other = next((b for b in _REGISTRY.values() if b.file_precision), None)
+    return f", or --backend {other.name} to keep it quantised" if other else ""
+
+
+def _accelerator_free(device: str) -> int | None:
+    import torch
+
+    try:
+        return int(torch.cuda.mem_get_info(torch.device(device))[0]) if device.startswith("cuda") else None
+    except Exception:  # noqa: BLE001 - no figure: no check
+        return None
+
+
+# -- the two engines -------------------------------------------------------------------------------
+def _transformers_footprint(load: Load) -> tuple[Footprint | None, str]:
+    from .load import pick_device, pick_dtype
+    from .memory import footprint
+
+    device = pick_device(load.device)
+    itemsize = pick_dtype(load.dtype, device).itemsize
+    return footprint(load.source, load.cache_dir, itemsize, load.prefix_tokens + load.batch_tokens), device
+
+
+def _transformers_make(load: Load) -> Any:
+    import torch
+
+    from .engine import Engine
+    from .load import load_model, pick_device, pick_dtype
+
+    if load.threads:
+        torch.set_num_threads(load.threads)
+    device = pick_device(load.device)
+    return Engine(load_model(load.source, load.tokenizer, load.cache_dir, device, pick_dtype(load.dtype, device)))
+
+
+def _llama_gpu(device: str) -> bool:
+    from .llamacpp import gpu_build
+
+    return device not in ("cpu",) and gpu_build()
+
+
+def _llama_footprint(load: Load) -> tuple[Footprint | None, str]:
+    from .llamacpp import UBATCH_TOKENS, context_cells, kv_bytes
+    from .memory import llama_footprint
+
+    path = Path(load.source.path)
+    need = llama_footprint(path, context_cells(load.prefix_tokens), UBATCH_TOKENS, kv_bytes(path))
+    return need, "cuda" if _llama_gpu(load.device) else "cpu"
+
+
+def _llama_make(load: Load) -> Any:
+    from .cache import checks_dir
+    from .llamacpp import GPU_LAYERS, LlamaEngine, probe
+
+    path = Path(load.source.path)
+    probe(path, checks_dir(load.cache_dir))
+    return LlamaEngine(path, load.threads, gpu_layers=GPU_LAYERS if _llama_gpu(load.device) else 0)
+
+
+def _llama_refusal(source: ModelSource, device: str, dtype: str, exact: bool) -> str | None:
+    from .llamacpp import INSTALL, gpu_build, installed
+
+    if source.kind != "gguf":
+        return f"llama.cpp reads GGUF files, and {source.ref} is not one (-m FILE.gguf)"
+    if not installed():
+        return f"llama-cpp-python is not installed: {INSTALL}"
+    if exact:
+        return "--exact scores close calls again in float32 on transformers; llama.cpp has no float32 twin of a file"
+    if dtype not in ("auto", None):
+        return f"--dtype {dtype}: llama.cpp computes in the GGUF file's own types"
+    if device not in ("auto", "cpu", None) and not gpu_build():
+        return f"--device {device}: this llama.cpp was built for the CPU only (docs/models.md: a GPU build)"
+    return None
+
+
+register(Backend("transformers", "transformers", _transformers_make, footprint=_transformers_footprint,
+                 float32_twin=True, options=("threads",)))
+register(Backend("llama.cpp", "llama_cpp_python", _llama_make, refusal=_llama_refusal, footprint=_llama_footprint,
+                 file_precision=True, max_leaves=MAX_SEQUENCES - 1, options=("threads",)))

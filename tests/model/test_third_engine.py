@@ -1,0 +1,82 @@
+"""A third engine is one module and one registry line (tests/toy_engine.py): a spec then runs on it
+end to end, its records equal to the transformers engine's, its name in the output's identity
+(a resume under another engine refused naming both), its limits checked before the model loads,
+and its prefix kept by the prefix store without the store knowing its type."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import invoke, records, write_spec
+from toy_engine import NAME, register_toy
+
+from prefixcache.model import engines
+from prefixcache.model.choice import engines as engine_names
+
+TEXTS = ["I was charged twice, please refund me.", "The app crashes on start.", "I cannot sign in.",
+         "Where is my March invoice?"]
+
+
+@pytest.fixture()
+def toy():
+    backend = register_toy()
+    yield backend
+    engines.unregister(NAME)
+
+
+@pytest.fixture()
+def items(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    return path
+
+
+def _close(a: dict, b: dict, tol: float = 1e-4) -> bool:
+    return a["label"] == b["label"] and all(abs(a["probs"][k] - b["probs"][k]) <= tol for k in a["probs"])
+
+
+def test_a_registered_engine_runs_a_spec_as_the_transformers_engine_does(toy, tmp_path, tiny_model_dir, items):
+    assert NAME in engine_names()
+    spec = write_spec(tmp_path, model=str(tiny_model_dir))
+    want = invoke("run", spec, items, "-o", tmp_path / "tf.jsonl", "--cache-dir", tmp_path / "cache")
+    got = invoke("run", spec, items, "-o", tmp_path / "toy.jsonl", "--backend", NAME, "--cache-dir", tmp_path / "cache")
+    assert want.exit_code == got.exit_code == 0, got.output
+    assert f"backend: {NAME}" in got.stderr
+    pairs = list(zip(records(tmp_path / "tf.jsonl"), records(tmp_path / "toy.jsonl"), strict=True))
+    assert pairs and all(_close(a, b) for a, b in pairs)
+    identity = json.loads((tmp_path / "toy.jsonl.prefixcache.json").read_text())
+    assert identity["engine"] == NAME
+    # its prefix was kept and is read back by the second run, the store knowing nothing of its type
+    again = invoke("run", spec, items, "-o", tmp_path / "toy2.jsonl", "--backend", NAME, "--cache-dir",
+                   tmp_path / "cache")
+    assert again.exit_code == 0 and records(tmp_path / "toy2.jsonl") == records(tmp_path / "toy.jsonl")
+    # the output is tied to its engine: continuing it under another is refused, naming both
+    items.write_text(items.read_text() + json.dumps({"id": 9, "text": "Refund please."}) + "\n")
+    refused = invoke("run", spec, items, "-o", tmp_path / "toy.jsonl", "--resume", "--cache-dir", tmp_path / "cache")
+    assert refused.exit_code != 0 and NAME in refused.stderr and "transformers" in refused.stderr
+
+
+def test_an_engines_limit_on_candidates_is_refused_before_the_model_loads(tmp_path, tiny_model_dir, items):
+    register_toy(max_leaves=2)
+    try:
+        spec = write_spec(tmp_path, model=str(tiny_model_dir), backend=NAME)  # six labels: more leaves than two
+        refused = invoke("run", spec, items, "-o", tmp_path / "out.jsonl", "--cache-dir", tmp_path / "cache")
+    finally:
+        engines.unregister(NAME)
+    assert refused.exit_code == 3 and f"{NAME} sequences an item, more than its 2" in refused.stderr
+    assert "memory:" not in refused.stderr  # refused before the memory check and the load
+    assert not (tmp_path / "out.jsonl").exists() or not records(tmp_path / "out.jsonl")
+
+
+def test_an_unregistered_engine_in_a_spec_is_refused_naming_the_engines_there_are(tmp_path, tiny_model_dir, items):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), backend=NAME)
+    refused = invoke("run", spec, items, "-o", tmp_path / "out.jsonl")
+    assert refused.exit_code == 2 and "backend must be one of auto, transformers, llama.cpp" in refused.stderr
+
+
+def test_an_unknown_backend_asked_on_the_command_line_is_refused_in_one_line(tmp_path, tiny_model_dir, items):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir))
+    refused = invoke("run", spec, items, "-o", tmp_path / "out.jsonl", "--backend", "vllm")
+    assert refused.exit_code == 2 and "memory:" not in refused.stderr
+    assert refused.stderr.strip().endswith("unknown backend 'vllm': choose one of auto, transformers, llama.cpp")

@@ -1,0 +1,90 @@
+"""A third engine, for the tests: the slow, obviously correct forward behind the engine protocol
+(model/protocol.py). Every candidate is scored by re-encoding the whole prompt and candidate; its
+"prefix" is only the ids. Registered with one line (`register_toy`), it runs a spec end to end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from prefixcache.model.engines import Backend, register
+from prefixcache.model.reference import score_naive
+from prefixcache.model.rows import Probe, Row
+
+NAME = "toy"
+
+
+@dataclass(frozen=True)
+class ToyPrefix:
+    ids: tuple[int, ...]
+    prefill_ms: float = 0.0
+
+
+class ToyEngine:
+    name = NAME
+    branches = False
+    layers = 0
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        self.label_tokens = 0
+
+    @property
+    def precision(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def prefill(self, ids: Sequence[int]) -> ToyPrefix:
+        return ToyPrefix(tuple(int(i) for i in ids))
+
+    def export_prefix(self, prefix: ToyPrefix) -> tuple[dict[str, Any], dict[str, str]]:
+        return {"ids": np.asarray(prefix.ids, dtype=np.int64)}, {}
+
+    def restore_prefix(self, ids: Sequence[int], tensors: dict[str, Any], meta: dict[str, str],
+                       load_ms: float) -> ToyPrefix:
+        if list(np.asarray(tensors["ids"])) != list(ids):
+            raise ValueError("not this prefix")
+        return ToyPrefix(tuple(ids), load_ms)
+
+    def score(self, prefix: ToyPrefix, rows: Sequence[Row]) -> list[list[float]]:
+        out = []
+        for row in rows:
+            self.label_tokens += sum(len(c) for c in row.candidates)
+            out.append([score_naive(self.model, list(row.ids) + list(c[:row.skip(i)]), [c[row.skip(i):]])[0]
+                        for i, c in enumerate(row.candidates)])
+        return out
+
+    @torch.inference_mode()
+    def score_with_states(self, prefix: ToyPrefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]],
+                          probe: Probe | None = None) -> tuple[list[list[float]], list[np.ndarray]]:
+        if probe is not None and not probe.plain:
+            raise ValueError("the toy engine reads the final state only")
+        states = []
+        for row, want in zip(rows, wanted):
+            found = []
+            for i in want:
+                ids = list(row.ids) + list(row.candidates[i][:row.skip(i)]) if row.candidates else list(row.ids)
+                hidden = self.model.base_model(input_ids=torch.tensor([ids], device=self.device)).last_hidden_state
+                found.append(hidden[0, -1].float().cpu().numpy())
+            states.append(np.stack(found) if found else np.zeros((0, self.hidden_size), np.float32))
+        return self.score(prefix, rows), states
+
+
+def _make(load: Any) -> ToyEngine:
+    from prefixcache.model.load import load_model
+
+    return ToyEngine(load_model(load.source, load.tokenizer, load.cache_dir, "cpu", torch.float32))
+
+
+def register_toy(max_leaves: int | None = None) -> Backend:
+    """The registry line."""
+    return register(Backend(NAME, "torch", _make, max_leaves=max_leaves))
