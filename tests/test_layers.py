@@ -11,10 +11,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "prefixcache"
 # What each layer may import (besides itself); the ground (compat, errors, safefile) is open to all.
 ALLOWED = {
-    "cli": {"serve", "tune", "run", "reports", "scoring", "model", "data", "task"},
+    "cli": {"serve", "tune", "labelled", "run", "reports", "scoring", "model", "data", "task"},
     "serve": {"scoring", "model", "data", "task"},
-    "api": {"tune", "run", "reports", "scoring", "model", "data", "task"},
+    "api": {"tune", "labelled", "run", "reports", "scoring", "model", "data", "task"},
     "tune": {"run", "reports", "scoring", "model", "data", "task"},
+    "labelled": {"run", "reports", "scoring", "model", "data", "task"},
     "run": {"reports", "scoring", "model", "data", "task"},
     "reports": {"data", "task"},
     "scoring": {"model", "data", "task"},

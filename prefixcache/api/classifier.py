@@ -269,7 +269,7 @@ class Classifier:
         `features` as `fit --features`. Fitting again starts from the spec as it was made. The
         held-out figures of the head beside the prompt alone are in `.fit_figures` (one dict per
         question, as `fit`'s JSON). Raises UsageError for too few items or one class only."""
-        from ..tune.fit import fit_heads, fitted_questions, MIN_ITEMS
+        from ..labelled.fit import fit_heads, fitted_questions, MIN_ITEMS
         from ..scoring.build import build_on
 
         if self.spec.questions:

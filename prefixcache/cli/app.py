@@ -357,7 +357,7 @@ def fit(
 
         prefixcache fit configs/support-emails.yaml labelled.jsonl -o fitted.yaml --target-accuracy 0.95
     """
-    from ..tune.fit import FitOptions, fit as run_fit, plan_fit
+    from ..labelled.fit import FitOptions, fit as run_fit, plan_fit
 
     setup_logging(quiet)
     with errors(debug):
@@ -379,8 +379,8 @@ FIT_KEPT = ("nothing written; the states and scores read so far are kept in the 
 
 def _asked_cut(target_accuracy: Optional[float], coverage: Optional[float], confidence: Optional[float]) -> Any:
     """fit's cut-point options as an `Asked` (None: no cut asked), or a UsageError."""
-    from ..tune.cutpoint import CONFIDENCE
-    from ..tune.heads import Asked
+    from ..labelled.cutpoint import CONFIDENCE
+    from ..labelled.heads import Asked
 
     if target_accuracy is not None and coverage is not None:
         raise UsageError("give --target-accuracy or --coverage, not both")
@@ -419,7 +419,7 @@ def suggest(
 
         prefixcache fit configs/support-tickets.yaml labelled.csv --gold category -o fitted.yaml --overwrite
     """
-    from ..tune.suggest import SuggestOptions, plan_suggest, suggest as run_suggest
+    from ..labelled.suggest import SuggestOptions, plan_suggest, suggest as run_suggest
 
     setup_logging(quiet)
     with errors(debug):

@@ -27,9 +27,9 @@ if TYPE_CHECKING:  # the bench and the scorer bring torch; these printers only r
     from ..run.dryrun import DryRun
     from ..run.job import RunResult
     from ..scoring.scorer import Rescoring
-    from ..tune.fit import FitResult
+    from ..labelled.fit import FitResult
     from ..tune.job import TuneResult
-    from ..tune.suggest import SuggestResult
+    from ..labelled.suggest import SuggestResult
 
 
 def stamp() -> str:
@@ -426,7 +426,7 @@ def reads_words(features: str) -> str:
 
 def _print_cut(out: Console, j: Any) -> None:
     """The risk-coverage table of a question's held-out predictions and the cut chosen in it."""
-    from ..tune.cutpoint import least_items
+    from ..labelled.cutpoint import least_items
 
     cut, level = j.cut, f"{j.cut.confidence:.0%}"
     table = Table(title=f"risk-coverage · {escape(j.qid)} · held out · {level} bounds", title_justify="left")
@@ -468,7 +468,7 @@ def _on(j: Any) -> str:
 def _to_certify(j: Any) -> str:
     """When no cut is certified: the most the rows certify, and about how many rows drawn at
     random would certify the target at the accuracy measured."""
-    from ..tune.cutpoint import items_to_certify
+    from ..labelled.cutpoint import items_to_certify
 
     table, cut = j.cut.table, j.cut
     if not table:

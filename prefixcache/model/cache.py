@@ -2,7 +2,7 @@
 
     <cache>/models/<key>/    converted (dequantised GGUF) models, one folder each (load.py)
     <cache>/prefixes/        prefilled prefixes and the cache's signing secret (store.py)
-    <cache>/states/<key>/    the hidden states `fit` read from labelled items, a folder a fit (tune/states.py)
+    <cache>/states/<key>/    the hidden states `fit` read from labelled items, a folder a fit (labelled/states.py)
 
 The cache is `--cache-dir` or `cache_dir=`, else PREFIXCACHE_CACHE_DIR, else
 $XDG_CACHE_HOME/prefixcache (~/.cache/prefixcache); PREFIXCACHE_STORE_MAX_MB bounds the prefix

@@ -7,7 +7,9 @@
 - junit.py: the JUnit XML report both evaluations write (--junit);
 - diff.py: two runs joined by id: flips, shifts, fixed and broken items, McNemar;
 - htmlpage.py: `prefixcache report`, one self-contained HTML page (matplotlib, an optional extra);
-- markdown.py: text from the data (ids, labels, file names) made safe in Markdown.
+- markdown.py: text from the data (ids, labels, file names) made safe in Markdown;
+- resampling.py: what tune and the labelled-data loop share: folds keeping a text's copies together,
+  bootstrap resamples, bias-corrected intervals.
 
-May import: data, task, errors. Imported by run and cli. The terminal's tables are cli/show.py.
+May import: data, task, errors. Imported by run, tune, labelled and cli. The terminal's tables are cli/show.py.
 """

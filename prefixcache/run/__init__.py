@@ -7,6 +7,7 @@
 - pipeline.py: `classify`: items -> batches -> scores -> records, in input order;
 - shards.py: splitting one job into shards and joining their outputs (`merge`, launches);
 - review.py: `run --review`: the abstained items, with the top guesses, for a person to label;
+- labelled.py: the reader of labelled files (tune, fit, suggest), every item checked against the specs;
 - dryrun.py, bench.py: `run --dry-run` and `prefixcache bench`.
 
 May import: reports, scoring, model, data, task, compat, errors. Never prints; imported by cli.

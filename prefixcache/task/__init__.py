@@ -1,4 +1,4 @@
-"""The task: what is asked and how the answer is decided. No torch, no model, no files but the spec.
+"""The task: what is asked and how the answer is decided. No torch, no model, no files but the spec (read, and rewritten by tuned.py).
 
 - spec.py: `TaskSpec`, frozen and validated (labels, template, examples, multiple choice,
   normalisation, calibration, threshold), and what an item's fields mean to it (options, gold);
@@ -23,7 +23,8 @@
 - head.py: a fitted readout (`head:`): the head file read and checked, its fingerprint, and the
   probabilities it gives from hidden states (numpy, no torch);
 - features.py: what a head reads of the forward (`Features`: the answer position's state, the mean
-  over the item's tokens, of the final or a middle layer; the options' log-probs).
+  over the item's tokens, of the final or a middle layer; the options' log-probs);
+- tuned.py: a spec file rewritten with chosen keys (tune's and fit's), the user's comments kept.
 
 May import: errors. Imported by every layer above it.
 """

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Mapping
+from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..data.items import Item, detect_format, item_sha, read_items, scan_items
+from ..data.items import Item, item_sha
 from ..data.output import check_distinct
 from ..errors import InputError, SpecError, UsageError
 from ..run.options import RunOptions
@@ -24,8 +24,10 @@ from ..scoring.prepare import Batching
 from ..task.spec import gold_value, TaskSpec
 from ..task.specfile import read_spec_file, SpecFile
 from .rules import Decided, Gold, Rule, rules_for, spec_rule
-from .selection import Config, Goal, Search, Selection, cv_splits, select
-from .tuned import check_tuned_output, relocated, write_tuned
+from ..reports.resampling import cv_splits
+from .selection import Config, Goal, Search, Selection, select
+from ..task.tuned import check_tuned_output, relocated, write_tuned
+from ..run.labelled import labelled_items
 from .variants import Variant, variants
 
 METRICS = ("auto", "accuracy", "macro-f1")
@@ -151,24 +153,6 @@ def _held_out(labelled: str, test_path: Optional[str], items: list[Item], test: 
     if shared:
         raise InputError(f"--test {test_path}: {len(shared)} of its {len(test)} items are also in {labelled} (first: "
                          f"item {shared[0].id!r}); figures on them would not be held out: remove them from one file")
-
-
-def labelled_items(path: str, o: RunOptions, specs: list[TaskSpec],
-                   stdin: str = "tune reads its labelled items from a file (it scores them once per variant)"
-                   ) -> list[Item]:
-    """A file's items, every one checked against every spec (fields, options, gold)."""
-    if path == "-":
-        raise InputError(f"{stdin}, not stdin")
-    fmt = detect_format(path, o.input_format)
-
-    def check(record: Mapping[str, Any]) -> None:
-        for spec in specs:
-            spec.check_record(record)
-
-    spec = specs[0]
-    total = scan_items(path, fmt, spec.id_field, check, spec.id_field_given, None, o.delimiter, o.encoding)
-    items = read_items(path, fmt, spec.id_field, o.delimiter, o.encoding)
-    return [item for n, item in zip(range(min(total, o.limit or total)), items)]
 
 
 def tune(options: TuneOptions, step: Step = lambda what, done, total: None, plan: Optional[TunePlan] = None

@@ -114,6 +114,52 @@ def test_a_rows_numbers_do_not_depend_on_its_neighbours(engine, tokenizer):
     assert np.abs(np.array(together) - np.array(reversed_)).max() < 1e-4
 
 
+def own_final_state(path, ids):
+    """llama.cpp's own final state (what its output layer reads) after the last of `ids`: the whole
+    sequence decoded at once in a fresh context asked for embeddings, no pooling."""
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_threads, params.n_threads_batch = 512, 512, 1, 1
+    params.flash_attn_type, params.type_k, params.type_v = 0, 0, 0
+    params.embeddings, params.pooling_type = True, 0  # LLAMA_POOLING_TYPE_NONE: one state a token
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    batch = llama_cpp.llama_batch_init(len(ids), 0, 1)
+    batch.n_tokens = len(ids)
+    for i, tok in enumerate(ids):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, i, 1, i == len(ids) - 1
+        batch.seq_id[i][0] = 0
+    assert llama_cpp.llama_decode(ctx, batch) == 0
+    width = llama_cpp.llama_model_n_embd(model)
+    state = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_ith(ctx, len(ids) - 1), shape=(width,)).copy()
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return state
+
+
+def test_the_state_a_head_reads_equals_llama_cpps_own_forward(gguf_file, engine, tokenizer):
+    prefix, rows = rows_for(tokenizer)
+    _, states = engine.score_with_states(engine.prefill(prefix), rows[:2], [[0], [0]])
+    for row, state in zip(rows[:2], states):
+        want = own_final_state(gguf_file, list(row.ids))  # every label's first token is scored from here
+        assert np.abs(state[0] - want).max() < 1e-4
+
+
+def test_a_batch_split_into_several_decodes_equals_each_row_alone(engine, tokenizer):
+    """60 rows of 5 labels need 300 sequences, more than one decode holds (255): the batch is split,
+    and every row's numbers are those it has alone."""
+    texts = [f"{t} (ticket {n})" for n in range(15) for t in TEXTS]
+    prefix, rows = rows_for(tokenizer, texts)
+    assert sum(len(r.candidates) for r in rows) > 255
+    handle = engine.prefill(prefix)
+    together = engine.score(handle, rows)
+    alone = [engine.score(handle, [row])[0] for row in rows[::7]]
+    assert np.abs(np.array(together[::7]) - np.array(alone)).max() < 1e-4
+    _, states = engine.score_with_states(handle, rows, [[0]] * len(rows))
+    _, one = engine.score_with_states(handle, rows[-1:], [[0]])
+    assert len(states) == len(rows) and np.abs(states[-1] - one[0]).max() < 1e-4
+
+
 def test_typed_question_rows_score_only_after_their_context(engine, tokenizer):
     """A candidate's leading context ids are read, not scored: its log-prob is the full forward's
     minus the context's."""

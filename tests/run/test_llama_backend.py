@@ -174,3 +174,53 @@ def test_a_spec_beyond_llama_cpps_sequences_is_refused_before_the_model_loads(tm
     assert result.exit_code == 3, result.output
     assert "llama.cpp sequences an item, more than its 255" in result.stderr
     assert "memory:" not in result.stderr  # refused before the memory check and the load
+
+
+def test_decide_on_llama_cpp_answers_as_on_transformers(tmp_path, gguf_file):
+    """The server's path (what `decide` replays) on llama.cpp: a pack's answers those of the
+    transformers engine on the same file, to float rounding."""
+    lines = [{"custom_id": r["id"], "model": "x", "instructions": "You read support tickets.", "state": r["text"],
+              "questions": PACK} for r in ROWS[:4]]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    answers = {}
+    for backend in ("transformers", "llama.cpp"):
+        out = tmp_path / f"{backend}.jsonl"
+        result = invoke("decide", requests, "-o", out, "-m", gguf_file, "--backend", backend, "--cache-dir",
+                        tmp_path / "cache", "-q")
+        assert result.exit_code == 0, result.output
+        answers[backend] = [r["response"]["body"]["answers"] for r in records(out)]
+    assert len(answers["llama.cpp"]) == 4
+    for want, got in zip(answers["transformers"], answers["llama.cpp"]):
+        assert want.keys() == got.keys()
+        for q in want:
+            assert got[q].get("choice") == want[q].get("choice")
+            for key, value in want[q].items():  # probabilities, confidence, noul: to float rounding
+                if isinstance(value, float):
+                    assert abs(got[q][key] - value) < 1e-3, (q, key)
+                elif isinstance(value, dict) and key != "x_logprobs":
+                    assert max(abs(got[q][key][k] - v) for k, v in value.items()) < 1e-3, (q, key)
+
+
+def test_a_head_alone_on_typed_questions_runs_on_llama_cpp(tmp_path, gguf_file):
+    """A pack fitted on llama.cpp's states: its heads of the state alone answer every question
+    there, as its fit judged them (readout head, no option's log-probabilities)."""
+    pytest.importorskip("sklearn")
+    words = {"billing": "invoice refund charge", "tech": "crash error bug"}
+    pack = {"team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "tech": None},
+                     "gold": "gold"}}
+    rows = [{"id": f"i{k}", "text": " ".join([words[t]] * (1 + k % 3)), "gold": t}
+            for k, t in enumerate(["billing", "tech"] * 10)]
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = write_spec(tmp_path, model=str(gguf_file), template="{text}", questions=pack)
+    fitted = tmp_path / "fitted.yaml"
+    result = invoke("fit", spec, labelled, "-o", fitted, "--folds", "4", "-q", "--backend", "llama.cpp",
+                    "--cache-dir", tmp_path / "cache")
+    assert result.exit_code == 0, result.output
+    ran = invoke("run", fitted, labelled, "-o", tmp_path / "preds.jsonl", "--cache-dir", tmp_path / "cache")
+    assert ran.exit_code == 0 and "backend: llama.cpp" in ran.stderr, ran.output
+    got = records(tmp_path / "preds.jsonl")
+    assert len(got) == len(rows)
+    assert all(r["readout"] == {"team": "head"} and "logprobs" not in r for r in got)
+    assert sum(r["correct"]["team"] for r in got) >= 0.8 * len(rows)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import time
 
 from helpers import invoke
 
@@ -13,8 +12,6 @@ def test_a_port_in_use_is_refused_before_the_model_loads(tmp_path):
         held.bind(("127.0.0.1", 0))
         held.listen(1)
         port = held.getsockname()[1]
-        start = time.perf_counter()
-        result = invoke("serve", "--port", port, "-m", tmp_path / "no-such-model")  # never loaded
+        result = invoke("serve", "--port", port, "-m", tmp_path / "no-such-model")  # never loaded: that would say so
         assert result.exit_code == 2, result.output
         assert result.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
-        assert time.perf_counter() - start < 10

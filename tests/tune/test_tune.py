@@ -14,8 +14,9 @@ import yaml
 from helpers import TEXTS, invoke, write_spec
 from prefixcache.task.decision import judge
 from prefixcache.tune.rules import Decided, Gold, Rule
-from prefixcache.tune.selection import Config, Goal, Search, cv_splits, select
-from prefixcache.tune.tuned import tuned_text
+from prefixcache.reports.resampling import cv_splits
+from prefixcache.tune.selection import Config, Goal, Search, select
+from prefixcache.task.tuned import tuned_text
 
 LABELS3 = ["billing", "technical", "account"]
 
@@ -182,7 +183,7 @@ def test_tuned_text_keeps_comments_and_sets_keys():
 ])
 def test_a_tuned_spec_reads_back_as_the_spec_that_was_scored(tmp_path, original, keys):
     from prefixcache.task.specfile import read_spec_file
-    from prefixcache.tune.tuned import write_tuned
+    from prefixcache.task.tuned import write_tuned
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(original, encoding="utf-8")

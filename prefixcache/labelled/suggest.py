@@ -4,7 +4,7 @@ Every check that needs no model comes first (the spec and its head, the pool, th
 to leave out, the file to write). Then the pool goes through the model once in `run`'s batches:
 with a head of the state alone (or none), each item's tokens only, as a head-only run reads them;
 with a head that also reads the options' scores, every option is scored as `run` does. The head's
-margins and the states choose the items (tune/picking.py); the file holds each one's id, its
+margins and the states choose the items (labelled/picking.py); the file holds each one's id, its
 template fields and, in the gold column `fit` reads, the head's guess for the person to correct
 (empty without a head), its probability and the margin.
 
@@ -31,8 +31,8 @@ from ..run.review import gold_column, write_review
 from ..scoring.prepare import Batching
 from ..task.specfile import read_spec_file
 from ..task.spec import TaskSpec, is_missing
-from .job import labelled_items
-from .tuned import check_tuned_output
+from ..run.labelled import labelled_items
+from ..task.tuned import check_tuned_output
 
 Step = Callable[[str, int, int], None]
 

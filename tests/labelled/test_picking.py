@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("sklearn")
-from prefixcache.tune.picking import margin_of, pick  # noqa: E402
+from prefixcache.labelled.picking import margin_of, pick  # noqa: E402
 
 
 def _task(seed, k=8, d=64, n=1500, noise=2.5):

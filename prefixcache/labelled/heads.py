@@ -26,7 +26,7 @@ from ..task.features import Features
 from ..task.head import Readout
 from ..task.scoring_metrics import calibration_error
 from .cutpoint import CONFIDENCE, Cut, Row, choose_cut, least_items, per_option_cuts, risk_coverage
-from .selection import GAIN_LEVEL, LEVEL, Figure, cv_splits, interval, resamples
+from ..reports.resampling import GAIN_LEVEL, LEVEL, Figure, cv_splits, interval, resamples
 
 C_GRID = (0.01, 0.1, 1.0)  # on standardised states: strong to mild regularisation (fitted in this order)
 FEATURE_SETS = ("state", "state+logprobs")  # the final state alone, or with the options' log-probs

@@ -14,8 +14,8 @@ import yaml
 
 from .. import safefile
 from ..errors import OutputError, SpecError
-from ..task.keys import spec_from_mapping
-from ..task.specfile import spec_text_data, SpecFile
+from .keys import spec_from_mapping
+from .specfile import spec_text_data, SpecFile
 
 log = logging.getLogger("prefixcache")
 _KEY = re.compile(r"^([A-Za-z_][\w-]*)\s*:(.*)$")

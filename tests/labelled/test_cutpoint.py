@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers import invoke, json_lines, write_spec
 
-from prefixcache.tune.cutpoint import bounds, choose_cut, least_items, risk_coverage
+from prefixcache.labelled.cutpoint import bounds, choose_cut, least_items, risk_coverage
 
 
 def calibrated(rng, n):
@@ -111,7 +111,7 @@ def _two_answers(rng, n):
 
 
 def test_per_answer_cuts_answer_more_and_still_meet_the_target_on_fresh_data():
-    from prefixcache.tune.cutpoint import per_option_cuts
+    from prefixcache.labelled.cutpoint import per_option_cuts
 
     kept, misses = 0, 0
     for seed in range(60):
@@ -198,7 +198,7 @@ def test_a_certified_cut_holds_for_the_head_that_runs_on_fresh_rows_over_many_se
     """The cut is tested on calibration rows the written head never trained on, so its bound is
     about that head: over many draws of the labelled rows, the answered fresh rows reach the target
     in all but about 1 in 20 (95% confidence), though fold heads and the refitted head differ."""
-    from prefixcache.tune.heads import Asked, Labelled, judge
+    from prefixcache.labelled.heads import Asked, Labelled, judge
 
     means = np.random.default_rng(99).standard_normal((3, 12)) * 1.5
     misses, certified = 0, 0

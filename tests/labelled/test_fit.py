@@ -97,7 +97,7 @@ def test_a_questions_states_are_read_where_its_options_start(chat_tokenizer, tmp
 # -- the head file's arithmetic -------------------------------------------------------------------
 def test_a_head_gives_the_probabilities_of_the_regression_it_stores():
     from sklearn.linear_model import LogisticRegression
-    from prefixcache.tune.heads import SOLVER, fit_multiclass
+    from prefixcache.labelled.heads import SOLVER, fit_multiclass
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(60, 8)), rng.integers(0, 3, 60)
@@ -464,7 +464,7 @@ def test_an_interrupted_fit_continues_from_the_states_it_kept(tmp_path, tiny_mod
     of the sample the prompt alone is measured on."""
     from prefixcache.run.options import RunOptions
     from prefixcache.scoring.scorer import Scorer
-    from prefixcache.tune.fit import FitOptions, fit
+    from prefixcache.labelled.fit import FitOptions, fit
 
     spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS2, gold="gold")
     rows = [json.loads(line) for line in _toy(tmp_path, n=50).read_text().splitlines()]
@@ -506,8 +506,8 @@ def test_a_state_alone_fit_feeds_no_option_token(tmp_path, tiny_model_dir, monke
     token an answer position (no trie node): the only option tokens fed are those of the items
     the prompt alone is measured on (here one)."""
     from prefixcache.run.options import RunOptions
-    from prefixcache.tune import passes
-    from prefixcache.tune.fit import FitOptions, fit
+    from prefixcache.labelled import passes
+    from prefixcache.labelled.fit import FitOptions, fit
 
     spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS2, gold="gold")
     labelled = _toy(tmp_path, n=30)
@@ -577,7 +577,7 @@ def test_a_readout_wider_than_its_items_is_the_regression_on_every_feature(binar
     and probabilities are those of the same regression fitted on every feature."""
     from sklearn.linear_model import LogisticRegression
 
-    from prefixcache.tune.heads import fit_binary, fit_multiclass
+    from prefixcache.labelled.heads import fit_binary, fit_multiclass
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=(24, 200)) * rng.uniform(0.5, 3, size=200)  # 24 items, 200 features
@@ -612,7 +612,7 @@ def test_a_head_refuses_a_pack_whose_option_descriptions_were_reworded(tmp_path,
 def test_copies_of_a_text_are_kept_in_one_fold(tmp_path, tiny_model_dir):
     """Folds never split the copies of one text (under other ids): no item is judged by a head
     fitted on its copy; without copies, the folds are those without groups."""
-    from prefixcache.tune.selection import cv_splits
+    from prefixcache.reports.resampling import cv_splits
 
     strata = [str(k % 3) for k in range(30)]
     groups = [f"t{k // 2}" for k in range(30)]  # each text twice
@@ -655,7 +655,7 @@ def test_classifier_fit_refuses_bad_labels_with_the_librarys_typed_errors(fitted
 
 def test_near_copies_by_the_models_reading_are_listed_and_exact_copies_are_not():
     from prefixcache.data.items import Item
-    from prefixcache.tune.fit import near_copies
+    from prefixcache.labelled.fit import near_copies
 
     rng = np.random.default_rng(0)
     states = rng.standard_normal((12, 1, 64))
@@ -683,8 +683,8 @@ def test_near_copies_by_the_models_reading_are_listed_and_exact_copies_are_not()
 def test_the_verdicts_words_follow_the_gains_interval(gain, verdict, items, prompt_items, words):
     """A wide interval is "not enough labels to tell", never "as good"; the items that would tell
     them apart scale as the interval's half-width over the gain, squared."""
-    from prefixcache.tune.heads import Choice, Judged
-    from prefixcache.tune.selection import Figure
+    from prefixcache.labelled.heads import Choice, Judged
+    from prefixcache.reports.resampling import Figure
 
     judged = Judged("label", False, items, 5, {}, {}, Figure(*gain), verdict, Choice(1.0, "state"), {},
                     prompt_items=prompt_items)
@@ -692,7 +692,7 @@ def test_the_verdicts_words_follow_the_gains_interval(gain, verdict, items, prom
 
 
 def test_planted_label_flips_are_listed_as_likely_errors_and_a_weak_head_flags_nothing():
-    from prefixcache.tune.heads import Labelled, likely_errors
+    from prefixcache.labelled.heads import Labelled, likely_errors
 
     rng = np.random.default_rng(3)
     n, k = 60, 3

@@ -2,9 +2,9 @@
 
 Every check that needs no model comes first (the spec, its gold fields, the labelled items, the
 files to write); then the labelled items are scored once in `run`'s batches, the final hidden
-state at each question's answer position read from the same forward (tune/passes.py), and each
+state at each question's answer position read from the same forward (labelled/passes.py), and each
 question's readout is judged against the prompt rule on held-out folds and fitted on every item
-(tune/heads.py). It writes the head file, the fitted spec (the spec with `head:` set) and the
+(labelled/heads.py). It writes the head file, the fitted spec (the spec with `head:` set) and the
 figures as JSON. It never prints: progress goes through `step`.
 """
 
@@ -39,8 +39,8 @@ from .cutpoint import ABSTAIN_ALL, Cut
 from ..task.features import Features, candidates, views_of
 from .heads import Asked, Judged, Labelled, judge
 from .suggest import PICKED_BY, RANDOM
-from .job import labelled_items
-from .tuned import check_tuned_output, relocated, write_tuned
+from ..run.labelled import labelled_items
+from ..task.tuned import check_tuned_output, relocated, write_tuned
 
 log = logging.getLogger("prefixcache")
 MIN_ITEMS = 2  # a head needs two items (of two answers); under SMALL, fit says its figures are rough
