@@ -454,13 +454,14 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
     about = 2 * modes[-1].ms_per_item * len(items) / 1000  # every label twice (warm-up, timed); the item alone is less
     step("timing every label against the item alone" + (f" (about {_duration(about)})" if about >= 10 else ""))
     option_ratio = _option_cost_ratio(scorer, items, batching)
-    pruning = time_pruning(scorer, items, batching, step) if task.spec.prunes("on") else None
+    # an engine that keeps no item between passes scores every label whatever --prune says: nothing to time
+    pruning = time_pruning(scorer, items, batching, step) if task.spec.prunes("on") and engine.branches else None
     questions = time_questions(scorer, items, batching, step) if task.spec.questions else None
     step("timing the prefix store")
     prefill_ms, load_ms = _store_timings(scorer)
 
     own, nodes, gflop, alone = _unavoidable_work(engine, prepared)
-    step("measuring this machine's matmul peak")
+    step("measuring this machine's matrix-product peak at the engine's precision, where it has one")
     peak = engine.peak_gflops(PEAK_SECONDS) or 0.0  # none: quantised kernels, no float matmul peak to compare with
     for m in modes:
         m.speedup = modes[0].ms_per_item / m.ms_per_item

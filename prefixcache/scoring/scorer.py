@@ -493,7 +493,7 @@ class Scores:
 def _prefix(task: Task, engine: ScoringEngine, store: PrefixStore | None) -> tuple[PrefixHandle, str]:
     """The prefilled prefix and where it came from ("loaded" from the store, or "computed")."""
     ids = task.builder.prefix_ids
-    if store is None:
+    if store is None or not backend_named(engine.name).stores_prefix:
         return engine.prefill(ids), "computed"
     identity = model_identity(task.source)
     if task.source.kind == "hub":  # the revision actually loaded, so a new upload misses

@@ -224,7 +224,7 @@ def test_bench_table(spec_path, items_path):
     assert result.exit_code == 0, result.output
     steps = [line.split("prefixcache: ", 1)[1] for line in result.stderr.splitlines()]  # a log: stamped lines
     assert steps[0] == "bench: loading the model" and "bench: timing naive: full re-encode per item on 2 items" in steps
-    assert steps[-1] == "bench: measuring this machine's matmul peak"
+    assert steps[-1] == "bench: measuring this machine's matrix-product peak at the engine's precision, where it has one"
     warm = steps.index("bench: warming up each mode on one item (with 6 labels)")
     assert re.fullmatch(r"bench: timing every mode: about \d+ s from the warm-up .*", steps[warm + 1]), steps
     assert "run pipeline" in result.stdout and "matmul peak" in result.stdout

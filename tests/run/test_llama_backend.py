@@ -146,7 +146,8 @@ def test_an_output_names_its_engine_and_is_not_continued_by_another(tmp_path, it
     assert fingerprint["dtype"] == "the GGUF file's own types"
     other = invoke("run", spec, items, *common, "--backend", "transformers", "--resume")
     assert other.exit_code == 2
-    assert "it was written with --backend llama.cpp" in other.stderr
+    assert "it was written with --backend llama.cpp (this run: transformers); add it back" in other.stderr
+    assert "--dtype" not in other.stderr  # the precision follows from the engine: not a second thing to restore
     again = invoke("run", spec, items, *common, "--backend", "llama.cpp", "--resume")
     assert again.exit_code == 0, again.output
     assert len(records(out)) == len(ROWS)
