@@ -203,6 +203,8 @@ def _llama_gpu(device: str) -> bool:
 
 
 def _llama_footprint(load: Load) -> tuple[Footprint | None, str]:
+    """What llama.cpp will take, its compute buffers as measured with UBATCH_TOKENS micro-batches
+    (a whole decode as one micro-batch measured 20-50 MB more resident: within the estimate)."""
     from .llamacpp import UBATCH_TOKENS, context_cells, kv_bytes
     from .memory import llama_footprint
 
@@ -211,13 +213,31 @@ def _llama_footprint(load: Load) -> tuple[Footprint | None, str]:
     return need, "cuda" if _llama_gpu(load.device) else "cpu"
 
 
+def _llama_ubatch(load: Load) -> int:
+    """The micro-batch llama.cpp runs: a whole decode at once where even the estimate's worst case
+    for it (buffers reserved for every token of a full decode) fits what the CPU has available,
+    else UBATCH_TOKENS."""
+    from .llamacpp import DECODE_TOKENS, UBATCH_TOKENS, context_cells, kv_bytes
+    from .memory import llama_footprint
+
+    path = Path(load.source.path)
+    whole = llama_footprint(path, context_cells(load.prefix_tokens), DECODE_TOKENS, kv_bytes(path))
+    free = None if _llama_gpu(load.device) else available_and_why()[0]
+    if whole is None or free is None or whole.total <= free:
+        return DECODE_TOKENS
+    log.info("llama.cpp decodes in %d-token micro-batches: a whole decode's buffers could take %.2f GB",
+             UBATCH_TOKENS, whole.total / GB)
+    return UBATCH_TOKENS
+
+
 def _llama_make(load: Load) -> Any:
     from .cache import checks_dir
     from .llamacpp import GPU_LAYERS, LlamaEngine, probe
 
     path = Path(load.source.path)
     probe(path, checks_dir(load.cache_dir))
-    return LlamaEngine(path, load.threads, gpu_layers=GPU_LAYERS if _llama_gpu(load.device) else 0)
+    ubatch = _llama_ubatch(load)
+    return LlamaEngine(path, load.threads, gpu_layers=GPU_LAYERS if _llama_gpu(load.device) else 0, ubatch=ubatch)
 
 
 def _llama_refusal(source: ModelSource, device: str, dtype: str, exact: bool) -> str | None:

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 MAX_SEQUENCES = 256  # llama.cpp's bound on the sequences of one context (LLAMA_MAX_SEQ)
 DECODE_TOKENS = 2048  # tokens one decode takes at most (rows are split into decodes below it)
-UBATCH_TOKENS = 512
+UBATCH_TOKENS = 512  # the micro-batch where memory is short; else a decode is one micro-batch (DECODE_TOKENS)
 GPU_LAYERS = 999  # offload every layer when llama.cpp was built for a GPU
 FLOAT_FILES = ("all F32", "F32", "F16", "BF16")  # GGUF file types whose weights are not quantised  # tokens llama.cpp computes at once inside a decode
 
@@ -128,7 +128,8 @@ class LlamaEngine:
     name = "llama.cpp"
     branches = False  # a race's later passes are not built on llama.cpp: every candidate is scored to the end
 
-    def __init__(self, path: str | Path, threads: int | None = None, gpu_layers: int = 0):
+    def __init__(self, path: str | Path, threads: int | None = None, gpu_layers: int = 0,
+                 ubatch: int = DECODE_TOKENS):
         import llama_cpp
 
         self._L = L = llama_cpp
@@ -150,6 +151,10 @@ class LlamaEngine:
         trained = int(L.llama_model_n_ctx_train(self._model))
         self.max_positions = trained if trained > 0 else None
         self.threads = threads or default_threads()
+        # Micro-batch: a whole decode at once where memory allows (the weights are streamed once a
+        # decode, not once per 512 tokens): measured on the 135M Q4_1 file, 2 threads, run's batches,
+        # 185 against 234 CPU ms/item; 0.5B Q4_K_M 464 against 471.
+        self.ubatch = ubatch
         self.device = "gpu" if gpu_layers and L.llama_supports_gpu_offload() else "cpu"
         self.dtype = file_type(self._model, L)
         self.label_tokens = 0
@@ -174,7 +179,7 @@ class LlamaEngine:
         cp = L.llama_context_default_params()
         cp.n_ctx = cells
         cp.n_batch = cells  # a row as long as the context allows fits one decode
-        cp.n_ubatch = UBATCH_TOKENS
+        cp.n_ubatch = min(self.ubatch, cells)
         cp.n_seq_max = MAX_SEQUENCES
         cp.kv_unified = True
         cp.swa_full = True  # sliding-window layers keep every prefix cell: rows must see their window of it
