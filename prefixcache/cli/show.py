@@ -175,6 +175,13 @@ def print_bench(report: BenchReport) -> None:
         out.print(f"the fitted head alone: {report.head_alone.ms_per_item:.1f} ms/item, "
                   f"{report.modes[-1].ms_per_item / report.head_alone.ms_per_item:.1f}x faster than scoring every "
                   f"option (the pipeline above), its labels the head's own", soft_wrap=True)
+    if report.first_token is not None:
+        first, pipeline = report.first_token, report.modes[-1]
+        ratio = first.ms_per_item / pipeline.ms_per_item
+        out.print(f"{first.mode}: {first.ms_per_item:.1f} ms/item; the run pipeline, which scores every token of "
+                  f"every label, takes {1 / ratio:.2f}x its time ({'faster' if ratio > 1 else 'slower'}); ranked by "
+                  f"first tokens, {report.first_token_differing} of {first.items} items get another label",
+                  soft_wrap=True)
     if report.questions is not None:
         _print_questions_bench(out, report.questions)
     if report.pruning is not None:

@@ -91,7 +91,8 @@ class TimedEngine(ScoringEngine, Protocol):
     Attributes:
         naive_ways: the reference paths `naive` offers: "item" (a full forward of the whole prompt per
             row), "candidate" (one per candidate), and where the engine has one, "rewound" (its own
-            one-prompt-at-a-time path, rewound to what a prompt shares with the last).
+            one-prompt-at-a-time path, rewound to what a prompt shares with the last), and "first" (its
+            cheapest ranking: each candidate's first token alone, after the prompt rewound as "rewound").
         threads: CPU threads it computes with.
         weights_bytes: the weights it holds in memory as a copy of its own (0: the file as read).
     """

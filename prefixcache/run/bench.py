@@ -73,11 +73,13 @@ class BenchReport:
     modes: list[ModeResult]
     pruning: PruningResult | None = None  # label tasks: pruned against full scoring (see `time_pruning`)
     head_alone: ModeResult | None = None  # a fitted head of the state alone: the run pipeline scoring no option
+    first_token: ModeResult | None = None  # the engine's cheapest ranking (first token of each label), where it has one
+    first_token_differing: int = 0  # items the first-token ranking labels otherwise than the run pipeline
     questions: QuestionsResult | None = None  # typed questions: together against one at a time (`time_questions`)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for m in data["modes"] + ([data["head_alone"]] if data["head_alone"] else []):
+        for m in data["modes"] + [data[k] for k in ("head_alone", "first_token") if data[k]]:
             m.pop("labels")
         return data
 
@@ -377,6 +379,10 @@ class _Modes:
         """The engine's own one-prompt-at-a-time path, rewound to what each prompt shares with the last."""
         return [self._pick(p, self._naive(p, "rewound")) for p in (self.prepared if rows is None else rows)]
 
+    def first_token(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
+        """The engine's cheapest ranking: each label by its first token alone, one prompt at a time."""
+        return [self._pick(p, self._naive(p, "first")) for p in (self.prepared if rows is None else rows)]
+
     def _naive(self, prep: Prepared, way: str) -> list[float]:
         return self.scorer.engine.naive(Row(prep.enc.ids, 0, _cands(prep), prep.skips), way)
 
@@ -450,6 +456,9 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
     head_mode = _time_head_alone(head, items, batching, step) if head is not None and head.head_only else None
     if head_mode is not None:
         head_mode.speedup = modes[0].ms_per_item / head_mode.ms_per_item
+    first = _time_first_token(scorer, items, prepared, batching, step)
+    if first is not None:
+        first.speedup = modes[0].ms_per_item / first.ms_per_item
     # Option cost: the same pipeline scoring one one-token candidate instead of every label.
     about = 2 * modes[-1].ms_per_item * len(items) / 1000  # every label twice (warm-up, timed); the item alone is less
     step("timing every label against the item alone" + (f" (about {_duration(about)})" if about >= 10 else ""))
@@ -476,6 +485,8 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
         same_labels=differing == 0, items_compared=n, items_differing=differing,
         option_cost_ratio=option_ratio, option_cost_floor=gflop / alone, modes=modes,
         store_load_ms=load_ms, store_prefill_ms=prefill_ms, pruning=pruning, questions=questions, head_alone=head_mode,
+        first_token=first, first_token_differing=sum(a != b for a, b in zip(first.labels, modes[-1].labels)) if first
+        else 0,
     )
 
 
@@ -491,6 +502,19 @@ def _time_head_alone(head: Scorer, items: Sequence[Item], batching: Batching, st
 
 
 HEAD_ALONE = "run pipeline, the fitted head alone (no option scored)"
+
+
+def _time_first_token(scorer: Scorer, items: Sequence[Item], prepared: Sequence[Prepared], batching: Batching,
+                      step: Step) -> ModeResult | None:
+    """The engine's cheapest ranking (each label's first token alone, one prompt at a time), timed
+    after a warm-up, where the engine offers it and no question's text comes before its options."""
+    engine = scorer.engine
+    if "first" not in engine.naive_ways or any(any(p.skips) for p in prepared):
+        return None
+    modes = _Modes(scorer, items, prepared, 1, batching)
+    modes.first_token(prepared[:1])
+    return _timed(f"{engine.name} first token of each label only, one prompt at a time (its cheapest)",
+                  len(prepared), modes.first_token, engine, step)
 
 
 @dataclass

@@ -244,3 +244,24 @@ def test_short_memory_decodes_in_smaller_micro_batches_with_the_same_records(tmp
     short = invoke("run", spec, items, "-o", tmp_path / "short.jsonl", *common)
     assert short.exit_code == 0 and f"{UBATCH_TOKENS}-token micro-batches" in short.stderr, short.output
     assert close(records(tmp_path / "short.jsonl"), records(tmp_path / "whole.jsonl"), 1e-4)
+
+
+def test_bench_on_llama_cpp_times_its_cheapest_ranking_beside_the_pipeline(tmp_path, items, gguf_file, monkeypatch):
+    """bench shows llama.cpp's own cheapest path (each label's first token, one prompt at a time)
+    beside the run pipeline, with how many items it would label otherwise; no matmul peak, no
+    pruning table (llama.cpp keeps no item between passes)."""
+    from prefixcache.run import bench
+
+    monkeypatch.setattr(bench, "PEAK_SECONDS", 0.05)
+    spec = write_spec(tmp_path, labels=["billing", "technical", "account"])
+    result = invoke("bench", spec, items, "-m", gguf_file, "--backend", "llama.cpp", "--limit", 2, "--json",
+                    "--cache-dir", tmp_path / "cache")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    first = report["first_token"]
+    assert first["items"] == len(ROWS) and first["ms_per_item"] > 0 and first["mode"].startswith("llama.cpp first token")
+    assert 0 <= report["first_token_differing"] <= len(ROWS)
+    assert report["pruning"] is None and report["peak_gflops"] == 0
+    table = invoke("bench", spec, items, "-m", gguf_file, "--backend", "llama.cpp", "--limit", 2,
+                   "--cache-dir", tmp_path / "cache")
+    assert table.exit_code == 0 and "its cheapest): " in table.stdout and "items get another label" in table.stdout

@@ -152,3 +152,13 @@ def test_typed_questions_decide_as_float32_and_rescored_answers_are_float32_answ
             for q, answer in want["answers"].items():
                 lps = got["answers"][q]["x_logprobs"]
                 assert max(abs(lps[k] - v) for k, v in answer["x_logprobs"].items()) < 1e-5
+
+
+def test_bfloat16_on_a_cpu_without_its_instructions_is_warned_of(job, tmp_path, monkeypatch):
+    spec, items, fp32 = job
+    monkeypatch.setattr(compat, "bf16_matmul", lambda device: False)
+    result = invoke("run", spec, items, "-o", tmp_path / "bf16.jsonl", "--dtype", "bfloat16", "--device", "cpu")
+    assert result.exit_code == 0 and "--dtype bfloat16: this CPU has no bfloat16 matrix instructions" in result.stderr
+    monkeypatch.setattr(compat, "bf16_matmul", lambda device: True)
+    quiet = invoke("run", spec, items, "-o", tmp_path / "bf16b.jsonl", "--dtype", "bfloat16", "--device", "cpu")
+    assert quiet.exit_code == 0 and "no bfloat16 matrix instructions" not in quiet.stderr
