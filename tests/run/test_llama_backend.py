@@ -265,3 +265,25 @@ def test_bench_on_llama_cpp_times_its_cheapest_ranking_beside_the_pipeline(tmp_p
     table = invoke("bench", spec, items, "-m", gguf_file, "--backend", "llama.cpp", "--limit", 2,
                    "--cache-dir", tmp_path / "cache")
     assert table.exit_code == 0 and "its cheapest): " in table.stdout and "items get another label" in table.stdout
+
+
+def test_a_quantised_files_records_are_the_same_after_a_stop_and_resume(tmp_path, items, gguf_file):
+    """On a quantised file llama.cpp's numbers move a little with a row's neighbours: a resume forms
+    the batches an uninterrupted run formed and scores a batch it stopped in whole again, so every
+    record is the uninterrupted run's, to the last bit."""
+    from prefixcache.model.load import embedded_model_file
+
+    spec = write_spec(tmp_path, labels=["billing", "technical", "account"])
+    common = ["-m", embedded_model_file(), "--backend", "llama.cpp", "--cache-dir", tmp_path / "cache"]
+    pairs = tmp_path / "pairs.jsonl"  # the numbers do move with a row's neighbours on this Q4_1 file
+    assert invoke("run", spec, items, "-o", pairs, *common, "-b", 2).exit_code == 0
+    common += ["-b", 4]
+    whole = tmp_path / "whole.jsonl"
+    assert invoke("run", spec, items, "-o", whole, *common).exit_code == 0
+    assert records(pairs) != records(whole)
+    stopped = tmp_path / "stopped.jsonl"
+    stopped.write_text("".join(whole.read_text().splitlines(keepends=True)[:2]))  # stopped inside the first batch
+    (tmp_path / "stopped.jsonl.prefixcache.json").write_text((tmp_path / "whole.jsonl.prefixcache.json").read_text())
+    resumed = invoke("run", spec, items, "-o", stopped, "--resume", *common)
+    assert resumed.exit_code == 0, resumed.output
+    assert records(stopped) == records(whole)
