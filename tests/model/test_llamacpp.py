@@ -51,31 +51,44 @@ def rows_for(tokenizer, texts=TEXTS, labels=LABELS):
     return prefix, rows
 
 
-def full_forward(path, ids, candidate):
-    """llama.cpp's own scoring of one prompt and candidate, nothing cached: the whole sequence
-    decoded at once in a fresh context, each candidate token's log-probability from the logits
-    before it."""
+def fresh_decode(path, seq, outputs, embeddings=False):
+    """llama.cpp's own decode of `seq` at once in a fresh context (as the engine runs a float32
+    file), logits (or with `embeddings` the final states) asked where `outputs(i)` is true; the
+    model, context and batch, for `free` once read."""
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
     params = llama_cpp.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_threads, params.n_threads_batch = 512, 512, 1, 1
     params.flash_attn_type, params.type_k, params.type_v = 0, 0, 0  # as the engine runs a float32 file
+    if embeddings:
+        params.embeddings, params.pooling_type = True, 0  # LLAMA_POOLING_TYPE_NONE: one state a token
     ctx = llama_cpp.llama_init_from_model(model, params)
-    seq = list(ids) + list(candidate)
     batch = llama_cpp.llama_batch_init(len(seq), 0, 1)
     batch.n_tokens = len(seq)
     for i, tok in enumerate(seq):
-        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, i, 1, i >= len(ids) - 1
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, i, 1, outputs(i)
         batch.seq_id[i][0] = 0
     assert llama_cpp.llama_decode(ctx, batch) == 0
+    return model, ctx, batch
+
+
+def free(model, ctx, batch):
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+
+
+def full_forward(path, ids, candidate):
+    """llama.cpp's own scoring of one prompt and candidate, nothing cached: the whole sequence
+    decoded at once in a fresh context, each candidate token's log-probability from the logits
+    before it."""
+    model, ctx, batch = fresh_decode(path, list(ids) + list(candidate), lambda i: i >= len(ids) - 1)
     vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     total = 0.0
     for k, tok in enumerate(candidate):
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, len(ids) - 1 + k), shape=(vocab,))
         logits = logits.astype(np.float64)
         total += logits[tok] - logits.max() - math.log(np.exp(logits - logits.max()).sum())
-    llama_cpp.llama_batch_free(batch)
-    llama_cpp.llama_free(ctx)
-    llama_cpp.llama_model_free(model)
+    free(model, ctx, batch)
     return total
 
 
@@ -117,23 +130,10 @@ def test_a_rows_numbers_do_not_depend_on_its_neighbours(engine, tokenizer):
 def own_final_state(path, ids):
     """llama.cpp's own final state (what its output layer reads) after the last of `ids`: the whole
     sequence decoded at once in a fresh context asked for embeddings, no pooling."""
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_threads, params.n_threads_batch = 512, 512, 1, 1
-    params.flash_attn_type, params.type_k, params.type_v = 0, 0, 0
-    params.embeddings, params.pooling_type = True, 0  # LLAMA_POOLING_TYPE_NONE: one state a token
-    ctx = llama_cpp.llama_init_from_model(model, params)
-    batch = llama_cpp.llama_batch_init(len(ids), 0, 1)
-    batch.n_tokens = len(ids)
-    for i, tok in enumerate(ids):
-        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, i, 1, i == len(ids) - 1
-        batch.seq_id[i][0] = 0
-    assert llama_cpp.llama_decode(ctx, batch) == 0
+    model, ctx, batch = fresh_decode(path, list(ids), lambda i: i == len(ids) - 1, embeddings=True)
     width = llama_cpp.llama_model_n_embd(model)
     state = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_ith(ctx, len(ids) - 1), shape=(width,)).copy()
-    llama_cpp.llama_batch_free(batch)
-    llama_cpp.llama_free(ctx)
-    llama_cpp.llama_model_free(model)
+    free(model, ctx, batch)
     return state
 
 
