@@ -18,7 +18,7 @@ from ..errors import OutputError, SpecError, UsageError
 from ..model.engines import Backend, backend_named, twin_backend
 from ..model.load import dtype_name, model_identity, pick_device
 from ..reports.evaluation import Gates
-from ..scoring.prepare import Batching, spec_model
+from ..scoring.prepare import Batching, check_backend, spec_model
 from ..task.head import exact_refusal
 from ..task.overrides import with_overrides
 from ..task.spec import TaskSpec
@@ -125,6 +125,9 @@ def make_plan(options: RunOptions) -> Plan:
     spec = load_options_spec(options)
     if options.exact and spec.head is not None:
         raise UsageError(exact_refusal(spec.head))
+    check_backend(spec)  # an unknown engine refused first, in one line naming the engines there are
+    if options.backend not in (None, "auto"):
+        backend_named(options.backend)
     asked = options.backend or spec.backend
     if options.exact and asked not in (None, "auto") and not backend_named(asked).float32_twin:
         twin = twin_backend().name

@@ -36,11 +36,17 @@ MAX_CHARS_PER_TOKEN = 64
 UNKNOWN_CONTEXT = 131072  # positions assumed when the model's are not known yet (render, --dry-run)
 
 
-def spec_model(spec: TaskSpec) -> ModelSource:
-    """The model a task spec names (relative paths: the current folder, then the spec's folder);
-    the spec's `backend` checked against the engines there are, before any model loads."""
+def check_backend(spec: TaskSpec) -> None:
+    """The spec's `backend` checked against the engines there are (model/engines.py), before any
+    model loads: SpecError naming them."""
     if spec.backend is not None and spec.backend not in engines():
         raise SpecError(f"{spec.path}: backend must be one of {', '.join(engines())}, not {spec.backend!r}")
+
+
+def spec_model(spec: TaskSpec) -> ModelSource:
+    """The model a task spec names (relative paths: the current folder, then the spec's folder);
+    the spec's `backend` checked first (`check_backend`)."""
+    check_backend(spec)
     return resolve_model(spec.model, Path(spec.path).parent, spec.trust_remote_code, spec.revision)
 
 

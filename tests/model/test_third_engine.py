@@ -80,3 +80,10 @@ def test_an_unknown_backend_asked_on_the_command_line_is_refused_in_one_line(tmp
     refused = invoke("run", spec, items, "-o", tmp_path / "out.jsonl", "--backend", "vllm")
     assert refused.exit_code == 2 and "memory:" not in refused.stderr
     assert refused.stderr.strip().endswith("unknown backend 'vllm': choose one of auto, transformers, llama.cpp")
+
+
+def test_an_unknown_backend_is_refused_before_the_output_is_looked_at(tmp_path, tiny_model_dir, items):
+    spec = write_spec(tmp_path, model=str(tiny_model_dir))
+    (tmp_path / "out.jsonl").write_text("")  # an output that exists would be refused too: the backend is said first
+    refused = invoke("run", spec, items, "-o", tmp_path / "out.jsonl", "--backend", "vllm")
+    assert refused.exit_code == 2 and "unknown backend 'vllm'" in refused.stderr
