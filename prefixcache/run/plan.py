@@ -123,19 +123,7 @@ def make_plan(options: RunOptions) -> Plan:
         raise OutputError("sharded and multi-process runs need an input file and an output file (-o)")
     _not_the_input(options, stream)
     spec = load_options_spec(options)
-    if options.exact and spec.head is not None:
-        raise UsageError(exact_refusal(spec.head))
-    check_backend(spec)  # an unknown engine refused first, in one line naming the engines there are
-    if options.backend not in (None, "auto"):
-        backend_named(options.backend)
-    asked = options.backend or spec.backend
-    if options.exact and asked not in (None, "auto") and not backend_named(asked).float32_twin:
-        twin = twin_backend().name
-        raise UsageError(f"--backend {asked}: --exact scores close calls again in float32 on {twin}; {asked} "
-                         f"has no float32 twin of a file (drop --exact, or use --backend {twin} --dtype bfloat16)")
-    if options.exact and options.dtype not in ("bfloat16", "float16"):
-        raise UsageError("--exact re-scores the close calls of a bfloat16 or float16 run in float32: "
-                         "give --dtype bfloat16 (or float16)")
+    _check_engine(options, spec)
     gates = Gates.parse(options.min_accuracy, options.min_recall, options.min_answered_accuracy)
     if (options.metrics or options.summary_md or options.junit or gates != Gates()) and not spec.has_gold:
         raise SpecError("--metrics, --summary-md, --junit, --min-accuracy and --min-recall need a gold field "
@@ -165,6 +153,24 @@ def make_plan(options: RunOptions) -> Plan:
     return Plan(options, spec, fmt, stream, total, output, part, launched, keep,
                 Batching(options.batch_size, options.batch_tokens, options.on_error,
                          pruned, spec.head_alone(options.prompt_scores)), gates, options.exact, device, scanned)
+
+
+def _check_engine(options: RunOptions, spec: TaskSpec) -> None:
+    """The engine asked for (an unknown one refused first, naming the engines there are) and what
+    --exact needs of it: a float32 twin, a low precision, no head."""
+    if options.exact and spec.head is not None:
+        raise UsageError(exact_refusal(spec.head))
+    check_backend(spec)
+    if options.backend not in (None, "auto"):
+        backend_named(options.backend)
+    asked = options.backend or spec.backend
+    if options.exact and asked not in (None, "auto") and not backend_named(asked).float32_twin:
+        twin = twin_backend().name
+        raise UsageError(f"--backend {asked}: --exact scores close calls again in float32 on {twin}; {asked} "
+                         f"has no float32 twin of a file (drop --exact, or use --backend {twin} --dtype bfloat16)")
+    if options.exact and options.dtype not in ("bfloat16", "float16"):
+        raise UsageError("--exact re-scores the close calls of a bfloat16 or float16 run in float32: "
+                         "give --dtype bfloat16 (or float16)")
 
 
 def _check_combinations(options: RunOptions) -> None:
