@@ -52,11 +52,10 @@ def check_fingerprint(output: str, previous: Mapping[str, Any], fingerprint: Map
         return
     if changed == ["gold"]:
         _gold_changed(output, previous["gold"], fingerprint["gold"])
-    options = [words for words in (named(k, previous[k]) for k in changed) if words]
-    things = [_THING_OF.get(k, f"another {k}") for k in changed if not named(k, previous[k])]
-    if "engine" in changed:  # both engines named: which one this run would have scored with
-        options = [f"{w} (this run: {fingerprint['engine']})" if w == named("engine", previous["engine"]) else w
-                   for w in options]
+    said = {k: named(k, previous[k]) for k in changed}
+    # an engine is named beside the one this run would have scored with
+    options = [w + (f" (this run: {fingerprint[k]})" if k == "engine" else "") for k, w in said.items() if w]
+    things = [_THING_OF.get(k, f"another {k}") for k, w in said.items() if not w]
     if options:
         raise OutputError(f"{output}: cannot continue it: it was written with {' and '.join(options)}; "
                           f"add {'them' if len(options) > 1 else 'it'} back to continue it, or choose another output file")

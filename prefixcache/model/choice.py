@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from .engines import backend_named, default_backend, names
+from .engines import backend_named, default_backend, names, quantised_backend
 from .load import ModelSource
 
 AUTO_FLOAT32_BYTES = 4_000_000_000  # a GGUF model whose float32 copy is this big or bigger is kept quantised
@@ -53,7 +53,7 @@ def pick_engine(source: ModelSource, asked: str | None, device: str = "auto", dt
         return Picked(asked, ASKED)
     if source.kind != "gguf":
         return Picked(default, "not a GGUF file")
-    kept = next((b for b in map(backend_named, names()) if b.file_precision), None)
+    kept = quantised_backend()
     if kept is None:
         return Picked(default, "no engine keeps a GGUF file quantised")
     refusal = kept.refusal(source, device, dtype, exact)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -70,7 +70,6 @@ class Backend:
     file_precision: bool = False
     max_leaves: int | None = None
     stores_prefix: bool = True
-    options: tuple[str, ...] = field(default=())  # its own options among Load's (threads, ...): said in docs
 
     def version(self) -> str:
         """The installed version of what computes (part of an output's identity)."""
@@ -134,6 +133,11 @@ def twin_backend() -> Backend:
     return next(b for b in _REGISTRY.values() if b.float32_twin)
 
 
+def quantised_backend() -> Backend | None:
+    """The engine that runs a GGUF file at its own quantisation (what `auto` keeps a large one on)."""
+    return next((b for b in _REGISTRY.values() if b.file_precision), None)
+
+
 def open_engine(backend: Backend, load: Load) -> Any:
     """The engine loaded: its limits checked and its memory said first, a model that would not
     fit refused before it loads (`fits`)."""
@@ -161,7 +165,7 @@ def _smaller(source: ModelSource, backend: Backend | None) -> str:
     """Another engine that keeps a GGUF file quantised, where this one would not."""
     if source.kind != "gguf" or (backend is not None and backend.file_precision):
         return ""
-    other = next((b for b in _REGISTRY.values() if b.file_precision), None)
+    other = quantised_backend()
     return f", or --backend {other.name} to keep it quantised" if other else ""
 
 
@@ -217,23 +221,27 @@ def _llama_gpu(device: str) -> bool:
 def _llama_footprint(load: Load) -> tuple[Footprint | None, str]:
     """What llama.cpp will take, its compute buffers as measured with UBATCH_TOKENS micro-batches
     (a whole decode as one micro-batch measured 20-50 MB more resident: within the estimate)."""
-    from .llamacpp import UBATCH_TOKENS, context_cells, kv_bytes
+    from .llamacpp import UBATCH_TOKENS
+
+    return _llama_need(load, UBATCH_TOKENS), "cuda" if _llama_gpu(load.device) else "cpu"
+
+
+def _llama_need(load: Load, ubatch: int) -> Footprint | None:
+    """llama.cpp's memory estimate for the task's prefix with micro-batches of `ubatch` tokens."""
+    from .llamacpp import context_cells, kv_bytes
     from .memory import llama_footprint
 
     path = Path(load.source.path)
-    need = llama_footprint(path, context_cells(load.prefix_tokens), UBATCH_TOKENS, kv_bytes(path))
-    return need, "cuda" if _llama_gpu(load.device) else "cpu"
+    return llama_footprint(path, context_cells(load.prefix_tokens), ubatch, kv_bytes(path))
 
 
 def _llama_ubatch(load: Load) -> int:
     """The micro-batch llama.cpp runs: a whole decode at once where even the estimate's worst case
     for it (buffers reserved for every token of a full decode) fits what the CPU has available,
     else UBATCH_TOKENS."""
-    from .llamacpp import DECODE_TOKENS, UBATCH_TOKENS, context_cells, kv_bytes
-    from .memory import llama_footprint
+    from .llamacpp import DECODE_TOKENS, UBATCH_TOKENS
 
-    path = Path(load.source.path)
-    whole = llama_footprint(path, context_cells(load.prefix_tokens), DECODE_TOKENS, kv_bytes(path))
+    whole = _llama_need(load, DECODE_TOKENS)
     free = None if _llama_gpu(load.device) else available_and_why()[0]
     if whole is None or free is None or whole.total <= free:
         return DECODE_TOKENS
@@ -269,6 +277,6 @@ def _llama_refusal(source: ModelSource, device: str, dtype: str, exact: bool) ->
 
 
 register(Backend("transformers", "transformers", _transformers_make, footprint=_transformers_footprint,
-                 float32_twin=True, options=("threads",)))
+                 float32_twin=True))
 register(Backend("llama.cpp", "llama_cpp_python", _llama_make, refusal=_llama_refusal, footprint=_llama_footprint,
-                 file_precision=True, max_leaves=MAX_SEQUENCES - 1, options=("threads",)))
+                 file_precision=True, max_leaves=MAX_SEQUENCES - 1))

@@ -333,20 +333,13 @@ class LlamaEngine:
         longest start it shares with the prompt before (llama-cpp-python's `Llama.eval`), the
         last shared token decoded again for its logits. `fresh`: "item" starts each row from
         nothing (a full re-encode per item), "candidate" each candidate."""
-        if self._ctx is None:
-            self._ensure_context(len(row.ids) + DECODE_TOKENS)
-        if self._resident is not None or fresh == "item":
-            self._L.llama_memory_clear(self._mem, True)
-            self._resident, self._rewound = None, []
-        ids, out = [int(i) for i in row.ids], []
+        ids, out = self._sequence_zero(row, clear=fresh == "item"), []
         for i, cand in enumerate(row.candidates):
             if fresh == "candidate":
                 self._L.llama_memory_clear(self._mem, True)
                 self._rewound = []
             prompt = ids + [int(t) for t in cand]
-            keep = min(_shared(prompt, self._rewound), len(ids) + row.skip(i) - 1)
-            self._L.llama_memory_seq_rm(self._mem, 0, keep, -1)
-            self._ensure_fits(len(prompt))
+            keep = self._rewind(prompt, len(ids) + row.skip(i) - 1)
             first = len(ids) + row.skip(i) - 1  # the logits scoring the candidate's first scored token
             self._decode([_Token(t, keep + k, [0], keep + k >= first) for k, t in enumerate(prompt[keep:-1])])
             out.append(sum(float(self._logits(at - keep)[prompt[at + 1]]) - self._logsumexp(at - keep)
@@ -361,20 +354,31 @@ class LlamaEngine:
         `score` (which scores every token of a candidate): another, cheaper piece of work."""
         if row.skips and any(row.skips):
             raise ValueError("first-token ranking reads no question's text before its options")
-        if self._ctx is None:
-            self._ensure_context(len(row.ids) + DECODE_TOKENS)
-        if self._resident is not None:
-            self._L.llama_memory_clear(self._mem, True)
-            self._resident, self._rewound = None, []
-        ids = [int(i) for i in row.ids]
-        keep = min(_shared(ids, self._rewound), len(ids) - 1)
-        self._L.llama_memory_seq_rm(self._mem, 0, keep, -1)
-        self._ensure_fits(len(ids))
+        ids = self._sequence_zero(row, clear=False)
+        keep = self._rewind(ids, len(ids) - 1)
         self._decode([_Token(t, keep + k, [0], keep + k == len(ids) - 1) for k, t in enumerate(ids[keep:])])
         last = len(ids) - 1 - keep
         logits, total = self._logits(last), self._logsumexp(last)
         self._rewound = ids
         return [float(logits[int(c[0])]) - total for c in row.candidates]
+
+    def _sequence_zero(self, row: Row, clear: bool) -> list[int]:
+        """Sequence 0 ready for one prompt at a time (a prefix put back there by `score` taken
+        out, or everything where `clear`); the row's ids."""
+        if self._ctx is None:
+            self._ensure_context(len(row.ids) + DECODE_TOKENS)
+        if self._resident is not None or clear:
+            self._L.llama_memory_clear(self._mem, True)
+            self._resident, self._rewound = None, []
+        return [int(i) for i in row.ids]
+
+    def _rewind(self, prompt: list[int], most: int) -> int:
+        """Sequence 0 rewound to the start `prompt` shares with what it holds (at most `most`
+        tokens); returns how many tokens it keeps."""
+        keep = min(_shared(prompt, self._rewound), most)
+        self._L.llama_memory_seq_rm(self._mem, 0, keep, -1)
+        self._ensure_fits(len(prompt))
+        return keep
 
     def _ensure_fits(self, cells: int) -> None:
         if cells > self.context:
