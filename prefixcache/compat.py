@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging as std_logging
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
@@ -231,6 +232,8 @@ def quiet_libraries() -> None:
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+    for name in ("torchao", "torch.utils._pytree"):  # torchao's import (transformers imports it where installed)
+        std_logging.getLogger(name).setLevel(std_logging.ERROR)  # warns of GPU kernels and Enum registrations
     try:  # the hub client's retry chatter, when the network is down
         from huggingface_hub.utils import logging as hub_logging
 
@@ -267,6 +270,25 @@ def cli_usage_errors() -> tuple[type, type]:
         from click.exceptions import NoArgsIsHelpError, UsageError
     assert issubclass(typer.BadParameter, UsageError)
     return UsageError, NoArgsIsHelpError
+
+
+def int8_matmul(device: str) -> bool:
+    """Whether int8 matrix products are fast here: CUDA, or a CPU with AVX-512 VNNI, AVX-VNNI or
+    AMX int8 instructions (read from /proc/cpuinfo; False where it cannot be told)."""
+    if device.startswith("cuda"):
+        return True
+    if device.startswith("cpu"):
+        try:
+            flags = set(Path("/proc/cpuinfo").read_text().split())
+        except OSError:
+            return False
+        return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    return False
+
+
+def low_precision_pays(dtype: str, device: str) -> bool:
+    """Whether the device has the matrix units of a low precision (`--exact` gains nothing without them)."""
+    return int8_matmul(device) if dtype == "int8" else bf16_matmul(device)
 
 
 def bf16_matmul(device: str) -> bool:

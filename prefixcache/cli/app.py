@@ -32,7 +32,7 @@ from .cache import cache_app
 from .options import (
     BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
     EXAMPLES_OPT, REPORT_FIT_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, TARGET_ACCURACY_OPT, COVERAGE_OPT, CONFIDENCE_OPT, FIT_FEATURES_OPT, FitFeatures, PROMPT_SAMPLE_OPT, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, LABELLED_FILES_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
-    POOL_ARG, SUGGEST_N_OPT, SUGGESTED_OPT, SUGGEST_LABELLED_OPT, SUGGEST_SEED_OPT, SUGGEST_RANDOM_OPT,
+    POOL_ARG, SUGGEST_N_OPT, SUGGESTED_OPT, SUGGEST_LABELLED_OPT, SUGGEST_SEED_OPT, SUGGEST_RANDOM_OPT, SUGGEST_AUDIT_OPT,
     OVERWRITE_SUGGESTED_OPT,
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
@@ -400,7 +400,7 @@ def _asked_cut(target_accuracy: Optional[float], coverage: Optional[float], conf
 def suggest(
     spec: Path = SPEC_ARG, pool: str = POOL_ARG, count: int = SUGGEST_N_OPT, output: Path = SUGGESTED_OPT,
     labelled: list[str] = SUGGEST_LABELLED_OPT, seed: int = SUGGEST_SEED_OPT, random: bool = SUGGEST_RANDOM_OPT,
-    overwrite: bool = OVERWRITE_SUGGESTED_OPT, quiet: bool = QUIET_OPT, log_interval: float = LOG_INTERVAL_OPT,
+    audit: Optional[str] = SUGGEST_AUDIT_OPT, overwrite: bool = OVERWRITE_SUGGESTED_OPT, quiet: bool = QUIET_OPT, log_interval: float = LOG_INTERVAL_OPT,
     debug: bool = DEBUG_OPT, **given: Any,
 ) -> None:
     """Choose the items worth labelling next from a pool of unlabelled ones.
@@ -412,10 +412,13 @@ def suggest(
     fitted on, those of --labelled files, and pool items whose gold is filled in (by id, and by text).
     Each row says how it was chosen (`picked_by`); with --random, a uniform sample of the pool
     (no model read): the rows fit estimates on, so that its figures describe the items it will answer.
+    With --audit OUTPUT, a uniform sample of the items a run answered, to bound their accuracy.
 
     Example:
 
         prefixcache suggest fitted.yaml pool.csv -n 50 -o to_label.csv
+
+        prefixcache suggest fitted.yaml month.jsonl --audit answers.jsonl -n 100 -o audit.csv
 
         prefixcache fit configs/support-tickets.yaml labelled.csv --gold category -o fitted.yaml --overwrite
     """
@@ -424,7 +427,7 @@ def suggest(
     setup_logging(quiet)
     with errors(debug):
         options = SuggestOptions(RunOptions(spec, pool, **given), output, count, seed, tuple(labelled), overwrite,
-                                 random)
+                                 random, audit)
         plan = plan_suggest(options)
         with steps(quiet, log_interval) as step:
             compat.quiet_libraries()

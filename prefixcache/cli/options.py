@@ -102,6 +102,10 @@ SUGGEST_SEED_OPT = typer.Option(0, "--seed", help="Seed of the clustering (or of
 SUGGEST_RANDOM_OPT = typer.Option(False, "--random", help=(
     "Draw the rows at random from the pool (no model is read; picked_by: random): fit estimates its figures and "
     "certifies its cuts on such rows, so that they describe the items the head will answer, not the hardest ones."))
+SUGGEST_AUDIT_OPT = typer.Option(None, "--audit", metavar="OUTPUT", help=(
+    "Draw the rows at random from the items a run answered (OUTPUT: its records of POOL; no model is read; "
+    "picked_by: audit): label them, then `run` the spec on the file with --min-answered-accuracy to bound the "
+    "accuracy of what the head answers."), show_default=False)
 OVERWRITE_SUGGESTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace -o if it exists.")
 FIT_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON here instead of beside the fitted spec.")
 OVERWRITE_FITTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the fitted spec, its head and figures if they exist.")

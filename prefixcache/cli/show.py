@@ -158,7 +158,8 @@ def print_bench(report: BenchReport) -> None:
         )
     out.print(table)
     out.print(
-        (f"matmul peak {report.peak_gflops:.0f} GFLOP/s · " if report.peak_gflops else "") + f"unavoidable work {report.unavoidable_gflop:.2f} GFLOP/item "
+        (f"{report.dtype} matmul peak {report.peak_gflops:.0f} {'GOP' if report.dtype == 'int8' else 'GFLOP'}/s · "
+         if report.peak_gflops else "") + f"unavoidable work {report.unavoidable_gflop:.2f} GFLOP/item "
         f"({report.item_tokens:.1f} item tokens + {report.candidate_tokens:.1f} label tokens) · "
         f"prefix {report.prefix_tokens} tokens, prefill {report.prefill_ms:.0f} ms · load {report.load_seconds:.1f} s\n"
         f"run pipeline vs one full forward per item and label: {'~' if report.modes[1].estimated else ''}"
@@ -360,6 +361,10 @@ def suggest_summary(result: SuggestResult) -> str:
         line += f" ({plan.left_out:,} labelled already left out)"
     if plan.copies:
         line += f" ({plan.copies:,} copies of a text offered once)"
+    if result.audited:
+        return (f"suggested {n} of the {len(plan.pool):,} items the run answered ({plan.unanswered:,} it abstained on "
+                f"or did not answer left out): drawn at random (picked_by: audit); fill in the gold column, then run "
+                f"the spec on the file with --min-answered-accuracy · wrote {', '.join(map(str, result.written))}")
     if result.drawn:
         return line + (f": drawn at random (picked_by: random), so that fit estimates on rows like those it will "
                        f"answer; fill in the gold column · wrote {', '.join(map(str, result.written))}")

@@ -11,6 +11,10 @@ template fields and, in the gold column `fit` reads, the head's guess for the pe
 An item already labelled is never suggested: by id, and by what its template fields say (a copy
 of a text under another id). Labelled are the items the spec's head was fitted on (the head file
 lists them), those of the files given with `--labelled`, and pool items whose gold is filled in.
+
+Two draws read no model: `--random`, a uniform sample of the pool (the rows `fit` estimates on),
+and `--audit OUTPUT`, a uniform sample of the items a run's records (OUTPUT, the run of the pool)
+answered, for `run --min-answered-accuracy` to bound the answered items' accuracy.
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ..data.items import Item, read_items, text_digest
-from ..data.output import check_distinct
-from ..data.records import id_text
-from ..errors import UsageError
+from ..data.items import Item, item_sha, read_items, text_digest
+from ..data.output import check_distinct, read_records
+from ..data.records import id_text, record_id
+from ..errors import InputError, UsageError
 from ..run.options import RunOptions
 from ..run.plan import load_options_spec
 from ..run.review import gold_column, write_review
@@ -48,6 +52,7 @@ class SuggestOptions:
     labelled: tuple[str, ...] = ()  # files of labelled items, never suggested
     overwrite: bool = False
     random: bool = False  # a uniform sample of the pool (no model): rows `fit` estimates on
+    audit: Optional[str] = None  # a run's output of the pool: a uniform sample of the items it answered
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class SuggestPlan:
     pool: list[Item]  # the unlabelled items, in file order
     left_out: int  # pool items labelled already (by id, text or a filled gold)
     copies: int = 0  # pool items whose text an earlier one has (each text is offered once)
+    unanswered: int = 0  # --audit: pool items the run abstained on, failed on or has no record of
 
 
 def without_gold(spec: TaskSpec) -> TaskSpec:
@@ -82,7 +88,12 @@ class SuggestResult:
     ms_per_item: float
     pool_margin: Optional[float] = None  # the pool's median margin (None without a head)
     written: list[Path] = field(default_factory=list)
-    drawn: bool = False  # --random: a uniform sample, no model read
+    drawn: str = ""  # a uniform sample, no model read: RANDOM (--random) or AUDIT (--audit)
+
+    @property
+    def audited(self) -> bool:
+        """Drawn from the items a run answered (`--audit`)."""
+        return self.drawn == AUDIT
 
 
 def plan_suggest(options: SuggestOptions) -> SuggestPlan:
@@ -90,6 +101,8 @@ def plan_suggest(options: SuggestOptions) -> SuggestPlan:
     o = options.run
     if options.n < 1:
         raise UsageError("-n must be 1 or more")
+    if options.random and options.audit is not None:
+        raise UsageError("--random draws from the whole pool and --audit from the items a run answered: give one")
     spec = load_options_spec(o, read_spec_file(o.spec))
     if spec.choices:
         raise UsageError(f"{o.spec}: suggest picks items for a head of one set of answers; with 'choices' each item "
@@ -97,6 +110,7 @@ def plan_suggest(options: SuggestOptions) -> SuggestPlan:
     check_tuned_output(options.output, o.spec, options.overwrite)
     check_distinct({"-o": options.output}, {"POOL": o.items, "the spec": o.spec,
                                             "the spec's head": spec.head.path if spec.head is not None else None,
+                                            "--audit": options.audit,
                                             **{f"--labelled {p}": p for p in options.labelled}})
     pool = labelled_items(o.items, o, [without_gold(spec)], "suggest reads its pool from a file")
     known = known_items(spec, options.labelled, o)
@@ -108,7 +122,33 @@ def plan_suggest(options: SuggestOptions) -> SuggestPlan:
         raise UsageError(f"{o.items}: every item of the pool is labelled already (by id, text or a gold value): "
                          f"nothing to suggest")
     fresh = distinct(unlabelled, fields)
-    return SuggestPlan(spec, fresh, len(pool) - len(unlabelled), len(unlabelled) - len(fresh))
+    audited = answered_items(options.audit, fresh, spec) if options.audit is not None else fresh
+    return SuggestPlan(spec, audited, len(pool) - len(unlabelled), len(unlabelled) - len(fresh),
+                       len(fresh) - len(audited))
+
+
+def answered_items(output: str, items: Sequence[Item], spec: TaskSpec) -> list[Item]:
+    """`--audit`: the items a run's records answered (a label, not an abstention or an error), in
+    pool order. Refused where the records do not say it: a spec of tags or questions, a record
+    scored from other fields than the pool's item (the pool is not the input of that run), or no
+    item answered."""
+    if spec.multi_label or spec.questions:
+        raise UsageError(f"--audit draws the items a head of one set of labels answered; "
+                         f"{'tags' if spec.multi_label else 'questions'} have no answered items to audit")
+    records = {record_id(r): r for r in read_records(output).records}
+    answered = []
+    for item in items:
+        record = records.get(id_text(item.id))
+        if record is None or "error" in record or record.get("label") is None:
+            continue
+        if record.get("item_sha") not in (None, item_sha(item.record)):
+            raise InputError(f"{output}: item {item.id!r} was scored from other fields than the pool's: --audit draws "
+                             f"from the items of the run that wrote {output}; give that run's input as POOL")
+        answered.append(item)
+    if not answered:
+        raise UsageError(f"{output}: no item of the pool was answered there (abstained, failed or not run): "
+                         f"nothing to audit")
+    return answered
 
 
 def distinct(items: Sequence[Item], fields: Sequence[str]) -> list[Item]:
@@ -150,7 +190,7 @@ def suggest(options: SuggestOptions, step: Step = lambda what, done, total: None
     from .picking import pick
 
     plan = plan or plan_suggest(options)
-    if options.random:
+    if options.random or options.audit is not None:
         return _drawn(options, plan)
     o = options.run
     scorer = fit_scorer(without_gold(plan.spec), o.scoring())
@@ -168,16 +208,18 @@ def suggest(options: SuggestOptions, step: Step = lambda what, done, total: None
 
 PICKED_BY = "picked_by"  # how a suggested row was chosen: "random" rows are those `fit` estimates on
 RANDOM = "random"
+AUDIT = "audit"  # drawn at random from the answered items only: not the pool's mix, so fit does not estimate on it
 
 
 def _drawn(options: SuggestOptions, plan: SuggestPlan) -> SuggestResult:
-    """`--random`: a uniform sample of the unlabelled pool (seeded), read by no model, its gold
-    columns empty (no guess to anchor the person labelling)."""
+    """`--random` or `--audit`: a uniform sample of the plan's items (seeded), read by no model,
+    its gold columns empty (no guess to anchor the person labelling)."""
     rng = np.random.default_rng(options.seed)
     chosen = sorted(rng.choice(len(plan.pool), size=min(options.n, len(plan.pool)), replace=False))
-    rows = [{**row(plan.spec, plan.pool[i], None, None), PICKED_BY: RANDOM} for i in chosen]
+    how = RANDOM if options.audit is None else AUDIT
+    rows = [{**row(plan.spec, plan.pool[i], None, None), PICKED_BY: how} for i in chosen]
     write_review(options.output, rows, "the suggested items")
-    return SuggestResult(plan, rows, 0, 0.0, None, [options.output], drawn=True)
+    return SuggestResult(plan, rows, 0, 0.0, None, [options.output], drawn=how)
 
 
 def row(spec: TaskSpec, item: Item, guesses: Optional[dict[str, tuple[str, float]]], margin: Optional[float]

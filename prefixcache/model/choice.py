@@ -44,13 +44,23 @@ def pick_engine(source: ModelSource, asked: str | None, device: str = "auto", dt
     dtype and --exact asked; `float32_bytes`: the model's weights as float32 (None: not known).
     Raises UsageError when `asked` cannot be had, saying what can."""
     asked = asked or "auto"
-    default = default_backend().name
     if asked != "auto":
         backend = backend_named(asked)
         refusal = backend.refusal(source, device, dtype, exact)
         if refusal:
             raise UsageError(f"--backend {asked}: {refusal}")
         return Picked(asked, ASKED)
+    picked = _auto(source, device, dtype, exact, float32_bytes)
+    refusal = backend_named(picked.name).refusal(source, device, dtype, exact)
+    if refusal:
+        raise UsageError(refusal)
+    return picked
+
+
+def _auto(source: ModelSource, device: str, dtype: str, exact: bool, float32_bytes: int | None) -> Picked:
+    """auto's choice: the engine that keeps a GGUF file quantised for a model of a billion
+    parameters or more, where it can run it as asked; else the default."""
+    default = default_backend().name
     if source.kind != "gguf":
         return Picked(default, "not a GGUF file")
     kept = quantised_backend()

@@ -198,18 +198,37 @@ def _transformers_make(load: Load) -> Any:
         torch.set_num_threads(load.threads)
     device = pick_device(load.device)
     _slow_precision(load.dtype, device)
-    return Engine(load_model(load.source, load.tokenizer, load.cache_dir, device, pick_dtype(load.dtype, device)))
+    model = load_model(load.source, load.tokenizer, load.cache_dir, device, pick_dtype(load.dtype, device))
+    if load.dtype == "int8":
+        from .int8 import quantise
+
+        quantise(model)
+    return Engine(model)
 
 
 def _slow_precision(dtype: str, device: str) -> None:
     """Warn where a low precision asked for is slower than float32: a CPU without bfloat16 matrix
-    instructions emulates them (measured: bfloat16 6.3x slower than float32 there)."""
+    instructions emulates them (measured: bfloat16 6.3x slower than float32 there); one without
+    int8 dot products gains little from int8."""
     from .. import compat
 
     if device == "cpu" and dtype in ("bfloat16", "float16") and not compat.bf16_matmul(device):
         log.warning("--dtype %s: this CPU has no bfloat16 matrix instructions (AVX-512 BF16 or AMX), so it "
                     "computes several times slower than float32 (measured 6.3x); --dtype float32 (or auto) is "
                     "faster and exact", dtype)
+    if device == "cpu" and dtype == "int8" and not compat.int8_matmul(device):
+        log.warning("--dtype int8: this CPU has no int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX), "
+                    "so int8 may be no faster than float32; bench times both")
+
+
+def _transformers_refusal(source: ModelSource, device: str, dtype: str, exact: bool) -> str | None:
+    from .int8 import INSTALL, installed
+
+    if dtype == "int8" and not installed():
+        return f"--dtype int8 needs torchao: {INSTALL}"
+    if dtype == "int8" and device not in ("auto", "cpu", None) and not str(device).startswith("cuda"):
+        return f"--dtype int8 runs on the CPU or CUDA, not {device}"
+    return None
 
 
 def _llama_gpu(device: str) -> bool:
@@ -270,13 +289,13 @@ def _llama_refusal(source: ModelSource, device: str, dtype: str, exact: bool) ->
     if exact:
         return "--exact scores close calls again in float32 on transformers; llama.cpp has no float32 twin of a file"
     if dtype not in ("auto", None):
-        return f"--dtype {dtype}: llama.cpp computes in the GGUF file's own types"
+        return f"--dtype {dtype}: llama.cpp computes in the GGUF file's own types (transformers runs --dtype)"
     if device not in ("auto", "cpu", None) and not gpu_build():
         return f"--device {device}: this llama.cpp was built for the CPU only (docs/models.md: a GPU build)"
     return None
 
 
-register(Backend("transformers", "transformers", _transformers_make, footprint=_transformers_footprint,
-                 float32_twin=True))
+register(Backend("transformers", "transformers", _transformers_make, refusal=_transformers_refusal,
+                 footprint=_transformers_footprint, float32_twin=True))
 register(Backend("llama.cpp", "llama_cpp_python", _llama_make, refusal=_llama_refusal, footprint=_llama_footprint,
                  file_precision=True, max_leaves=MAX_SEQUENCES - 1))

@@ -349,7 +349,8 @@ def pick_device(device: str = "auto") -> str:
     return device
 
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "int8")
+LOW_PRECISION = ("bfloat16", "float16", "int8")  # what --exact re-scores in float32
 
 
 def dtype_name(dtype: str, device: str) -> str:
@@ -359,16 +360,18 @@ def dtype_name(dtype: str, device: str) -> str:
     if dtype == "auto":
         return "float32"
     if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+        raise UsageError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16, float16 or int8")
     return dtype
 
 
 def pick_dtype(dtype: str, device: str) -> torch.dtype:
+    """The dtype the weights load in: int8's are loaded in float32, then quantised (model/int8.py)."""
     import torch
 
     if dtype == "auto" and device == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return getattr(torch, dtype_name(dtype, device))
+    name = dtype_name(dtype, device)
+    return torch.float32 if name == "int8" else getattr(torch, name)
 
 
 def load_weights(path: str, dtype: torch.dtype, **kwargs: Any) -> PreTrainedModel:

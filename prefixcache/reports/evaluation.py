@@ -85,6 +85,14 @@ class Gated:
         """(right, answered) among the items with gold that were answered (not abstained, not failed)."""
         return 0, 0
 
+    def answered_figures(self) -> dict[str, float]:
+        """The answered items' accuracy and its exact 95% lower bound (none when nothing was answered)."""
+        right, answered = self.answered_record()
+        if not answered:
+            return {}
+        return {"answered_accuracy": right / answered,
+                "answered_accuracy_low": round(exact_lower_bound(right, answered), 6)}
+
     def to_junit(self, gates: "Gates", name: str = "prefixcache", seconds: float = 0.0) -> str:
         """A JUnit XML report with stable test names (CI history follows them from run to run):
         "accuracy" and one "recall[<label>]" per label. A case fails only against a stated gate
@@ -180,10 +188,8 @@ class Evaluation(Gated):
             "items": self.n, "correct": self.correct, "accuracy": self.accuracy,
             "abstained": self.abstained, "failed": self.failed, "coverage": self.coverage, "ece": self.ece,
         }
-        right, answered = self.answered_record()
-        if self.abstained and answered:  # an abstaining head: what its answers are worth, with its exact bound
-            data["answered_accuracy"] = right / answered
-            data["answered_accuracy_low"] = round(exact_lower_bound(right, answered), 6)
+        if self.abstained:  # an abstaining head: what its answers are worth, with its exact bound
+            data.update(self.answered_figures())
         if self.bounded:
             data["items_with_pruned_labels"] = self.bounded  # their decision is full scoring's
         if self.labels is not None:
@@ -414,6 +420,8 @@ def write_reports(evaluation: Evaluation | TagEvaluation, metrics: Optional[Path
     if metrics:
         figures = {**evaluation.to_json(), "min_accuracy": gates.min_accuracy, "min_recall": gates.min_recall,
                    "gates_failed": evaluation.gate_failures(gates)}
+        if gates.min_answered is not None:  # an audit: its figures even where no item abstained
+            figures.update(evaluation.answered_figures(), min_answered_accuracy=gates.min_answered)
         write_report_file(metrics, json.dumps(figures, indent=2) + "\n")
     if summary_md:
         write_report_file(summary_md, evaluation.to_markdown(gates, about=about), append=True)  # as CI step summaries do

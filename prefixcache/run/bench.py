@@ -34,6 +34,7 @@ from ..scoring.build import build_scorer
 from ..scoring.options import ScoringOptions
 from ..scoring.scorer import Scorer
 from ..model.engines import default_backend
+from ..model.load import LOW_PRECISION
 from ..model.store import PrefixStore
 from ..scoring.prepare import Batching, Prepared, Task
 
@@ -560,8 +561,8 @@ def bench_exact(task: Task, items: Sequence[Item], options: ScoringOptions, batc
                 step: Step = _quiet) -> PrecisionReport:
     """Load the float32 and the low-precision models and time the three ways of scoring (each
     prefix prefilled, every label scored: precision is what is compared)."""
-    if options.dtype not in ("bfloat16", "float16"):
-        raise UsageError("bench --exact compares float32 with a low precision: give --dtype bfloat16 (or float16)")
+    if options.dtype not in LOW_PRECISION:
+        raise UsageError("bench --exact compares float32 with a low precision: give --dtype bfloat16 (or int8, float16)")
     step("loading the float32 and the low-precision models")
     plain = options.replace(prune="off", cache_store=False, exact=False)
     fp32, fast = build_scorer(task, plain.replace(dtype="float32")), build_scorer(task, plain)

@@ -26,7 +26,7 @@ Format = Literal["jsonl", "csv", "tsv", "json", "parquet"]
 OutFormat = Literal["jsonl", "csv"]
 OnError = Literal["fail", "skip"]
 Prune = Literal["auto", "on", "exact", "off"]
-Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Dtype = Literal["auto", "float32", "bfloat16", "float16", "int8"]
 
 
 def field_list(text: Optional[str]) -> tuple[str, ...]:
@@ -146,7 +146,8 @@ class RunOptions:
     device: str = _opt("auto", "--device", group="device", envvar="PREFIXCACHE_DEVICE", metavar="auto|cpu|cuda|cuda:N|mps",
                        help="Where the model runs (auto: CUDA when present, else the CPU).")
     dtype: str = _opt("auto", "--dtype", group="device", envvar="PREFIXCACHE_DTYPE", cli_type=Dtype,
-                      help="auto: float32 on the CPU, bfloat16 (or float16) on CUDA.")
+                      help=("auto: float32 on the CPU, bfloat16 (or float16) on CUDA. int8: the linear layers' weights "
+                            "and activations in int8 on the int8 dot-product units (needs the int8 extra)."))
     backend: Optional[str] = _opt(None, "--backend", group="device", envvar="PREFIXCACHE_BACKEND", cli_type=Optional[str],
                                   metavar=f"<{'|'.join(engines())}>",
                                   help=(
@@ -156,7 +157,7 @@ class RunOptions:
     threads: Optional[int] = _opt(None, "--threads", group="device", envvar="PREFIXCACHE_THREADS", min=1,
                                   help="CPU threads the model computes with (default: every core).")
     exact: bool = _opt(False, "--exact", metavar="", words=_switch("--exact"), help=(
-        "With --dtype bfloat16: score in bfloat16, then score again in float32 the items whose decision rounding "
+        "With --dtype bfloat16 (or int8): score in it, then score again in float32 the items whose decision rounding "
         "could change: float32's labels (typed questions: every question's decision), both models in memory. Its "
         "speed depends on how many items are close calls: measured at 0.63-0.91x float32's on the embedded model "
         "(docs/models.md); `bench --exact` measures yours."))

@@ -55,9 +55,9 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
         pick_engine(task.source, options.backend or task.spec.backend, options.device, options.dtype, exact=True)
     store = prefix_store(options)
     device = pick_device(options.device)
-    if options.exact and not compat.bf16_matmul(device):
-        log.warning("this %s has no bfloat16 matrix instructions, so --exact would gain nothing: scoring in float32",
-                    device)
+    if options.exact and not compat.low_precision_pays(options.dtype, device):
+        log.warning("this %s has no %s matrix instructions, so --exact would gain nothing: scoring in float32",
+                    device, options.dtype)
         scorer: ItemScorer = Scorer.load(task, options.cache_dir, options.device, "float32", store,
                                          says_precision=True, backend=twin_backend().name)
     elif options.exact:

@@ -23,7 +23,7 @@ def test_bad_device_and_world_size_in_the_environment(spec_path, tmp_path):
 def test_help_short_flag_and_choices():
     result = invoke("run", "-h", env={"COLUMNS": "120"})
     assert result.exit_code == 0 and "<fail|skip>" in result.stdout and "<jsonl|csv>" in result.stdout
-    assert "<auto|float32|bfloat16|float16>" in result.stdout
+    assert "<auto|float32|bfloat16|float16|int8>" in result.stdout
 
 
 @pytest.mark.parametrize("args, message", [

@@ -180,3 +180,47 @@ def test_random_rows_are_drawn_without_the_model_and_fit_estimates_on_them_alone
     assert result.exit_code == 0, result.output
     notes = json.loads((tmp_path / "few.fit.json").read_text())["questions"][0]["notes"]
     assert any("label rows of `suggest --random`" in n for n in notes), notes
+
+
+def test_an_audit_draws_from_the_items_a_run_answered_and_the_gate_reads_it(fitted, tmp_path):
+    """--audit OUTPUT draws a uniform, seeded sample of the items the run answered (never one it
+    abstained on), read by no model; labelled, the file goes through run --min-answered-accuracy."""
+    _, out, _ = fitted
+    pool = _write(tmp_path / "month.jsonl", _rows(40, start=400, gold=False))
+    first = tmp_path / "first.jsonl"
+    assert invoke("run", out, pool, "-o", first, "-q", "--gold", "").exit_code == 0
+    probs = sorted(json.loads(line)["prob"] for line in first.read_text().splitlines())
+    cut = (probs[len(probs) // 2 - 1] + probs[len(probs) // 2]) / 2  # about half abstain
+    strict = tmp_path / "strict.yaml"
+    head = out.parent / "fitted.head.safetensors"
+    strict.write_text(out.read_text().replace("head: fitted.head.safetensors", f"head: {head}") + f"threshold: {cut}\n")
+    answers = tmp_path / "answers.jsonl"
+    assert invoke("run", strict, pool, "-o", answers, "-q", "--gold", "").exit_code == 0
+    records = {r["id"]: r for r in map(json.loads, answers.read_text().splitlines())}
+    answered = {k for k, r in records.items() if r["label"] is not None}
+    assert 0 < len(answered) < len(records)
+    audit = tmp_path / "audit.csv"
+    result = invoke("suggest", strict, pool, "--audit", answers, "-n", "10", "-o", audit)
+    assert result.exit_code == 0, result.output
+    assert "loading the model" not in result.stderr and "picked_by: audit" in result.stderr
+    assert f"{len(records) - len(answered)} it abstained on" in result.stderr
+    rows = _read(audit)
+    assert len(rows) == min(10, len(answered)) and {r["id"] for r in rows} <= answered
+    assert {r["picked_by"] for r in rows} == {"audit"} and all(r["gold"] == "" for r in rows)
+    for r in rows:  # a person labels them: the head's own answer, one of them flipped
+        r["gold"] = records[r["id"]]["label"]
+    rows[0]["gold"] = next(label for label in LABELS if label != rows[0]["gold"])
+    labelled = _write(tmp_path / "audit.jsonl", rows)
+    result = invoke("run", strict, labelled, "-o", tmp_path / "check.jsonl", "--metrics", tmp_path / "m.json",
+                    "--min-answered-accuracy", "0.9")
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["answered_accuracy"] == pytest.approx((len(rows) - 1) / len(rows)), metrics
+    assert metrics["answered_accuracy_low"] < 0.9 and metrics["min_answered_accuracy"] == 0.9
+    assert result.exit_code == 5 and "below --min-answered-accuracy 0.9" in result.stderr, result.output
+    every = invoke("suggest", out, pool, "--audit", first, "-n", "5", "-o", tmp_path / "every.csv")  # no cut: all answered
+    assert every.exit_code == 0 and "suggested 5 of the 40 items the run answered (0 it abstained" in every.stderr
+    result = invoke("suggest", strict, pool, "--audit", answers, "--random", "-n", "3", "-o", tmp_path / "x.csv")
+    assert result.exit_code == 2 and "give one" in result.stderr
+    other = _write(tmp_path / "other.jsonl", [{**r, "text": r["text"] + " edited"} for r in _rows(40, start=400, gold=False)])
+    result = invoke("suggest", strict, other, "--audit", answers, "-n", "3", "-o", tmp_path / "y.csv")
+    assert result.exit_code != 0 and "give that run's input as POOL" in result.stderr

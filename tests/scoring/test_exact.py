@@ -85,8 +85,8 @@ def test_exact_needs_a_low_precision_dtype_and_falls_back_without_bf16_hardware(
     spec, items, fp32 = job
     refused = invoke("run", spec, items, "--exact")
     assert refused.exit_code == 2
-    assert refused.stderr == ("error: --exact re-scores the close calls of a bfloat16 or float16 run in float32: "
-                              "give --dtype bfloat16 (or float16)\n")
+    assert refused.stderr == ("error: --exact re-scores the close calls of a bfloat16, float16 or int8 run in "
+                              "float32: give --dtype bfloat16 (or int8, float16)\n")
     monkeypatch.setattr(compat, "bf16_matmul", lambda device: False)
     out = tmp_path / "fallback.jsonl"
     result = invoke("run", spec, items, "-o", out, "-b", 4, "--dtype", "bfloat16", "--exact")

@@ -1,0 +1,85 @@
+"""`--dtype int8`: the transformers engine's linear layers with int8 weights and int8 activations.
+
+Each linear layer but the output head keeps its weights as int8 with one scale per output channel,
+and quantises its input on the fly with one scale per token (torchao's dynamic int8 scheme): the
+matrix product runs on the CPU's int8 dot-product units (AVX-512 VNNI, AVX-VNNI, AMX) or a GPU's
+int8 tensor cores, accumulating exactly in int32. A token's scale is its own, so an item's numbers
+do not depend on the items batched with it. The output head stays in float32: the log-probability
+of a label token is read from it, and it is a small share of the work on models that answer well.
+
+Example:
+    model = load_model(source, tokenizer, cache_dir, "cpu", torch.float32)
+    quantise(model)   # in place; the engine then says its precision is "int8"
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
+
+from ..errors import ModelError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+INSTALL = "pip install 'prefixcache[int8]' (torchao)"
+PRECISION = "int8"
+KEPT_FLOAT = ("lm_head",)  # module names kept in float32: the head the label scores are read from
+
+
+def installed() -> bool:
+    """Whether torchao can be imported, without importing it (and torch with it)."""
+    from importlib.util import find_spec
+
+    return find_spec("torchao") is not None
+
+
+@contextmanager
+def _quiet_import() -> Iterator[None]:
+    """torchao's import warns of the GPU kernels a CPU build cannot load, and torch of its Enum
+    registrations: nothing a user can act on, so below errors for the import only."""
+    names = ("torchao", "torch.utils._pytree")
+    levels = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def quantise(model: "PreTrainedModel") -> int:
+    """Replace the weights of every linear layer but the output head by int8 ones, in place;
+    returns how many layers were quantised. Raises ModelError in one line where it cannot."""
+    import torch
+
+    if not installed():
+        raise ModelError(f"--dtype int8 needs torchao: {INSTALL}")
+    try:
+        with _quiet_import():
+            from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    except Exception as exc:  # noqa: BLE001 - a torchao built for another torch: one line
+        raise ModelError(f"--dtype int8: torchao cannot be used with this torch ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:160] if str(exc) else ''})")
+    chosen = [name for name, module in model.named_modules() if _quantised(name, module, torch)]
+    if not chosen:
+        raise ModelError("--dtype int8: the model has no linear layers to quantise")
+    wanted = set(chosen)
+    quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=lambda module, name: name in wanted)
+    model._prefixcache_precision = PRECISION  # what the engine says it computes in
+    log.info("int8: %d linear layers quantised (weights per channel, activations per token)", len(chosen))
+    return len(chosen)
+
+
+def _quantised(name: str, module: object, torch: object) -> bool:
+    """A linear layer to quantise: any but the output head."""
+    return isinstance(module, torch.nn.Linear) and name.split(".")[-1] not in KEPT_FLOAT
+
+
+def precision_of(model: "PreTrainedModel") -> str | None:
+    """"int8" for a model `quantise` changed, else None (its parameters' dtype says it)."""
+    return getattr(model, "_prefixcache_precision", None)
