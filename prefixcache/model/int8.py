@@ -71,6 +71,7 @@ def quantise(model: "PreTrainedModel") -> int:
     wanted = set(chosen)
     quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=lambda module, name: name in wanted)
     model._prefixcache_precision = PRECISION  # what the engine says it computes in
+    _give_back_freed()
     log.info("int8: %d linear layers quantised (weights per channel, activations per token)", len(chosen))
     return len(chosen)
 
@@ -78,6 +79,19 @@ def quantise(model: "PreTrainedModel") -> int:
 def _quantised(name: str, module: object, torch: object) -> bool:
     """A linear layer to quantise: any but the output head."""
     return isinstance(module, torch.nn.Linear) and name.split(".")[-1] not in KEPT_FLOAT
+
+
+def _give_back_freed() -> None:
+    """The float32 weights the int8 ones replaced, handed back to the system (glibc keeps freed
+    memory otherwise: measured 3.3 GB resident for a 0.5B model, 2.1 GB after)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator keeps what it keeps
+        pass
 
 
 def precision_of(model: "PreTrainedModel") -> str | None:

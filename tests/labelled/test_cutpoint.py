@@ -220,3 +220,21 @@ def test_a_certified_cut_holds_for_the_head_that_runs_on_fresh_rows_over_many_se
         answered = probs.max(axis=1) >= judged.cut.chosen.cut
         misses += (probs.argmax(axis=1)[answered] == truth[answered]).mean() < 0.9
     assert certified >= 10 and misses <= 1, (certified, misses)
+
+
+def test_an_accuracy_interval_is_never_narrower_than_the_exact_one():
+    """The bootstrap's percentile interval is empty at a perfect score and too narrow on a few
+    dozen rows: a held-out accuracy's interval holds the two-sided exact one at least."""
+    from prefixcache.labelled.heads import Labelled, figures
+
+    for right, n in ((40, 40), (36, 40), (0, 12)):
+        gold = np.arange(n) % 2
+        said = np.where(np.arange(n) < right, gold, 1 - gold)
+        data = Labelled("q", ("a", "b"), False, {"state": np.zeros((n, 1, 2))}, np.zeros((n, 2)), gold,
+                        np.full((n, 2), 0.5), said)
+        accuracy = figures(data, said, np.full((n, 2), 0.5), seed=0)["accuracy"]
+        low, high = bounds(right, n, 0.975)
+        assert accuracy.value == right / n and accuracy.low <= low + 1e-12 and accuracy.high >= high - 1e-12
+    assert figures(data, said, np.full((n, 2), 0.5), seed=0)["accuracy"].high > 0.2  # 0 of 12: not [0, 0]
+    perfect = bounds(40, 40, 0.975)[0]
+    assert 0.9 < perfect < 0.92  # 40 of 40 right: the accuracy may be as low as 0.912
