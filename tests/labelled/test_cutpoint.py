@@ -238,3 +238,34 @@ def test_an_accuracy_interval_is_never_narrower_than_the_exact_one():
     assert figures(data, said, np.full((n, 2), 0.5), seed=0)["accuracy"].high > 0.2  # 0 of 12: not [0, 0]
     perfect = bounds(40, 40, 0.975)[0]
     assert 0.9 < perfect < 0.92  # 40 of 40 right: the accuracy may be as low as 0.912
+
+
+def test_estimates_on_a_mix_of_picked_and_random_rows_describe_the_pool_not_the_picked_rows():
+    """Known truth: rows near the classes' boundaries (the least sure, as suggest picks them) mixed
+    with rows drawn at random. Marked as picked, the estimate stands on the random rows and comes
+    out near the written head's accuracy on fresh rows of the pool; counted as random, it falls
+    well below it (the picked rows are the hardest by construction)."""
+    from prefixcache.labelled.heads import Labelled, judge
+
+    means = np.random.default_rng(7).standard_normal((3, 8)) * 1.2
+    marked, unmarked = [], []
+    for seed in range(8):
+        rng = np.random.default_rng(100 + seed)
+        pool, pool_gold = _gaussian_rows(rng, 4000, means)
+        distance = np.linalg.norm(pool[:, None, :] - means[None], axis=2)
+        ordered = np.sort(distance, axis=1)
+        hardest = np.argsort(ordered[:, 1] - ordered[:, 0])[:80]  # smallest margin between the two nearest classes
+        drawn = rng.choice(np.setdiff1d(np.arange(4000), hardest), 80, replace=False)
+        rows = np.concatenate([hardest, drawn])
+        picked = np.arange(len(rows)) < len(hardest)
+        x, gold = pool[rows], pool_gold[rows]
+        fresh, truth = _gaussian_rows(rng, 20000, means)
+        for mask, out in ((picked, marked), (None, unmarked)):
+            data = Labelled("q", ("a", "b", "c"), False, {"state": x[:, None, :]}, np.zeros((len(rows), 3)), gold,
+                            np.full((len(rows), 3), 1 / 3), gold, picked=mask)
+            judged, head = judge(data, 5, seed, feature_sets=("state",))
+            logits = ((fresh - head.mean) / head.scale) @ head.coef.T + head.intercept
+            realised = (logits.argmax(axis=1) == truth).mean()
+            out.append(judged.head["accuracy"].value - realised)
+    assert abs(np.mean(marked)) < 0.04, marked  # about the pool's accuracy (the fold heads train on 4/5 of the rows)
+    assert np.mean(unmarked) < np.mean(marked) - 0.1, (unmarked, marked)  # the picked rows drag it down
