@@ -47,7 +47,7 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
     there (else prefilled and kept), pruning decided. With `exact`, a low-precision scorer whose
     close calls a float32 twin scores again (float32 alone on hardware without bfloat16 matrix
     instructions, where that would gain nothing)."""
-    from .exact import CheckedScorer
+    from .exact import TWIN_WHY, CheckedScorer
 
     if options.exact and task.spec.head is not None:
         raise UsageError(exact_refusal(task.spec.head))
@@ -59,7 +59,7 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
         log.warning("this %s has no %s matrix instructions, so --exact would gain nothing: scoring in float32",
                     device, options.dtype)
         scorer: ItemScorer = Scorer.load(task, options.cache_dir, options.device, "float32", store,
-                                         says_precision=True, backend=twin_backend().name)
+                                         says_precision=True, backend=twin_backend().name, why=TWIN_WHY)
     elif options.exact:
         scorer = CheckedScorer.pair(task, options.cache_dir, options.device, options.dtype, store)
     else:

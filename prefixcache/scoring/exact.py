@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 SAFETY = 2.0  # the bound is this many times the largest rounding shift measured
 FLOOR = 0.02  # never below this gap (in log-probability)
 PAYS = 0.8  # the low-precision pass and its re-scoring must cost at most this share of float32 alone
+TWIN_WHY = "--exact: the engine that loads a float32 twin"  # said for the engine --exact names
 FLOAT32_ONLY = 1e9  # the bound that means: every call is close, so items are scored in float32 alone
 
 
@@ -64,8 +65,8 @@ class CheckedScorer(Scorer):
         """The low-precision scorer and its float32 twin (both models in memory; each prefix
         prefilled, or loaded from the store, once)."""
         twin = twin_backend().name
-        fast = cls.load(task, cache_dir, device, dtype, store, says_precision=True, backend=twin)
-        fast.exact = Scorer.load(task, cache_dir, device, "float32", store, backend=twin)
+        fast = cls.load(task, cache_dir, device, dtype, store, says_precision=True, backend=twin, why=TWIN_WHY)
+        fast.exact = Scorer.load(task, cache_dir, device, "float32", store, backend=twin, why=TWIN_WHY)
         return fast
 
     def precision(self, key: tuple) -> str | None:

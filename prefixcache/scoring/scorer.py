@@ -43,15 +43,17 @@ MIN_RACE_TOKENS = 128  # candidate tokens an item from which pruning may pay (me
 
 
 def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto", backend: str | None = None,
-                threads: int | None = None) -> ScoringEngine:
+                threads: int | None = None, why: str | None = None) -> ScoringEngine:
     """The task's model on `device` in `dtype` ("auto": see model/load.py), as an engine of the
     backend asked (None: the spec's, else auto: model/choice.py); its limits checked and its memory
-    said first, a model that would not fit refused before it loads (model/engines.py)."""
+    said first, a model that would not fit refused before it loads (model/engines.py). `why`: the
+    reason to log for the engine when the program, not the user, named it (--exact's twin)."""
     picked = pick_engine(task.source, backend or task.spec.backend, device, dtype,
                          float32_bytes=float32_bytes(task.source, cache_dir))
     chosen = backend_named(picked.name)
     said = log.info if chosen is not default_backend() or backend or task.spec.backend else log.debug
-    said("backend: %s%s", picked.name, f" ({picked.why})" if picked.why else "")
+    reason = why or picked.why
+    said("backend: %s%s", picked.name, f" ({reason})" if reason else "")
     same = None if task.spec.choices else tuple(task.builder.candidates.values())  # known before the model loads
     return open_engine(chosen, Load(task.source, task.tokenizer, cache_dir, device, dtype, threads,
                                     len(task.builder.prefix_ids), BATCH_TOKENS, same))
@@ -162,13 +164,13 @@ class Scorer:
     @classmethod
     def load(cls, task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto",
              store: PrefixStore | None = None, says_precision: bool = False, backend: str | None = None,
-             threads: int | None = None, prompt_scores: bool = False) -> "Scorer":
+             threads: int | None = None, prompt_scores: bool = False, why: str | None = None) -> "Scorer":
         """Load the task's model and get the prefilled prefix: from `store` when it has it, else by
         prefilling (and then keeping it there). `says_precision`: records name the precision that
         scored them. `backend`, `threads`: as `load_engine`. `prompt_scores`: a head that could
         answer alone has the options scored too (scoring/reading.py)."""
         start = time.perf_counter()
-        engine = load_engine(task, cache_dir, device, dtype, backend, threads)
+        engine = load_engine(task, cache_dir, device, dtype, backend, threads, why)
         return cls.on(task, engine, store, time.perf_counter() - start, says_precision, prompt_scores)
 
     @classmethod
