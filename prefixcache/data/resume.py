@@ -34,7 +34,9 @@ log = logging.getLogger("prefixcache")
 Named = Callable[[str, Any], Optional[str]]  # a fingerprint key and value -> the option that gives it, or None
 EXACT_BOUND = "exact_bound"  # --exact: the re-scoring bound reached, kept for a run that continues the output
 
+BATCH_MOVES = "scores_move_with_batch"  # derived from the engine and precision
 _THING_OF = {"spec": "another version of the spec file", "model": "another model",
+             BATCH_MOVES: "another rule for whether its scores move with the batch (another prefixcache version)",
              "engine_version": "another version of its engine (its numbers may differ)",
              "of": "another number of items (--limit)"}
 
@@ -47,7 +49,9 @@ def check_fingerprint(output: str, previous: Mapping[str, Any], fingerprint: Map
     changed = [k for k in fingerprint if k not in ("input", "input_bytes") and k in previous
                and previous[k] != fingerprint[k]]  # keys an older version did not record are not compared
     if "engine" in changed:  # its version and precision follow from the engine: naming the engine says all
-        changed = [k for k in changed if k not in ("engine_version", "dtype")]
+        changed = [k for k in changed if k not in ("engine_version", "dtype", BATCH_MOVES)]
+    if "dtype" in changed:  # whether the scores move with the batch follows from the precision
+        changed = [k for k in changed if k != BATCH_MOVES]
     if not changed:
         return
     if changed == ["gold"]:

@@ -59,6 +59,8 @@ class Backend:
         file_precision: it computes in the model file's own types, not a dtype asked for.
         max_leaves: the most candidate leaves (of their token trie) an item may have; None: no limit.
         stores_prefix: its prefilled prefix can be exported and restored (the prefix store).
+        moves_with_batch: whether, at a precision (in words), an item's scores move beyond float
+            rounding with the items decoded beside it (quantised kernels): said in the fingerprint.
     """
 
     name: str
@@ -70,6 +72,7 @@ class Backend:
     file_precision: bool = False
     max_leaves: int | None = None
     stores_prefix: bool = True
+    moves_with_batch: Callable[[str], bool] = lambda precision: False
 
     def version(self) -> str:
         """The installed version of what computes (part of an output's identity)."""
@@ -296,6 +299,7 @@ def _llama_refusal(source: ModelSource, device: str, dtype: str, exact: bool) ->
 
 
 register(Backend("transformers", "transformers", _transformers_make, refusal=_transformers_refusal,
-                 footprint=_transformers_footprint, float32_twin=True))
+                 footprint=_transformers_footprint, float32_twin=True,
+                 moves_with_batch=lambda precision: precision == "int8"))
 register(Backend("llama.cpp", "llama_cpp_python", _llama_make, refusal=_llama_refusal, footprint=_llama_footprint,
-                 file_precision=True, max_leaves=MAX_SEQUENCES - 1))
+                 file_precision=True, max_leaves=MAX_SEQUENCES - 1, moves_with_batch=lambda precision: True))

@@ -59,12 +59,15 @@ class Plan:
         spec given through a pipe is told from another."""
         o, device = self.options, pick_device(self.device)
         backend = run_engine(self.spec, o)
+        precision = backend.precision(dtype_name(o.dtype, device))
         return {
             "spec": self.spec.digest or file_digest(str(o.spec)), "gold": self.spec.gold,
             "model": model_identity(spec_model(self.spec)),
             "input": file_digest(o.items), "input_bytes": None if self.stream else os.path.getsize(o.items),
             "engine": backend.name, "engine_version": backend.version(), "device": device.split(":")[0],
-            "dtype": backend.precision(dtype_name(o.dtype, device)),
+            "dtype": precision,
+            # its numbers move with the batch (quantised kernels): the batch options below are what reproduces them
+            "scores_move_with_batch": backend.moves_with_batch(precision),
             "batch_size": o.batch_size, "batch_tokens": o.batch_tokens,
             "keep": "all" if self.keep is None else list(self.keep), "exact": o.exact,
             **({"head": self.spec.head.digest} if self.spec.head else {}),

@@ -44,7 +44,9 @@ def test_records_say_int8_and_a_rerun_with_the_same_batches_gives_the_same_bits(
     assert "cpu int8" in result.stderr and "linear layers quantised" in result.stderr
     fingerprint = json.loads((tmp_path / "first.jsonl.prefixcache.json").read_text())
     assert fingerprint["dtype"] == "int8" and fingerprint["engine"] == "transformers"
-    assert fingerprint["batch_size"] == 8
+    assert fingerprint["batch_size"] == 8 and fingerprint["scores_move_with_batch"] is True
+    float32 = json.loads((tmp_path / "fp32.jsonl.prefixcache.json").read_text())
+    assert float32["scores_move_with_batch"] is False
     _, again = _run(spec, items, tmp_path / "again.jsonl", "-b", 8)
     assert again == {k: {**r, "ms": again[k]["ms"]} for k, r in first.items()}
     drift = max(abs(first[r["id"]]["logprobs"][k] - r["logprobs"][k]) for r in fp32 for k in r["logprobs"])
@@ -71,6 +73,7 @@ def test_a_resume_in_float32_of_an_int8_output_is_refused(job, tmp_path):
     out.write_text("".join(lines[:5]))
     result = invoke("run", spec, items, "-o", out, "--resume", "--dtype", "float32")
     assert result.exit_code != 0 and "int8" in result.stderr and "float32" in result.stderr, result.output
+    assert "move with the batch" not in result.stderr  # follows from the precision: named once, as the dtype
 
 
 def test_without_torchao_it_is_refused_in_one_line_before_the_model_loads(job, tmp_path, monkeypatch):

@@ -281,6 +281,7 @@ def test_a_quantised_files_records_are_the_same_after_a_stop_and_resume(tmp_path
     whole = tmp_path / "whole.jsonl"
     assert invoke("run", spec, items, "-o", whole, *common).exit_code == 0
     assert records(pairs) != records(whole)
+    assert json.loads((tmp_path / "whole.jsonl.prefixcache.json").read_text())["scores_move_with_batch"] is True
     stopped = tmp_path / "stopped.jsonl"
     stopped.write_text("".join(whole.read_text().splitlines(keepends=True)[:2]))  # stopped inside the first batch
     (tmp_path / "stopped.jsonl.prefixcache.json").write_text((tmp_path / "whole.jsonl.prefixcache.json").read_text())
