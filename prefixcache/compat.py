@@ -232,8 +232,8 @@ def quiet_libraries() -> None:
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
-    for name in ("torchao", "torch.utils._pytree"):  # torchao's import (transformers imports it where installed)
-        std_logging.getLogger(name).setLevel(std_logging.ERROR)  # warns of GPU kernels and Enum registrations
+    for name in NOISY_IMPORTS:
+        std_logging.getLogger(name).setLevel(std_logging.ERROR)
     try:  # the hub client's retry chatter, when the network is down
         from huggingface_hub.utils import logging as hub_logging
 
@@ -242,17 +242,37 @@ def quiet_libraries() -> None:
         pass
 
 
+# torchao's import (transformers imports it wherever it is installed) warns of the GPU kernels a CPU
+# build cannot load, and torch of its Enum registrations: nothing a user can act on
+NOISY_IMPORTS = ("torchao", "torch.utils._pytree")
+
+
+@contextmanager
+def quiet_loggers(names: Sequence[str] = NOISY_IMPORTS) -> Iterator[None]:
+    """The named loggers below errors for the length of a block, then as they were."""
+    levels = {name: std_logging.getLogger(name).level for name in names}
+    for name in names:
+        std_logging.getLogger(name).setLevel(std_logging.ERROR)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            std_logging.getLogger(name).setLevel(level)
+
+
 @contextmanager
 def quietly() -> Iterator[None]:
-    """transformers' advice and progress bars off for the length of a block, then as they were:
-    for the Python API, which prints nothing of its own but a bar it was asked for."""
+    """transformers' advice and progress bars (and torchao's import warnings) off for the length
+    of a block, then as they were: for the Python API, which prints nothing of its own but a bar
+    it was asked for."""
     from transformers.utils import logging
 
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()
     logging.disable_progress_bar()
     try:
-        yield
+        with quiet_loggers():
+            yield
     finally:
         logging.set_verbosity(verbosity)
         if bars:

@@ -15,9 +15,9 @@ Example:
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
+from .. import compat
 from ..errors import ModelError
 
 if TYPE_CHECKING:
@@ -37,21 +37,6 @@ def installed() -> bool:
     return find_spec("torchao") is not None
 
 
-@contextmanager
-def _quiet_import() -> Iterator[None]:
-    """torchao's import warns of the GPU kernels a CPU build cannot load, and torch of its Enum
-    registrations: nothing a user can act on, so below errors for the import only."""
-    names = ("torchao", "torch.utils._pytree")
-    levels = {name: logging.getLogger(name).level for name in names}
-    for name in names:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
-
-
 def quantise(model: "PreTrainedModel") -> int:
     """Replace the weights of every linear layer but the output head by int8 ones, in place;
     returns how many layers were quantised. Raises ModelError in one line where it cannot."""
@@ -60,7 +45,7 @@ def quantise(model: "PreTrainedModel") -> int:
     if not installed():
         raise ModelError(f"--dtype int8 needs torchao: {INSTALL}")
     try:
-        with _quiet_import():
+        with compat.quiet_loggers():
             from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
     except Exception as exc:  # noqa: BLE001 - a torchao built for another torch: one line
         raise ModelError(f"--dtype int8: torchao cannot be used with this torch ({type(exc).__name__}: "

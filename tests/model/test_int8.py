@@ -93,3 +93,17 @@ def test_a_cpu_without_int8_dot_products_is_warned_of(job, tmp_path, monkeypatch
         result = invoke("run", spec, items, "-o", tmp_path / "w.jsonl", "--dtype", "int8")
     assert result.exit_code == 0, result.output
     assert "no int8 dot-product instructions" in result.stderr + caplog.text
+
+
+def test_with_torchao_installed_the_python_api_prints_nothing_of_its_import(tmp_path, tiny_model_dir):
+    """transformers imports torchao wherever it is installed, and torchao warns of GPU kernels a
+    CPU build cannot load: a classifier's caller sees none of it."""
+    import subprocess
+    import sys
+
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["tech", "billing"])
+    code = ("from prefixcache.api.classifier import Classifier; "
+            f"print(Classifier({str(spec)!r}, progress=False, cache_dir={str(tmp_path / 'cache')!r}).predict(['a bug']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Failed to load" not in done.stderr and "register_constant" not in done.stderr, done.stderr
