@@ -297,13 +297,7 @@ def int8_matmul(device: str) -> bool:
     AMX int8 instructions (read from /proc/cpuinfo; False where it cannot be told)."""
     if device.startswith("cuda"):
         return True
-    if device.startswith("cpu"):
-        try:
-            flags = set(Path("/proc/cpuinfo").read_text().split())
-        except OSError:
-            return False
-        return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
-    return False
+    return device.startswith("cpu") and bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def low_precision_pays(dtype: str, device: str) -> bool:
@@ -318,10 +312,12 @@ def bf16_matmul(device: str) -> bool:
 
     if device.startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if device.startswith("cpu"):
-        try:
-            flags = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-        return "amx_bf16" in flags or "avx512_bf16" in flags
-    return False
+    return device.startswith("cpu") and bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's instruction-set flags (/proc/cpuinfo's words; none where it cannot be read)."""
+    try:
+        return set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return set()
