@@ -61,6 +61,8 @@ class Backend:
         stores_prefix: its prefilled prefix can be exported and restored (the prefix store).
         moves_with_batch: whether, at a precision (in words), an item's scores move beyond float
             rounding with the items decoded beside it (quantised kernels): said in the fingerprint.
+        computes_with: the packages that compute beside it at a precision (in words): their
+            versions are part of its own.
     """
 
     name: str
@@ -73,15 +75,20 @@ class Backend:
     max_leaves: int | None = None
     stores_prefix: bool = True
     moves_with_batch: Callable[[str], bool] = lambda precision: False
+    computes_with: Callable[[str], tuple[str, ...]] = lambda precision: ()
 
-    def version(self) -> str:
-        """The installed version of what computes (part of an output's identity)."""
+    def version(self, precision: str = "") -> str:
+        """The installed version of what computes at `precision` (part of an output's identity and
+        of a kept prefix's key): its package's, and those computing beside it ("5.25.0; torchao 0.18.0")."""
         from importlib.metadata import PackageNotFoundError, version
 
-        try:
-            return version(self.package)
-        except PackageNotFoundError:
-            return "unknown"
+        def of(package: str) -> str:
+            try:
+                return version(package)
+            except PackageNotFoundError:
+                return "unknown"
+
+        return "; ".join([of(self.package)] + [f"{p} {of(p)}" for p in self.computes_with(precision)])
 
     def precision(self, dtype_words: str) -> str:
         """What records say it computes in, given the dtype a run resolved (`dtype_words`)."""
@@ -300,6 +307,7 @@ def _llama_refusal(source: ModelSource, device: str, dtype: str, exact: bool) ->
 
 register(Backend("transformers", "transformers", _transformers_make, refusal=_transformers_refusal,
                  footprint=_transformers_footprint, float32_twin=True,
-                 moves_with_batch=lambda precision: precision == "int8"))
+                 moves_with_batch=lambda precision: precision == "int8",
+                 computes_with=lambda precision: ("torchao",) if precision == "int8" else ()))
 register(Backend("llama.cpp", "llama_cpp_python", _llama_make, refusal=_llama_refusal, footprint=_llama_footprint,
                  file_precision=True, max_leaves=MAX_SEQUENCES - 1, moves_with_batch=lambda precision: True))

@@ -64,10 +64,6 @@ def prefix_key(model_identity: str, engine: str, version: str, dtype: Any, devic
         "device": device_type, "torch": torch.__version__, "transformers": transformers.__version__,
         "ids": list(prefix_ids),
     }
-    if str(dtype) == "int8":  # the quantisation scheme's own version: another computes other keys and values
-        from importlib.metadata import version
-
-        parts["torchao"] = version("torchao")
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -64,7 +64,7 @@ class Plan:
             "spec": self.spec.digest or file_digest(str(o.spec)), "gold": self.spec.gold,
             "model": model_identity(spec_model(self.spec)),
             "input": file_digest(o.items), "input_bytes": None if self.stream else os.path.getsize(o.items),
-            "engine": backend.name, "engine_version": backend.version(), "device": device.split(":")[0],
+            "engine": backend.name, "engine_version": backend.version(precision), "device": device.split(":")[0],
             "dtype": precision,
             # its numbers move with the batch (quantised kernels): the batch options below are what reproduces them
             "scores_move_with_batch": backend.moves_with_batch(precision),

@@ -500,7 +500,7 @@ def _prefix(task: Task, engine: ScoringEngine, store: PrefixStore | None) -> tup
     identity = model_identity(task.source)
     if task.source.kind == "hub":  # the revision actually loaded, so a new upload misses
         identity += "@" + str(compat.hub_revision(task.source.path))
-    key = prefix_key(identity, engine.name, backend_named(engine.name).version(), engine.precision,
+    key = prefix_key(identity, engine.name, backend_named(engine.name).version(engine.precision), engine.precision,
                      str(engine.device).split(":")[0], ids)
     prefix = store.load(key, engine)
     if prefix is not None and prefix.ids == tuple(ids):

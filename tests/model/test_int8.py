@@ -47,6 +47,7 @@ def test_records_say_int8_and_a_rerun_with_the_same_batches_gives_the_same_bits(
     assert fingerprint["batch_size"] == 8 and fingerprint["scores_move_with_batch"] is True
     float32 = json.loads((tmp_path / "fp32.jsonl.prefixcache.json").read_text())
     assert float32["scores_move_with_batch"] is False
+    assert "; torchao " in fingerprint["engine_version"] and "torchao" not in float32["engine_version"]
     _, again = _run(spec, items, tmp_path / "again.jsonl", "-b", 8)
     assert again == {k: {**r, "ms": again[k]["ms"]} for k, r in first.items()}
     drift = max(abs(first[r["id"]]["logprobs"][k] - r["logprobs"][k]) for r in fp32 for k in r["logprobs"])
