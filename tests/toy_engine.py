@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ class ToyPrefix:
 
 class ToyEngine:
     name = NAME
-    branches = False
+    branches = True
     layers = 0
 
     def __init__(self, model: Any):
@@ -63,6 +63,9 @@ class ToyEngine:
                         for i, c in enumerate(row.candidates)])
         return out
 
+    def open_items(self, prefix: ToyPrefix, rows: Sequence[Row]) -> Iterator["ToyOpenItems"]:
+        yield ToyOpenItems(self, rows)
+
     @torch.inference_mode()
     def score_with_states(self, prefix: ToyPrefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]],
                           probe: Probe | None = None) -> tuple[list[list[float]], list[np.ndarray]]:
@@ -77,6 +80,31 @@ class ToyEngine:
                 found.append(hidden[0, -1].float().cpu().numpy())
             states.append(np.stack(found) if found else np.zeros((0, self.hidden_size), np.float32))
         return self.score(prefix, rows), states
+
+
+class ToyOpenItems:
+    """A race's items, the obvious way: each node's children scored by re-encoding everything."""
+
+    def __init__(self, engine: ToyEngine, rows: Sequence[Row]):
+        self.engine, self.rows = engine, list(rows)
+
+    def _children(self, b: int, node: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+        row, n = self.rows[b], len(node)
+        nexts = sorted({tuple(c[n:n + 1]) for c in row.candidates if tuple(c[:n]) == node and len(c) > n})
+        context = list(row.ids) + list(node)
+        self.engine.label_tokens += len(node) > 0
+        return {node + nxt: score_naive(self.engine.model, context, [nxt])[0] for nxt in nexts}
+
+    def firsts(self, b: int) -> dict[tuple[int, ...], float]:
+        return self._children(b, ())
+
+    def feed(self, nodes: dict[int, Sequence[tuple[int, ...]]]) -> dict[int, dict[tuple[int, ...], float]]:
+        out: dict[int, dict[tuple[int, ...], float]] = {}
+        for b, wanted in nodes.items():
+            chain = {tuple(node)[:k] for node in wanted for k in range(1, len(node) + 1)}  # with its ancestors
+            for node in sorted(chain, key=len):
+                out.setdefault(b, {}).update(self._children(b, node))
+        return out
 
 
 def _make(load: Any) -> ToyEngine:

@@ -20,10 +20,7 @@ from typing import Sequence
 import torch
 
 from .engine import Engine, Layout, Prefix, layout
-from .rows import Row
-
-
-Node = tuple[int, ...]  # a candidate prefix: the trie node of its last token
+from .rows import Node, Row
 
 
 @dataclass

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 # are checked once, on the first rows they score, against the standard path.
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+    from .branches import OpenItems
 
 CHECKED_ARCHITECTURES = frozenset({"llama", "qwen2", "gpt2"})
 
@@ -479,6 +480,12 @@ class Engine:
     def score(self, prefix: Prefix, rows: Sequence[Row]) -> list[list[float]]:
         """Summed log-probabilities, one list per row, one float per candidate (in order)."""
         return self._score(prefix, rows, None)[0]
+
+    def open_items(self, prefix: Prefix, rows: Sequence[Row]) -> Iterator["OpenItems"]:
+        """The rows opened for a race (model/branches.py): one group, the batch the caller sized."""
+        from .branches import open_items
+
+        yield open_items(self, prefix, rows)
 
     def score_with_states(self, prefix: Prefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]],
                           probe: Probe | None = None) -> tuple[list[list[float]], list[np.ndarray]]:

@@ -12,7 +12,8 @@ ids to the prefix cells the row shares (a tag on the cells, no copy), the row's 
 all of them, a trie node carries the leaves below it. So a node sees the prefix, its item and its
 ancestors, never a sibling or another row: the transformers engine's mask, built from sequences.
 Logits are asked only where a candidate token is scored; `seq_rm` drops the row's ids after the
-batch, which frees every cell but the prefix's.
+batch, which frees every cell but the prefix's. A race (pruned scoring) keeps a group's rows in
+their sequences between decodes and feeds trie nodes later (`open_items`, model/llamabranches.py).
 
 Knows nothing of specs or items; llama_cpp is imported when an engine is made.
 """
@@ -26,13 +27,16 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
 from ..errors import ModelError
 from .rows import Probe, Row, Trie, trie
 from .ggufheader import check_gguf
+
+if TYPE_CHECKING:
+    from .llamabranches import LlamaOpenItems
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +130,7 @@ class LlamaEngine:
     """
 
     name = "llama.cpp"
-    branches = False  # a race's later passes are not built on llama.cpp: every candidate is scored to the end
+    branches = True  # rows kept in their sequences between decodes, trie nodes fed later (model/llamabranches.py)
 
     def __init__(self, path: str | Path, threads: int | None = None, gpu_layers: int = 0,
                  ubatch: int = DECODE_TOKENS):
@@ -163,6 +167,7 @@ class LlamaEngine:
         self._resident: LlamaPrefix | None = None  # the prefix sequence 0 holds now
         self._rewound: list[int] = []  # what sequence 0 holds after `one_prompt_at_a_time`
         self._embeddings = False
+        self._taken: set[int] = set()  # sequences a group opened for a race holds (`open_items`)
 
     def _ensure_context(self, cells: int) -> None:
         """A context of at least `cells` key/value cells (the model's trained context at most):
@@ -386,6 +391,37 @@ class LlamaEngine:
 
     # -- scoring -------------------------------------------------------------------------------
 
+    def open_items(self, prefix: LlamaPrefix, rows: Sequence[Row]) -> Iterator[LlamaOpenItems]:
+        """The rows in groups one context holds (as `score` groups them: every node of their tries
+        fits), each decoded once and kept for a race to feed its trie nodes (model/llamabranches.py);
+        a group's cells are freed when the next one opens or the iterator is closed. One group is
+        open at a time: scoring anything else in between frees it."""
+        from .llamabranches import LlamaOpenItems
+
+        tries = [trie(r.candidates) for r in rows]
+        self._check(prefix, rows, tries)
+        self._set_embeddings(False)
+        for group in list(self._groups(rows, tries)):
+            opened = None
+            try:
+                opened = LlamaOpenItems(self, [rows[b] for b in group], [tries[b] for b in group])
+                yield opened
+            finally:
+                self.free_sequences(sorted(self._taken))
+
+    def take_sequences(self, seqs: Sequence[int], shared: int) -> None:
+        """Sequences `seqs` given the prefix's first `shared` cells (a tag on them, no copy), held
+        until `free_sequences`."""
+        for s in seqs:
+            self._taken.add(s)
+            self._L.llama_memory_seq_cp(self._mem, 0, s, 0, shared)
+
+    def free_sequences(self, seqs: Sequence[int]) -> None:
+        """Sequences `seqs` removed from the context: cells no other sequence holds are free."""
+        for s in seqs:
+            self._L.llama_memory_seq_rm(self._mem, s, -1, -1)
+            self._taken.discard(s)
+
     def _score(self, prefix: LlamaPrefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]] | None
                ) -> tuple[list[list[float]], list[np.ndarray]]:
         tries = [trie(r.candidates) for r in rows]  # each row's, built once for the checks, groups and plan
@@ -408,6 +444,7 @@ class LlamaEngine:
         return results, states
 
     def _check(self, prefix: LlamaPrefix, rows: Sequence[Row], tries: Sequence[Trie]) -> None:
+        self.free_sequences(sorted(self._taken))  # a group opened for a race and left: its rows would be seen
         self._activate(prefix)
         P = len(prefix.ids)
         for r, t in zip(rows, tries):

@@ -12,11 +12,11 @@ floats and numpy arrays, never a tensor.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from .rows import Probe, Row
+from .rows import Node, Probe, Row
 
 
 class PrefixHandle(Protocol):
@@ -24,6 +24,21 @@ class PrefixHandle(Protocol):
 
     ids: tuple[int, ...]
     prefill_ms: float
+
+
+class OpenedItems(Protocol):
+    """A group of rows whose own tokens went through the model once and are kept, so that chosen
+    trie nodes (candidate prefixes) can be fed later, each attending to the prefix, its row and
+    its ancestors, never run twice (pruned scoring, scoring/pruning.py)."""
+
+    rows: Sequence[Row]
+
+    def firsts(self, b: int) -> dict[Node, float]:
+        """Row b's candidates' first tokens (the nodes right after the row) and their log-probs."""
+
+    def feed(self, nodes: dict[int, Sequence[Node]]) -> dict[int, dict[Node, float]]:
+        """Run the named nodes of the named rows (and their ancestors not fed yet) in one pass;
+        per row, every child of a fed node and the log-probability of its last token there."""
 
 
 class ScoringEngine(Protocol):
@@ -72,6 +87,10 @@ class ScoringEngine(Protocol):
         """Per row, per candidate in order, the summed log-probability of its tokens after the
         prefix and the row's own tokens."""
 
+    def open_items(self, prefix: Any, rows: Sequence[Row]) -> Iterator[OpenedItems]:
+        """The rows in order, in consecutive groups, each opened (its own tokens run and kept)
+        when the one before is done with; only where `branches` is true."""
+
     @property
     def layers(self) -> int:
         """Decoder layers whose states a `Probe` may read besides the final one (1..layers), and
@@ -114,6 +133,6 @@ class TimedEngine(ScoringEngine, Protocol):
         """Wait for the device's queued work (the edges of a timing)."""
 
 
-MEMBERS = frozenset({"name", "device", "dtype", "precision", "export_prefix", "restore_prefix", "max_positions", "label_tokens", "hidden_size", "branches", "prefill", "score",
+MEMBERS = frozenset({"name", "device", "dtype", "precision", "export_prefix", "restore_prefix", "max_positions", "label_tokens", "hidden_size", "branches", "prefill", "score", "open_items",
                      "score_with_states", "layers"})  # what callers outside model/ may read of an engine
 TIMED = frozenset({"naive_ways", "threads", "weights_bytes", "naive", "linear_params", "peak_gflops", "synchronize"})

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 Candidate = tuple[int, ...]
+Node = tuple[int, ...]  # a candidate prefix: the trie node of its last token (pruned scoring feeds nodes)
 
 
 @dataclass(frozen=True)

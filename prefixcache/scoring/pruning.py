@@ -6,7 +6,7 @@ question: at its question's end). A candidate's summed log-prob only falls as it
 added, so after its first token `scale * logprob + offset` (decision.linear_keys: the
 normalisation and calibration as a ranking key) bounds its final key from above. Per batch:
 
-1. the items' own tokens go through the model once (model/branches.py); then, in one pass, the
+1. the items' own tokens go through the model once (the engine's `open_items`); then, in one pass, the
    questions' texts and every question the race does not prune (not a choice question, or one
    whose options have several texts), giving every raced candidate its first-token bound;
 2. in each contest (the label set, or one choice question) the few candidates with the highest
@@ -45,8 +45,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..model.branches import Node, OpenItems, open_items
-from ..model.protocol import PrefixHandle, ScoringEngine
+from ..model.protocol import OpenedItems, PrefixHandle, ScoringEngine
+from ..model.rows import Node
 from ..task.decision import Bounded
 from .prepare import Prepared
 
@@ -78,8 +78,19 @@ class Contest:
 
 def score_pruned(engine: ScoringEngine, prefix: PrefixHandle, preps: Sequence[Prepared], contests: Sequence[Contest]) -> list[Bounded]:
     """Each item's candidate log-probs, in candidate order (those left at their bounds: upper
-    bounds, named by `Bounded.pruned`)."""
-    race = _Race(open_items(engine, prefix, [p.row for p in preps]), contests)
+    bounds, named by `Bounded.pruned`). The engine opens the items in groups it can keep at once
+    (one on transformers; on llama.cpp as many as its sequences hold), each raced in turn."""
+    out: list[Bounded] = []
+    groups = engine.open_items(prefix, [p.row for p in preps])
+    try:
+        for opened in groups:
+            out += _race(_Race(opened, contests), contests)
+    finally:
+        getattr(groups, "close", lambda: None)()  # a group's kept tokens freed even when a pass fails
+    return out
+
+
+def _race(race: "_Race", contests: Sequence[Contest]) -> list[Bounded]:
     raced = [c for c in contests if c.race]
     race.feed({b: [race.cands[b][c.at][:c.skip] for c in raced if c.skip]
                + [race.cands[b][i][:-1] for c in contests if not c.race for i in range(c.at, c.end)] for b in race.items})
@@ -100,7 +111,7 @@ class _Race:
     candidate's log-prob over its tokens scored so far is the final one when `depth` is its
     length, else an upper bound of it."""
 
-    def __init__(self, opened: OpenItems, contests: Sequence[Contest]):
+    def __init__(self, opened: OpenedItems, contests: Sequence[Contest]):
         self.opened, self.contests = opened, contests
         self.items = range(len(opened.rows))
         self.cands = [[tuple(c) for c in row.candidates] for row in opened.rows]

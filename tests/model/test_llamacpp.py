@@ -223,7 +223,46 @@ def test_a_row_too_long_for_the_model_is_a_model_error(engine, tokenizer):
 
 def test_the_file_type_and_limits_are_the_files(engine):
     assert (engine.name, engine.device, engine.max_positions, engine.hidden_size) == ("llama.cpp", "cpu", 2048, 64)
-    assert engine.branches is False
+    assert engine.branches is True
+
+
+def test_items_kept_between_decodes_feed_branches_as_full_scoring_scores_them(engine, tokenizer):
+    """The race's passes on llama.cpp (model/llamabranches.py): rows decoded once, trie nodes fed
+    over several decodes, each node's token log-prob that of full scoring; no node decoded twice;
+    groups of at most 255 sequences; nothing kept after."""
+    import random
+
+    prefix, rows = rows_for(tokenizer, TEXTS * 3)
+    cands = list(rows[0].candidates) + [(300 + i, 500 + i, 700) for i in range(20)]  # 22 leaves a row
+    rows = [Row(r.ids, r.prefix_len, cands) for r in rows]
+    handle = engine.prefill(prefix)
+    nodes = sorted({c[:k] for c in cands for k in range(1, len(c) + 1)})
+    summed = [dict(zip(nodes, lps)) for lps in engine.score(handle, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
+    ends = sorted({c[:-1] for c in cands if len(c) > 1})
+    rng, b0, groups = random.Random(0), 0, 0
+    for opened in engine.open_items(handle, rows):
+        groups += 1
+        for b in range(len(opened.rows)):  # the first tokens come with the rows
+            assert all(abs(v - summed[b0 + b][node]) < 1e-4 for node, v in opened.firsts(b).items())
+        fed: list[set] = [set() for _ in opened.rows]
+        for step in range(3):
+            chosen = {b: rng.sample(ends, rng.randint(1, len(ends))) for b in range(len(opened.rows)) if b != step}
+            new = sum(len({n[:k] for n in ns for k in range(1, len(n) + 1)} - fed[b]) for b, ns in chosen.items())
+            before = engine.label_tokens
+            got = opened.feed(chosen)
+            assert engine.label_tokens - before == new
+            for b, ns in chosen.items():
+                fed[b] |= {n[:k] for n in ns for k in range(1, len(n) + 1)}
+            for b, found in got.items():
+                for child, value in found.items():  # a token's log-prob: the difference of full scoring's sums
+                    want = summed[b0 + b][child] - summed[b0 + b].get(child[:-1], 0.0)
+                    assert abs(value - want) < 1e-4, (b, child)
+        with pytest.raises(ValueError, match="not a node"):
+            opened.feed({0: [(1, 2, 3)]})
+        b0 += len(opened.rows)
+    assert b0 == len(rows) and groups == 2  # 12 rows of 22 sequences: 11 fit in 255
+    again = [dict(zip(nodes, lps)) for lps in engine.score(handle, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
+    assert again == summed  # nothing the race kept is seen after it
 
 
 def test_a_build_that_crashes_on_this_cpu_stops_in_one_line(gguf_file, tmp_path, monkeypatch):

@@ -57,6 +57,23 @@ def test_a_registered_engine_runs_a_spec_as_the_transformers_engine_does(toy, tm
     assert refused.exit_code != 0 and NAME in refused.stderr and "transformers" in refused.stderr
 
 
+@pytest.mark.usefixtures("races_of_any_size")
+def test_a_race_runs_on_an_engine_through_its_open_items_as_on_transformers(toy, tmp_path, tiny_model_dir, items):
+    """Pruned scoring asks an engine for nothing but `open_items`: the toy's (every node re-encoded)
+    races to the records of the transformers engine's kept keys and values."""
+    labels = ["billing", "bug", "login", "refund"] + [f"{w} and then some more words" for w in ("apple", "river", "garden")]
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=labels)
+    outs = {}
+    for backend in ("transformers", NAME):
+        outs[backend] = tmp_path / f"{backend}.jsonl"
+        result = invoke("run", spec, items, "-o", outs[backend], "--backend", backend, "--prune", "on",
+                        "--cache-dir", tmp_path / "cache")
+        assert result.exit_code == 0 and "every label is scored" not in result.stderr, result.output
+    pairs = list(zip(records(outs["transformers"]), records(outs[NAME]), strict=True))
+    assert all(_close(a, b) and a["pruned"] == b["pruned"] for a, b in pairs)
+    assert sum(len(a["pruned"]) for a, _ in pairs) > 0
+
+
 def test_an_engines_limit_on_candidates_is_refused_before_the_model_loads(tmp_path, tiny_model_dir, items):
     register_toy(max_leaves=2)
     try:

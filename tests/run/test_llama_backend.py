@@ -79,12 +79,24 @@ def test_tags_and_typed_questions_match_transformers(tmp_path, items, gguf_file)
     assert close(want, got) and all(set(r["answers"]) == {"team", "blocked"} for r in got)
 
 
-def test_pruning_scores_every_label_and_says_so(tmp_path, items, gguf_file):
-    labels = [f"label number {n} of many" for n in range(40)]
-    spec = write_spec(tmp_path, labels=labels)
-    want, got, said = both(tmp_path, spec, items, gguf_file, "--prune", "on")
-    assert [r["label"] for r in got] == [r["label"] for r in want]
-    assert "every label is scored to the end" in said
+@pytest.mark.usefixtures("races_of_any_size")
+@pytest.mark.parametrize("mode", ["on", "exact"])
+def test_pruning_races_as_on_transformers(tmp_path, items, gguf_file, mode):
+    """The race on llama.cpp (items kept in their sequences between decodes) gives the records
+    the race on transformers gives: the same labels, the same labels left at their bounds, the
+    same probabilities to float rounding; with fewer label tokens than full scoring."""
+    short = ["billing", "bug", "login", "refund", "crash", "invoice", "password", "account"]
+    long = [f"{w} and then some more words" for w in ("apple", "river", "garden", "window", "yellow", "market",
+                                                      "silver", "orange", "forest", "planet", "summer", "castle")]
+    spec = write_spec(tmp_path, labels=short + long)  # a near-flat model: long labels lose by their length
+    want, got, said = both(tmp_path, spec, items, gguf_file, "--prune", mode)
+    assert close(want, got), (want[0], got[0])
+    assert [r["pruned"] for r in got] == [r["pruned"] for r in want]
+    assert sum(len(r["pruned"]) for r in got) >= (len(long) * len(got) // 2 if mode == "on" else 1)
+    assert "every label is scored to the end" not in said
+    full = tmp_path / "full.jsonl"
+    assert invoke("run", spec, items, "-o", full, "-m", gguf_file, "--backend", "llama.cpp").exit_code == 0
+    assert [r["label"] for r in records(full)] == [r["label"] for r in got]
 
 
 def test_the_spec_names_the_backend(tmp_path, items, gguf_file):
@@ -248,8 +260,8 @@ def test_short_memory_decodes_in_smaller_micro_batches_with_the_same_records(tmp
 
 def test_bench_on_llama_cpp_times_its_cheapest_ranking_beside_the_pipeline(tmp_path, items, gguf_file, monkeypatch):
     """bench shows llama.cpp's own cheapest path (each label's first token, one prompt at a time)
-    beside the run pipeline, with how many items it would label otherwise; no matmul peak, no
-    pruning table (llama.cpp keeps no item between passes)."""
+    beside the run pipeline, with how many items it would label otherwise; no matmul peak; the
+    races timed beside full scoring, as on transformers."""
     from prefixcache.run import bench
 
     monkeypatch.setattr(bench, "PEAK_SECONDS", 0.05)
@@ -261,7 +273,9 @@ def test_bench_on_llama_cpp_times_its_cheapest_ranking_beside_the_pipeline(tmp_p
     first = report["first_token"]
     assert first["items"] == len(ROWS) and first["ms_per_item"] > 0 and first["mode"].startswith("llama.cpp first token")
     assert 0 <= report["first_token_differing"] <= len(ROWS)
-    assert report["pruning"] is None and report["peak_gflops"] == 0
+    assert report["peak_gflops"] == 0
+    assert set(report["pruning"]["races"]) == {"on", "exact"}
+    assert all(race["items_differing"] == 0 for race in report["pruning"]["races"].values())  # a float32 file
     table = invoke("bench", spec, items, "-m", gguf_file, "--backend", "llama.cpp", "--limit", 2,
                    "--cache-dir", tmp_path / "cache")
     assert table.exit_code == 0 and "its cheapest): " in table.stdout and "items get another label" in table.stdout

@@ -8,7 +8,6 @@ import random
 import pytest
 from helpers import TEXTS, make_spec
 
-from prefixcache.model.branches import open_items
 from prefixcache.model.engine import Engine
 from prefixcache.model.rows import Row
 from prefixcache.task.prompt import PromptBuilder
@@ -37,7 +36,7 @@ def test_branches_after_kept_items_equal_full_scoring(arch, chat_tokenizer, tmp_
     rows = [Row(e.ids, e.prefix_len, cands) for e in encoded]
     nodes = sorted({c[:k] for c in cands for k in range(1, len(c) + 1)})
     summed = [dict(zip(nodes, lps)) for lps in engine.score(prefix, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
-    opened = open_items(engine, prefix, rows)
+    [opened] = engine.open_items(prefix, rows)  # one group on this engine
     for b in range(len(rows)):  # the first tokens come with the items
         assert all(abs(v - summed[b][node]) < TOL for node, v in opened.firsts(b).items())
     rng = random.Random(0)
