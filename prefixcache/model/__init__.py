@@ -14,7 +14,7 @@
 - choice.py: which engine runs a model (`--backend`, the spec's `backend`, auto);
 - attention.py: the cascade attention kernel that reads the shared prefix once per layer;
 - branches.py: pruned scoring's passes: items run once and kept, then candidates' branches after them;
-- llamabranches.py: the same on llama.cpp, the items kept in their sequences between decodes;
+- llamabranches.py: the same on llama.cpp, the items kept between decodes, a sequence a branch;
 - cache.py: the cache's layout (where it is, models/ and prefixes/) and its environment variables;
 - private.py: the cache is the user's alone: its folders, the signing secret, signatures;
 - store.py: prefilled prefixes kept on disk across runs, verified;

@@ -2,19 +2,28 @@
 engine, built from llama.cpp's sequences. Used by pruned scoring (scoring/pruning.py) through
 `LlamaEngine.open_items`.
 
-A group of rows is decoded once: each row's own tokens carry one sequence per leaf of its
-candidates' token trie (the prefix cells it shares tagged with them, as `LlamaEngine.score` does)
-and are kept in the context's cells. A trie node fed later carries the sequences of the leaves
-below it, so it attends to the prefix, its row and its ancestors (fed before it, or earlier in the
-same decode), never to a sibling or another row: the attention of the full scoring decode, the
-node at the position it has there. The group's sequences are removed when the race is done with
-it (`close`), which frees every cell but the prefix's.
+A group of rows is decoded once, each row's own tokens in a sequence of its own (the prefix cells
+it shares tagged with it), and kept in the context's cells. Trie nodes are fed later, parents
+first, each at the position full scoring gives it, each attending through its own sequence:
+- a node's first child fed continues its parent's sequence (the chain already sees the prefix,
+  the row and every ancestor; the child comes after them);
+- any other child gets a new sequence, with which the prefix, the row's own tokens and its
+  ancestors are tagged (`seq_cp` on the kept cells, no copy; an ancestor fed in the same decode
+  carries it instead).
+llama.cpp's mask reads a token's first sequence: a node carries its own first, then those of its
+descendants fed in the same decode. So a node sees the prefix, its row and its ancestors, never a
+sibling or another row: the attention of the full scoring decode. A race then holds about one
+sequence per candidate it scores beyond the first token, not one per leaf of every trie, so a
+decode holds many rows. Where the 255 sequences of a context run short, rows the feed does not
+ask for are let go first, then rows of the feed; a row let go is decoded again (its own tokens
+and the nodes fed before) when it is next fed.
 
 Knows nothing of specs or races; llama_cpp is reached through the engine.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from .rows import Node, Row, Trie
@@ -23,31 +32,39 @@ if TYPE_CHECKING:
     from .llamacpp import LlamaEngine
 
 
+@dataclass
+class _Kept:
+    """A row's cells in the context: its own tokens' sequence, each fed node's sequence, and the
+    nodes (() the row's end) whose sequence a child has continued."""
+
+    base: int
+    seq: dict[Node, int] = field(default_factory=dict)
+    continued: set[Node] = field(default_factory=set)
+
+
 class LlamaOpenItems:
     """A group of rows decoded once and kept (see the module's doc). `rows`: the group's rows;
-    `seqs`: every sequence id it holds (1..), freed by `close`."""
+    `most`: the most sequences one row has held at once (what the engine sizes its next group by)."""
 
-    def __init__(self, engine: "LlamaEngine", rows: Sequence[Row], tries: Sequence[Trie]):
-        from .llamacpp import _Token, _leaf_nodes, _node_sequences
+    def __init__(self, engine: "LlamaEngine", rows: Sequence[Row], tries: Sequence[Trie], sequences: int):
+        from .llamacpp import _Token
 
-        self.engine, self.rows, self.seqs = engine, list(rows), []
-        self._nodes: list[dict[Node, list[int]]] = []  # per row: trie node -> the sequences it carries
-        self._nexts: list[dict[Node, list[int]]] = []  # per row: node (() the row's end) -> its children's tokens
-        self._fed: list[set[Node]] = [set() for _ in rows]
-        self._base: list[int] = []  # per row: the position of its first trie node
+        self.engine, self.rows = engine, list(rows)
+        self._free = list(range(sequences - 1, 0, -1))  # sequence ids not in use (0 is the prefix's)
+        self._kept: list[_Kept | None] = []
+        self._fed: list[set[Node]] = [set() for _ in rows]  # every node fed, kept or let go
+        self._valid = [set(_node_keys(t)) for t in tries]
+        self._nexts = [_children(row, t) for row, t in zip(rows, tries)]
+        self._own = [[int(i) for i in row.ids[row.prefix_len:]] for row in rows]
+        self.most = 1
         tokens: list[_Token] = []
         ends: list[int] = []
-        for row, t in zip(rows, tries):
-            leaves = _leaf_nodes(t)
-            seqs = list(range(len(self.seqs) + 1, len(self.seqs) + 1 + max(1, len(leaves))))
-            self.seqs += seqs
-            engine.take_sequences(seqs, row.prefix_len)
-            own = [int(i) for i in row.ids[row.prefix_len:]]
-            tokens += [_Token(tok, row.prefix_len + k, seqs, k == len(own) - 1) for k, tok in enumerate(own)]
+        for b, row in enumerate(self.rows):
+            base = self._take(row.prefix_len)
+            self._kept.append(_Kept(base))
+            tokens += [_Token(tok, row.prefix_len + k, [base], k == len(self._own[b]) - 1)
+                       for k, tok in enumerate(self._own[b])]
             ends.append(len(tokens) - 1)
-            self._base.append(row.prefix_len + len(own))
-            self._nodes.append(dict(zip(_node_keys(t), _node_sequences(t, leaves, seqs))))
-            self._nexts.append(_children(row, t))
         engine._decode(tokens)
         self._first = [self._scored(at, self._nexts[b].get((), ()), ()) for b, at in enumerate(ends)]
 
@@ -57,34 +74,130 @@ class LlamaOpenItems:
 
     def feed(self, nodes: dict[int, Sequence[Node]]) -> dict[int, dict[Node, float]]:
         """Decode the named nodes of the named rows (with their ancestors not fed yet, parents
-        first) in one decode; per row, every child of a fed node and the log-probability of its
-        last token there."""
+        first), in as few decodes as the context's sequences allow (one, unless they run short);
+        per row, every child of a fed node and the log-probability of its last token there."""
+        new = {b: found for b, found in ((b, self._new(b, wanted)) for b, wanted in nodes.items()) if found}
+        out: dict[int, dict[Node, float]] = {}
+        todo = list(new)
+        while todo:
+            batch: list[int] = []
+            need = 0
+            for b in todo:
+                n = self._need(b, new[b])
+                if not self._make_room(need + n, protect={*batch, b}, todo=todo):
+                    break
+                batch.append(b)
+                need += n
+            if not batch:
+                raise RuntimeError("a row's candidates need more llama.cpp sequences than a context holds")
+            out.update(self._decode_nodes({b: new[b] for b in batch}))
+            todo = todo[len(batch):]
+        return out
+
+    def _new(self, b: int, wanted: Sequence[Node]) -> list[Node]:
+        """The nodes of `wanted` and their ancestors not fed yet, parents first."""
+        new: dict[Node, None] = {}
+        for node in wanted:
+            node = tuple(node)
+            while node and node not in self._fed[b] and node not in new:
+                if node not in self._valid[b]:
+                    raise ValueError(f"{node} is not a node of row {b}'s candidates (a proper prefix of one)")
+                new[node] = None
+                node = node[:-1]
+        return sorted(new, key=len)
+
+    def _need(self, b: int, new: list[Node]) -> int:
+        """The sequences feeding `new` takes: one per node that is not the first child of its
+        parent to be fed; a row let go also its own tokens' and those of its nodes fed before."""
+        kept = self._kept[b]
+        if kept is None:
+            return 1 + _branching(sorted(self._fed[b] | set(new), key=len), set())
+        return _branching(new, kept.continued)
+
+    def _make_room(self, count: int, protect: set[int], todo: list[int]) -> bool:
+        """At least `count` sequences free: rows let go, those the feed does not ask for first,
+        then the feed's last ones (never one in `protect`). False when that cannot be done."""
+        asked = set(todo)
+        order = [b for b in range(len(self.rows)) if b not in asked] + todo[::-1]
+        for b in order:
+            if len(self._free) >= count:
+                break
+            if b not in protect and self._kept[b] is not None:
+                self._let_go(b)
+        return len(self._free) >= count
+
+    def _let_go(self, b: int) -> None:
+        kept = self._kept[b]
+        seqs = {kept.base, *kept.seq.values()}
+        self.engine.free_sequences(sorted(seqs))
+        self._free += sorted(seqs, reverse=True)
+        self._kept[b] = None
+
+    def _take(self, shared: int) -> int:
+        """A free sequence, given the prefix's first `shared` cells."""
+        s = self._free.pop()
+        self.engine.take_sequences([s], shared)
+        return s
+
+    def _decode_nodes(self, new: dict[int, list[Node]]) -> dict[int, dict[Node, float]]:
+        """One decode of the rows' new nodes (a row let go: its own tokens and every node fed
+        before too); per row, the children of the new nodes and their log-probs."""
         from .llamacpp import _Token
 
         tokens: list[_Token] = []
         asked: list[tuple[int, Node, int]] = []  # (row, node, batch index of its logits)
-        for b, wanted in nodes.items():
-            new: dict[Node, None] = {}
-            for node in wanted:
-                node = tuple(node)
-                while node and node not in self._fed[b] and node not in new:
-                    new[node] = None
-                    node = node[:-1]
-            for node in sorted(new, key=len):
-                if node not in self._nodes[b]:
-                    raise ValueError(f"{node} is not a node of row {b}'s candidates (a proper prefix of one)")
-                if self._nexts[b].get(node):
+        for b, nodes in new.items():
+            row, own = self.rows[b], self._own[b]
+            end = row.prefix_len + len(own)
+            kept = self._kept[b]
+            again: list[Node] = []
+            if kept is None:  # a row let go: decoded again from its own tokens
+                kept = self._kept[b] = _Kept(self._take(row.prefix_len))
+                again = sorted(self._fed[b], key=len)
+            run = sorted([*again, *nodes], key=len)
+            seqs = self._assign(b, kept, run, end, fresh=bool(again))
+            self.most = max(self.most, len({kept.base, *kept.seq.values()}))
+            if again:
+                carried = [kept.base] + [s for n in run for s in [seqs[n]] if s != kept.base]
+                tokens += [_Token(tok, row.prefix_len + k, list(dict.fromkeys(carried)), False) for k, tok in enumerate(own)]
+            below = _carried(run, seqs)
+            wanted = set(nodes)
+            for node in run:
+                scores = node in wanted and bool(self._nexts[b].get(node))
+                if scores:
                     asked.append((b, node, len(tokens)))
-                tokens.append(_Token(node[-1], self._base[b] + len(node) - 1, self._nodes[b][node], bool(self._nexts[b].get(node))))
+                tokens.append(_Token(node[-1], end + len(node) - 1, below[node], scores))
                 self._fed[b].add(node)
-        if not tokens:
-            return {}
+            self.engine.label_tokens += len(run)
         self.engine._decode(tokens)
-        self.engine.label_tokens += len(tokens)
-        out: dict[int, dict[Node, float]] = {b: {} for b in nodes if any(a[0] == b for a in asked)}
+        out: dict[int, dict[Node, float]] = {}
         for b, node, at in asked:
-            out[b].update(self._scored(at, self._nexts[b][node], node))
+            out.setdefault(b, {}).update(self._scored(at, self._nexts[b][node], node))
         return out
+
+    def _assign(self, b: int, kept: _Kept, run: list[Node], end: int, fresh: bool) -> dict[Node, int]:
+        """Each node of `run` (parents first) its sequence: its parent's, continued, when no child
+        has continued it yet, else a new one tagged on the prefix, the row's own tokens and the
+        ancestors kept before this decode (those in it carry it). `fresh`: the row's own tokens
+        are in this decode too (they carry every sequence, see `_decode_nodes`)."""
+        row = self.rows[b]
+        inside = set(run)
+        for node in run:
+            parent = node[:-1]
+            if parent not in kept.continued:
+                kept.continued.add(parent)
+                kept.seq[node] = kept.base if not parent else kept.seq[parent]
+                continue
+            s = self._take(row.prefix_len)
+            if not fresh:
+                self.engine.tag_cells(kept.base, s, row.prefix_len, end)
+            for k in range(1, len(node)):
+                ancestor = node[:k]
+                if ancestor not in inside:
+                    at = end + k - 1
+                    self.engine.tag_cells(kept.seq[ancestor], s, at, at + 1)
+            kept.seq[node] = s
+        return {node: kept.seq[node] for node in run}
 
     def _scored(self, at: int, tokens: Sequence[int], node: Node) -> dict[Node, float]:
         """The log-probability of each of `tokens` after `node`, from the last decode's logits at `at`."""
@@ -94,9 +207,34 @@ class LlamaOpenItems:
         return {node + (tok,): float(logits[tok]) - total for tok in tokens}
 
     def close(self) -> None:
-        """The group's sequences removed: every cell but the prefix's is free again."""
-        self.engine.free_sequences(self.seqs)
-        self.seqs = []
+        """Every sequence the group holds removed: every cell but the prefix's is free again."""
+        for b, kept in enumerate(self._kept):
+            if kept is not None:
+                self._let_go(b)
+
+
+def _branching(run: list[Node], continued: set[Node]) -> int:
+    """New sequences `_assign` takes for `run` (parents first) given the nodes continued already."""
+    continued, count = set(continued), 0
+    for node in run:
+        if node[:-1] in continued:
+            count += 1
+        else:
+            continued.add(node[:-1])
+    return count
+
+
+def _carried(run: list[Node], seqs: dict[Node, int]) -> dict[Node, list[int]]:
+    """Per node of the decode, the sequences its token carries: its own first (llama.cpp's mask
+    reads a token's first one), then those of its descendants in the decode."""
+    below = {node: [seqs[node]] for node in run}
+    for node in run:
+        s = seqs[node]
+        for k in range(1, len(node)):
+            ancestor = node[:k]
+            if ancestor in below and s not in below[ancestor]:
+                below[ancestor].append(s)
+    return below
 
 
 def _node_keys(t: Trie) -> list[Node]:
@@ -111,7 +249,7 @@ def _children(row: Row, t: Trie) -> dict[Node, list[int]]:
     """Per node (() for the row's end), the tokens that follow it in some candidate."""
     keys = _node_keys(t)
     nexts: dict[Node, dict[int, None]] = {}
-    for k, (tok, parent) in enumerate(zip(t.tokens, t.parents)):
+    for tok, parent in zip(t.tokens, t.parents):
         nexts.setdefault(keys[parent] if parent >= 0 else (), {})[tok] = None
     for i, cand in enumerate(row.candidates):  # each candidate's last token, after its last node
         last = keys[t.paths[i][-1]] if t.paths[i] else ()

@@ -12,8 +12,9 @@ ids to the prefix cells the row shares (a tag on the cells, no copy), the row's 
 all of them, a trie node carries the leaves below it. So a node sees the prefix, its item and its
 ancestors, never a sibling or another row: the transformers engine's mask, built from sequences.
 Logits are asked only where a candidate token is scored; `seq_rm` drops the row's ids after the
-batch, which frees every cell but the prefix's. A race (pruned scoring) keeps a group's rows in
-their sequences between decodes and feeds trie nodes later (`open_items`, model/llamabranches.py).
+batch, which frees every cell but the prefix's. A race (pruned scoring) keeps a group's rows
+between decodes, a sequence for each branch it feeds, and feeds trie nodes later (`open_items`,
+model/llamabranches.py).
 
 Knows nothing of specs or items; llama_cpp is imported when an engine is made.
 """
@@ -168,6 +169,7 @@ class LlamaEngine:
         self._rewound: list[int] = []  # what sequence 0 holds after `one_prompt_at_a_time`
         self._embeddings = False
         self._taken: set[int] = set()  # sequences a group opened for a race holds (`open_items`)
+        self._race_sequences: int | None = None  # the most a row of the last race's group took (None: none yet)
 
     def _ensure_context(self, cells: int) -> None:
         """A context of at least `cells` key/value cells (the model's trained context at most):
@@ -392,22 +394,28 @@ class LlamaEngine:
     # -- scoring -------------------------------------------------------------------------------
 
     def open_items(self, prefix: LlamaPrefix, rows: Sequence[Row]) -> Iterator[LlamaOpenItems]:
-        """The rows in groups one context holds (as `score` groups them: every node of their tries
-        fits), each decoded once and kept for a race to feed its trie nodes (model/llamabranches.py);
-        a group's cells are freed when the next one opens or the iterator is closed. One group is
-        open at a time: scoring anything else in between frees it."""
+        """The rows in groups, each decoded once and kept for a race to feed its trie nodes
+        (model/llamabranches.py): every node of a group's tries fits its cells, and a group holds
+        as many rows as the sequences allow at what a row of the last group took (the first one:
+        one a leaf, as `score`). A group's cells are freed when the next one opens or the iterator
+        is closed. One group is open at a time: scoring anything else in between frees it."""
         from .llamabranches import LlamaOpenItems
 
         tries = [trie(r.candidates) for r in rows]
         self._check(prefix, rows, tries)
         self._set_embeddings(False)
-        for group in list(self._groups(rows, tries)):
+        start = 0
+        while start < len(rows):  # each group sized when it opens, by what a row of the last one took
+            group = [start + b for b in next(self._groups(rows[start:], tries[start:], self._race_sequences))]
+            start = group[-1] + 1
             opened = None
             try:
-                opened = LlamaOpenItems(self, [rows[b] for b in group], [tries[b] for b in group])
+                opened = LlamaOpenItems(self, [rows[b] for b in group], [tries[b] for b in group], MAX_SEQUENCES)
                 yield opened
             finally:
                 self.free_sequences(sorted(self._taken))
+                if opened is not None:
+                    self._race_sequences = max(1, opened.most)
 
     def take_sequences(self, seqs: Sequence[int], shared: int) -> None:
         """Sequences `seqs` given the prefix's first `shared` cells (a tag on them, no copy), held
@@ -415,6 +423,10 @@ class LlamaEngine:
         for s in seqs:
             self._taken.add(s)
             self._L.llama_memory_seq_cp(self._mem, 0, s, 0, shared)
+
+    def tag_cells(self, source: int, seq: int, start: int, end: int) -> None:
+        """The cells `source` holds at positions [start, end) seen by sequence `seq` too (no copy)."""
+        self._L.llama_memory_seq_cp(self._mem, source, seq, start, end)
 
     def free_sequences(self, seqs: Sequence[int]) -> None:
         """Sequences `seqs` removed from the context: cells no other sequence holds are free."""
@@ -461,8 +473,10 @@ class LlamaEngine:
                 self._ensure_context(P + cells)
                 self._activate(prefix)
 
-    def _groups(self, rows: Sequence[Row], tries: Sequence[Trie]) -> Iterator[list[int]]:
-        """Rows in order, in groups one decode holds (sequences, tokens and free cells)."""
+    def _groups(self, rows: Sequence[Row], tries: Sequence[Trie], most: int | None = None) -> Iterator[list[int]]:
+        """Rows in order, in groups one decode holds (sequences, tokens and free cells). `most`:
+        the sequences a row is counted for at most, not one a leaf of its trie (a race's rows take
+        sequences as they branch, model/llamabranches.py: sized by what the last race's took)."""
         budget = min(DECODE_TOKENS, self.context - len(self._resident.ids))
         group: list[int] = []
         seqs = tokens = 0
@@ -471,6 +485,7 @@ class LlamaEngine:
             if s >= MAX_SEQUENCES:
                 raise ModelError(f"an item's candidates need {s} llama.cpp sequences, more than its "
                                  f"{MAX_SEQUENCES - 1}: use fewer labels or options an item")
+            s = min(s, most) if most else s
             if group and (seqs + s >= MAX_SEQUENCES or tokens + n > budget):
                 yield group
                 group, seqs, tokens = [], 0, 0
