@@ -169,7 +169,6 @@ class LlamaEngine:
         self._rewound: list[int] = []  # what sequence 0 holds after `one_prompt_at_a_time`
         self._embeddings = False
         self._taken: set[int] = set()  # sequences a group opened for a race holds (`open_items`)
-        self._race_sequences: int | None = None  # the most a row of the last race's group took (None: none yet)
 
     def _ensure_context(self, cells: int) -> None:
         """A context of at least `cells` key/value cells (the model's trained context at most):
@@ -397,16 +396,18 @@ class LlamaEngine:
         """The rows in groups, each decoded once and kept for a race to feed its trie nodes
         (model/llamabranches.py): every node of a group's tries fits its cells, and a group holds
         as many rows as the sequences allow at what a row of the last group took (the first one:
-        one a leaf, as `score`). A group's cells are freed when the next one opens or the iterator
-        is closed. One group is open at a time: scoring anything else in between frees it."""
+        one a leaf, as `score`): the groups, and so the decodes' shapes, follow from the rows alone,
+        so that a quantised file's race gives a batch the same numbers in every run (a resumed one
+        too). A group's cells are freed when the next one opens or the iterator is closed. One
+        group is open at a time: scoring anything else in between frees it."""
         from .llamabranches import LlamaOpenItems
 
         tries = [trie(r.candidates) for r in rows]
         self._check(prefix, rows, tries)
         self._set_embeddings(False)
-        start = 0
+        start, most = 0, None
         while start < len(rows):  # each group sized when it opens, by what a row of the last one took
-            group = [start + b for b in next(self._groups(rows[start:], tries[start:], self._race_sequences))]
+            group = [start + b for b in next(self._groups(rows[start:], tries[start:], most))]
             start = group[-1] + 1
             opened = None
             try:
@@ -415,7 +416,7 @@ class LlamaEngine:
             finally:
                 self.free_sequences(sorted(self._taken))
                 if opened is not None:
-                    self._race_sequences = max(1, opened.most)
+                    most = max(1, opened.most)
 
     def take_sequences(self, seqs: Sequence[int], shared: int) -> None:
         """Sequences `seqs` given the prefix's first `shared` cells (a tag on them, no copy), held

@@ -266,7 +266,7 @@ def test_items_kept_between_decodes_feed_branches_as_full_scoring_scores_them(gg
 
 
 def test_a_race_short_of_sequences_lets_rows_go_and_decodes_them_again(gguf_file, tokenizer):
-    """12 rows of 22 leaves in one group (sized by a last race whose row took one sequence): every
+    """12 rows of 22 leaves in one group (sized by a group before whose rows took one sequence): every
     branch of every row needs 264 sequences of a context's 255. A feed then decodes what fits, lets rows go (those not asked for first) and decodes the rest; a
     row let go is decoded again (its own tokens and fed nodes) when next fed. Every value is
     still full scoring's; no node runs twice while the sequences last."""
@@ -278,10 +278,10 @@ def test_a_race_short_of_sequences_lets_rows_go_and_decodes_them_again(gguf_file
     nodes = sorted({c[:k] for c in cands for k in range(1, len(c) + 1)})
     summed = [dict(zip(nodes, lps)) for lps in engine.score(handle, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
     ends = sorted({c[:-1] for c in cands if len(c) > 1})
-    for _ in engine.open_items(handle, rows[:1]):  # a race that branched nowhere: the next group counts a sequence a row
-        pass
-    groups = engine.open_items(handle, rows)
-    opened = next(groups)  # one group; its cells are freed when the iterator goes on or is closed
+    groups = engine.open_items(handle, rows[:11] + rows)
+    assert len(next(groups).rows) == 11  # a sequence a leaf; a race that branches nowhere in it: a row took one
+    opened = next(groups)  # so the next group holds all 12 (its cells are freed when the iterator goes on)
+    assert len(opened.rows) == 12
     costs = []
     for chosen in ({0: ends[:-1], **{b: ends for b in range(1, 12)}},  # rows 0-10 fit the 243 free, row 11 does
                    # not: a second decode for it, row 0 (not asked for any more) let go

@@ -282,6 +282,32 @@ def test_bench_on_llama_cpp_times_its_cheapest_ranking_beside_the_pipeline(tmp_p
     assert table.exit_code == 0 and "its cheapest): " in table.stdout and "items get another label" in table.stdout
 
 
+@pytest.mark.usefixtures("races_of_any_size")
+def test_a_quantised_files_race_gives_a_resumed_run_the_same_records(tmp_path, gguf_file):
+    """The race's groups (and so its decodes' shapes) follow from a batch's rows alone, never from
+    what the process raced before: the second batch of a resumed run is raced as in the
+    uninterrupted run, to the last bit, on a quantised file."""
+    from gguf_fixture import quantize
+
+    labels = [f"{w} {v}" for w in ("card", "loan", "account", "transfer", "payment", "app", "login", "refund")
+              for v in ("new", "lost", "late", "failed", "closed", "changed", "blocked", "pending")]
+    spec = write_spec(tmp_path, labels=labels)  # 64 labels: a group of a sequence a leaf holds 3 rows
+    items = tmp_path / "many.jsonl"
+    items.write_text("".join(json.dumps({"id": f"m{n}", "text": f"{ROWS[n % len(ROWS)]['text']} (case {n})"}) + "\n"
+                             for n in range(8)))
+    q8 = quantize(gguf_file, tmp_path / "tiny-Q8_0.gguf", "Q8_0")
+    common = ["-m", q8, "--backend", "llama.cpp", "--prune", "on", "-b", 4, "--batch-tokens", 100000]
+    whole = tmp_path / "whole.jsonl"
+    assert invoke("run", spec, items, "-o", whole, *common).exit_code == 0
+    stopped = tmp_path / "stopped.jsonl"
+    stopped.write_text("".join(whole.read_text().splitlines(keepends=True)[:4]))  # stopped after the first batch
+    (tmp_path / "stopped.jsonl.prefixcache.json").write_text((tmp_path / "whole.jsonl.prefixcache.json").read_text())
+    resumed = invoke("run", spec, items, "-o", stopped, "--resume", *common)
+    assert resumed.exit_code == 0, resumed.output
+    assert records(stopped) == records(whole)
+    assert any(r["pruned"] for r in records(whole))
+
+
 def test_a_quantised_files_records_are_the_same_after_a_stop_and_resume(tmp_path, items, gguf_file):
     """On a quantised file llama.cpp's numbers move a little with a row's neighbours: a resume forms
     the batches an uninterrupted run formed and scores a batch it stopped in whole again, so every
