@@ -299,13 +299,18 @@ def test_a_quantised_files_race_gives_a_resumed_run_the_same_records(tmp_path, g
     common = ["-m", q8, "--backend", "llama.cpp", "--prune", "on", "-b", 4, "--batch-tokens", 100000]
     whole = tmp_path / "whole.jsonl"
     assert invoke("run", spec, items, "-o", whole, *common).exit_code == 0
+    assert resumed_after(tmp_path, spec, items, whole, 4, common) == records(whole)  # stopped after the first batch
+    assert any(r["pruned"] for r in records(whole))
+
+
+def resumed_after(tmp_path, spec, items, whole, kept, common):
+    """The records of a run stopped after `kept` of `whole`'s records, then resumed."""
     stopped = tmp_path / "stopped.jsonl"
-    stopped.write_text("".join(whole.read_text().splitlines(keepends=True)[:4]))  # stopped after the first batch
+    stopped.write_text("".join(whole.read_text().splitlines(keepends=True)[:kept]))
     (tmp_path / "stopped.jsonl.prefixcache.json").write_text((tmp_path / "whole.jsonl.prefixcache.json").read_text())
     resumed = invoke("run", spec, items, "-o", stopped, "--resume", *common)
     assert resumed.exit_code == 0, resumed.output
-    assert records(stopped) == records(whole)
-    assert any(r["pruned"] for r in records(whole))
+    return records(stopped)
 
 
 def test_a_quantised_files_records_are_the_same_after_a_stop_and_resume(tmp_path, items, gguf_file):
@@ -323,9 +328,4 @@ def test_a_quantised_files_records_are_the_same_after_a_stop_and_resume(tmp_path
     assert invoke("run", spec, items, "-o", whole, *common).exit_code == 0
     assert records(pairs) != records(whole)
     assert json.loads((tmp_path / "whole.jsonl.prefixcache.json").read_text())["scores_move_with_batch"] is True
-    stopped = tmp_path / "stopped.jsonl"
-    stopped.write_text("".join(whole.read_text().splitlines(keepends=True)[:2]))  # stopped inside the first batch
-    (tmp_path / "stopped.jsonl.prefixcache.json").write_text((tmp_path / "whole.jsonl.prefixcache.json").read_text())
-    resumed = invoke("run", spec, items, "-o", stopped, "--resume", *common)
-    assert resumed.exit_code == 0, resumed.output
-    assert records(stopped) == records(whole)
+    assert resumed_after(tmp_path, spec, items, whole, 2, common) == records(whole)  # stopped inside the first batch
