@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from .llamacpp import _Token
 from .rows import Node, Row, Trie
 
 if TYPE_CHECKING:
@@ -47,14 +48,13 @@ class LlamaOpenItems:
     `most`: the most sequences one row has held at once (what the engine sizes its next group by)."""
 
     def __init__(self, engine: "LlamaEngine", rows: Sequence[Row], tries: Sequence[Trie], sequences: int):
-        from .llamacpp import _Token
-
         self.engine, self.rows = engine, list(rows)
         self._free = list(range(sequences - 1, 0, -1))  # sequence ids not in use (0 is the prefix's)
         self._kept: list[_Kept | None] = []
         self._fed: list[set[Node]] = [set() for _ in rows]  # every node fed, kept or let go
-        self._valid = [set(_node_keys(t)) for t in tries]
-        self._nexts = [_children(row, t) for row, t in zip(rows, tries)]
+        keys = [_node_keys(t) for t in tries]
+        self._valid = [set(k) for k in keys]
+        self._nexts = [_children(row, t, k) for row, t, k in zip(rows, tries, keys)]
         self._own = [[int(i) for i in row.ids[row.prefix_len:]] for row in rows]
         self.most = 1
         tokens: list[_Token] = []
@@ -136,14 +136,12 @@ class LlamaOpenItems:
     def _take(self, shared: int) -> int:
         """A free sequence, given the prefix's first `shared` cells."""
         s = self._free.pop()
-        self.engine.take_sequences([s], shared)
+        self.engine.take_sequence(s, shared)
         return s
 
     def _decode_nodes(self, new: dict[int, list[Node]]) -> dict[int, dict[Node, float]]:
         """One decode of the rows' new nodes (a row let go: its own tokens and every node fed
         before too); per row, the children of the new nodes and their log-probs."""
-        from .llamacpp import _Token
-
         tokens: list[_Token] = []
         asked: list[tuple[int, Node, int]] = []  # (row, node, batch index of its logits)
         for b, nodes in new.items():
@@ -157,9 +155,9 @@ class LlamaOpenItems:
             run = sorted([*again, *nodes], key=len)
             seqs = self._assign(b, kept, run, end, fresh=bool(again))
             self.most = max(self.most, len({kept.base, *kept.seq.values()}))
-            if again:
-                carried = [kept.base] + [s for n in run for s in [seqs[n]] if s != kept.base]
-                tokens += [_Token(tok, row.prefix_len + k, list(dict.fromkeys(carried)), False) for k, tok in enumerate(own)]
+            if again:  # the row's own tokens carry every sequence of the decode, theirs first
+                carried = list(dict.fromkeys([kept.base, *(seqs[n] for n in run)]))
+                tokens += [_Token(tok, row.prefix_len + k, carried, False) for k, tok in enumerate(own)]
             below = _carried(run, seqs)
             wanted = set(nodes)
             for node in run:
@@ -206,11 +204,6 @@ class LlamaOpenItems:
         logits, total = self.engine._logits(at), self.engine._logsumexp(at)
         return {node + (tok,): float(logits[tok]) - total for tok in tokens}
 
-    def close(self) -> None:
-        """Every sequence the group holds removed: every cell but the prefix's is free again."""
-        for b, kept in enumerate(self._kept):
-            if kept is not None:
-                self._let_go(b)
 
 
 def _branching(run: list[Node], continued: set[Node]) -> int:
@@ -245,9 +238,9 @@ def _node_keys(t: Trie) -> list[Node]:
     return keys
 
 
-def _children(row: Row, t: Trie) -> dict[Node, list[int]]:
-    """Per node (() for the row's end), the tokens that follow it in some candidate."""
-    keys = _node_keys(t)
+def _children(row: Row, t: Trie, keys: list[Node]) -> dict[Node, list[int]]:
+    """Per node (() for the row's end), the tokens that follow it in some candidate (`keys`: the
+    trie's nodes, `_node_keys`)."""
     nexts: dict[Node, dict[int, None]] = {}
     for tok, parent in zip(t.tokens, t.parents):
         nexts.setdefault(keys[parent] if parent >= 0 else (), {})[tok] = None

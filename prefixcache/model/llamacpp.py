@@ -418,12 +418,11 @@ class LlamaEngine:
                 if opened is not None:
                     most = max(1, opened.most)
 
-    def take_sequences(self, seqs: Sequence[int], shared: int) -> None:
-        """Sequences `seqs` given the prefix's first `shared` cells (a tag on them, no copy), held
+    def take_sequence(self, seq: int, shared: int) -> None:
+        """Sequence `seq` given the prefix's first `shared` cells (a tag on them, no copy), held
         until `free_sequences`."""
-        for s in seqs:
-            self._taken.add(s)
-            self._L.llama_memory_seq_cp(self._mem, 0, s, 0, shared)
+        self._taken.add(seq)
+        self._L.llama_memory_seq_cp(self._mem, 0, seq, 0, shared)
 
     def tag_cells(self, source: int, seq: int, start: int, end: int) -> None:
         """The cells `source` holds at positions [start, end) seen by sequence `seq` too (no copy)."""

@@ -226,19 +226,27 @@ def test_the_file_type_and_limits_are_the_files(engine):
     assert engine.branches is True
 
 
-def test_items_kept_between_decodes_feed_branches_as_full_scoring_scores_them(gguf_file, tokenizer):
-    """The race's passes on llama.cpp (model/llamabranches.py): rows decoded once, trie nodes fed
-    over several decodes, each node's token log-prob that of full scoring; nothing kept after."""
-    import random
-
-    engine = LlamaEngine(gguf_file, threads=1)  # no race before: its first group counts a sequence a leaf
+def race_rows(gguf_file, tokenizer):
+    """A fresh engine (no race before: its first group counts a sequence a leaf), its prefix, 12
+    rows of 22 leaves each, per row every trie node's summed log-prob by full scoring, and the
+    nodes a race feeds to finish each candidate."""
+    engine = LlamaEngine(gguf_file, threads=1)
     prefix, rows = rows_for(tokenizer, TEXTS * 3)
     cands = list(rows[0].candidates) + [(300 + i, 500 + i, 700) for i in range(20)]  # 22 leaves a row
     rows = [Row(r.ids, r.prefix_len, cands) for r in rows]
     handle = engine.prefill(prefix)
     nodes = sorted({c[:k] for c in cands for k in range(1, len(c) + 1)})
     summed = [dict(zip(nodes, lps)) for lps in engine.score(handle, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
-    ends = sorted({c[:-1] for c in cands if len(c) > 1})
+    return engine, handle, rows, summed, sorted({c[:-1] for c in cands if len(c) > 1})
+
+
+def test_items_kept_between_decodes_feed_branches_as_full_scoring_scores_them(gguf_file, tokenizer):
+    """The race's passes on llama.cpp (model/llamabranches.py): rows decoded once, trie nodes fed
+    over several decodes, each node's token log-prob that of full scoring; nothing kept after."""
+    import random
+
+    engine, handle, rows, summed, ends = race_rows(gguf_file, tokenizer)
+    nodes = list(summed[0])
     rng, b0, groups = random.Random(0), 0, 0
     for opened in engine.open_items(handle, rows):
         groups += 1
@@ -266,18 +274,12 @@ def test_items_kept_between_decodes_feed_branches_as_full_scoring_scores_them(gg
 
 
 def test_a_race_short_of_sequences_lets_rows_go_and_decodes_them_again(gguf_file, tokenizer):
-    """12 rows of 22 leaves in one group (sized by a group before whose rows took one sequence): every
-    branch of every row needs 264 sequences of a context's 255. A feed then decodes what fits, lets rows go (those not asked for first) and decodes the rest; a
-    row let go is decoded again (its own tokens and fed nodes) when next fed. Every value is
-    still full scoring's; no node runs twice while the sequences last."""
-    prefix, rows = rows_for(tokenizer, TEXTS * 3)
-    cands = list(rows[0].candidates) + [(300 + i, 500 + i, 700) for i in range(20)]
-    rows = [Row(r.ids, r.prefix_len, cands) for r in rows]
-    engine = LlamaEngine(gguf_file, threads=1)
-    handle = engine.prefill(prefix)
-    nodes = sorted({c[:k] for c in cands for k in range(1, len(c) + 1)})
-    summed = [dict(zip(nodes, lps)) for lps in engine.score(handle, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
-    ends = sorted({c[:-1] for c in cands if len(c) > 1})
+    """12 rows of 22 leaves in one group (sized by a group before whose rows took one sequence):
+    every branch of every row needs 264 sequences of a context's 255. A feed then decodes what
+    fits, lets rows go (those not asked for first) and decodes the rest; a row let go is decoded
+    again (its own tokens and fed nodes) when next fed. Every value is still full scoring's; no
+    node runs twice while the sequences last."""
+    engine, handle, rows, summed, ends = race_rows(gguf_file, tokenizer)
     groups = engine.open_items(handle, rows[:11] + rows)
     assert len(next(groups).rows) == 11  # a sequence a leaf; a race that branches nowhere in it: a row took one
     opened = next(groups)  # so the next group holds all 12 (its cells are freed when the iterator goes on)
