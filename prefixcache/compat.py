@@ -300,11 +300,6 @@ def int8_matmul(device: str) -> bool:
     return device.startswith("cpu") and bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
-def low_precision_pays(dtype: str, device: str) -> bool:
-    """Whether the device has the matrix units of a low precision (`--exact` gains nothing without them)."""
-    return int8_matmul(device) if dtype == "int8" else bf16_matmul(device)
-
-
 def bf16_matmul(device: str) -> bool:
     """Whether bfloat16 matrix products are fast here: CUDA with bf16 support, or a CPU with AMX or
     AVX-512 BF16 instructions (read from /proc/cpuinfo; False where it cannot be told)."""

@@ -79,8 +79,9 @@ def _rescored(figures: Rescoring) -> str:
     from ..scoring.exact import bound_text  # a run with --exact: torch is loaded already
 
     share = figures.rescored / figures.scored if figures.scored else 0.0
+    beyond = f", {figures.beyond} moved further than it" if figures.beyond else ""
     return (f" · {figures.rescored} of {figures.scored} items re-scored in float32 ({share:.0%}; "
-            f"{bound_text(figures.bound)})")
+            f"{bound_text(figures.bound)}{beyond})")
 
 
 def print_evaluation(console: Console, evaluation: Evaluation | TagEvaluation | QuestionsEvaluation) -> None:
@@ -157,8 +158,11 @@ def print_bench(report: BenchReport) -> None:
             "-" if m.peak_rss_mb is None else f"{m.peak_rss_mb:.0f}",
         )
     out.print(table)
+    from ..model.precision import find
+
+    counted = find(report.dtype)
     out.print(
-        (f"{report.dtype} matmul peak {report.peak_gflops:.0f} {'GOP' if report.dtype == 'int8' else 'GFLOP'}/s · "
+        (f"{report.dtype} matmul peak {report.peak_gflops:.0f} {counted.peak_unit if counted else 'GFLOP'}/s · "
          if report.peak_gflops else "") + f"unavoidable work {report.unavoidable_gflop:.2f} GFLOP/item "
         f"({report.item_tokens:.1f} item tokens + {report.candidate_tokens:.1f} label tokens) · "
         f"prefix {report.prefix_tokens} tokens, prefill {report.prefill_ms:.0f} ms · load {report.load_seconds:.1f} s\n"

@@ -8,6 +8,8 @@
 - engine.py: prefills the static prefix once and scores batches of rows and their candidates
   against it in one forward pass (transformers on torch);
 - llamacpp.py: the same on llama.cpp, a GGUF file kept quantised (llama-cpp-python's low-level API);
+- precision.py: the precisions the transformers engine computes in, one registry entry each
+  (load dtype, quantiser, packages, batch dependence, matrix unit, tolerance);
 - int8.py: `--dtype int8` on the transformers engine: int8 weights and per-token int8 activations (torchao);
 - engines.py: the engines there are, one registry entry each (name, refusal, memory, load,
   capabilities): what the rest of the program asks instead of an engine's name;

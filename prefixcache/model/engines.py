@@ -202,43 +202,59 @@ def _transformers_make(load: Load) -> Any:
     import torch
 
     from .engine import Engine
-    from .load import load_model, pick_device, pick_dtype
+    from .load import dtype_name, load_model, pick_device, pick_dtype
+    from .precision import precision_named
 
     if load.threads:
         torch.set_num_threads(load.threads)
     device = pick_device(load.device)
-    _slow_precision(load.dtype, device)
+    precision = precision_named(dtype_name(load.dtype, device))
+    _slow_precision(precision, device)
     model = load_model(load.source, load.tokenizer, load.cache_dir, device, pick_dtype(load.dtype, device))
-    if load.dtype == "int8":
-        from .int8 import quantise
-
-        quantise(model)
+    if precision.quantise is not None:
+        precision.quantise(model)
     return Engine(model)
 
 
-def _slow_precision(dtype: str, device: str) -> None:
-    """Warn where a low precision asked for is slower than float32: a CPU without bfloat16 matrix
-    instructions emulates them (measured: bfloat16 6.3x slower than float32 there); one without
-    int8 dot products gains little from int8."""
-    from .. import compat
-
-    if device == "cpu" and dtype in ("bfloat16", "float16") and not compat.bf16_matmul(device):
-        log.warning("--dtype %s: this CPU has no bfloat16 matrix instructions (AVX-512 BF16 or AMX), so it "
-                    "computes several times slower than float32 (measured 6.3x); --dtype float32 (or auto) is "
-                    "faster and exact", dtype)
-    if device == "cpu" and dtype == "int8" and not compat.int8_matmul(device):
-        log.warning("--dtype int8: this CPU has no int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX), "
-                    "so int8 may be no faster than float32; bench times both")
+def _slow_precision(precision: Any, device: str) -> None:
+    """Warn where a low precision asked for is slower than float32: a CPU without its matrix unit
+    emulates it (measured: bfloat16 6.3x slower than float32 without bfloat16 instructions; int8
+    gains little without int8 dot products)."""
+    if device != "cpu" or precision.pays(device):
+        return
+    if precision.quantise is None:
+        log.warning("--dtype %s: this CPU has no %s, so it computes several times slower than float32 (measured "
+                    "6.3x); --dtype float32 (or auto) is faster and exact", precision.name, precision.unit)
+    else:
+        log.warning("--dtype %s: this CPU has no %s, so %s may be no faster than float32; bench times both",
+                    precision.name, precision.unit, precision.name)
 
 
 def _transformers_refusal(source: ModelSource, device: str, dtype: str, exact: bool) -> str | None:
-    from .int8 import INSTALL, installed
+    from .precision import find
 
-    if dtype == "int8" and not installed():
-        return f"--dtype int8 needs torchao: {INSTALL}"
-    if dtype == "int8" and device not in ("auto", "cpu", None) and not str(device).startswith("cuda"):
-        return f"--dtype int8 runs on the CPU or CUDA, not {device}"
+    precision = find(dtype)
+    if precision is None or precision.quantise is None:
+        return None
+    if not precision.installed():
+        return f"--dtype {dtype} needs {precision.install}"
+    if device not in ("auto", "cpu", None) and not str(device).startswith("cuda"):
+        return f"--dtype {dtype} runs on the CPU or CUDA, not {device}"
     return None
+
+
+def _precision_moves(precision: str) -> bool:
+    from .precision import find
+
+    entry = find(precision)
+    return entry is None or entry.moves_with_batch
+
+
+def _precision_packages(precision: str) -> tuple[str, ...]:
+    from .precision import find
+
+    entry = find(precision)
+    return entry.packages if entry is not None else ()
 
 
 def _llama_gpu(device: str) -> bool:
@@ -307,7 +323,6 @@ def _llama_refusal(source: ModelSource, device: str, dtype: str, exact: bool) ->
 
 register(Backend("transformers", "transformers", _transformers_make, refusal=_transformers_refusal,
                  footprint=_transformers_footprint, float32_twin=True,
-                 moves_with_batch=lambda precision: precision == "int8",
-                 computes_with=lambda precision: ("torchao",) if precision == "int8" else ()))
+                 moves_with_batch=_precision_moves, computes_with=_precision_packages))
 register(Backend("llama.cpp", "llama_cpp_python", _llama_make, refusal=_llama_refusal, footprint=_llama_footprint,
                  file_precision=True, max_leaves=MAX_SEQUENCES - 1, moves_with_batch=lambda precision: True))

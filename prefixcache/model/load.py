@@ -349,29 +349,27 @@ def pick_device(device: str = "auto") -> str:
     return device
 
 
-DTYPES = ("float32", "bfloat16", "float16", "int8")
-LOW_PRECISION = ("bfloat16", "float16", "int8")  # what --exact re-scores in float32
-
-
 def dtype_name(dtype: str, device: str) -> str:
-    """The name of the dtype `pick_dtype` gives, without importing torch where it is not needed."""
+    """The name of the precision `pick_dtype` gives, without importing torch where it is not needed."""
+    from .precision import precision_named
+
     if dtype == "auto" and device == "cuda":
         return str(pick_dtype(dtype, device)).removeprefix("torch.")
     if dtype == "auto":
         return "float32"
-    if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16, float16 or int8")
-    return dtype
+    return precision_named(dtype).name
 
 
 def pick_dtype(dtype: str, device: str) -> torch.dtype:
-    """The dtype the weights load in: int8's are loaded in float32, then quantised (model/int8.py)."""
+    """The dtype the weights load in (the precision's entry says: int8's load in float32, then are
+    quantised)."""
     import torch
+
+    from .precision import precision_named
 
     if dtype == "auto" and device == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    name = dtype_name(dtype, device)
-    return torch.float32 if name == "int8" else getattr(torch, name)
+    return getattr(torch, precision_named(dtype_name(dtype, device)).loads_as)
 
 
 def load_weights(path: str, dtype: torch.dtype, **kwargs: Any) -> PreTrainedModel:

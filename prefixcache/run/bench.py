@@ -34,7 +34,7 @@ from ..scoring.build import build_scorer
 from ..scoring.options import ScoringOptions
 from ..scoring.scorer import Scorer
 from ..model.engines import default_backend
-from ..model.load import LOW_PRECISION
+from ..model.precision import low_names
 from ..model.store import PrefixStore
 from ..scoring.prepare import Batching, Prepared, Task
 
@@ -542,7 +542,7 @@ def run_precision_bench(fp32: Scorer, fast: Scorer, checked: CheckedScorer, item
                         batching: Batching = Batching(), step: Step = _quiet) -> PrecisionReport:
     def timed(scorer: Scorer, name: str) -> ModeResult:
         list(classify(scorer, items[: batching.size], batching))  # warm-up
-        scorer.clear()  # neither its scores nor (--exact) its measured bound carry over
+        scorer.clear()  # its scores do not carry over (--exact's bound, a property of the task, does)
         labels = lambda: [record_prediction(r) for r in classify(scorer, items, batching)]  # noqa: E731
         return _timed(name, len(items), labels, scorer.engine, step)
 
@@ -561,7 +561,7 @@ def bench_exact(task: Task, items: Sequence[Item], options: ScoringOptions, batc
                 step: Step = _quiet) -> PrecisionReport:
     """Load the float32 and the low-precision models and time the three ways of scoring (each
     prefix prefilled, every label scored: precision is what is compared)."""
-    if options.dtype not in LOW_PRECISION:
+    if options.dtype not in low_names():
         raise UsageError("bench --exact compares float32 with a low precision: give --dtype bfloat16 (or int8, float16)")
     step("loading the float32 and the low-precision models")
     plain = options.replace(prune="off", cache_store=False, exact=False)
@@ -569,4 +569,5 @@ def bench_exact(task: Task, items: Sequence[Item], options: ScoringOptions, batc
     # the pair itself, even where `run --exact` would score in float32 alone (no bfloat16 matrix
     # instructions): what it would cost there is what this measures
     checked = CheckedScorer.pair(task, options.cache_dir, options.device, options.dtype)
+    checked.calibrate(items)  # as a run would: on the first items, before any is timed
     return run_precision_bench(fp32, fast, checked, items, batching, step)

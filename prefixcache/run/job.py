@@ -19,7 +19,7 @@ import signal
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from ..data.items import Item, ItemsDigest
@@ -318,10 +318,25 @@ class Job:
             items = self.reading.follow(items)
         if self.plan.stream:  # read once, never scanned: check it as it streams
             items = checked_stream(items, self.options.items, done)
+        items = self._calibrated(items)
         if self.begun.mode != "update":
             yield from self._classify(items, done, left)
             return
         yield from self._updated(items, left)
+
+    def _calibrated(self, items: Iterator[Item]) -> Iterator[Item]:
+        """What the scorer measures on the input's first items before scoring any (--exact: its
+        bound), so that every record follows from it whatever the batches, --limit or shard: read
+        from the input afresh (a stream, read once, from `items`)."""
+        wanted = self.scorer.calibration_items()
+        if not wanted:
+            return items
+        if not self.plan.stream:
+            self.scorer.calibrate(islice(self.plan.read_input(), wanted))
+            return items
+        head, rest = _peek(items, wanted)
+        self.scorer.calibrate(head)
+        return chain(head, rest)
 
     def _classify(self, items: Iterator[Item], done: dict, left: Optional[int]) -> Iterator[Record]:
         stats = self.result.stats
@@ -500,3 +515,22 @@ def load_scorer(task: Task, plan: Plan) -> ItemScorer:
     from ..scoring.build import build_scorer  # the torch side: imported once a model is needed
 
     return build_scorer(task, plan.options.scoring(device=plan.device, exact=plan.says_precision))
+
+
+def _peek(items: Iterator[Item], count: int) -> tuple[list[Item], Iterator[Item]]:
+    """The first `count` items and the rest; a bad line among them (a stream checked as it is read)
+    is raised where it stands, after the items before it."""
+    head: list[Item] = []
+    try:
+        for item in items:
+            head.append(item)
+            if len(head) >= count:
+                break
+    except InputError as exc:
+        return head, _raising(exc)
+    return head, items
+
+
+def _raising(exc: InputError) -> Iterator[Item]:
+    raise exc
+    yield  # noqa: unreachable - a generator that raises when first read

@@ -158,9 +158,10 @@ class RunOptions:
                                   help="CPU threads the model computes with (default: every core).")
     exact: bool = _opt(False, "--exact", metavar="", words=_switch("--exact"), help=(
         "With --dtype bfloat16 (or int8): score in it, then score again in float32 the items whose decision rounding "
-        "could change: float32's labels (typed questions: every question's decision), both models in memory. Its "
-        "speed depends on how many items are close calls: measured at 0.63-0.91x float32's on the embedded model "
-        "(docs/models.md); `bench --exact` measures yours."))
+        "could change: float32's labels (typed questions: every question's decision). Which items follows from the "
+        "scores alone, by a bound measured once on the input's first items and kept; the float32 weights load only "
+        "when needed. Its speed depends on how many items are close calls (docs/models.md); `bench --exact` "
+        "measures yours."))
     prune: str = _opt("auto", "--prune", cli_type=Prune, help=(
         "Labels, and typed questions' choice questions: score the candidates best-first and stop scoring those "
         "that can no longer win. on: the same answers (and abstentions), the other probabilities computed with "

@@ -16,7 +16,8 @@ from ..data.resume import file_digest, OutputFile
 from ..data.records import Keep, columns, keep_clash
 from ..errors import OutputError, SpecError, UsageError
 from ..model.engines import Backend, backend_named, twin_backend
-from ..model.load import LOW_PRECISION, dtype_name, model_identity, pick_device
+from ..model.load import dtype_name, model_identity, pick_device
+from ..model.precision import low_names
 from ..reports.evaluation import Gates
 from ..scoring.prepare import Batching, check_backend, spec_model
 from ..task.head import exact_refusal
@@ -171,7 +172,7 @@ def _check_engine(options: RunOptions, spec: TaskSpec) -> None:
         twin = twin_backend().name
         raise UsageError(f"--backend {asked}: --exact scores close calls again in float32 on {twin}; {asked} "
                          f"has no float32 twin of a file (drop --exact, or use --backend {twin} --dtype bfloat16)")
-    if options.exact and options.dtype not in LOW_PRECISION:
+    if options.exact and options.dtype not in low_names():
         raise UsageError("--exact re-scores the close calls of a bfloat16, float16 or int8 run in float32: "
                          "give --dtype bfloat16 (or int8, float16)")
 

@@ -7,7 +7,8 @@
 - reading.py: `Reading`: what a scorer's fitted head reads of each forward (views, answer
   positions, the engine's probe) and whether it answers alone, fixed when the scorer is built;
 - exact.py: `CheckedScorer` (--exact): a low-precision scorer whose close calls are scored again
-  in float32;
+  in float32, by a gap bound measured on the input's first items;
+- bounds.py: the bounds --exact measured, kept in the cache by model, precision, engine and task;
 - pruning.py: pruned label scoring, the argmax of many labels at the cost of a few, exactly;
 - options.py: `ScoringOptions`, what every entry point may choose about scoring (no torch);
 - build.py: `build_scorer`, the one place a scorer is built whole (model, prefix, pruning), and

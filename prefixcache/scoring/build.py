@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 
-from .. import compat
 from ..errors import UsageError
 from ..task.head import exact_refusal
 from ..model.cache import prefixes_dir
@@ -33,6 +32,7 @@ from ..model.protocol import PrefixHandle, ScoringEngine
 from ..model.choice import pick_engine
 from ..model.engines import twin_backend
 from ..model.load import pick_device
+from ..model.precision import precision_named
 from ..model.store import PrefixStore
 from .options import ScoringOptions
 from .prepare import Task
@@ -55,7 +55,7 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
         pick_engine(task.source, options.backend or task.spec.backend, options.device, options.dtype, exact=True)
     store = prefix_store(options)
     device = pick_device(options.device)
-    if options.exact and not compat.low_precision_pays(options.dtype, device):
+    if options.exact and not precision_named(options.dtype).pays(device):
         log.warning("this %s has no %s matrix instructions, so --exact would gain nothing: scoring in float32",
                     device, options.dtype)
         scorer: ItemScorer = Scorer.load(task, options.cache_dir, options.device, "float32", store,

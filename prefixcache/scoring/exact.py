@@ -1,79 +1,105 @@
-"""fp32 answers at bf16 speed: score every batch with a bfloat16 (or float16) model, then score
-again in float32 exactly the items whose decision the rounding could have changed.
+"""fp32 answers at bf16 speed: score every item with a bfloat16 (or float16, int8) model, then
+score again in float32 exactly the items whose decision the rounding could have changed.
 
 An item's decision rests on the lead of its most probable candidate over the others, in
 log-probability (after normalisation and calibration); with typed questions, each question's
-decision on its own options' lead, and an item is as close as its closest question. Rounding shifts each candidate relative to
-the favourite by some amount; the decision can change only where that shift exceeds the lead. The
-bound is the largest shift measured, times SAFETY: the first batch is scored both ways, every item
-re-scored afterwards shows its own shift, and the bound widens when one exceeds it. Items whose
-low-precision lead is below the bound are scored again in float32. What is promised:
-re-scored items' records are float32 records; the others carry low-precision scores whose
-decision, by that measurement, matches float32's. It is a measured bound, not a proof.
+decision on its own options' lead, and an item is as close as its closest question. Rounding shifts
+each candidate relative to the favourite by some amount; the decision can change only where that
+shift exceeds the lead. The bound is the largest shift measured on the input's first
+CALIBRATION_ITEMS items, scored both ways, times SAFETY (never below FLOOR). Items whose
+low-precision lead is below it are scored again in float32.
+
+Which items are re-scored follows from the scores alone: the bound is measured once for a model,
+precision, engine and task (scoring/bounds.py keeps it; the output's fingerprint too, for a run that
+continues it) and never changes during a run, and no timing enters any decision. So the same run
+gives the same records twice, in batches of any size, and stopped and resumed. The float32 twin is
+loaded only when an item (or the measurement) needs it. What is promised: re-scored items' records
+are float32 records; the others carry low-precision scores whose lead is at least SAFETY times the
+largest shift measured. It is a measured bound, not a proof: a re-scored item that moved further
+than the bound is counted and said.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
+from itertools import islice
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
-from .scorer import Rescoring, Scorer, Scores
-from ..task.questions import Answers
+from ..data.items import Item
 from ..model.engines import twin_backend
 from ..model.store import PrefixStore
-from .prepare import Prepared, Task
+from .bounds import BoundStore, bound_key
+from .prepare import Batching, Prepared, Task
+from .scorer import Rescoring, Scorer, Scores
+from ..task.questions import Answers
 
 log = logging.getLogger(__name__)
 
 SAFETY = 2.0  # the bound is this many times the largest rounding shift measured
 FLOOR = 0.02  # never below this gap (in log-probability)
-PAYS = 0.8  # the low-precision pass and its re-scoring must cost at most this share of float32 alone
+CALIBRATION_ITEMS = 32  # the input's first items the bound is measured on
 TWIN_WHY = "--exact: the engine that loads a float32 twin"  # said for the engine --exact names
-FLOAT32_ONLY = 1e9  # the bound that means: every call is close, so items are scored in float32 alone
 
 
 def bound_text(bound: float) -> str:
-    """A gap bound in words: its value, or that items are scored in float32 alone."""
-    return "then float32 alone (the low-precision pass did not pay)" if bound >= FLOAT32_ONLY \
-        else f"gap bound {bound:.3g}"
+    """A gap bound in words."""
+    return f"gap bound {bound:.3g}"
 
 
 class CheckedScorer(Scorer):
     """A low-precision scorer whose close calls are scored again by a float32 one.
 
-    Attributes (besides Scorer's): exact (the float32 Scorer), bound (the current gap bound),
-    rescored (items scored again in float32), checked (items scored in low precision).
+    Attributes (besides Scorer's): bound (the gap bound; None until measured or carried),
+    rescored (items scored again in float32), checked (items scored in low precision),
+    beyond (re-scored items that rounding moved further than the bound).
     """
-
-    exact: Scorer
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.bound: float | None = None  # set by the first batch
-        self.rescored = self.checked = 0
-        self._float32_s = 0.0  # float32 alone per item, measured on the first batch
-        self._spent_s = 0.0  # after the first batch: the low-precision passes and their re-scoring
-        self._first_items = 0  # the first batch's items (all re-scored: the measurement)
+        self.bound: float | None = None
+        self.rescored = self.checked = self.beyond = 0
         self._precision: dict[tuple, str] = {}
+        self._twin: Callable[[], Scorer] | None = None  # loads the float32 scorer
+        self._exact: Scorer | None = None
+        self._bounds: BoundStore | None = None
+        self._key = ""
 
     @classmethod
     def pair(cls, task: Task, cache_dir: Path, device: str, dtype: str, store: PrefixStore | None = None
              ) -> "CheckedScorer":
-        """The low-precision scorer and its float32 twin (both models in memory; each prefix
-        prefilled, or loaded from the store, once)."""
+        """The low-precision scorer, its bound when this task was measured before, and how to load
+        its float32 twin (loaded when an item first needs it)."""
         twin = twin_backend().name
         fast = cls.load(task, cache_dir, device, dtype, store, says_precision=True, backend=twin, why=TWIN_WHY)
-        fast.exact = Scorer.load(task, cache_dir, device, "float32", store, backend=twin, why=TWIN_WHY)
+        fast._twin = lambda: Scorer.load(task, cache_dir, device, "float32", store, backend=twin, why=TWIN_WHY)
+        fast._bounds, fast._key = BoundStore(cache_dir), bound_key(task, fast.engine, fast.dtype)
+        fast.bound = fast._bounds.get(fast._key)
+        if fast.bound is not None:
+            log.info("--exact: calls closer than %.3g (measured before for this model, precision and task) are "
+                     "scored again in float32", fast.bound)
         return fast
+
+    @property
+    def exact(self) -> Scorer:
+        """The float32 twin, loaded on first use."""
+        if self._exact is None:
+            if self._twin is None:
+                raise RuntimeError("CheckedScorer without a float32 twin: build it with CheckedScorer.pair")
+            log.info("--exact: loading the float32 twin")
+            self._exact = self._twin()
+        return self._exact
+
+    @property
+    def twin_loaded(self) -> bool:
+        return self._exact is not None
 
     def precision(self, key: tuple) -> str | None:
         return self._precision.get(key, self.dtype)
 
     def rescoring(self) -> Rescoring:
-        return Rescoring(self.rescored, self.checked, self.bound or 0.0)
+        return Rescoring(self.rescored, self.checked, self.bound or 0.0, self.beyond)
 
     def exact_bound(self) -> float | None:
         return self.bound
@@ -82,88 +108,77 @@ class CheckedScorer(Scorer):
         self.bound = bound
         return True
 
-    def clear(self) -> None:
-        """Forget earlier items' scores and the measured bound: the next batch is measured anew."""
+    def calibration_items(self) -> int:
+        return 0 if self.bound is not None else CALIBRATION_ITEMS
+
+    def calibrate(self, items: Iterable[Item]) -> None:
+        """Measure the bound on `items` (the input's first ones), prepared and batched as by
+        default whatever the run's batch options, unless it is known already."""
+        if self.bound is not None:
+            return
+        batches = self.task.batches(islice(items, CALIBRATION_ITEMS), Batching(), self.context)
+        preps = list({p.key: p for batch in batches for p in batch if isinstance(p, Prepared)}.values())
+        if preps:
+            self._measure(preps)
+
+    def _measure(self, preps: Sequence[Prepared]) -> None:
+        """The bound from `preps` scored both ways: SAFETY times the widest shift (at least FLOOR)."""
+        low = super().score(preps).logprobs
+        high = self.exact.score(preps).logprobs
+        widest = max(self._moved(prep, lows, highs) for prep, lows, highs in zip(preps, low, high, strict=True))
+        # scores move with the items batched beside them: the run scores these items again in its
+        # own batches, so that its records are those of a run that found the bound kept
         super().clear()
         self.exact.clear()
+        self.bound = max(widest * SAFETY, FLOOR)
+        log.info("--exact: rounding moved a call by at most %.3g on the first %d items; calls closer than %.3g are "
+                 "scored again in float32", widest, len(preps), self.bound)
+        if self._bounds is not None:
+            self._bounds.put(self._key, self.bound, len(preps), widest)
+
+    def clear(self) -> None:
+        """Forget earlier items' scores and counts (the bound, a property of the task, stays)."""
+        super().clear()
+        if self._exact is not None:
+            self._exact.clear()
         self._precision.clear()
-        self.bound, self.rescored, self.checked = None, 0, 0
-        self._float32_s = self._spent_s = 0.0
-        self._first_items = 0
+        self.rescored = self.checked = self.beyond = 0
 
     def score(self, preps: Sequence[Prepared], known: Mapping[tuple, list[float]] | None = None) -> Scores:
-        if self.bound is not None and self.bound >= FLOAT32_ONLY and known is None:
-            return self._float32_only(preps)
-        start = time.perf_counter()
-        scores = super().score(preps, known)
         if known is not None or not preps:
-            return scores  # scores read back from records: what was written stands
-        spent = time.perf_counter() - start
+            return super().score(preps, known)  # scores read back from records: what was written stands
+        if self.bound is None:  # not calibrated on the input's first items (the Python API): on this batch
+            self._measure(list({p.key: p for p in preps}.values()))
+        scores = super().score(preps)
         fresh = {p.key: p for p in scores.computed}
         self.checked += len(fresh)
-        first = self.bound is None
-        gaps = [self._gap(p, self._scores.peek(p.key)) for p in fresh.values()]
-        close = list(fresh.values()) if first else [  # the first batch is measured both ways
-            p for p, gap in zip(fresh.values(), gaps) if gap < self.bound]
-        start = time.perf_counter()
+        close = []
+        for key, prep in fresh.items():
+            if self._gap(prep, self._scores.peek(key)) < self.bound:
+                close.append(prep)
+            else:
+                self._precision.pop(key, None)
         if close:
             self._rescore(close)
-        rescoring = time.perf_counter() - start
-        if first and fresh:
-            self._float32_s, self._first_items = rescoring / len(fresh), len(fresh)  # float32 alone, per item
-            # what the next batches would cost: the low-precision pass, and its calls closer than the bound
-            # (judged on the low-precision scores this batch had before it was re-scored)
-            share = sum(g < self.bound for g in gaps) / len(gaps)
-            self._decide_pays(spent / len(fresh) / self._float32_s + share, share)
-        else:
-            self._spent_s += spent + rescoring
-            self._pays_or_not()
         return Scores([self._scores.peek(p.key) for p in preps], scores.computed)
 
-    def _pays_or_not(self) -> None:
-        """After a later batch: whether the low-precision passes and their re-scoring so far cost
-        less than PAYS of float32 alone (per item, as the first batch measured it)."""
-        items = self.checked - self._first_items
-        if self._float32_s and items > 0:
-            self._decide_pays(self._spent_s / (items * self._float32_s), (self.rescored - self._first_items) / items)
-
-    def _decide_pays(self, cost: float, share: float) -> None:
-        """When `cost` (of float32 alone) is PAYS or more, every later item is scored in float32
-        alone (said once; the bound that says so is kept in the output's fingerprint, so a run
-        continued later does the same)."""
-        if cost >= PAYS and self.bound is not None and self.bound < FLOAT32_ONLY:
-            log.warning("--exact: %.0f%% of the calls are closer than this model's rounding can move them (bound %.3g), "
-                        "and re-scoring them costs %.2fx float32 alone: the other items are scored in float32 alone",
-                        100 * share, self.bound, cost)
-            self.bound = FLOAT32_ONLY
-
-    def _float32_only(self, preps: Sequence[Prepared]) -> Scores:
-        """Score in float32 alone (the low-precision pass would not pay: `_pays_or_not`)."""
-        todo = [p for p in preps if p.key not in self._scores]
-        if todo:
-            for prep, logprobs in zip(todo, self.exact.score(todo).logprobs):
-                self._scores.put(prep.key, logprobs)
-                self._precision[prep.key] = "float32"
-            self.checked += len(todo)
-            self.rescored += len(todo)
-        return Scores([self._scores.get(p.key) for p in preps], todo)
-
     def _rescore(self, close: list[Prepared]) -> None:
-        exact = self.exact.score(close)
-        widest = 0.0
-        for prep, logprobs in zip(close, exact.logprobs):
-            low = self._decision_logs(prep, self._scores.peek(prep.key), self)
-            high = self._decision_logs(prep, logprobs, self.exact)
-            widest = max(widest, self._shift(low, high))
-            self._scores.put(prep.key, logprobs)
+        """Score `close` in float32 and keep those scores; count any that rounding moved further
+        than the bound."""
+        for prep, high in zip(close, self.exact.score(close).logprobs):
+            moved = self._moved(prep, self._scores.peek(prep.key), high)
+            if moved >= self.bound:
+                self.beyond += 1
+                if self.beyond == 1:
+                    log.warning("--exact: rounding moved item %r by %.3g, more than the bound %.3g measured on the "
+                                "first items: the calls of other items whose lead lies between may differ from "
+                                "float32's (`bench --exact` counts them)", prep.item.id, moved, self.bound)
+            self._scores.put(prep.key, list(high))
             self._precision[prep.key] = "float32"
         self.rescored += len(close)
-        needed = max(widest * SAFETY, FLOOR)
-        if self.bound is None or needed > self.bound:
-            if self.bound is not None:
-                log.warning("rounding moved a score by %.3g, more than measured before: the re-scoring bound "
-                            "widens from %.3g to %.3g", widest, self.bound, needed)
-            self.bound = needed
+
+    def _moved(self, prep: Prepared, low: Sequence[float], high: Sequence[float]) -> float:
+        return self._shift(self._decision_logs(prep, low, self), self._decision_logs(prep, high, self.exact))
 
     def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Answers:
         if self._precision.get(prep.key) == "float32":

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Protocol, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -119,6 +119,10 @@ class ItemScorer(Protocol):
     def exact_bound(self) -> float | None: ...
 
     def carry_bound(self, bound: float) -> bool: ...
+
+    def calibration_items(self) -> int: ...
+
+    def calibrate(self, items: Iterable[Item]) -> None: ...
 
 
 class Scorer:
@@ -343,6 +347,14 @@ class Scorer:
         measured anew. Returns whether this scorer takes one (one that re-scores nothing does not)."""
         return False
 
+    def calibration_items(self) -> int:
+        """How many of the input's first items `calibrate` wants before any is scored (0: none)."""
+        return 0
+
+    def calibrate(self, items: Iterable[Item]) -> None:
+        """Measure what the scorer's decisions rest on from the input's first items (--exact: its
+        gap bound); this one measures nothing."""
+
     def score_unconditional(self, candidates: Sequence[Candidate], skips: Sequence[int] = ()) -> None:
         """Score the candidates not seen yet after the content-free prompt (every template field
         empty), in a forward pass of their own, so the values never depend on a batch. `skips`:
@@ -476,11 +488,13 @@ def _reported_keys(normalize: str, counts: list[int], texts: list[str], uncond: 
 
 @dataclass(frozen=True)
 class Rescoring:
-    """`--exact`: items scored again in float32, of the items scored, and the final gap bound."""
+    """`--exact`: items scored again in float32, of the items scored, the gap bound, and the
+    re-scored items that rounding moved further than it."""
 
     rescored: int
     scored: int
     bound: float
+    beyond: int = 0
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,10 @@ def test_version():
     assert result.exit_code == 0 and result.stdout == f"prefixcache {__version__}\n"
 
 
-def test_exact_help_states_the_measured_speed_not_a_promise():
+def test_exact_help_says_what_decides_and_promises_no_speed():
     text = " ".join(w for w in invoke("run", "--help", env={"COLUMNS": "200"}).stdout.split() if w != "│")
-    assert "at about bfloat16 speed" not in text and "measured at 0.63-0.91x float32's" in text
+    assert "at about bfloat16 speed" not in text and "Its speed depends on how many items are close calls" in text
+    assert "Which items follows from the scores alone, by a bound measured once on the input's first items" in text
 
 
 def test_every_command_has_examples_that_parse():

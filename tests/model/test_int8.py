@@ -59,7 +59,8 @@ def test_exact_gives_float32_labels_and_rescored_records_are_float32_records(job
     result, records = _run(spec, items, tmp_path / "exact.jsonl", "-b", 4, "--exact")
     assert [records[r["id"]]["label"] for r in fp32] == [r["label"] for r in fp32]
     precisions = {r["precision"] for r in records.values()}
-    assert precisions <= {"int8", "float32"} and "float32" in precisions
+    assert precisions <= {"int8", "float32"}
+    assert "items re-scored in float32" in result.stderr
     for want in fp32:
         got = records[want["id"]]
         if got["precision"] == "float32":

@@ -4,7 +4,6 @@ float32 run on the same items: the same labels, and re-scored records equal to f
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 from helpers import TEXTS, invoke, json_lines, write_spec
@@ -13,6 +12,13 @@ from prefixcache import compat
 
 from prefixcache.data.output import read_records
 from prefixcache.scoring import exact
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """A cache of the test's own: a bound one test measures (under its patched constants) is kept
+    there, and must not reach another."""
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", str(tmp_path / "cache"))
 
 
 @pytest.fixture()
@@ -26,10 +32,14 @@ def job(tmp_path, tiny_model_dir, monkeypatch):
     return spec, items, [json.loads(line) for line in plain.read_text().splitlines()]
 
 
-def _exact_run(spec, items, out):
-    result = invoke("run", spec, items, "-o", out, "-b", 4, "--dtype", "bfloat16", "--exact")
+def _exact_run(spec, items, out, *more):
+    result = invoke("run", spec, items, "-o", out, "-b", 4, "--dtype", "bfloat16", "--exact", *more)
     assert result.exit_code == 0, result.output
     return result, [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def _drop_ms(records):
+    return [{k: v for k, v in r.items() if k != "ms"} for r in records]
 
 
 def test_everything_under_the_bound_is_a_float32_run(job, tmp_path, monkeypatch):
@@ -42,39 +52,55 @@ def test_everything_under_the_bound_is_a_float32_run(job, tmp_path, monkeypatch)
         assert max(abs(got["logprobs"][k] - want["logprobs"][k]) for k in want["logprobs"]) < 1e-5
 
 
-def test_after_the_first_batch_only_close_calls_are_rescored(job, tmp_path, monkeypatch):
+def test_the_bound_is_measured_on_the_first_items_and_only_calls_under_it_are_rescored(job, tmp_path, monkeypatch):
     spec, items, fp32 = job
-    monkeypatch.setattr(exact, "FLOOR", 0.0)
-    monkeypatch.setattr(exact, "SAFETY", 0.0)  # a bound of 0: nothing after the measured first batch
-    monkeypatch.setattr(exact, "PAYS", math.inf)  # the low-precision pass always pays here (on a tiny model it may not)
+    monkeypatch.setattr(exact, "FLOOR", 1e-12)
+    monkeypatch.setattr(exact, "SAFETY", 0.0)  # a bound of 1e-12: no call is that close
     result, records = _exact_run(spec, items, tmp_path / "exact.jsonl")
-    precisions = [r["precision"] for r in records]
-    assert precisions[:4] == ["float32"] * 4 and set(precisions[4:]) == {"bfloat16"}
-    assert "4 of 22 items re-scored in float32" in result.stderr
+    assert "on the first 22 items; calls closer than 1e-12 are scored again in float32" in result.stderr
+    assert {r["precision"] for r in records} == {"bfloat16"}  # the measured items are decided as every other
+    assert "0 of 22 items re-scored in float32" in result.stderr
 
 
-def test_when_the_low_precision_pass_does_not_pay_the_rest_is_scored_in_float32_and_stays_so(job, tmp_path, monkeypatch):
+def test_a_task_measured_once_is_not_measured_again_nor_its_twin_loaded_when_no_call_is_close(job, tmp_path, monkeypatch):
     spec, items, fp32 = job
-    monkeypatch.setattr(exact, "PAYS", 0.0)  # nothing pays: after the first batch, float32 alone
-    result, records = _exact_run(spec, items, tmp_path / "exact.jsonl")
-    assert {r["precision"] for r in records} == {"float32"} and "the other items are scored in float32 alone" in result.stderr
-    assert [r["label"] for r in records] == [r["label"] for r in fp32]
-    assert "then float32 alone (the low-precision pass did not pay)" in result.stderr
-    part = tmp_path / "part.jsonl"  # continued after a stop: the float32 decision is kept, not measured anew
-    lines = (tmp_path / "exact.jsonl").read_text().splitlines(keepends=True)
-    part.write_text("".join(lines[:10]))
-    (tmp_path / "part.jsonl.prefixcache.json").write_text((tmp_path / "exact.jsonl.prefixcache.json").read_text())
-    monkeypatch.setattr(exact, "PAYS", math.inf)
-    resumed = invoke("run", spec, items, "-o", part, "-b", 4, "--dtype", "bfloat16", "--exact", "--resume")
-    assert resumed.exit_code == 0, resumed.output
-    assert [r["precision"] for r in json_lines(part)][10:] == ["float32"] * (len(records) - 10)
+    monkeypatch.setattr(exact, "FLOOR", 1e-12)
+    monkeypatch.setattr(exact, "SAFETY", 0.0)
+    first, records = _exact_run(spec, items, tmp_path / "first.jsonl")
+    assert "loading the float32 twin" in first.stderr
+    again, twice = _exact_run(spec, items, tmp_path / "again.jsonl")
+    assert "measured before for this model, precision and task" in again.stderr
+    assert "loading the float32 twin" not in again.stderr and "rounding moved" not in again.stderr
+    assert _drop_ms(twice) == _drop_ms(records)
+
+
+def test_records_follow_from_the_scores_alone_whatever_the_limit_the_cache_or_the_reading(job, tmp_path, monkeypatch):
+    """The bound is measured on the input's first items batched as by default, so a run with
+    --limit, a run that measures it anew and one on a stream write the same records; in other
+    batches (bfloat16 scores move with the items beside them) the same labels."""
+    spec, items, fp32 = job
+    leads = sorted(sorted(r["logprobs"].values())[-1] - sorted(r["logprobs"].values())[-2] for r in fp32)
+    monkeypatch.setattr(exact, "FLOOR", leads[len(leads) // 2])  # the median lead: some calls re-scored, others not
+    monkeypatch.setattr(exact, "SAFETY", 0.0)
+    _, whole = _exact_run(spec, items, tmp_path / "whole.jsonl")
+    assert {r["precision"] for r in whole} == {"bfloat16", "float32"}
+    _, limited = _exact_run(spec, items, tmp_path / "limited.jsonl", "--limit", 8)
+    assert _drop_ms(limited) == _drop_ms(whole[:8])
+    for size in (1, 3, 8):
+        _, other = _exact_run(spec, items, tmp_path / f"b{size}.jsonl", "-b", size)
+        assert [r["label"] for r in other] == [r["label"] for r in whole] == [r["label"] for r in fp32], size
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", str(tmp_path / "another-cache"))  # measured anew: the same bound
+    streamed = invoke("run", spec, "-", "-o", tmp_path / "stream.jsonl", "-b", 4, "--dtype", "bfloat16", "--exact",
+                      "--format", "jsonl", input=items.read_text())
+    assert streamed.exit_code == 0, streamed.output
+    assert _drop_ms(json_lines(tmp_path / "stream.jsonl")) == _drop_ms(whole)
 
 
 def test_labels_equal_a_float32_run_and_rescored_records_are_float32_records(job, tmp_path):
     spec, items, fp32 = job
     result, records = _exact_run(spec, items, tmp_path / "exact.jsonl")
     assert [r["label"] for r in records] == [r["label"] for r in fp32]
-    assert sum(r["precision"] == "float32" for r in records) >= 4  # the first batch at least was scored again
+    assert {r["precision"] for r in records} <= {"float32", "bfloat16"}
     for got, want in zip(records, fp32, strict=True):
         if got["precision"] == "float32":
             assert max(abs(got["logprobs"][k] - want["logprobs"][k]) for k in want["logprobs"]) < 1e-5
@@ -112,8 +138,7 @@ def test_an_interrupted_and_resumed_exact_run_writes_the_uninterrupted_records(j
         run_job(options, stop=lambda: signal.SIGINT if next(batches) == 2 else None)  # after 3 of 6 batches
     assert 0 < len(out.read_text().splitlines()) < len(whole)
     assert invoke("run", spec, items, "-o", out, "-b", 4, "--dtype", "bfloat16", "--exact", "--resume").exit_code == 0
-    drop = lambda r: {k: v for k, v in r.items() if k != "ms"}
-    assert [drop(json.loads(line)) for line in out.read_text().splitlines()] == [drop(r) for r in whole]
+    assert _drop_ms(json_lines(out)) == _drop_ms(whole)
 
 
 QUESTIONS = {"team": {"type": "choice", "instructions": "Which team?",
@@ -145,7 +170,8 @@ def test_typed_questions_decide_as_float32_and_rescored_answers_are_float32_answ
     result = invoke("run", spec, items, "-o", tmp_path / "exact.csv", "-b", 4, "--dtype", "bfloat16", "--exact")
     assert result.exit_code == 0, result.output
     records = read_records(str(tmp_path / "exact.csv")).records  # the CSV's precision column reads back
-    assert sum(r["precision"] == "float32" for r in records) >= (len(fp32) if floor else 4)
+    if floor:
+        assert all(r["precision"] == "float32" for r in records)
     for got, want in zip(records, fp32, strict=True):
         assert {q: _decided(a) for q, a in got["answers"].items()} == {q: _decided(a) for q, a in want["answers"].items()}
         if got["precision"] == "float32":

@@ -259,16 +259,26 @@ def test_tags_resume_shards_merge_update_and_keep_give_the_full_run(tag_run, tmp
     assert kept.read_text().splitlines()[0].startswith("id,text,labels,prob_billing")
 
 
-def test_tags_exact_rescores_close_calls_in_float32(tag_run, tmp_path):
+def test_tags_exact_rescores_close_calls_in_float32(tag_run, tmp_path, monkeypatch):
     from helpers import invoke, records
 
+    from prefixcache.scoring import exact as exact_mode
+
     spec, items = tag_run
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", str(tmp_path / "cache"))  # its bounds are this test's alone
     assert invoke("run", spec, items, "-o", tmp_path / "f32.jsonl").exit_code == 0
     result = invoke("run", spec, items, "-o", tmp_path / "ex.jsonl", "--dtype", "bfloat16", "--exact")
     assert result.exit_code == 0, result.stderr
     exact, want = records(tmp_path / "ex.jsonl"), records(tmp_path / "f32.jsonl")
     assert [r["labels"] for r in exact] == [r["labels"] for r in want]
-    assert {r["precision"] for r in exact} <= {"float32", "bfloat16"} and "float32" in {r["precision"] for r in exact}
+    assert {r["precision"] for r in exact} <= {"float32", "bfloat16"}
+    monkeypatch.setattr(exact_mode, "FLOOR", 1e9)  # every tag's call is close: each record a float32 one
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", str(tmp_path / "cache-wide"))
+    result = invoke("run", spec, items, "-o", tmp_path / "all.jsonl", "--dtype", "bfloat16", "--exact")
+    assert result.exit_code == 0, result.stderr
+    rescored = records(tmp_path / "all.jsonl")
+    assert {r["precision"] for r in rescored} == {"float32"}
+    assert [r["labels"] for r in rescored] == [r["labels"] for r in want]
 
 
 def test_tag_diff_shows_flips_and_mcnemar_per_label(tmp_path):
