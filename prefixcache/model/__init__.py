@@ -2,6 +2,7 @@
 
 - load.py: finds and loads models and tokenizers (hub ids, folders, GGUF files, the embedded
   default), converting GGUF weights once into the cache;
+- lean.py: a converted model's weights read straight into the dtype they compute in, a slice at a time;
 - memory.py: the memory a model will take (weights, keys and values, a GGUF conversion), from its files;
 - ggufheader.py: a GGUF file's header walked within bounds before anything parses it;
 - protocol.py: what the rest of the program may ask of an engine (`ScoringEngine`), the seam;

@@ -3,8 +3,9 @@
 Each linear layer but the output head keeps its weights as int8 with one scale per output channel,
 and quantises its input on the fly with one scale per token (torchao's dynamic int8 scheme): the
 matrix product runs on the CPU's int8 dot-product units (AVX-512 VNNI, AVX-VNNI, AMX) or a GPU's
-int8 tensor cores, accumulating exactly in int32. A token's scale is its own, so an item's numbers
-do not depend on the items batched with it. The output head stays in float32: the log-probability
+int8 tensor cores, accumulating exactly in int32. A token's scale is its own, yet an item's numbers
+move a little with the items batched beside it: a last-bit difference in a float sum elsewhere can
+carry a value across an int8 step (the output's fingerprint says so). The output head stays in float32: the log-probability
 of a label token is read from it, and it is a small share of the work on models that answer well.
 
 Example:
@@ -56,7 +57,9 @@ def quantise(model: "PreTrainedModel") -> int:
     wanted = set(chosen)
     quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=lambda module, name: name in wanted)
     model._prefixcache_precision = PRECISION  # what the engine says it computes in
-    _give_back_freed()
+    from .load import give_back_freed
+
+    give_back_freed()  # the float32 weights the int8 ones replaced
     log.info("int8: %d linear layers quantised (weights per channel, activations per token)", len(chosen))
     return len(chosen)
 
@@ -64,19 +67,6 @@ def quantise(model: "PreTrainedModel") -> int:
 def _quantised(name: str, module: object, torch: object) -> bool:
     """A linear layer to quantise: any but the output head."""
     return isinstance(module, torch.nn.Linear) and name.split(".")[-1] not in KEPT_FLOAT
-
-
-def _give_back_freed() -> None:
-    """The float32 weights the int8 ones replaced, handed back to the system (glibc keeps freed
-    memory otherwise: measured 3.3 GB resident for a 0.5B model, 2.1 GB after)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: its allocator keeps what it keeps
-        pass
 
 
 def precision_of(model: "PreTrainedModel") -> str | None:

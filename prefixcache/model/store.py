@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 # What reading a damaged, truncated or foreign file raises: the file is then unusable, never an error.
 UNREADABLE = (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError)
-FORMAT = "prefixcache-prefix-2"
+FORMAT = "prefixcache-prefix-3"  # 3: a GGUF file's first low-precision run no longer rounds its rotary frequencies
 DEFAULT_MAX_BYTES = 2 * 1024**3
 STALE_SECONDS = 3600  # a temporary file this old belongs to a writer that is gone
 

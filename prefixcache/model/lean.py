@@ -1,0 +1,125 @@
+"""A converted model's weights read straight into the precision they compute in, a slice at a time.
+
+`from_pretrained` on a float32 copy asked for bfloat16 holds the float32 tensors (mapped file pages
+count as resident) beside the bfloat16 ones: 4.2 GB resident for a 0.5B model whose bfloat16
+weights take 1.26 GB. Here the model is built without weights, each parameter is allocated in its
+dtype and filled from the file with plain reads of at most CHUNK_BYTES, cast as they arrive (the
+same rounding as `Tensor.to`), so the peak is the weights in their dtype and one chunk.
+
+Only folders prefixcache wrote itself (converted GGUF files) are read this way, and only when the
+file's tensors are exactly the model's parameters, with their shapes; otherwise `None` (the caller
+uses `from_pretrained`).
+
+Example:
+    model = load_lean(Path(converted), torch.bfloat16)   # None: not a layout read this way
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
+CHUNK_BYTES = 16 << 20  # read and cast this much of a tensor at a time
+HEADER_MAX = 100 << 20  # a safetensors header larger than this is not one prefixcache wrote
+
+
+def read_header(path: Path) -> tuple[dict[str, dict], int]:
+    """A safetensors file's tensors (name -> {dtype, shape, data_offsets}) and where their data starts."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        if size > HEADER_MAX:
+            raise ValueError(f"{path.name}: a header of {size} bytes")
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
+def load_lean(folder: Path, dtype: "torch.dtype") -> "PreTrainedModel | None":
+    """The folder's model (config.json and *.safetensors) with its weights in `dtype`, or None
+    where its tensors are not exactly the model's parameters."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    tensors = {}
+    for path in files:
+        header, start = read_header(path)
+        tensors.update({name: (path, meta, start) for name, meta in header.items()})
+    config = AutoConfig.from_pretrained(str(folder))
+    model = None
+    for attention in ("sdpa", "eager"):
+        try:
+            with init_empty_weights(include_buffers=False):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
+            break
+        except ValueError as exc:  # an architecture without SDPA support: its own eager attention
+            if "sdpa" not in str(exc).lower() and "scaled_dot_product_attention" not in str(exc).lower():
+                raise
+    if model is None or not _same_layout(model, tensors):
+        return None
+    for name, param in list(model.named_parameters()):
+        if name not in tensors:
+            continue  # tied to one that is (the output head to the embeddings), or missing: seen below
+        path, meta, start = tensors[name]
+        weights = torch.empty(meta["shape"], dtype=dtype)
+        _read_into(weights, path, start + meta["data_offsets"][0], meta["dtype"])
+        _put(model, name, torch.nn.Parameter(weights, requires_grad=False))
+    model.tie_weights()
+    missing = [name for name, param in model.named_parameters() if param.device.type == "meta"]
+    if missing:
+        log.debug("lean load: parameters the file does not hold: %s", missing[:5])
+        return None
+    return model.eval()
+
+
+def _same_layout(model: "PreTrainedModel", tensors: dict) -> bool:
+    """Each of the file's tensors one of the model's parameters, with its shape and a dtype read here."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name, (_, meta, _) in tensors.items():
+        if name not in params or list(meta["shape"]) != list(params[name].shape) or meta["dtype"] not in _SOURCES:
+            log.debug("lean load: %s is not a parameter of the model as it is in the file", name)
+            return False
+    return True
+
+
+_SOURCES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def _read_into(out: "torch.Tensor", path: Path, offset: int, source: str) -> None:
+    """Fill `out` from `path` at `offset` (a tensor of `source` dtype, as many values as `out`),
+    CHUNK_BYTES at a time, cast on the way."""
+    import torch
+
+    src_dtype = getattr(torch, _SOURCES[source])
+    item = torch.empty((), dtype=src_dtype).element_size()
+    flat = out.view(-1)
+    per_chunk = max(1, CHUNK_BYTES // item)
+    buffer = bytearray(min(per_chunk, flat.numel()) * item)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        for at in range(0, flat.numel(), per_chunk):
+            count = min(per_chunk, flat.numel() - at)
+            view, filled = memoryview(buffer)[: count * item], 0
+            while filled < len(view):
+                got = f.readinto(view[filled:])
+                if not got:
+                    raise ValueError(f"{path.name}: ends inside a tensor")
+                filled += got
+            flat[at: at + count].copy_(torch.frombuffer(buffer, dtype=src_dtype, count=count))
+
+
+def _put(model: "PreTrainedModel", name: str, param: "torch.nn.Parameter") -> None:
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    module._parameters[leaf] = param
