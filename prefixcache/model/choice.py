@@ -71,6 +71,6 @@ def _auto(source: ModelSource, device: str, dtype: str, exact: bool, float32_byt
         return Picked(default, refusal)
     if float32_bytes is None or float32_bytes < AUTO_FLOAT32_BYTES:
         size = "of unknown size" if float32_bytes is None else f"{float32_bytes / 1e9:.1f} GB as float32"
-        return Picked(default, f"a GGUF model {size} runs faster dequantised ({kept.name} from "
-                               f"{AUTO_FLOAT32_BYTES / 1e9:.0f} GB; --backend {kept.name} keeps it quantised)")
+        return Picked(default, f"a GGUF model {size}: expanded from its quantisation, which runs faster below "
+                               f"{AUTO_FLOAT32_BYTES / 1e9:.0f} GB; --backend {kept.name} keeps it quantised")
     return Picked(kept.name, f"its float32 copy would take {float32_bytes / 1e9:.1f} GB: kept quantised on {kept.name}")

@@ -23,7 +23,7 @@ import numpy as np
 from .. import compat
 from ..model.protocol import PrefixHandle, ScoringEngine
 from ..model.choice import pick_engine
-from ..model.engines import Load, backend_named, default_backend, open_engine
+from ..model.engines import Backend, Load, backend_named, default_backend, open_engine
 from ..model.memory import float32_bytes
 from ..model.load import model_identity
 from ..model.rows import Candidate, Row, trie
@@ -51,12 +51,21 @@ def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = 
     picked = pick_engine(task.source, backend or task.spec.backend, device, dtype,
                          float32_bytes=float32_bytes(task.source, cache_dir))
     chosen = backend_named(picked.name)
-    said = log.info if chosen is not default_backend() or backend or task.spec.backend else log.debug
+    # a GGUF file may run quantised or expanded: which, and why, is said for every one
+    asked = chosen is not default_backend() or backend or task.spec.backend or task.source.kind == "gguf"
+    said = log.info if asked else log.debug
     reason = why or picked.why
-    said("backend: %s%s", picked.name, f" ({reason})" if reason else "")
+    said("backend: %s%s%s", picked.name, _computing(chosen, device, dtype), f" ({reason})" if reason else "")
     same = None if task.spec.choices else tuple(task.builder.candidates.values())  # known before the model loads
     return open_engine(chosen, Load(task.source, task.tokenizer, cache_dir, device, dtype, threads,
                                     len(task.builder.prefix_ids), BATCH_TOKENS, same))
+
+
+def _computing(backend: Backend, device: str, dtype: str) -> str:
+    """", in bfloat16": the precision the engine will compute in, in words."""
+    from ..model.load import dtype_name, pick_device
+
+    return f", {backend.precision(dtype_name(dtype, pick_device(device)))}"
 
 
 BATCH_TOKENS = Batching.tokens  # the keys and values of a batch the estimate counts: the run pipeline's default budget

@@ -62,3 +62,26 @@ def test_an_unknown_backend_is_refused():
     with pytest.raises(UsageError, match="unknown backend 'vllm'"):
         pick_engine(GGUF, "vllm")
     assert pick_engine(GGUF, "transformers").name == "transformers"
+
+
+def test_every_gguf_run_says_its_engine_its_precision_and_why(tmp_path, monkeypatch):
+    """A GGUF file may be expanded or kept quantised: the run says which, in what, and why, even
+    where auto chose the default engine (a folder's run says nothing of it)."""
+    import json
+
+    from gguf_fixture import write_gguf
+    from helpers import TEXTS, invoke, write_spec
+
+    monkeypatch.setattr(llamacpp, "installed", lambda: True)
+    spec = write_spec(tmp_path, model=str(write_gguf(tmp_path / "tiny-F32.gguf")))
+    items = tmp_path / "in.jsonl"
+    items.write_text("".join(json.dumps({"id": n, "text": t}) + "\n" for n, t in enumerate(TEXTS[:2])))
+    result = invoke("run", spec, items, "-o", tmp_path / "out.jsonl", "--dtype", "bfloat16")
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.stderr.splitlines() if "backend:" in x)
+    assert line.endswith("backend: transformers, bfloat16 (--dtype bfloat16: llama.cpp computes in the GGUF "
+                         "file's own types (transformers runs --dtype))")
+    result = invoke("run", spec, items, "-o", tmp_path / "out2.jsonl")
+    line = next(x for x in result.stderr.splitlines() if "backend:" in x)
+    assert "backend: transformers, float32 (a GGUF model 0.0 GB as float32: expanded from its quantisation, " \
+           "which runs faster below 4 GB; --backend llama.cpp keeps it quantised)" in line
