@@ -14,6 +14,7 @@
 - int8.py: `--dtype int8` on the transformers engine: int8 weights and per-token int8 activations (torchao);
 - engines.py: the engines there are, one registry entry each (name, refusal, memory, load,
   capabilities): what the rest of the program asks instead of an engine's name;
+- llamabuild.py: the CMake options that build llama.cpp for this CPU (needs nothing but Python);
 - choice.py: which engine runs a model (`--backend`, the spec's `backend`, auto);
 - attention.py: the cascade attention kernel that reads the shared prefix once per layer;
 - branches.py: pruned scoring's passes: items run once and kept, then candidates' branches after them;
