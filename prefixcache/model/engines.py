@@ -210,8 +210,9 @@ def _transformers_make(load: Load) -> Any:
     device = pick_device(load.device)
     precision = precision_named(dtype_name(load.dtype, device))
     _slow_precision(precision, device)
-    model = load_model(load.source, load.tokenizer, load.cache_dir, device, pick_dtype(load.dtype, device))
-    if precision.quantise is not None:
+    layers = precision.layers() if precision.layers is not None and device == "cpu" else None  # each as it loads
+    model = load_model(load.source, load.tokenizer, load.cache_dir, device, pick_dtype(load.dtype, device), layers)
+    if precision.quantise is not None and not (layers is not None and layers.finish(model)):
         precision.quantise(model)
     return Engine(model)
 

@@ -38,11 +38,8 @@ def installed() -> bool:
     return find_spec("torchao") is not None
 
 
-def quantise(model: "PreTrainedModel") -> int:
-    """Replace the weights of every linear layer but the output head by int8 ones, in place;
-    returns how many layers were quantised. Raises ModelError in one line where it cannot."""
-    import torch
-
+def _torchao() -> tuple:
+    """torchao's quantize_ and the int8 config; ModelError in one line where they cannot be had."""
     if not installed():
         raise ModelError(f"--dtype int8 needs torchao: {INSTALL}")
     try:
@@ -51,17 +48,62 @@ def quantise(model: "PreTrainedModel") -> int:
     except Exception as exc:  # noqa: BLE001 - a torchao built for another torch: one line
         raise ModelError(f"--dtype int8: torchao cannot be used with this torch ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:160] if str(exc) else ''})")
+    return quantize_, Int8DynamicActivationInt8WeightConfig()
+
+
+def quantise(model: "PreTrainedModel") -> int:
+    """Replace the weights of every linear layer but the output head by int8 ones, in place;
+    returns how many layers were quantised. Raises ModelError in one line where it cannot."""
+    import torch
+
+    quantize_, config = _torchao()
     chosen = [name for name, module in model.named_modules() if _quantised(name, module, torch)]
     if not chosen:
         raise ModelError("--dtype int8: the model has no linear layers to quantise")
     wanted = set(chosen)
-    quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=lambda module, name: name in wanted)
-    model._prefixcache_precision = PRECISION  # what the engine says it computes in
+    quantize_(model, config, filter_fn=lambda module, name: name in wanted)
     from .load import give_back_freed
 
     give_back_freed()  # the float32 weights the int8 ones replaced
-    log.info("int8: %d linear layers quantised (weights per channel, activations per token)", len(chosen))
-    return len(chosen)
+    return _quantised_model(model, len(chosen))
+
+
+class LayerQuantiser:
+    """Quantises each linear layer (but the output head) as it is loaded, so a float32 copy of the
+    whole model is never held (model/lean.py calls it with each module whose weights it filled).
+
+    Example:
+        each = LayerQuantiser()
+        model = load_lean(folder, torch.float32, each)
+        each.finish(model)
+    """
+
+    def __init__(self):
+        self._quantize, self._config = _torchao()
+        self.count = 0
+
+    def __call__(self, name: str, module: object) -> None:
+        import torch
+
+        if _quantised(name, module, torch):
+            self._quantize(module, self._config, filter_fn=lambda m, fqn: m is module)
+            self.count += 1
+            from .load import trim_heap
+
+            trim_heap()  # the layer's float32 weights, freed: else the heap keeps them (3.5 GB, not 2.1)
+
+    def finish(self, model: "PreTrainedModel") -> bool:
+        """Mark the model as int8 when its layers were quantised here (else `quantise` does it)."""
+        if not self.count:
+            return False
+        _quantised_model(model, self.count)
+        return True
+
+
+def _quantised_model(model: "PreTrainedModel", count: int) -> int:
+    model._prefixcache_precision = PRECISION  # what the engine says it computes in
+    log.info("int8: %d linear layers quantised (weights per channel, activations per token)", count)
+    return count
 
 
 def _quantised(name: str, module: object, torch: object) -> bool:

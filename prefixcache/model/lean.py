@@ -20,7 +20,7 @@ import json
 import logging
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import torch
@@ -42,9 +42,12 @@ def read_header(path: Path) -> tuple[dict[str, dict], int]:
     return header, 8 + size
 
 
-def load_lean(folder: Path, dtype: "torch.dtype") -> "PreTrainedModel | None":
+def load_lean(folder: Path, dtype: "torch.dtype", settle: Callable[[str, Any], None] | None = None
+              ) -> "PreTrainedModel | None":
     """The folder's model (config.json and *.safetensors) with its weights in `dtype`, or None
-    where its tensors are not exactly the model's parameters."""
+    where its tensors are not exactly the model's parameters. `settle(name, module)` is called
+    with each module once its own weights are in (int8 quantises a layer there, before the next
+    is read)."""
     import torch
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -68,13 +71,19 @@ def load_lean(folder: Path, dtype: "torch.dtype") -> "PreTrainedModel | None":
                 raise
     if model is None or not _same_layout(model, tensors):
         return None
-    for name, param in list(model.named_parameters()):
-        if name not in tensors:
-            continue  # tied to one that is (the output head to the embeddings), or missing: seen below
-        path, meta, start = tensors[name]
-        weights = torch.empty(meta["shape"], dtype=dtype)
-        _read_into(weights, path, start + meta["data_offsets"][0], meta["dtype"])
-        _put(model, name, torch.nn.Parameter(weights, requires_grad=False))
+    for module_name, module in list(model.named_modules()):
+        filled = False
+        for leaf, _ in list(module.named_parameters(recurse=False)):
+            name = f"{module_name}.{leaf}" if module_name else leaf
+            if name not in tensors:
+                continue  # tied to one that is (the output head to the embeddings), or missing: seen below
+            path, meta, start = tensors[name]
+            weights = torch.empty(meta["shape"], dtype=dtype)
+            _read_into(weights, path, start + meta["data_offsets"][0], meta["dtype"])
+            module._parameters[leaf] = torch.nn.Parameter(weights, requires_grad=False)
+            filled = True
+        if filled and settle is not None:
+            settle(module_name, module)
     model.tie_weights()
     missing = [name for name, param in model.named_parameters() if param.device.type == "meta"]
     if missing:
@@ -119,7 +128,3 @@ def _read_into(out: "torch.Tensor", path: Path, offset: int, source: str) -> Non
             flat[at: at + count].copy_(torch.frombuffer(buffer, dtype=src_dtype, count=count))
 
 
-def _put(model: "PreTrainedModel", name: str, param: "torch.nn.Parameter") -> None:
-    module_name, _, leaf = name.rpartition(".")
-    module = model.get_submodule(module_name) if module_name else model
-    module._parameters[leaf] = param

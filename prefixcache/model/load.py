@@ -447,25 +447,25 @@ def keep_converted(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizer
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_gguf(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted: Path, dtype: torch.dtype
-               ) -> PreTrainedModel:
+def load_gguf(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted: Path, dtype: torch.dtype,
+              settle: Any = None) -> PreTrainedModel:
     """The converted copy when there is a good one; a damaged copy is removed and made again."""
     if not _foreign(converted.parent.parent):
         remove_stale_conversions(converted.parent)  # what killed conversions left, on every load
     if converted_usable(converted, source):
         try:
-            return load_converted(converted, dtype)
+            return load_converted(converted, dtype, settle)
         except Exception as exc:
             log.warning("the converted weights in %s are unusable (%s); converting again", converted, first_line(exc)[:160])
             shutil.rmtree(converted, ignore_errors=True)
     import torch
 
     model = _convert_gguf(source, converted, tokenizer)
-    if dtype == torch.float32 or not converted_usable(converted, source):
+    if (dtype == torch.float32 and settle is None) or not converted_usable(converted, source):
         return _parameters_in(model, dtype)
     del model  # the float32 copy goes before the kept one is read into `dtype`: never both
     give_back_freed()
-    return load_converted(converted, dtype)
+    return load_converted(converted, dtype, settle)
 
 
 def _parameters_in(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
@@ -477,26 +477,34 @@ def _parameters_in(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedMode
     return model
 
 
-def load_converted(converted: Path, dtype: torch.dtype) -> PreTrainedModel:
+def load_converted(converted: Path, dtype: torch.dtype, settle: Any = None) -> PreTrainedModel:
     """A converted folder's model in `dtype`: in float32, the dtype it is kept in, by transformers
     (whose tensors are the file's mapped pages: 2.8 GB resident for a 0.5B model, 3.1 GB read);
-    in another, read a slice at a time (model/lean.py: 2.1 GB resident in bfloat16, 4.2 GB by
-    transformers), or by transformers where its layout is not one read that way."""
+    in another, or with `settle` (called with each module once its weights are in: int8
+    quantises each layer as it loads), read a slice at a time (model/lean.py: 2.1 GB resident in
+    bfloat16, 4.2 GB by transformers), or by transformers where its layout is not one read that
+    way (then `settle` is not called)."""
     import torch
 
     from .lean import load_lean
 
-    model = None if dtype == torch.float32 else load_lean(converted, dtype)
+    model = None if dtype == torch.float32 and settle is None else load_lean(converted, dtype, settle)
     return model if model is not None else load_weights(str(converted), dtype)
 
 
 def give_back_freed() -> None:
     """Freed weights handed back to the system (glibc keeps freed memory otherwise: measured 3.3 GB
     resident for a 0.5B model, 2.1 GB after)."""
-    import ctypes
     import gc
 
     gc.collect()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Hand the heap's free memory back to the system (glibc's malloc_trim; elsewhere nothing)."""
+    import ctypes
+
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: its allocator keeps what it keeps
@@ -504,14 +512,16 @@ def give_back_freed() -> None:
 
 
 def load_model(source: ModelSource, tokenizer: PreTrainedTokenizerBase, cache_dir: Path, device: str = "cpu",
-               dtype: torch.dtype | None = None) -> PreTrainedModel:
-    """Load the causal LM in eval mode on `device`. Raises `ModelError` with a one-line reason."""
+               dtype: torch.dtype | None = None, settle: Any = None) -> PreTrainedModel:
+    """Load the causal LM in eval mode on `device`. `settle(name, module)`: called with each module
+    as its weights are in, where a GGUF file's converted copy is read a slice at a time (not
+    called otherwise). Raises `ModelError` with a one-line reason."""
     import torch
 
     dtype = dtype or torch.float32
     try:
         if source.kind == "gguf":
-            model = load_gguf(source, tokenizer, converted_dir(source, cache_dir), dtype)
+            model = load_gguf(source, tokenizer, converted_dir(source, cache_dir), dtype, settle)
         else:
             model = load_weights(source.path, dtype, trust_remote_code=source.trust_remote_code, **_revision(source))
     except ModelError:

@@ -31,6 +31,12 @@ def _int8_quantise(model: "PreTrainedModel") -> int:
     return quantise(model)
 
 
+def _int8_layers() -> Any:
+    from .int8 import LayerQuantiser
+
+    return LayerQuantiser()
+
+
 def _int8_installed() -> bool:
     from .int8 import installed
 
@@ -57,6 +63,8 @@ class Precision:
             `relative` times the log-probability's magnitude (rounding grows with it: a unit in
             the last place of bfloat16 is 1/128 of the value).
         quantise: replaces a loaded model's weights in place (None: the load's dtype is all).
+        layers: a quantiser of one layer at a time, called as the layer loads (its `finish(model)`
+            says whether it quantised the model; else `quantise` runs after the load).
         installed: whether what quantises it can be imported; install: how to get it.
         peak_unit: what its matrix peak is counted in ("GFLOP" or "GOP").
     """
@@ -71,6 +79,7 @@ class Precision:
     tolerance: float = 5e-2
     relative: float = 0.0
     quantise: Callable[[Any], int] | None = None
+    layers: Callable[[], Any] | None = None
     installed: Callable[[], bool] = lambda: True
     install: str = ""
     peak_unit: str = "GFLOP"
@@ -120,5 +129,6 @@ register(Precision("float16", "float16", unit="bfloat16 matrix instructions (AVX
 register(Precision("int8", "float32", packages=("torchao",),
                    unit="int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX)",
                    has_unit=lambda device: compat.int8_matmul(device), tolerance=1.0, quantise=_int8_quantise,
+                   layers=_int8_layers,
                    installed=_int8_installed, install="torchao: pip install 'prefixcache[int8]' (torchao)",
                    peak_unit="GOP"))

@@ -133,3 +133,24 @@ def test_a_gguf_file_s_first_run_is_its_later_runs_model(kept, tmp_path, monkeyp
     ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
     with torch.no_grad():
         assert torch.equal(first(ids).logits, later(ids).logits)
+
+
+def test_int8_layers_quantised_as_they_load_are_the_whole_model_quantised_after(chat_tokenizer, tmp_path):
+    """int8 quantises each layer as it is read (never a float32 copy of the whole model): the
+    same model as a float32 load quantised afterwards, to the last bit of its logits."""
+    from transformers import AutoModelForCausalLM
+
+    from prefixcache.model import int8
+
+    if not int8.installed():
+        pytest.skip("needs torchao")
+    tiny_model("qwen2", len(chat_tokenizer)).save_pretrained(tmp_path, safe_serialization=True)
+    each = int8.LayerQuantiser()
+    got = load_lean(tmp_path, torch.float32, each)
+    assert each.finish(got) and int8.precision_of(got) == "int8" and each.count == 14  # 7 a layer, not the head
+    want = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    int8.quantise(want)
+    assert type(got.lm_head.weight) is type(want.lm_head.weight) is torch.nn.Parameter  # the head stays float32
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3], [4, 4, 8, 1, 0, 2]])
+    with torch.no_grad():
+        assert torch.equal(got(ids).logits, want(ids).logits)
