@@ -302,10 +302,11 @@ def int8_matmul(device: str) -> bool:
 
 def bf16_matmul(device: str) -> bool:
     """Whether bfloat16 matrix products are fast here: CUDA with bf16 support, or a CPU with AMX or
-    AVX-512 BF16 instructions (read from /proc/cpuinfo; False where it cannot be told)."""
-    import torch
-
+    AVX-512 BF16 instructions (read from /proc/cpuinfo; False where it cannot be told). Imports
+    torch for CUDA alone: a run's plan asks it before anything loads."""
     if device.startswith("cuda"):
+        import torch
+
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     return device.startswith("cpu") and bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
 

@@ -146,8 +146,10 @@ class RunOptions:
     device: str = _opt("auto", "--device", group="device", envvar="PREFIXCACHE_DEVICE", metavar="auto|cpu|cuda|cuda:N|mps",
                        help="Where the model runs (auto: CUDA when present, else the CPU).")
     dtype: str = _opt("auto", "--dtype", group="device", envvar="PREFIXCACHE_DTYPE", cli_type=Dtype,
-                      help=("auto: float32 on the CPU, bfloat16 (or float16) on CUDA. int8: the linear layers' weights "
-                            "and activations in int8 on the int8 dot-product units (needs the int8 extra)."))
+                      help=("auto: float32 on the CPU, bfloat16 (or float16) on CUDA; `run` on a CPU with bfloat16 "
+                            "matrix instructions: bfloat16 with --exact for a model of 0.3B parameters or more. int8: "
+                            "the linear layers' weights and activations in int8 on the int8 dot-product units (needs "
+                            "the int8 extra)."))
     backend: Optional[str] = _opt(None, "--backend", group="device", envvar="PREFIXCACHE_BACKEND", cli_type=Optional[str],
                                   metavar=f"<{'|'.join(engines())}>",
                                   help=(

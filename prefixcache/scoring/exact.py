@@ -32,7 +32,7 @@ from ..model.engines import twin_backend
 from ..model.store import PrefixStore
 from .bounds import BoundStore, bound_key
 from .prepare import Batching, Prepared, Task
-from .scorer import Rescoring, Scorer, Scores
+from .scorer import Rescoring, Scorer, Scores, check_fits
 from ..task.questions import Answers
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class CheckedScorer(Scorer):
         its float32 twin (loaded when an item first needs it)."""
         twin = twin_backend().name
         fast = cls.load(task, cache_dir, device, dtype, store, says_precision=True, backend=twin, why=TWIN_WHY)
+        check_fits(task, cache_dir, device, "float32", twin)  # beside it, before any item: never mid-run
         fast._twin = lambda: Scorer.load(task, cache_dir, device, "float32", store, backend=twin, why=TWIN_WHY)
         fast._bounds, fast._key = BoundStore(cache_dir), bound_key(task, fast.engine, fast.dtype)
         fast.bound = fast._bounds.get(fast._key)

@@ -23,7 +23,7 @@ import numpy as np
 from .. import compat
 from ..model.protocol import PrefixHandle, ScoringEngine
 from ..model.choice import pick_engine
-from ..model.engines import Backend, Load, backend_named, default_backend, open_engine
+from ..model.engines import Backend, Load, backend_named, default_backend, fits, open_engine
 from ..model.memory import float32_bytes
 from ..model.load import model_identity
 from ..model.rows import Candidate, Row, trie
@@ -56,9 +56,21 @@ def load_engine(task: Task, cache_dir: Path, device: str = "auto", dtype: str = 
     said = log.info if asked else log.debug
     reason = why or picked.why
     said("backend: %s%s%s", picked.name, _computing(chosen, device, dtype), f" ({reason})" if reason else "")
+    return open_engine(chosen, _load_of(task, cache_dir, device, dtype, threads))
+
+
+def check_fits(task: Task, cache_dir: Path, device: str, dtype: str, backend: str) -> None:
+    """Refuse (ModelError, one line), without loading it, a model that `load_engine` would refuse
+    for the memory it takes: said now where it would otherwise load later (--exact's float32 twin)."""
+    chosen = backend_named(backend)
+    need, where = chosen.footprint(_load_of(task, cache_dir, device, dtype))
+    fits(task.source, need, where, chosen)
+
+
+def _load_of(task: Task, cache_dir: Path, device: str, dtype: str, threads: int | None = None) -> Load:
     same = None if task.spec.choices else tuple(task.builder.candidates.values())  # known before the model loads
-    return open_engine(chosen, Load(task.source, task.tokenizer, cache_dir, device, dtype, threads,
-                                    len(task.builder.prefix_ids), BATCH_TOKENS, same))
+    return Load(task.source, task.tokenizer, cache_dir, device, dtype, threads, len(task.builder.prefix_ids),
+                BATCH_TOKENS, same)
 
 
 def _computing(backend: Backend, device: str, dtype: str) -> str:

@@ -188,3 +188,36 @@ def test_bfloat16_on_a_cpu_without_its_instructions_is_warned_of(job, tmp_path, 
     monkeypatch.setattr(compat, "bf16_matmul", lambda device: True)
     quiet = invoke("run", spec, items, "-o", tmp_path / "bf16b.jsonl", "--dtype", "bfloat16", "--device", "cpu")
     assert quiet.exit_code == 0 and "no bfloat16 matrix instructions" not in quiet.stderr
+
+
+def test_auto_runs_bfloat16_with_exact_where_the_cpu_and_the_model_make_it_pay(job, tmp_path, monkeypatch):
+    """--dtype auto (the default) on a CPU with bfloat16 matrix instructions, for a model large
+    enough (here: any), is bfloat16 with --exact: float32's labels, said in one line; without the
+    instructions, or without the memory for both copies, float32 as before."""
+    from prefixcache.model import memory
+    from prefixcache.run import plan
+
+    spec, items, fp32 = job
+    monkeypatch.setattr(plan, "AUTO_LOW_PRECISION_PARAMETERS", 0)
+    out = tmp_path / "auto.jsonl"
+    result = invoke("run", spec, items, "-o", out, "-b", 4)
+    assert result.exit_code == 0, result.output
+    assert "dtype auto: bfloat16, its close calls scored again in float32 (--exact): this CPU has bfloat16 " \
+           "matrix instructions (AVX-512 BF16 or AMX)" in result.stderr
+    records = json_lines(out)
+    assert [r["label"] for r in records] == [r["label"] for r in fp32] and {r["precision"] for r in records} <= {
+        "bfloat16", "float32"}
+    fingerprint = json.loads((tmp_path / "auto.jsonl.prefixcache.json").read_text())
+    assert fingerprint["dtype"] == "bfloat16" and fingerprint["exact"] is True
+    assert invoke("run", spec, items, "-o", out, "-b", 4, "--resume").exit_code == 0  # resolved the same way again
+
+    monkeypatch.setattr(memory, "available_and_why", lambda: (1000, "this machine"))
+    small = invoke("run", spec, items, "-o", tmp_path / "small.jsonl", "-b", 4)
+    assert "dtype auto: float32 (bfloat16 with its float32 twin for close calls could need" in small.stderr
+    monkeypatch.undo()
+    monkeypatch.setattr(plan, "AUTO_LOW_PRECISION_PARAMETERS", 0)
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(compat, "bf16_matmul", lambda device: False)
+    plain = invoke("run", spec, items, "-o", tmp_path / "plain.jsonl", "-b", 4)
+    assert plain.exit_code == 0 and "dtype auto" not in plain.stderr
+    assert _drop_ms(json_lines(tmp_path / "plain.jsonl")) == _drop_ms(fp32)
