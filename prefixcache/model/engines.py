@@ -158,12 +158,15 @@ def open_engine(backend: Backend, load: Load) -> Any:
     return backend.make(load)
 
 
-def fits(source: ModelSource, need: Footprint | None, device: str, backend: Backend | None = None) -> None:
-    """Say (log) the memory the model will take, `need`, estimated from its files alone; raise
-    ModelError, before anything is loaded, when that is more than the device has available."""
+def fits(source: ModelSource, need: Footprint | None, device: str, backend: Backend | None = None,
+         say: bool = True) -> None:
+    """Say (log; not with `say` false) the memory the model will take, `need`, estimated from its
+    files alone; raise ModelError, before anything is loaded, when that is more than the device
+    has available."""
     if need is None:
         return
-    log.info("memory: %s will take %s", source.ref, need.words())
+    if say:
+        log.info("memory: %s will take %s", source.ref, need.words())
     free, bound = available_and_why() if device == "cpu" else (_accelerator_free(device), "this machine")
     if free is not None and need.total > free and os.environ.get(NO_CHECK) != "1":
         raise ModelError(f"{source.ref} needs {need.words()}, and {bound} has {free / GB:.2f} GB available "

@@ -113,9 +113,7 @@ def auto_precision(options: RunOptions, spec: TaskSpec) -> RunOptions:
     if not low.pays("cpu"):
         return options
     size = float32_bytes(spec_model(spec), options.cache_dir)
-    if size is None or size < 4 * AUTO_LOW_PRECISION_PARAMETERS:
-        log.debug("dtype auto: float32 (a model under %.1fB parameters, whose calls bfloat16 moves often)",
-                  AUTO_LOW_PRECISION_PARAMETERS / 1e9)
+    if size is None or size < 4 * AUTO_LOW_PRECISION_PARAMETERS:  # bfloat16 would move its calls too often
         return options
     if not run_engine(spec, options).float32_twin:  # llama.cpp: the file's own types
         return options

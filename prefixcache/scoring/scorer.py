@@ -64,7 +64,7 @@ def check_fits(task: Task, cache_dir: Path, device: str, dtype: str, backend: st
     for the memory it takes: said now where it would otherwise load later (--exact's float32 twin)."""
     chosen = backend_named(backend)
     need, where = chosen.footprint(_load_of(task, cache_dir, device, dtype))
-    fits(task.source, need, where, chosen)
+    fits(task.source, need, where, chosen, say=False)  # said when (and if) it loads
 
 
 def _load_of(task: Task, cache_dir: Path, device: str, dtype: str, threads: int | None = None) -> Load:
