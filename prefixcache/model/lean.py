@@ -16,11 +16,12 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+
+from .load import with_attention
+from .memory import safetensors_header
 
 if TYPE_CHECKING:
     import torch
@@ -29,17 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 16 << 20  # read and cast this much of a tensor at a time
 HEADER_MAX = 100 << 20  # a safetensors header larger than this is not one prefixcache wrote
-
-
-def read_header(path: Path) -> tuple[dict[str, dict], int]:
-    """A safetensors file's tensors (name -> {dtype, shape, data_offsets}) and where their data starts."""
-    with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        if size > HEADER_MAX:
-            raise ValueError(f"{path.name}: a header of {size} bytes")
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return header, 8 + size
 
 
 def load_lean(folder: Path, dtype: "torch.dtype", settle: Callable[[str, Any], None] | None = None
@@ -57,19 +47,16 @@ def load_lean(folder: Path, dtype: "torch.dtype", settle: Callable[[str, Any], N
         return None
     tensors = {}
     for path in files:
-        header, start = read_header(path)
+        header, start = safetensors_header(path, HEADER_MAX)
         tensors.update({name: (path, meta, start) for name, meta in header.items()})
     config = AutoConfig.from_pretrained(str(folder))
-    model = None
-    for attention in ("sdpa", "eager"):
-        try:
-            with init_empty_weights(include_buffers=False):
-                model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
-            break
-        except ValueError as exc:  # an architecture without SDPA support: its own eager attention
-            if "sdpa" not in str(exc).lower() and "scaled_dot_product_attention" not in str(exc).lower():
-                raise
-    if model is None or not _same_layout(model, tensors):
+
+    def empty(attention: str) -> "PreTrainedModel":
+        with init_empty_weights(include_buffers=False):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
+
+    model = with_attention(empty)
+    if not _same_layout(model, tensors):
         return None
     for module_name, module in list(model.named_modules()):
         filled = False

@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import compat
 from .. import safefile
@@ -375,13 +375,20 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
 def load_weights(path: str, dtype: torch.dtype, **kwargs: Any) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
+    return with_attention(lambda attention: AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=attention, **kwargs))
+
+
+def with_attention(make: Callable[[str], PreTrainedModel]) -> PreTrainedModel:
+    """`make(attention)` with PyTorch SDPA, or with the model's own eager attention where its
+    architecture has no SDPA support."""
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", **kwargs)
-    except ValueError as exc:  # an architecture without SDPA support: its own eager attention
+        return make("sdpa")
+    except ValueError as exc:
         message = str(exc).lower()
         if "sdpa" not in message and "scaled_dot_product_attention" not in message:
             raise
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **kwargs)
+        return make("eager")
 
 
 def _convert_gguf(source: ModelSource, target: Path, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:

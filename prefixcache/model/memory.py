@@ -254,16 +254,24 @@ def _folder_shape(folder: Path) -> Shape | None:
     return Shape(parameters, layers, config.get("num_key_value_heads") or heads, head_dim)
 
 
-def _safetensors_parameters(path: Path) -> int:
-    """The numbers a safetensors file holds, from its header alone."""
+def safetensors_header(path: Path, limit: int | None = None) -> tuple[dict[str, dict], int]:
+    """A safetensors file's tensors (name -> {dtype, shape, data_offsets}, its metadata left out)
+    and where their data starts; ValueError for a header over `limit` bytes."""
     with open(path, "rb") as f:
         size = struct.unpack("<Q", f.read(8))[0]
+        if limit is not None and size > limit:
+            raise ValueError(f"{path.name}: a header of {size} bytes")
         header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
+def _safetensors_parameters(path: Path) -> int:
+    """The numbers a safetensors file holds, from its header alone."""
     total = 0
-    for name, tensor in header.items():
-        if name != "__metadata__":
-            count = 1
-            for dim in tensor["shape"]:
-                count *= dim
-            total += count
+    for tensor in safetensors_header(path)[0].values():
+        count = 1
+        for dim in tensor["shape"]:
+            count *= dim
+        total += count
     return total

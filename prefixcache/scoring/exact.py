@@ -92,10 +92,6 @@ class CheckedScorer(Scorer):
             self._exact = self._twin()
         return self._exact
 
-    @property
-    def twin_loaded(self) -> bool:
-        return self._exact is not None
-
     def precision(self, key: tuple) -> str | None:
         return self._precision.get(key, self.dtype)
 
@@ -118,24 +114,29 @@ class CheckedScorer(Scorer):
         if self.bound is not None:
             return
         batches = self.task.batches(islice(items, CALIBRATION_ITEMS), Batching(), self.context)
-        preps = list({p.key: p for batch in batches for p in batch if isinstance(p, Prepared)}.values())
-        if preps:
-            self._measure(preps)
+        preps = [[p for p in batch if isinstance(p, Prepared)] for batch in batches]
+        if any(preps):
+            self._measure([batch for batch in preps if batch])
 
-    def _measure(self, preps: Sequence[Prepared]) -> None:
-        """The bound from `preps` scored both ways: SAFETY times the widest shift (at least FLOOR)."""
-        low = super().score(preps).logprobs
-        high = self.exact.score(preps).logprobs
-        widest = max(self._moved(prep, lows, highs) for prep, lows, highs in zip(preps, low, high, strict=True))
+    def _measure(self, batches: Sequence[Sequence[Prepared]]) -> None:
+        """The bound from `batches` scored both ways, batch by batch (within the batch budget):
+        SAFETY times the widest shift (at least FLOOR)."""
+        widest, keys = 0.0, set()
+        for preps in batches:
+            low = super().score(preps).logprobs
+            high = self.exact.score(preps).logprobs
+            widest = max(widest, *(self._moved(prep, lows, highs) for prep, lows, highs in zip(preps, low, high,
+                                                                                                strict=True)))
+            keys.update(p.key for p in preps)
         # scores move with the items batched beside them: the run scores these items again in its
         # own batches, so that its records are those of a run that found the bound kept
         super().clear()
         self.exact.clear()
         self.bound = max(widest * SAFETY, FLOOR)
         log.info("--exact: rounding moved a call by at most %.3g on the first %d items; calls closer than %.3g are "
-                 "scored again in float32", widest, len(preps), self.bound)
+                 "scored again in float32", widest, len(keys), self.bound)
         if self._bounds is not None:
-            self._bounds.put(self._key, self.bound, len(preps), widest)
+            self._bounds.put(self._key, self.bound, len(keys), widest)
 
     def clear(self) -> None:
         """Forget earlier items' scores and counts (the bound, a property of the task, stays)."""
@@ -149,7 +150,7 @@ class CheckedScorer(Scorer):
         if known is not None or not preps:
             return super().score(preps, known)  # scores read back from records: what was written stands
         if self.bound is None:  # not calibrated on the input's first items (the Python API): on this batch
-            self._measure(list({p.key: p for p in preps}.values()))
+            self._measure([preps])
         scores = super().score(preps)
         fresh = {p.key: p for p in scores.computed}
         self.checked += len(fresh)
