@@ -114,6 +114,10 @@ class PrefixStore:
     def _path(self, key: str) -> Path:
         return self.root / f"{key}.safetensors"
 
+    def has(self, key: str) -> bool:
+        """Whether a prefix is stored under `key` (read by `load` unless it proves unusable)."""
+        return self._path(key).is_file()
+
     def load(self, key: str, engine: Any) -> Any:
         """The stored prefix, verified, restored by `engine` (model/protocol.py); None when absent
         or unusable (then removed)."""

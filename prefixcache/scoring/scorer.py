@@ -527,16 +527,29 @@ class Scores:
     computed: list[Prepared]
 
 
-def _prefix(task: Task, engine: ScoringEngine, store: PrefixStore | None) -> tuple[PrefixHandle, str]:
-    """The prefilled prefix and where it came from ("loaded" from the store, or "computed")."""
-    ids = task.builder.prefix_ids
-    if store is None or not backend_named(engine.name).stores_prefix:
-        return engine.prefill(ids), "computed"
+def stored_key(task: Task, engine: ScoringEngine) -> str | None:
+    """The prefix store's key of the task's prefix on `engine` (None: the engine keeps none)."""
+    if not backend_named(engine.name).stores_prefix:
+        return None
     identity = model_identity(task.source)
     if task.source.kind == "hub":  # the revision actually loaded, so a new upload misses
         identity += "@" + str(compat.hub_revision(task.source.path))
-    key = prefix_key(identity, engine.name, backend_named(engine.name).version(engine.precision), engine.precision,
-                     str(engine.device).split(":")[0], ids)
+    return prefix_key(identity, engine.name, backend_named(engine.name).version(engine.precision), engine.precision,
+                      str(engine.device).split(":")[0], task.builder.prefix_ids)
+
+
+def prefix_stored(task: Task, engine: ScoringEngine, store: PrefixStore | None) -> bool:
+    """Whether the task's prefix is in `store` (read back, not computed, when the scorer is made)."""
+    key = stored_key(task, engine) if store is not None else None
+    return key is not None and store.has(key)
+
+
+def _prefix(task: Task, engine: ScoringEngine, store: PrefixStore | None) -> tuple[PrefixHandle, str]:
+    """The prefilled prefix and where it came from ("loaded" from the store, or "computed")."""
+    ids = task.builder.prefix_ids
+    key = stored_key(task, engine) if store is not None else None
+    if key is None:
+        return engine.prefill(ids), "computed"
     prefix = store.load(key, engine)
     if prefix is not None and prefix.ids == tuple(ids):
         return prefix, "loaded"

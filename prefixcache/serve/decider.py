@@ -33,12 +33,12 @@ from ..data.items import Item
 from ..errors import UsageError
 from ..model.protocol import PrefixHandle
 from ..model.load import model_content_identity
-from ..scoring.build import build_on, load_engine
+from ..scoring.build import build_on, load_engine, prefix_store
 from ..scoring.options import ScoringOptions
 from ..task.spec import PRUNING
 from .tally import AnswerTally
-from ..scoring.prepare import Batching, Prepared, Task
-from ..scoring.scorer import Scorer, decide_together
+from ..scoring.prepare import Batching, Prepared, Task, check_prefix
+from ..scoring.scorer import Scorer, decide_together, prefix_stored
 from ..task.questions import Answers
 from ..task.head import FINGERPRINT_PARTS, Head
 from ..task.keys import spec_from_mapping
@@ -106,6 +106,8 @@ class Decider:
         self._prefixes: OrderedDict[tuple[int, ...], PrefixHandle] = OrderedDict()
         self.tally = AnswerTally(packs)  # answers per pack and question: a collapse is said once
         self._packs: OrderedDict[str, Scorer] = OrderedDict()  # a pack's scorer: its task, calibration, prefix
+        self._tasks: OrderedDict[str, Task] = OrderedDict()  # a pack made ready, its scorer not made yet
+        self._store = prefix_store(self.options)
         self.max_prefixes, self.max_packs = prefixes, packs
         self.lock = threading.Lock()  # one forward at a time: `decide` is called from one worker thread
         self._model_id = model_content_identity(self.base.source, self.options.cache_dir) if self.heads else None
@@ -122,37 +124,56 @@ class Decider:
         """Prefilled prefixes held in memory (by the prefix cache or a kept pack): at most `max_prefixes`."""
         return len({id(p) for p in self._prefixes.values()} | {id(s.prefix) for s in self._packs.values()})
 
-    def _pack(self, ask: Ask, key: str) -> tuple[Scorer, bool]:
-        """The scorer of the ask's pack (`key`: its `pack_key`), and whether its prefix was in
-        memory already (read from the cache)."""
+    def _task(self, ask: Ask, key: str) -> tuple[Task, bool]:
+        """The task of the ask's pack (`key`: its `pack_key`), tokenised but not run, and whether
+        its prefix is held already (in memory or in the prefix store: read back, not computed).
+        No model work: a prefix to prefill is a cost the pass that takes the ask pays."""
         if key in self._packs:
             self._packs.move_to_end(key)
-            return self._packs[key], True
-        task = self.base.with_spec(spec_from_mapping(spec_of(ask), "request"))
-        if self.heads:  # a head fitted on exactly this pack, prompt and model answers it
-            found = task.head_fingerprint(self._model_id)
-            head = next((h for h in self.heads if dict(h.fingerprint) == found), None)
-            if head is not None:
-                task = self.base.with_spec(dataclasses.replace(task.spec, head=head))
-            else:
-                self._no_head(key, found)
+            return self._packs[key].task, True
+        task = self._tasks.pop(key, None)
+        if task is None:
+            task = self.base.with_spec(spec_from_mapping(spec_of(ask), "request"))
+            if self.heads:  # a head fitted on exactly this pack, prompt and model answers it
+                found = task.head_fingerprint(self._model_id)
+                head = next((h for h in self.heads if dict(h.fingerprint) == found), None)
+                if head is not None:
+                    task = self.base.with_spec(dataclasses.replace(task.spec, head=head))
+                else:
+                    self._no_head(key, found)
+        self._tasks[key] = task
+        while len(self._tasks) > self.max_packs:
+            self._tasks.popitem(last=False)
         ids = tuple(task.builder.prefix_ids)
-        known = ids in self._prefixes
-        if known:
+        check_prefix(len(ids), self.context)
+        return task, ids in self._prefixes or prefix_stored(task, self.engine, self._store)
+
+    def _scorer(self, ready: Ready) -> tuple[Scorer, bool]:
+        """The scorer of a ready ask's pack, and whether making it prefilled the prefix (the
+        first ask of a new pack); kept for the pack's next asks."""
+        key = ready.pack
+        if key in self._packs:
+            self._packs.move_to_end(key)
+            return self._packs[key], False
+        task = ready.task
+        ids = tuple(task.builder.prefix_ids)
+        computed = False
+        if ids in self._prefixes:
             self._prefixes.move_to_end(ids)
             scorer = build_on(task, self.engine, self.options, self._prefixes[ids])
         else:  # from the prefix store on disk, else prefilled (and kept there)
             scorer = build_on(task, self.engine, self.options)
-            known = scorer.prefix_source == "loaded"  # read from the cache on disk: not written by this request
+            computed = scorer.prefix_source != "loaded"
             self._prefixes[ids] = scorer.prefix
             while len(self._prefixes) > self.max_prefixes:
                 _, gone = self._prefixes.popitem(last=False)
                 for old in [k for k, s in self._packs.items() if s.prefix is gone]:  # nothing keeps it alive
                     del self._packs[old]
+        self._tasks.pop(key, None)
         self._packs[key] = scorer
         while len(self._packs) > self.max_packs:
             self._packs.popitem(last=False)
-        return scorer, known
+        return scorer, computed
 
     def _no_head(self, key: str, found: Mapping[str, str]) -> None:
         """Say, once a pack and in its answers (`x_readout_why`), why no served head answers it:
@@ -181,43 +202,50 @@ class Decider:
         return [dataclasses.replace(d, ms=ms) if isinstance(d, Decided) else d for d in out]
 
     def ready(self, asks: Sequence[Ask]) -> list[Ready | Exception]:
-        """Each ask's pack and prepared row with its cost in tokens, or the error refusing it."""
+        """Each ask's pack and prepared row with its cost in tokens (a prefix not held yet
+        counted in), or the error refusing it; nothing runs the model."""
         out: list[Ready | Exception] = []
         with self.lock:
             for i, ask in enumerate(asks):
                 try:
                     check_size(ask, self.max_tokens)
                     pack = pack_key(ask)
-                    scorer, cached = self._pack(ask, pack)
-                    prep = scorer.task.prepare(Item(f"request {i}", {"state": ask.state}, 1), self.context)
-                    cost = dataclasses.replace(WHOLE, head_alone=scorer.head_only).cost(prep)  # its tokens, its options' trie
+                    task, held = self._task(ask, pack)
+                    prep = task.prepare(Item(f"request {i}", {"state": ask.state}, 1), self.context)
+                    alone = task.spec.head_alone(self.options.prompt_scores)
+                    scored = dataclasses.replace(WHOLE, head_alone=alone).cost(prep)  # its tokens, its options' trie
+                    cost = scored + (0 if held else prep.enc.prefix_len)
                     if cost > self.max_tokens:
-                        raise TooCostly(cost, self.max_tokens)
-                    out.append(Ready(ask, pack, scorer, prep, cached, cost, self.why_no_head.get(pack)))
+                        raise TooCostly(cost, self.max_tokens, 0 if held else prep.enc.prefix_len)
+                    out.append(Ready(ask, pack, task, prep, held, cost, self.why_no_head.get(pack)))
                 except Exception as exc:  # noqa: BLE001 - a refused ask is answered with its error
                     out.append(exc)
         return out
 
     def decide_ready(self, ready: Sequence[Ready]) -> list[Decided]:
-        """The answers of asks made ready (`ready`), in one forward pass per prefix."""
+        """The answers of asks made ready (`ready`), in one forward pass per prefix (a new
+        prefix prefilled first, once for all its asks)."""
         start = time.perf_counter()
         with self.lock:
-            decided = decide_together([(r.scorer, r.prep) for r in ready])
-            out = [_decided(r, answers) for r, answers in zip(ready, decided)]
-            for r, d in zip(ready, out):
-                self.tally.add(r.pack, r.scorer.task.questions, d.answers)
+            made = [self._scorer(r) for r in ready]
+            decided = decide_together([(scorer, r.prep) for (scorer, _), r in zip(made, ready, strict=True)])
+            out = [_decided(r, scorer, answers, not computed)
+                   for r, (scorer, computed), answers in zip(ready, made, decided, strict=True)]
+            for r, (scorer, _), d in zip(ready, made, out, strict=True):
+                self.tally.add(r.pack, scorer.task.questions, d.answers)
         ms = (time.perf_counter() - start) * 1000
         return [dataclasses.replace(d, ms=ms) for d in out]
 
 
 @dataclass(frozen=True)
 class Ready:
-    """An ask made ready to score: its pack (`pack_key`) and the pack's scorer, its prepared row,
-    whether its prefix was in memory already, and its cost (its own tokens and its options' trie)."""
+    """An ask made ready to score: its pack (`pack_key`) and the pack's task, its prepared row,
+    whether its prefix was held already (in memory or the prefix store), and its cost: its own
+    tokens, its options' trie, and its prefix's tokens when it must be prefilled."""
 
     ask: Ask
     pack: str
-    scorer: Scorer
+    task: Task
     prep: Prepared
     cached: bool
     cost: int
@@ -225,10 +253,10 @@ class Ready:
 
 
 def check_size(ask: Ask, max_tokens: int) -> None:
-    """Refuse (TooLarge) an ask whose state and questions hold more characters than `max_tokens`
-    tokens can hold: known from its size alone, before anything is tokenised (a 1 MB pack would
-    otherwise hold the worker for as long as tokenising it takes)."""
-    chars = len(ask.state) + _characters(ask.questions)
+    """Refuse (TooLarge) an ask whose instructions, state and questions hold more characters than
+    `max_tokens` tokens can hold: known from its size alone, before anything is tokenised (a 1 MB
+    field would otherwise hold the worker for as long as tokenising it takes)."""
+    chars = _characters(ask.instructions) + _characters(ask.state) + _characters(ask.questions)
     if chars > max_tokens * CHARS_A_TOKEN:
         raise TooLarge(chars, max_tokens, CHARS_A_TOKEN)
 
@@ -249,17 +277,18 @@ def pack_key(ask: Ask) -> str:
     return json.dumps([ask.instructions, ask.questions], ensure_ascii=False, sort_keys=True, default=str)
 
 
-def _decided(ready: Ready, answers: Answers) -> Decided:
+def _decided(ready: Ready, scorer: Scorer, answers: Answers, cached: bool) -> Decided:
     """An ask's answers in the System One shape (a head's marked `x_readout`) and its usage: the
-    tokens read are the prefix's and its cost's."""
+    tokens read are the prefix's and those it scored; `cached`: its prefix was not computed for it."""
     shaped = answers.answers()
-    for q, r in zip(ready.scorer.task.questions, ready.scorer.reads):
+    for q, r in zip(scorer.task.questions, scorer.reads, strict=True):
         if r is not None:  # answered by the fitted head, not the prompt's scores
             shaped[q.id]["x_readout"] = "head"
         elif ready.why_no_head:
             shaped[q.id].update(x_readout="prompt", x_readout_why=ready.why_no_head)
     prefix = ready.prep.enc.prefix_len
-    return Decided(shaped, prefix + ready.cost, prefix if ready.cached else 0, 0.0, 0 if ready.cached else prefix)
+    scored = ready.cost - (0 if ready.cached else prefix)
+    return Decided(shaped, prefix + scored, prefix if cached else 0, 0.0, 0 if cached else prefix)
 
 
 class Abandoned(Exception):

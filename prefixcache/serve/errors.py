@@ -26,13 +26,15 @@ def said(exc: Exception) -> str:
 
 
 class TooCostly(Exception):
-    """A request that costs more than one request may: its tokens to score over the server's
-    limit (`serve --max-request-tokens`). Answered 413, never computed."""
+    """A request that costs more than one request may: its tokens to compute (those it scores,
+    and its instructions' when they are new) over the server's limit (`serve
+    --max-request-tokens`). Answered 413, never computed."""
 
-    def __init__(self, tokens: int, limit: int):
-        super().__init__(f"the request has {tokens} tokens to score (its state, and its questions' texts and options "
-                         f"after it), over this server's limit of {limit}: split its questions into several requests, "
-                         f"or start the server with a larger --max-request-tokens")
+    def __init__(self, tokens: int, limit: int, prefix: int = 0):
+        new = f"{prefix} of them new instructions to prefill, the others " if prefix else ""
+        super().__init__(f"the request has {tokens} tokens to compute ({new}its state, and its questions' texts and "
+                         f"options after it), over this server's limit of {limit}: split its questions into several "
+                         f"requests, shorten its instructions, or start the server with a larger --max-request-tokens")
         self.tokens, self.limit = tokens, limit
 
 
@@ -41,8 +43,8 @@ class TooLarge(TooCostly):
     characters a token can hold: refused from its size, before any of it is tokenised."""
 
     def __init__(self, chars: int, limit: int, per_token: int):
-        Exception.__init__(self, f"the request holds {chars:,} characters of state and questions, more than this "
-                                 f"server's limit of {limit} tokens to score can hold ({per_token} characters a token at "
-                                 f"most): split its questions into several requests, or start the server with a larger "
-                                 f"--max-request-tokens")
+        Exception.__init__(self, f"the request holds {chars:,} characters of instructions, state and questions, more "
+                                 f"than this server's limit of {limit} tokens can hold ({per_token} characters a token "
+                                 f"at most): split its questions into several requests, shorten its instructions, or "
+                                 f"start the server with a larger --max-request-tokens")
         self.tokens, self.limit = chars // per_token, limit

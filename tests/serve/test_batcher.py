@@ -42,7 +42,7 @@ def test_a_request_too_large_to_score_is_refused_at_once_and_never_tokenised():
     criteria = {f"option {i}": "x" * 40 for i in range(255)}
     huge = Ask("", "my card was charged twice", {f"q{j}": {"type": "choice", "criteria": criteria} for j in range(50)})
     start = time.monotonic()
-    with pytest.raises(TooLarge, match="characters of state and questions, more than this server's limit of 100"):
+    with pytest.raises(TooLarge, match="characters of instructions, state and questions, more than this server.s limit of 100"):
         batcher.submit(huge).result(timeout=5)
     assert time.monotonic() - start < 1 and decider.readied == []
     assert batcher.submit(Ask("", "short", {})).result(timeout=5).input_tokens == 5

@@ -191,6 +191,10 @@ def test_bad_requests_get_their_documented_status_and_shape(server):
     got, payload = post(oa, {"model": "x", "input": [{"role": "system", "content": long_state}, {"role": "user", "content": "hi"}],
                              "questions": [{"type": "predicate", "instructions": "x"}]})
     assert got == 400 and payload["error"]["code"] == "max_tokens_exceeded"
+    # instructions of 3.7 MB: refused from their size before anything is tokenised, never queued
+    got, payload = post(so, {**good, "instructions": "Route tickets carefully, all of them. " * 100000})
+    assert got == 413 and payload["detail"]["error_type"] == "request_too_costly"
+    assert "characters of instructions, state and questions" in payload["detail"]["message"]
     got, payload = post(so, None, raw=b"x" * (9 * 1024 * 1024))
     assert got == 413 and payload["detail"]["error_type"] == "request_too_large"
     plain = post(so, good)[1]["answers"]
@@ -290,6 +294,32 @@ def test_prefixes_kept_in_memory_are_bounded_and_one_read_from_disk_is_not_repor
     fresh = Decider(str(long_model_dir), options)  # a new process: its prefixes are on disk, none in memory
     got = fresh.decide([asks[0]])[0]
     assert got.written_tokens == 0 and got.cached_tokens > 0  # read from the prefix store, not computed
+
+
+def test_new_instructions_are_a_cost_the_fairness_rule_sees_and_are_never_prefilled_before_their_pass(
+        long_model_dir, tmp_path):
+    from prefixcache.scoring.options import ScoringOptions
+    from prefixcache.serve.decider import Ask, Decider
+    from prefixcache.serve.errors import TooCostly
+
+    options = ScoringOptions.from_environment(tmp_path / "cache", device="cpu", dtype="float32")
+    decider = Decider(str(long_model_dir), options)
+    prefilled: list[int] = []
+    prefill = decider.engine.prefill
+    decider.engine.prefill = lambda ids: prefilled.append(len(ids)) or prefill(ids)
+    ask = Ask("You read support tickets for a bank. " * 40, TICKET, {"refund": PACK["refund"]})
+    new = decider.ready([ask])[0]
+    assert prefilled == [] and not new.cached  # made ready: tokenised, costed, not run
+    assert new.cost > new.prep.enc.prefix_len > 200  # the prefix to prefill is part of its cost
+    answered = decider.decide_ready([new])[0]
+    assert prefilled == [new.prep.enc.prefix_len] and answered.written_tokens == new.prep.enc.prefix_len
+    again = decider.ready([ask])[0]
+    assert again.cached and again.cost == new.cost - new.prep.enc.prefix_len  # held now: only its own tokens
+    assert answered.input_tokens == decider.decide_ready([again])[0].input_tokens
+    strict = Decider(str(long_model_dir), options.replace(cache_store=False), max_tokens=new.cost - 1)
+    fresh = Ask("You read support tickets for a shop. " * 40, TICKET, {"refund": PACK["refund"]})
+    refused = strict.ready([fresh])[0]
+    assert isinstance(refused, TooCostly) and "new instructions" in str(refused)
 
 
 def _hang_up(url: str, body: dict) -> None:
