@@ -9,8 +9,13 @@ sandbox with bounds on what a template may build and how long one rendering may 
   result, the whole output) holds at most `MAX_CHARS` characters or items, checked before it is
   built where its size can be known beforehand;
 - a number passed to a filter or method (a width, a count) is at most `MAX_ARGUMENT`;
+- everything one rendering builds, all values together (held or dropped since), takes at most
+  `MAX_BYTES` of memory: what a rendering holds is bounded by memory, not by time;
+- a whole number a template computes (`*`, `**`) has at most `MAX_BITS` bits, checked before it
+  is computed (one multiplication of huge numbers is one bytecode: no watchdog stops it);
 - `range()` yields at most `MAX_STEPS` numbers in one rendering, all ranges together;
-- one rendering lasts at most `SECONDS` (a watchdog interrupts it).
+- one rendering lasts at most `SECONDS` (a watchdog interrupts it), and recursion past Python's
+  limit is refused like any other bound.
 
 Whatever exceeds a bound raises `ModelError` naming it: the model's files are at fault.
 `install()` makes transformers compile every chat template in this environment.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import re
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -38,6 +44,8 @@ MAX_CHARS = 1 << 24  # 16,777,216: far beyond any context a model reads
 MAX_ARGUMENT = 1 << 16  # widths and counts: real templates pass tens
 MAX_STEPS = 1_000_000  # range() numbers in one rendering
 SECONDS = 10.0  # one rendering; real templates take milliseconds
+MAX_BYTES = 1 << 28  # 256 MiB built in one rendering, all values together: real templates build their prompt (KBs)
+MAX_BITS = 1 << 16  # a whole number's bits (19,729 digits): real templates count messages
 _LONG_NUMBER = re.compile(r"\d{6,}")  # a width or precision of a million or more in a format
 _STARRED = re.compile(r"%[-#0 +]*\*|%[-#0 +]*\d*\.\*")
 
@@ -60,7 +68,39 @@ def _sized(value: Any) -> int:
 def _checked(value: Any) -> Any:
     if _sized(value) > MAX_CHARS:
         raise refused(f"built a value of {_sized(value):,} characters or items")
+    _spend(value)
     return value
+
+
+class _Budget(threading.local):
+    left: int = MAX_BYTES
+
+
+_BUDGET = _Budget()
+
+
+def _spend(value: Any) -> None:
+    """Count a value built against the rendering's `MAX_BYTES` (a list or tuple by its own array:
+    its items were counted as they were built)."""
+    if isinstance(value, (str, list, tuple, int)) and not isinstance(value, bool):
+        _BUDGET.left -= sys.getsizeof(value)
+        if _BUDGET.left < 0:
+            raise ModelError(f"the model's chat template built more than {MAX_BYTES >> 20} MiB of values in one "
+                             f"rendering: refused (a chat template's values may take at most {MAX_BYTES >> 20} MiB)")
+
+
+def _check_bits(operator: str, left: Any, right: Any) -> None:
+    """Refuse a product or power of whole numbers beyond `MAX_BITS`, from its operands' sizes."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right)):
+        return
+    if operator == "*":
+        bits = left.bit_length() + right.bit_length()
+    elif right <= 0 or abs(left) <= 1:
+        return
+    else:
+        bits = (abs(left).bit_length() - 1) * right + 1
+    if bits > MAX_BITS:
+        raise refused(f"would compute a number of about {bits:,} bits with {operator} (at most {MAX_BITS:,})")
 
 
 def _check_numbers(args: tuple, kwargs: dict) -> None:
@@ -200,12 +240,16 @@ _WATCHDOG = _Watchdog()
 
 class BoundedTemplate(Template):
     def render(self, *args: Any, **kwargs: Any) -> str:
-        _STEPS.left = MAX_STEPS
+        _STEPS.left, _BUDGET.left = MAX_STEPS, MAX_BYTES
         try:
             with _WATCHDOG.deadline(SECONDS):
                 return super().render(*args, **kwargs)
         except _Interrupted:
             raise refused(f"did not finish rendering in {SECONDS:g} s") from None
+        except RecursionError:
+            raise refused("recursed beyond Python's limit (a macro calling itself without end)") from None
+        except MemoryError:
+            raise refused("ran out of memory") from None
 
 
 class BoundedEnvironment(ImmutableSandboxedEnvironment):
@@ -229,6 +273,8 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             raise refused(f"would build {_sized(left) + _sized(right):,} characters or items with +")
         elif operator == "**" and isinstance(right, (int, float)) and abs(right) > 1024:
             raise refused(f"raised a number to the power {right}")
+        if operator in ("*", "**"):
+            _check_bits(operator, left, right)
         elif operator == "%" and isinstance(left, str):
             _check_format(left)
             if _STARRED.search(left):  # a width or precision taken from the values
@@ -257,7 +303,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         texts = [str(p) for p in parts]
         if sum(len(t) for t in texts) > MAX_CHARS:
             raise refused(f"would build {sum(len(t) for t in texts):,} characters with ~")
-        return "".join(texts)
+        return _checked("".join(texts))
 
     def concat(self, parts: Iterator[str]) -> str:  # type: ignore[override]  # the whole output
         out, size = [], 0
@@ -266,4 +312,4 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             if size > MAX_CHARS:
                 raise refused(f"wrote more than {MAX_CHARS:,} characters")
             out.append(part)
-        return "".join(out)
+        return _checked("".join(out))

@@ -79,25 +79,47 @@ HOSTILE = {
     "huge power": "{{ 10 ** 100000000 }}",
     "doubling macro": "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% else %}{{ 'x' * 1000 }}{% endif %}"
                       "{% endmacro %}{{ f(30) }}",
+    "power tower": "{{ ((2 ** 1024) ** 1024) ** 1024 }}",
+    "repeated squaring": "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
+    "endless recursion": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(1) }}",
+    "many values each within bounds": "{% set ns = namespace(l=[]) %}{% for i in range(1000) %}"
+                                      "{% set ns.l = ns.l + [('\U0001F600' * 16000000) ~ i] %}{% endfor %}",
 }
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_a_hostile_template_is_refused_at_once(name):
-    t0 = time.monotonic()
-    with pytest.raises(ModelError, match="the model's chat template .*: refused"):
+def test_a_hostile_template_is_refused_by_a_bound_on_what_it_builds_not_by_the_clock(name):
+    with pytest.raises(ModelError, match="the model's chat template .*: refused") as refused:
         _environment(BoundedEnvironment).from_string(HOSTILE[name]).render(messages=MESSAGES)
-    assert time.monotonic() - t0 < 5
+    assert "did not finish rendering" not in str(refused.value)
+
+
+def test_what_a_rendering_holds_is_bounded_by_memory(monkeypatch):
+    """Values each within the size bound, all kept: the rendering is refused when what it built
+    passes the memory bound, and its traced peak stays within about that bound."""
+    import tracemalloc
+
+    monkeypatch.setattr(template, "MAX_BYTES", 16 << 20)
+    hoarder = ("{% set ns = namespace(l=[]) %}{% for i in range(40) %}"
+               "{% set ns.l = ns.l + [('\U0001F600' * 1000000) ~ i] %}{% endfor %}{{ ns.l | length }}")
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelError, match="built more than 16 MiB of values in one rendering"):
+            _environment(BoundedEnvironment).from_string(hoarder).render(messages=MESSAGES)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < (16 + 3 * 4) << 20  # the bound and the last values built (4 MB each): 160 MB held otherwise
+    assert "1000" in _environment(BoundedEnvironment).from_string(REAL["chatml"] + "{{ 10 * 100 }}").render(
+        messages=MESSAGES)  # the budget is the rendering's own: the next one starts afresh
 
 
 def test_a_template_that_runs_too_long_is_interrupted(monkeypatch):
     """Loops over strings are bounded by no count: the watchdog ends the rendering."""
     monkeypatch.setattr(template, "SECONDS", 0.3)
     busy = "{% for c in 'x' * 100000 %}{% for d in 'x' * 100000 %}{% endfor %}{% endfor %}"
-    t0 = time.monotonic()
     with pytest.raises(ModelError, match="did not finish rendering in 0.3 s"):
         _environment(BoundedEnvironment).from_string(busy).render(messages=MESSAGES)
-    assert time.monotonic() - t0 < 3
 
 
 def test_the_watchdog_never_fires_after_a_rendering_ended(monkeypatch):
