@@ -111,8 +111,8 @@ FIT_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON here
 OVERWRITE_FITTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the fitted spec, its head and figures if they exist.")
 REPORT_FIT_OPT = typer.Option(None, "--fit", metavar="FIGURES", help="The figures prefixcache fit wrote (NAME.fit.json): add the head's held-out figures beside the prompt's and its learning curve.")
 MAX_REQUEST_TOKENS_OPT = typer.Option(MAX_REQUEST_TOKENS, "--max-request-tokens", min=1, help=(
-    "The most tokens one request may have to score (its state, its questions and their options): more is answered "
-    "413, never computed. A light request waits at most for one pass of about this size."))
+    "The most tokens one request may have computed (its instructions when new, its state, its questions and their "
+    "options): more is answered 413, never computed. A light request waits at most for one pass of about this size."))
 DRAIN_SECONDS_OPT = typer.Option(DRAIN_S, "--drain-seconds", min=0.0, help=(
     "After SIGTERM or Ctrl-C, how long requests already queued are still answered; those left then get 503 with "
     "Retry-After. A second signal exits at once."))
