@@ -60,6 +60,19 @@ def test_a_hostile_header_is_refused_in_one_line_at_once(tmp_path, name, data, w
     assert "\n" not in str(caught.value) and str(path) in str(caught.value)
 
 
+def test_the_arrays_together_are_bounded_by_what_the_reader_can_afford_and_the_largest_real_vocabulary_passes(tmp_path):
+    ints = _header([_array(f"x.{k}", UINT32, 1 << 21, bytes(4 << 21)) for k in "ab"])  # 16 MB: 36 s, 2.8 GB to parse
+    with pytest.raises(ModelError, match="more than 2,500,000 entries together .* more than 1.7 GB"):
+        check_gguf(_write(tmp_path, "ints.gguf", ints))
+    tokens = b"".join(_string(f"t{i}") for i in range(262_144))
+    merges = b"".join(_string(f"m {i}") for i in range(514_906))
+    largest = _header([_array("tokenizer.ggml.tokens", STRING, 262_144, tokens),  # Gemma 4's vocabulary's shape
+                       _array("tokenizer.ggml.scores", 6, 262_144, bytes(4 * 262_144)),
+                       _array("tokenizer.ggml.token_type", 5, 262_144, bytes(4 * 262_144)),
+                       _array("tokenizer.ggml.merges", STRING, 514_906, merges)])
+    check_gguf(_write(tmp_path, "largest.gguf", largest))
+
+
 def test_real_files_pass(tmp_path):
     check_gguf(embedded_model_file())
     check_gguf(write_gguf(tmp_path / "tiny.gguf"))
