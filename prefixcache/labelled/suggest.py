@@ -26,9 +26,12 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..data.items import Item, item_sha, read_items, text_digest
-from ..data.output import check_distinct, read_records
-from ..data.records import id_text, record_id
-from ..errors import InputError, UsageError
+from ..data.output import check_distinct, fingerprint_path, read_fingerprint, read_records
+from ..data.records import id_text, record_id, repeated
+from ..data.resume import file_digest
+from ..errors import InputError, OutputError, UsageError
+from ..model.load import model_identity
+from ..scoring.prepare import spec_model
 from ..run.options import RunOptions
 from ..run.plan import load_options_spec
 from ..run.review import gold_column, write_review
@@ -122,6 +125,8 @@ def plan_suggest(options: SuggestOptions) -> SuggestPlan:
         raise UsageError(f"{o.items}: every item of the pool is labelled already (by id, text or a gold value): "
                          f"nothing to suggest")
     fresh = distinct(unlabelled, fields)
+    if options.audit is not None:
+        check_audited_run(options.audit, spec, o)
     audited = answered_items(options.audit, fresh, spec) if options.audit is not None else fresh
     return SuggestPlan(spec, audited, len(pool) - len(unlabelled), len(unlabelled) - len(fresh),
                        len(fresh) - len(audited))
@@ -135,12 +140,21 @@ def answered_items(output: str, items: Sequence[Item], spec: TaskSpec) -> list[I
     if spec.multi_label or spec.questions:
         raise UsageError(f"--audit draws the items a head of one set of labels answered; "
                          f"{'tags' if spec.multi_label else 'questions'} have no answered items to audit")
-    records = {record_id(r): r for r in read_records(output).records}
+    written = read_records(output).records
+    twice = repeated(written)
+    if twice is not None:
+        raise InputError(f"{output}: holds two records for item {twice.get('id')!r}: it was changed after the run wrote "
+                         f"it, and its answers are not that run's; audit an output as the run wrote it")
+    records = {record_id(r): r for r in written}
     answered = []
     for item in items:
         record = records.get(id_text(item.id))
         if record is None or "error" in record or record.get("label") is None:
             continue
+        why = _not_decided(record, spec)
+        if why:
+            raise InputError(f"{output}: the record of item {item.id!r} {why}: it was changed after the run wrote it, "
+                             f"and an audit of its answers would bound other answers than the run's")
         if record.get("item_sha") not in (None, item_sha(item.record)):
             raise InputError(f"{output}: item {item.id!r} was scored from other fields than the pool's: --audit draws "
                              f"from the items of the run that wrote {output}; give that run's input as POOL")
@@ -149,6 +163,41 @@ def answered_items(output: str, items: Sequence[Item], spec: TaskSpec) -> list[I
         raise UsageError(f"{output}: no item of the pool was answered there (abstained, failed or not run): "
                          f"nothing to audit")
     return answered
+
+
+def check_audited_run(output: str, spec: TaskSpec, options: RunOptions) -> None:
+    """`--audit`: OUTPUT was written by a run of this spec (the same file, model and head), as
+    its fingerprint says; an audit of another spec's answers bounds nothing this spec answers."""
+    try:
+        written = read_fingerprint(output)
+    except OutputError:
+        raise InputError(f"{output}: {fingerprint_path(output).name}, the fingerprint of the run that wrote it, is "
+                         f"missing or unreadable: an audit needs to know which spec, model and head answered") from None
+    ours = {"spec": spec.digest or file_digest(str(options.spec)), "model": model_identity(spec_model(spec)),
+            "head": spec.head.digest if spec.head is not None else None}
+    names = {"spec": f"spec than {options.spec}", "model": "model", "head": "head"}
+    for part, value in ours.items():
+        if written.get(part) != value:
+            raise InputError(f"{output}: was written by a run of another {names[part]} (its fingerprint says so): "
+                             f"--audit bounds the answers of this spec's run; give the output of `prefixcache run "
+                             f"{options.spec}` on the pool")
+
+
+def _not_decided(record: Any, spec: TaskSpec) -> str:
+    """Why an answered record's label is not what its probabilities decide under the spec (its
+    most probable label, at or above the spec's threshold); "" when it is."""
+    probs = record.get("probs")
+    if not isinstance(probs, dict) or record["label"] not in probs:
+        return "has a label but not its probability"
+    try:
+        top, mine = max(float(p) for p in probs.values()), float(probs[record["label"]])
+    except (TypeError, ValueError):
+        return "holds probabilities that are not numbers"
+    if mine < top - 1e-6:
+        return f"answers {record['label']!r}, not its most probable label"
+    if spec.threshold is not None and mine < spec.threshold - 1e-6:
+        return f"answers {record['label']!r} at {mine:.3f}, below the spec's threshold of {spec.threshold:g} (an abstention)"
+    return ""
 
 
 def distinct(items: Sequence[Item], fields: Sequence[str]) -> list[Item]:

@@ -224,3 +224,15 @@ def test_an_audit_draws_from_the_items_a_run_answered_and_the_gate_reads_it(fitt
     other = _write(tmp_path / "other.jsonl", [{**r, "text": r["text"] + " edited"} for r in _rows(40, start=400, gold=False)])
     result = invoke("suggest", strict, other, "--audit", answers, "-n", "3", "-o", tmp_path / "y.csv")
     assert result.exit_code != 0 and "give that run's input as POOL" in result.stderr
+    # an audit is of this spec's run, as the run wrote it
+    result = invoke("suggest", strict, pool, "--audit", first, "-n", "3", "-o", tmp_path / "z.csv")
+    assert result.exit_code == 2 and "written by a run of another spec" in result.stderr, result.output
+    lines = answers.read_text().splitlines(keepends=True)
+    edits = {"twice": lines + lines[:1],
+             "labelled": [line.replace('"label": null', f'"label": "{LABELS[0]}"') for line in lines]}
+    for name, edited in edits.items():
+        copy = tmp_path / f"{name}.jsonl"
+        copy.write_text("".join(edited))
+        (tmp_path / f"{name}.jsonl.prefixcache.json").write_bytes((tmp_path / "answers.jsonl.prefixcache.json").read_bytes())
+        result = invoke("suggest", strict, pool, "--audit", copy, "-n", "3", "-o", tmp_path / f"{name}.csv")
+        assert result.exit_code == 2 and "changed after the run wrote it" in result.stderr, (name, result.output)
