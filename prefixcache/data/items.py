@@ -197,14 +197,16 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet may run 
 def spreadsheet_safe(cell: Any) -> Any:
     """A text cell a spreadsheet would run as a formula (it starts with =, +, -, @, a tab or a
     carriage return), shown as text instead: a leading apostrophe, as OWASP's CSV-injection
-    guidance says. Numbers and other cells as they are. `unescaped` reads it back."""
-    return "'" + cell if isinstance(cell, str) and cell.startswith(FORMULA_STARTS) else cell
+    guidance says; a text that starts with apostrophes before such a character gets one more, so
+    that what is read back is what was written. Numbers and other cells as they are. `unescaped`
+    reads it back."""
+    return "'" + cell if isinstance(cell, str) and cell.lstrip("'").startswith(FORMULA_STARTS) else cell
 
 
 def unescaped(cell: str) -> str:
-    """A CSV cell as `spreadsheet_safe` wrote it, read back: the apostrophe before a formula's
-    first character dropped (every CSV input is read so)."""
-    return cell[1:] if cell[:1] == "'" and cell[1:].startswith(FORMULA_STARTS) else cell
+    """A CSV cell as `spreadsheet_safe` wrote it, read back: one of the apostrophes before a
+    formula's first character dropped (every CSV input is read so)."""
+    return cell[1:] if cell[:1] == "'" and cell.lstrip("'").startswith(FORMULA_STARTS) else cell
 
 
 def _csv_records(stream: IO[bytes], name: str, delimiter: str = ",", encoding: str | None = None

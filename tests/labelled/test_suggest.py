@@ -130,12 +130,13 @@ def test_suggest_and_review_never_write_over_the_head_the_spec_or_what_they_read
 
 def test_text_a_spreadsheet_would_run_is_written_as_text_and_read_back_as_it_was(fitted, tmp_path):
     spec, out, labelled = fitted
-    hostile = ["+cmd|' /C calc'!A0", "=HYPERLINK(\"http://x\")", "-2+3", "@SUM(A1)", "\tindented", "plain text"]
+    hostile = ["+cmd|' /C calc'!A0", "=HYPERLINK(\"http://x\")", "-2+3", "@SUM(A1)", "\tindented", "plain text",
+               "'=already quoted", "''-5", "'plain"]
     pool = _write(tmp_path / "pool.jsonl", [{"id": f"p{k}", "text": t} for k, t in enumerate(hostile)])
     result = invoke("suggest", out, pool, "-n", len(hostile), "-o", tmp_path / "to_label.csv")
     assert result.exit_code == 0, result.output
     cells = [row["text"] for row in csv.DictReader((tmp_path / "to_label.csv").open())]
-    assert sorted(cells) == sorted(("'" + t if t[0] in "=+-@\t" else t) for t in hostile)  # OWASP: a leading '
+    assert sorted(cells) == sorted(("'" + t if t.lstrip("'")[:1] in tuple("=+-@\t") else t) for t in hostile)  # OWASP
     from prefixcache.data.items import read_items
 
     back = [item.record["text"] for item in read_items(str(tmp_path / "to_label.csv"))]
