@@ -248,8 +248,12 @@ def print_dry_run(console: Console, dry: DryRun) -> None:
         sys.stdout.write(json.dumps(item, ensure_ascii=False) + "\n")
     sys.stdout.flush()
     n = len(dry.items)
+    continued = {"resume": f"the output holds {dry.written} items already; resumed, the run scores the rest · ",
+                 "grown": f"the output holds {dry.written} items already; the input grew, the run scores the rest · ",
+                 "update": "the output would be updated: unchanged items' records kept, the others scored (counted "
+                           "here as all) · ", "fresh": ""}.get(dry.continued, "")
     console.print(
-        f"dry run: {n} items to score{f' ({dry.failed} cannot be scored)' if dry.failed else ''} · prefix "
+        f"dry run: {continued}{n} items to score{f' ({dry.failed} cannot be scored)' if dry.failed else ''} · prefix "
         f"{dry.prefix_tokens} tokens, encoded once · {dry.item_tokens} item tokens ({dry.item_tokens / max(n, 1):.1f} "
         f"per item) + "
         + (f"{dry.label_tokens} answer-position tokens (the fitted head answers alone: no option is scored)\n"

@@ -10,7 +10,7 @@ from ..data.items import Item
 from ..model.rows import trie
 from ..scoring.prepare import Prepared, Task
 from ..task.spec import TaskSpec
-from .job import Event, Progress, load_scorer
+from .job import Event, Progress, load_scorer, output_start
 from .options import RunOptions
 from .pipeline import RunStats, classify
 from .plan import make_plan
@@ -28,6 +28,8 @@ class DryRun:
     load_seconds: float
     pruning: str = ""  # what --prune does on this task, in words ("": it does not apply)
     head_alone: bool = False  # a fitted head answers alone: the label tokens are one a position it reads
+    written: int = 0  # --resume: items the output holds already (not counted above)
+    continued: str = ""  # --resume/--update: how the output would be continued ("resume", "grown", "update")
 
     @property
     def item_tokens(self) -> int:
@@ -46,6 +48,8 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
     """Check the spec and the input, count every item's tokens, and time the first `measure`
     items through the model (nothing is written)."""
     plan = make_plan(options)
+    begun = output_start(plan, plan.fingerprint()) if (options.resume or options.update) else None
+    skip = len(begun.done) if begun is not None and begun.appends else 0  # as the run: after the records written
     if progress:
         progress(Event("checked", total=plan.total))
         progress(Event("loading", detail="tokenizer"))
@@ -53,7 +57,7 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
     items, failed, first = [], 0, []
     reads = task.spec.head.reads(task.questions) if task.spec.head is not None else None
     last = plan.total if plan.total is not None else options.limit
-    read = islice(plan.read_input(), last)
+    read = islice(plan.read_input(), skip, last)
     if plan.stream:  # read once: keep the first items for the timing
         read = _keeping(read, first, measure)
     for batch in task.batches(read, plan.batching):
@@ -69,7 +73,7 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
     scorer = load_scorer(task, plan)
     stats = RunStats()
     count = min(measure, len(items)) if items else 0
-    sample = first[:count] if plan.stream else islice(plan.read_input(), count)
+    sample = first[:count] if plan.stream else islice(plan.read_input(), skip, skip + count)
     for _ in classify(scorer, sample, plan.batching, stats):
         pass
     alone = bool(getattr(scorer, "head_only", False))
@@ -78,7 +82,7 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
         item["label_tokens"] = spent if alone else item["label_tokens"]
     return DryRun(len(scorer.prefix.ids), items, failed, stats.items, stats.ms_per_item,
                   task.load_seconds + scorer.load_seconds, _pruning_words(plan.spec, plan.options.prune, scorer.pruning),
-                  alone)
+                  alone, skip, begun.mode if begun is not None else "")
 
 
 def _head_tokens(task: Task, prep: Prepared, reads: list[bool | None]) -> int:

@@ -109,6 +109,21 @@ class RunResult:
         return EXIT_GATE if self.gate_failed else EXIT_ITEM if self.stats.errors or self.carried_errors else EXIT_OK
 
 
+def output_start(plan: Plan, fingerprint: dict) -> Start:
+    """How the plan's output starts (fresh, resumed, grown, updated), refused (OutputError) where
+    it cannot be continued with this fingerprint; its records checked to be the input's first
+    items in order. Nothing is written: the run and its dry run ask the same."""
+    options = plan.options
+    begun = start_output(plan.output.path, fingerprint, options.resume, options.update, options.items,
+                         refusal_words, plan.output.fmt)
+    if begun.appends and not plan.stream and not plan.part and begun.records:  # a shard's start is its own
+        begun = in_input_order(plan.output.path, begun, islice(plan.read_input(), len(begun.records)),
+                               options.items, options.update)
+    if options.update and begun.appends and any(map(is_error, begun.records.values())):
+        begun = Start("update", begun.records)  # an update tries the items that could not be scored again
+    return begun
+
+
 def run_job(options: RunOptions, progress: Optional[Progress] = None, stop: Optional[Stop] = None) -> RunResult:
     """`Job(options, progress, stop).run()`."""
     return Job(options, progress, stop).run()
@@ -165,17 +180,8 @@ class Job:
 
     # -- the output -------------------------------------------------------------------------
     def start(self) -> Start:
-        """How the output starts (fresh, resumed, grown, updated), its records checked to be the
-        input's first items in order."""
-        plan = self.plan
-        begun = start_output(plan.output.path, self.fingerprint, self.options.resume, self.options.update,
-                             self.options.items, refusal_words, plan.output.fmt)
-        if begun.appends and not plan.stream and not plan.part and begun.records:  # a shard's start is its own
-            begun = in_input_order(plan.output.path, begun, islice(plan.read_input(), len(begun.records)),
-                                   self.options.items, self.options.update)
-        if self.options.update and begun.appends and any(map(is_error, begun.records.values())):
-            begun = Start("update", begun.records)  # an update tries the items that could not be scored again
-        return begun
+        """How the output starts (see `output_start`)."""
+        return output_start(self.plan, self.fingerprint)
 
     def complete(self) -> bool:
         """A resumed output that already holds a record for every item of the same input."""

@@ -107,6 +107,20 @@ def test_dry_run_counts_tokens_estimates_and_writes_nothing(spec_path, reviews, 
     assert estimate.startswith("measured on 3 items: ") and estimate.endswith("nothing was written")
 
 
+def test_dry_run_of_a_resume_refuses_what_the_run_refuses_and_counts_what_is_left(spec_path, reviews, tmp_path):
+    out = tmp_path / "out.jsonl"
+    assert invoke("run", spec_path, reviews, "-o", out, "-n", 2, "-q").exit_code == 0
+    result = invoke("run", spec_path, reviews, "-o", out, "--resume", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == ["r3"]
+    assert "the output holds 2 items already; resumed, the run scores the rest · 1 items to score" in result.stderr, result.stderr
+    (tmp_path / "out.jsonl.prefixcache.json").unlink()
+    dry = invoke("run", spec_path, reviews, "-o", out, "--resume", "--dry-run")
+    real = invoke("run", spec_path, reviews, "-o", out, "--resume")
+    assert dry.exit_code == real.exit_code == 2 and "the fingerprint of the run that wrote it) is missing" in dry.stderr
+    assert dry.stderr.splitlines()[-1].split(": ", 1)[1] == real.stderr.splitlines()[-1].split(": ", 1)[1]
+
+
 def test_dry_run_on_stdin_reads_it_once_and_measures(spec_path, reviews, tmp_path):
     result = invoke("run", spec_path, "-", "--format", "csv", "--dry-run", input=reviews.read_text())
     assert result.exit_code == 0, result.output
