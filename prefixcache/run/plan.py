@@ -166,8 +166,12 @@ def make_plan(options: RunOptions) -> Plan:
     _check_engine(options, spec)
     options = auto_precision(options, spec)
     gates = Gates.parse(options.min_accuracy, options.min_recall, options.min_answered_accuracy)
-    if (options.metrics or options.summary_md or options.junit or gates != Gates()) and not spec.has_gold:
-        raise SpecError("--metrics, --summary-md, --junit, --min-accuracy and --min-recall need a gold field "
+    graded = [name for name, given in (("--metrics", options.metrics), ("--summary-md", options.summary_md),
+                                       ("--junit", options.junit), ("--min-accuracy", options.min_accuracy),
+                                       ("--min-recall", options.min_recall),
+                                       ("--min-answered-accuracy", options.min_answered_accuracy)) if given is not None]
+    if graded and not spec.has_gold:
+        raise SpecError(f"{' and '.join(graded)} {'needs' if len(graded) == 1 else 'need'} a gold field "
                         + ("(a question's 'gold' in the spec, or --gold QUESTION=FIELD)" if spec.questions
                            else "('gold' in the spec, or --gold)"))
     gates.check(spec)

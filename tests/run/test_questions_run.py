@@ -86,7 +86,7 @@ def test_gold_from_the_command_line_and_its_refusals(spec_file, emails, tmp_path
     assert invoke("run", spec, emails, "-o", out, "--gold", "team=team", "--metrics", tmp_path / "m.json").exit_code == 0
     assert set(records(out)[0]["gold"]) == {"team"}
     for args, message in ((["--gold", "team"], "QUESTION=FIELD"), (["--gold", "colour=team"], "'colour'"),
-                          (["--min-accuracy", "team=0.5"], "need a gold field"),
+                          (["--min-accuracy", "team=0.5"], "--min-accuracy needs a gold field"),
                           (["--min-accuracy", "team=2"], "--min-accuracy takes a number in [0, 1]")):
         result = invoke("run", spec, emails, "-o", tmp_path / "x.jsonl", *args)
         assert result.exit_code == 2 and message in result.stderr, result.stderr

@@ -185,7 +185,9 @@ def test_cli_gold_errors_before_the_model_loads(mc_spec, tmp_path, tiny_model_di
     assert result.exit_code == 2 and "lists option 'a' twice" in result.stderr
     labels = write_spec(tmp_path, name="l.yaml", model=str(tiny_model_dir))
     result = invoke("run", str(labels), str(bad), "--min-accuracy", "0.5")
-    assert result.exit_code == 2 and "need a gold field" in result.stderr
+    assert result.exit_code == 2 and "--min-accuracy needs a gold field" in result.stderr
+    result = invoke("run", str(labels), str(bad), "--min-answered-accuracy", "0.5", "--junit", tmp_path / "j.xml")
+    assert result.exit_code == 2 and "--junit and --min-answered-accuracy need a gold field" in result.stderr
     result = invoke("run", str(labels), str(bad), "--gold", "answer")
     assert result.exit_code == 2 and "has gold 'c' (answer), which is not one of the labels" in result.stderr
 
