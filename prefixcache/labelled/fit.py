@@ -129,7 +129,22 @@ def plan_fit(options: FitOptions) -> FitPlan:
     if len(items) < MIN_ITEMS:
         raise UsageError(f"{o.items}: {len(items)} labelled item{'s are' if len(items) != 1 else ' is'} too few to fit "
                          f"a head and measure it held out; fit needs at least {MIN_ITEMS}")
+    check_gold_kinds(spec, questions, items)
     return FitPlan(replace(spec, head=None), spec_file, items, questions, last_fit(spec, options, items))
+
+
+def check_gold_kinds(spec: TaskSpec, questions: Sequence[Question], items: Sequence[Item]) -> None:
+    """Refuse, before any model reads an item, a question whose labelled items all give one answer
+    (or, for tags, none on): no head can be fitted on them (heads.py refuses it again, later)."""
+    for q in questions:
+        if q.kind.judged_each:
+            if not any(gold_tags(item.record, q.gold, q.options, spec.gold_sep) for item in items):
+                raise UsageError(f"{q.id}: no labelled item has any label on: a head needs items of each kind")
+            continue
+        present = {_option(q, spec, item) for item in items}
+        if len(present) < 2:
+            raise UsageError(f"{q.id}: every labelled item has the gold {next(iter(present))!r}: a head needs items of "
+                             f"two options or more")
 
 
 def folds_for(items: int, folds: int) -> int:

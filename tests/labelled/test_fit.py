@@ -439,6 +439,12 @@ def test_fit_refuses_multiple_choice_and_a_spec_without_gold(tmp_path, tiny_mode
     plain = write_spec(tmp_path, name="plain.yaml", model=str(tiny_model_dir), labels=LABELS2)
     result = invoke("fit", plain, labelled, "-o", tmp_path / "f.yaml")
     assert result.exit_code == 2 and "--gold" in result.output
+    one = tmp_path / "one.jsonl"
+    one.write_text("".join(json.dumps({**json.loads(line), "gold": LABELS2[0]}) + "\n"
+                           for line in labelled.read_text().splitlines()))
+    result = invoke("fit", plain, one, "--gold", "gold", "-o", tmp_path / "f.yaml")
+    assert result.exit_code == 2 and f"every labelled item has the gold {LABELS2[0]!r}" in result.stderr
+    assert "loading" not in result.stderr  # refused before any model reads an item
 
 
 def test_fit_of_tags_writes_a_threshold_per_label(tmp_path, tiny_model_dir):
