@@ -236,8 +236,9 @@ def _read_checked(path: Path, where: str) -> bytes:
     """The head file's bytes, checked and read through one open file: what is checked (a
     regular file of a head's size, the user's own and written by no one else) is what is read,
     however the path's folders and links change meanwhile."""
+    path = _followed(path, where)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | _NOFOLLOW)
     except OSError as exc:
         raise SpecError(f"{where}: cannot be read ({exc.strerror or exc})") from None
     try:
@@ -259,6 +260,45 @@ def _read_checked(path: Path, where: str) -> bytes:
         raise SpecError(f"{where}: cannot be read ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+MAX_LINKS = 40  # links followed on the way to a head, as the kernel's own limit
+
+
+def _followed(path: Path, where: str) -> Path:
+    """The head's path with every link on the way followed, each made by this user or root: a
+    link someone else made (in a shared folder where the head is to be written, say) chooses
+    what is read, and is refused as a file of theirs is. The path returned holds no link (the
+    open that follows refuses one put there since)."""
+    me = os.geteuid() if hasattr(os, "geteuid") else None
+    if me is None:
+        return path
+    path = Path(os.path.abspath(path))
+    current, parts, links = Path(path.anchor), list(path.parts[1:]), 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":  # `current` holds no link: its parent is the folder's own
+            current = current.parent
+            continue
+        step = current / part
+        try:
+            st = os.lstat(step)
+        except OSError:  # missing or unreadable: the open says so
+            return Path(current, step.name, *parts)
+        if not stat.S_ISLNK(st.st_mode):
+            current = step
+            continue
+        if st.st_uid not in (me, 0):
+            raise SpecError(f"{where}: {step} is a link made by another user (uid {st.st_uid}), who chooses what it "
+                            f"points to; a head decides your answers: name the head's own file")
+        links += 1
+        if links > MAX_LINKS:
+            raise SpecError(f"{where}: more than {MAX_LINKS} links on the way to the head")
+        target = Path(os.readlink(step))
+        parts = list(target.parts[1:] if target.is_absolute() else target.parts) + parts
+        current = Path(target.anchor) if target.is_absolute() else current
+    return current
 
 
 def _check_owner(st: os.stat_result, where: str) -> None:

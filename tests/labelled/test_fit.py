@@ -7,6 +7,7 @@ template or label set, or a damaged or foreign head file, is refused in one line
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 
 import numpy as np
@@ -385,6 +386,30 @@ def test_a_head_someone_else_can_change_is_refused(fitted, tmp_path):
     os.chown(head, 12345, -1)
     with pytest.raises(SpecError, match="belongs to another user"):
         load_spec(out)
+    os.chown(head, 0, -1)
+
+
+def test_a_link_another_user_made_on_the_way_to_a_head_is_refused(fitted, tmp_path):
+    _, _, out = fitted
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    os.chmod(shared, 0o1777)
+    spec = shared / "spec.yaml"
+    spec.write_text(out.read_text().replace("head: fitted.head.safetensors", "head: planted.head.safetensors"))
+    planted = shared / "planted.head.safetensors"
+    planted.symlink_to(Path("..") / "fitted.head.safetensors")  # a link of one's own is followed, `..` and all
+    assert load_spec(spec).head is not None
+    if os.geteuid() != 0:
+        pytest.skip("a link made by another user needs root")
+    os.lchown(planted, 12345, 12345)
+    with pytest.raises(SpecError, match=r"planted.head.safetensors is a link made by another user \(uid 12345\)"):
+        load_spec(spec)
+    planted.unlink()
+    (shared / "folder").symlink_to(tmp_path)  # a link in the folders on the way counts as much
+    os.lchown(shared / "folder", 12345, 12345)
+    spec.write_text(out.read_text().replace("head: fitted.head.safetensors", "head: folder/fitted.head.safetensors"))
+    with pytest.raises(SpecError, match="folder is a link made by another user"):
+        load_spec(spec)
 
 
 def test_a_head_round_trips_through_its_file(tmp_path):
