@@ -5,7 +5,7 @@
 
     ds = ray.data.read_parquet("items.parquet")
     out = ds.map_batches(prefixcache.ray.Classify, fn_constructor_kwargs={"spec": "spec.yaml"},
-                         concurrency=4, batch_size=256, batch_format="pandas")
+                         compute=ray.data.ActorPoolStrategy(size=4), batch_size=256, batch_format="pandas")
     out.write_parquet("predictions/")
 
 Each actor builds one `Classifier` (the model loaded once, the prefix from the prefix store when

@@ -5,7 +5,7 @@
 
     ds = ray.data.read_text("requests.jsonl")  # one request body a row, in the column "text"
     out = ds.map_batches(prefixcache.ray.Decide, fn_constructor_kwargs={"model": None},
-                         concurrency=4, batch_size=64, batch_format="pandas")
+                         compute=ray.data.ActorPoolStrategy(size=4), batch_size=64, batch_format="pandas")
     out.write_json("responses/")
 
 Each actor builds one `Decider` (the model loaded once, the instructions' prefixes from the prefix

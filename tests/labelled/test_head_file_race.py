@@ -27,11 +27,12 @@ def _head(order):
                                np.zeros(3))], FP, "final", {})
 
 
-def _exchange(folder: str, seconds: float) -> None:
+def _exchange(folder: str, started, stop, seconds: float) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(folder, os.O_RDONLY)
-    end = time.time() + seconds
-    while time.time() < end:
+    end = time.monotonic() + seconds
+    started.set()
+    while not stop.is_set() and time.monotonic() < end:  # bounded in time, whatever the test does
         libc.renameat2(fd, b"head.safetensors", fd, b"other.safetensors", RENAME_EXCHANGE)
 
 
@@ -45,13 +46,16 @@ def test_a_head_exchanged_while_it_is_loaded_is_never_the_other(tmp_path):
     libc = ctypes.CDLL(None, use_errno=True)
     if not hasattr(libc, "renameat2"):
         pytest.skip("this C library has no renameat2")
-    swapper = multiprocessing.get_context("spawn").Process(target=_exchange, args=(str(tmp_path), 6.0))
+    context = multiprocessing.get_context("spawn")
+    started, stop = context.Event(), context.Event()
+    swapper = context.Process(target=_exchange, args=(str(tmp_path), started, stop, 600.0))
     swapper.start()
     try:
+        assert started.wait(300), "the exchanging process did not start"
         seen = {"good": 0, "refused": 0, "evil": 0}
-        want, end = hashlib.sha256(good).hexdigest(), time.time() + 4.0
-        for _ in range(20000):  # bounded in count and in time
-            if time.time() > end:
+        want, end = hashlib.sha256(good).hexdigest(), time.monotonic() + 300
+        for _ in range(200_000):  # bounded in count and in time; done once the exchange raced the loads both ways
+            if time.monotonic() > end or (seen["good"] >= 20 and seen["refused"] >= 20):
                 break
             try:
                 head = load_head(str(tmp_path / "head.safetensors"), tmp_path / "spec.yaml")
@@ -59,7 +63,10 @@ def test_a_head_exchanged_while_it_is_loaded_is_never_the_other(tmp_path):
             except SpecError:
                 seen["refused"] += 1
     finally:
-        swapper.kill()
-        swapper.join()
+        stop.set()
+        swapper.join(60)
+        if swapper.is_alive():
+            swapper.kill()
+            swapper.join()
     assert seen["evil"] == 0, seen
     assert seen["good"] > 0 and seen["refused"] > 0, seen  # the exchange did race the loads
