@@ -167,7 +167,11 @@ def build_report(output: str, compare_with: str | None = None, top: int = 15, fi
     """The HTML page for one output of `run` (and its diff with another; `fit`: the figures of the
     `prefixcache fit` whose head answered it)."""
     page = _build(output, compare_with, top)
-    return page if fit is None else page.replace("</body></html>", _fit_section(_pyplot(), fit) + "</body></html>")
+    if fit is None:
+        return page
+    # the head's figures first, under the title and summary line: what a reader opens the page for
+    summary = page.index("</p>", page.index("<p class=muted>")) + len("</p>")
+    return page[:summary] + _fit_section(_pyplot(), fit) + page[summary:]
 
 
 def _build(output: str, compare_with: str | None, top: int) -> str:
@@ -324,7 +328,8 @@ def _fit_section(plt: Any, path: str) -> str:
         found = json.loads(Path(path).read_text(encoding="utf-8"))
         questions = found["questions"]
         rows = [(q["question"], name, q[key]["accuracy"], q[key]["macro_f1"], q[key]["ece"], q["verdict"], q)
-                for q in questions for name, key in (("head", "head"), ("prompt alone", "prompt"))]
+                for q in questions for name, key in (("head", "head"), ("prompt alone", "prompt"),
+                                                     ("TF-IDF + LR", "tfidf_baseline")) if q.get(key)]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"--fit {path}: not the figures of prefixcache fit (its .fit.json): {exc}") from None
     head = (f"<h2>the head (prefixcache fit)</h2><p class=muted>{html.escape(str(found.get('items')))} labelled items, "

@@ -151,7 +151,9 @@ def test_the_report_shows_the_heads_figures_and_learning_curve(fitted, tmp_path)
     assert result.exit_code == 0, result.output
     text = page.read_text()
     assert "the head (prefixcache fit)" in text and "the head is better" in text and "learning curve" in text
-    assert "risk and coverage" in text
+    assert "risk and coverage" in text and "<td>TF-IDF + LR</td>" in text
+    fit_at = text.index("the head (prefixcache fit)")  # first, under the title and summary: no other section before it
+    assert text.index("<h2>") == text.rindex("<h2>", 0, fit_at) and text.index("<h1>") < fit_at
     result = invoke("report", preds, "-o", tmp_path / "r2.html", "--fit", labelled)
     assert result.exit_code == 2 and "not the figures of prefixcache fit" in result.output
 
