@@ -30,6 +30,39 @@ LINES = [
 ]
 
 
+def _resume_from_a_checkpoint(ray, tmp_path, folder, spec, cache_dir, actor) -> tuple[object, str]:
+    """A job with Ray Data's row-level checkpoint that wrote the first file's rows and stopped,
+    resumed on every file: by a job of another spec (refused, its message returned), then by the
+    same spec (the rows it writes, with the first job's, returned)."""
+    import pandas as pd
+    from ray.data.checkpoint import CheckpointConfig
+
+    context = ray.data.DataContext.get_current()
+    context.checkpoint_config = CheckpointConfig(id_column="id", checkpoint_path=str(tmp_path / "checkpoint"),
+                                                 delete_checkpoint_on_success=False)
+    try:
+        def job(spec_file, items, out):
+            ray.data.read_parquet(str(items)).map_batches(
+                prefixcache.ray.Classify, fn_constructor_kwargs={"spec": str(spec_file), "cache_dir": str(cache_dir)},
+                batch_size=8, **actor).write_parquet(str(out))
+
+        import prefixcache.ray
+
+        job(spec, folder / "part0.parquet", tmp_path / "first")  # stopped after the first file's rows
+        other = tmp_path / "other.yaml"
+        other.write_text(spec.read_text().replace("You are a support ticket router.", "You read tickets for another team."))
+        try:
+            job(other, folder, tmp_path / "mixed")
+            refused = ""
+        except Exception as exc:  # noqa: BLE001 - Ray wraps the actor's error in its own
+            refused = str(exc)
+        job(spec, folder, tmp_path / "rest")
+    finally:
+        context.checkpoint_config = None
+    written = [pd.read_parquet(tmp_path / name) for name in ("first", "rest") if (tmp_path / name).exists()]
+    return pd.concat(written, ignore_index=True), refused
+
+
 def _post(url: str, body: dict) -> tuple[int, dict]:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
@@ -89,12 +122,13 @@ def test_classify_decide_and_serve_on_ray_give_the_clis_numbers(tmp_path, tiny_m
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local, private cluster
     monkeypatch.setenv("RAY_enable_worker_prestart", "0")  # workers started when needed, not two idle ones first
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # logical CPUs: a resumed job's checkpoint filter holds one of its own
     try:
         actor = {"compute": ray.data.ActorPoolStrategy(size=1), "num_cpus": 0.5, "batch_format": "pandas"}
         classified = ray.data.read_parquet(str(folder), override_num_blocks=2).map_batches(
             prefixcache.ray.Classify, fn_constructor_kwargs={"spec": str(spec), "cache_dir": str(cache_dir)},
             batch_size=8, **actor).to_pandas()
+        resumed, refused = _resume_from_a_checkpoint(ray, tmp_path, folder, spec, cache_dir, actor)
         decided = ray.data.from_items([{"text": json.dumps(line)} for line in LINES], override_num_blocks=2).map_batches(
             prefixcache.ray.Decide, fn_constructor_kwargs={"model": str(tiny_model_dir), "cache_dir": str(cache_dir)},
             batch_size=2, **actor).to_pandas()
@@ -113,6 +147,10 @@ def test_classify_decide_and_serve_on_ray_give_the_clis_numbers(tmp_path, tiny_m
     assert sorted(classified["id"]) == sorted(records_by_id)
     for row in classified.to_dict("records"):
         assert question_row_is(row, records_by_id[row["id"]]["answers"])
+    assert sorted(resumed["id"]) == sorted(records_by_id)  # each item once: the first job's rows, then the rest
+    for row in resumed.to_dict("records"):
+        assert question_row_is(row, records_by_id[row["id"]]["answers"])
+    assert "holds rows of a job with another prompt and spec" in refused and "start it anew" in refused, refused[-2000:]
     by_id = {row["custom_id"]: row for row in decided.to_dict("records")}
     assert sorted(by_id) == ["a", "b", "c", "d"]
     for response in want:

@@ -9,8 +9,10 @@
     out.write_parquet("predictions/")
 
 Each actor builds one `Classifier` (the model loaded once, the prefix from the prefix store when
-`cache_dir` is shared) and adds the prediction columns to every batch. Ray is an optional extra
-(`pip install 'prefixcache[ray]'`); this module does not import it.
+`cache_dir` is shared) and adds the prediction columns to every batch. With Ray Data's row-level
+checkpoint (`DataContext.checkpoint_config`), a job resumed after its spec, model, engine or
+precision changed is refused as `run --resume` refuses it (scoring/raycheckpoint.py). Ray is an
+optional extra (`pip install 'prefixcache[ray]'`); this module does not import it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from .classifier import Classifier, SpecLike
+from ..scoring.raycheckpoint import check_resumed_job, task_fingerprint
 
 
 class Classify:
@@ -27,6 +30,9 @@ class Classify:
     def __init__(self, spec: SpecLike = None, **kwargs: Any):
         kwargs.setdefault("progress", False)  # actors' stderr is a log, not a terminal
         self.classifier = Classifier(spec, **kwargs)
+        scorer = self.classifier.scorer
+        check_resumed_job(task_fingerprint(scorer.task, scorer.engine, scorer.dtype, exact=self.classifier.exact,
+                                           prune=self.classifier.options.prune))
 
     def __call__(self, batch: Any) -> Any:
         if isinstance(batch, dict):

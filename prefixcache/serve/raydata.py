@@ -11,7 +11,8 @@
 Each actor builds one `Decider` (the model loaded once, the instructions' prefixes from the prefix
 store when `cache_dir` is shared) and adds to every row what `decide` writes for its line:
 `custom_id`, `request_sha`, `status_code` and `body` (the answer, or the error in the request's
-format, as JSON text). This module does not import Ray.
+format, as JSON text). With Ray Data's row-level checkpoint, a job resumed after its model, engine,
+precision or heads changed is refused (scoring/raycheckpoint.py). This module does not import Ray.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from ..scoring.raycheckpoint import check_resumed_job
 from ..errors import InputError
+from ..model.engines import backend_named
+from ..model.load import model_content_identity
 from ..scoring.options import ScoringOptions
 from ..task.head import load_head
 from .decider import Decider
@@ -43,6 +47,11 @@ class Decide:
         self.decider = Decider(model, ScoringOptions.from_environment(cache_dir, device=device, dtype=dtype),
                                heads=[load_head(str(h), Path("heads")) for h in heads])
         self.column, self.batch_size = column, batch_size
+        engine = self.decider.engine
+        check_resumed_job({"model": model_content_identity(self.decider.base.source, self.decider.options.cache_dir),
+                           "engine": engine.name, "engine_version": backend_named(engine.name).version(engine.precision),
+                           "precision": engine.precision, "device": str(engine.device).split(":")[0],
+                           "heads": sorted(h.digest for h in self.decider.heads)})
 
     def __call__(self, batch: Any) -> Any:
         frame = not isinstance(batch, dict)

@@ -148,6 +148,10 @@ class Asked:
     judged_each = False  # each option is a yes/no call of its own (a fitted head reads one state per option)
     abstains = False  # its answer may abstain below a `threshold` (one of its options, not a number)
 
+    def __repr__(self) -> str:
+        # its name: a spec's repr is what keys kept bounds and fingerprints, the same in every process
+        return f"<kind {getattr(self, 'name', type(self).__name__)}>"
+
     def value_of(self, cell: str) -> Any:
         """Its answer's value from a CSV cell (the inverse of writing `answer[type]`)."""
         return float(cell)
