@@ -12,7 +12,9 @@
 - pruning.py: pruned label scoring, the argmax of many labels at the cost of a few, exactly;
 - options.py: `ScoringOptions`, what every entry point may choose about scoring (no torch);
 - build.py: `build_scorer`, the one place a scorer is built whole (model, prefix, pruning), and
-  the scorer's contract.
+  the scorer's contract;
+- raycheckpoint.py: what answers, kept in a Ray Data job's checkpoint folder, so that a job
+  resumed after it changed is refused (Ray's actors: api/ray.py, serve/raydata.py).
 
-May import: model, data (items), task, compat, errors. Imported by run, tune, api and cli.
+May import: model, data (items), task, compat, errors. Imported by run, tune, api, serve and cli.
 """
