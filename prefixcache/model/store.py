@@ -29,7 +29,7 @@ from safetensors.torch import save
 
 from .. import safefile
 from ..errors import OutputError
-from .cache import models_dir, prefixes_dir, states_dir
+from .cache import checks_dir, models_dir, prefixes_dir, states_dir
 from .load import remove_stale_conversions
 from .private import ForeignCache, cache_secret, owned, signed_by
 
@@ -255,6 +255,9 @@ def clear_cache(cache_dir: Path, models: bool = False) -> tuple[int, bool]:
         removed = store.clear() if store.root.is_dir() else 0
         if states_dir(cache_dir).is_dir():  # what fit kept: derived data, cleared with the prefixes
             shutil.rmtree(states_dir(cache_dir))
+        bounds = checks_dir(cache_dir) / "exact-bounds"
+        if bounds.is_dir():  # what --exact measured of a model's precision: derived too
+            shutil.rmtree(bounds)
         gone = models and models_dir(cache_dir).is_dir()
         if gone:
             _clear_models(models_dir(cache_dir), store._key())

@@ -126,6 +126,11 @@ def test_cli_second_run_loads_the_prefix_and_writes_the_same_records(tmp_path, t
     listed = invoke("cache", "list", "--cache-dir", str(store_dir), "--json")
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert [r["kind"] for r in rows] == ["prefix"] and rows[0]["prefix_tokens"] > 0
+    from prefixcache.scoring.bounds import BoundStore
+
+    BoundStore(store_dir).put("k" * 32, 0.1, 32, 0.05)  # what --exact measured: derived, cleared with the rest
+    assert BoundStore(store_dir).get("k" * 32) == 0.1
     cleared = invoke("cache", "clear", "--cache-dir", str(store_dir))
     assert cleared.exit_code == 0 and "removed 1 stored prefixes" in cleared.stderr
     assert invoke("cache", "list", "--cache-dir", str(store_dir), "--json").stdout == ""
+    assert BoundStore(store_dir).get("k" * 32) is None
