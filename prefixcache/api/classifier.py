@@ -30,7 +30,7 @@ from ..data.records import Record
 from ..errors import InputError, SpecError, UsageError
 from ..run.pipeline import RunStats, classify
 from ..scoring.options import ScoringOptions
-from ..scoring.prepare import Batching, Task
+from ..scoring.prepare import Batching, Task, judged_of
 from ..task.overrides import with_overrides
 from ..task.keys import spec_from_mapping
 from ..task.spec import KNOWN_KEYS, TaskSpec
@@ -154,7 +154,7 @@ class Classifier:
         """Decide by `spec` with `scorer` (its task's): the batches follow whether a head answers alone."""
         self.spec, self.task, self.scorer = spec, scorer.task, scorer
         self.batching = Batching(self._params["batch_size"], self._params["batch_tokens"], pruned=scorer.pruning,
-                                 head_alone=bool(getattr(scorer, "head_only", False)))
+                                 head_alone=bool(getattr(scorer, "head_only", False)), judged=judged_of(spec))
         self._zero_shot = {}
 
     # -- scikit-learn's estimator protocol ---------------------------------------------------------

@@ -107,7 +107,7 @@ def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Quest
     seconds, done = 0.0, 0
     step("reading states", 0, len(items))
     position = {id(item): n for n, item in enumerate(items)}
-    for batch in task.batches(items, replace(batching, head_alone=True), scorer.context):
+    for batch in task.batches(items, replace(batching, head_alone=True, judged=tuple(map(bool, reads))), scorer.context):
         values, computed, took = _kept_or_computed(
             batch, states_store, lambda todo: scorer.states_alone(todo, reads, views), scores=False)
         seconds += took
@@ -203,7 +203,7 @@ def read_pool(scorer: Scorer, items: Sequence[Item], batching: Batching,
     task, head = scorer.task, scorer.head is not None
     reads = scorer.reads if head else [task.questions[0].kind.judged_each] + [None] * (len(task.questions) - 1)
     alone = not head or scorer.head_only
-    batching = replace(batching, head_alone=alone)  # one token an answer: as many items a batch as a head-only run
+    batching = replace(batching, head_alone=alone, judged=tuple(map(bool, reads)))  # one token an answer: as many items a batch as a head-only run
     out = Pool([], np.empty((0, 0)), [], [], 0, 0.0)
     vectors, seconds = [], 0.0
     step("reading the pool's states", 0, len(items))

@@ -20,7 +20,7 @@ from ..model.engines import Backend, backend_named, twin_backend
 from ..model.load import dtype_name, model_identity, pick_device
 from ..model.precision import low_names, precision_named
 from ..reports.evaluation import Gates
-from ..scoring.prepare import Batching, check_backend, spec_model
+from ..scoring.prepare import Batching, check_backend, judged_of, spec_model
 from ..task.head import exact_refusal
 from ..task.overrides import with_overrides
 from ..task.spec import TaskSpec
@@ -197,7 +197,7 @@ def make_plan(options: RunOptions) -> Plan:
     device = str(launched.device) if launched and options.device == "auto" else options.device
     return Plan(options, spec, fmt, stream, total, output, part, launched, keep,
                 Batching(options.batch_size, options.batch_tokens, options.on_error,
-                         pruned, spec.head_alone(options.prompt_scores)), gates, options.exact, device, scanned)
+                         pruned, spec.head_alone(options.prompt_scores), judged_of(spec)), gates, options.exact, device, scanned)
 
 
 def _check_engine(options: RunOptions, spec: TaskSpec) -> None:

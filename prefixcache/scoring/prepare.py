@@ -101,14 +101,36 @@ class Batching:
     on_error: str = "fail"
     pruned: bool = False  # labels scored pruned: an item's labels cost about PRUNED_LABEL_TOKENS, not its whole trie
     head_alone: bool = False  # a fitted head answers alone: no option scored, one token (and a question's text) an answer
+    judged: tuple[bool, ...] = ()  # with head_alone, per question: its options each judged yes/no (tags), read one by one
 
     def cost(self, prep: "Prepared") -> int:
         """What an item costs of `tokens`: its own tokens and its label tokens (a head answering
-        alone: per question, its text and one token)."""
+        alone: per answer position it reads, a question's text and one token: one position a
+        question, one an option where each option is judged on its own)."""
         if self.head_alone:
-            return prep.own_tokens + sum((prep.skips[at] if prep.skips else 0) + 1 for at, _ in prep.spans)
+            reads = [bool(self.judged[j]) if j < len(self.judged) else False for j in range(len(prep.spans))]
+            return prep.own_tokens + sum((prep.skips[i] if prep.skips else 0) + 1
+                                         for i in answer_positions(prep, reads))
         labels = len(trie(list(prep.candidates.values())))
         return prep.own_tokens + (min(labels, PRUNED_LABEL_TOKENS) if self.pruned else labels)
+
+
+def answer_positions(prep: "Prepared", reads: Sequence[bool | None]) -> list[int]:
+    """The candidates whose first scored token marks an answer position the questions read by
+    `reads` need (None: not read), in question order: a question's first candidate, or (True: its
+    options each judged yes/no) each option's first."""
+    out = []
+    for (at, _), (a, b), read in zip(prep.spans, prep.parts, reads):
+        if read is not None:
+            out += [prep.groups.members[k][0] for k in range(a, b)] if read else [at]
+    return out
+
+
+def judged_of(spec: TaskSpec) -> tuple[bool, ...]:
+    """Per question the spec asks, whether each of its options is judged on its own (tags): what a
+    head answering alone reads one position an option of (`Batching.judged`)."""
+    return tuple(bool(q.kind.judged_each) for q in spec.questions) if spec.questions else \
+        (bool(label_kind(spec).judged_each),)
 
 
 PRUNED_LABEL_TOKENS = 32  # label tokens an item costs when pruned (measured: 18-24 with 60-106 labels)
@@ -212,14 +234,8 @@ class Task:
                            free.ids[free.prefix_len:], self.spec.template.text, questions)
 
     def answer_positions(self, prep: Prepared, reads: Sequence[bool | None]) -> list[int]:
-        """The candidates whose first scored token marks an answer position the questions read by
-        `reads` need (None: not read), in question order: a question's first candidate, or (True: its
-        options each judged yes/no) each option's first."""
-        out = []
-        for (at, _), (a, b), read in zip(prep.spans, prep.parts, reads):
-            if read is not None:
-                out += [prep.groups.members[k][0] for k in range(a, b)] if read else [at]
-        return out
+        """`answer_positions` of an item of this task."""
+        return answer_positions(prep, reads)
 
     def content_free(self, text: str) -> EncodedItem:
         """The prompt with every template field set to `text` (e.g. "" or "N/A")."""

@@ -488,6 +488,23 @@ def test_fit_of_tags_writes_a_threshold_per_label(tmp_path, tiny_model_dir):
     assert set(data["threshold"]) == set(LABELS2)
     preds = json_lines(_run(out, labelled, tmp_path / "tags-out.jsonl"))
     assert all(r["readout"] == "head" and set(r["probs"]) == set(LABELS2) for r in preds)
+    # it answers alone, reading one state a label: a row costs its batch what it feeds the model
+    from prefixcache.data.items import Item
+    from prefixcache.run.options import RunOptions
+    from prefixcache.run.plan import make_plan
+    from prefixcache.scoring.prepare import Task
+    from prefixcache.scoring.reading import alone_row
+    from prefixcache.task.specfile import load_spec
+
+    fitted = load_spec(out)
+    plan = make_plan(RunOptions(out, str(labelled), output=str(tmp_path / "x.jsonl")))
+    assert fitted.head_alone() and plan.batching.head_alone and plan.batching.judged == (True,)
+    task = Task.from_spec(fitted, tmp_path / "cache")
+    prep = task.prepare(Item("x", rows[0], 1))
+    row, _ = alone_row(task, prep, fitted.head.reads(task.questions))
+    assert len(row.candidates) == len(LABELS2)
+    fed = len(row.ids) - row.prefix_len + sum(len(c) for c in row.candidates)
+    assert plan.batching.cost(prep) == fed
 
 
 # -- an interrupted fit continues ---------------------------------------------------------------
