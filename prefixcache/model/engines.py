@@ -111,7 +111,11 @@ _REGISTRY: dict[str, Backend] = {}
 
 
 def register(backend: Backend) -> Backend:
-    """Add (or replace) an engine; the first registered is the default."""
+    """Add an engine; the first registered is the default. A name taken already is refused
+    (ValueError): two modules claiming one name is a mistake, never a replacement (`unregister`
+    first to replace one)."""
+    if backend.name in _REGISTRY:
+        raise ValueError(f"an engine named {backend.name!r} is registered already")
     _REGISTRY[backend.name] = backend
     return backend
 

@@ -93,6 +93,9 @@ _REGISTRY: dict[str, Precision] = {}
 
 
 def register(precision: Precision) -> Precision:
+    """Add a precision; a name taken already is refused (ValueError)."""
+    if precision.name in _REGISTRY:
+        raise ValueError(f"a precision named {precision.name!r} is registered already")
     _REGISTRY[precision.name] = precision
     return precision
 

@@ -185,6 +185,10 @@ KINDS: dict[str, Kind] = {}
 
 
 def register(kind: Kind) -> Kind:
+    """Add a question kind under its name and aliases; a name taken already is refused (ValueError)."""
+    taken = [name for name in (kind.name, *kind.aliases) if name in KINDS]
+    if taken:
+        raise ValueError(f"a question kind named {taken[0]!r} is registered already")
     for name in (kind.name, *kind.aliases):
         KINDS[name] = kind
     return kind

@@ -74,6 +74,20 @@ def test_a_race_runs_on_an_engine_through_its_open_items_as_on_transformers(toy,
     assert sum(len(a["pruned"]) for a, _ in pairs) > 0
 
 
+def test_a_taken_name_is_refused_by_every_registry(toy):
+    from prefixcache.model import precision
+    from prefixcache.task import kind
+
+    with pytest.raises(ValueError, match=f"an engine named '{NAME}' is registered already"):
+        register_toy()
+    with pytest.raises(ValueError, match="an engine named 'transformers' is registered already"):
+        engines.register(engines.backend_named("transformers"))
+    with pytest.raises(ValueError, match="a precision named 'int8' is registered already"):
+        precision.register(precision.precision_named("int8"))
+    with pytest.raises(ValueError, match="a question kind named 'choice' is registered already"):
+        kind.register(kind.KINDS["choice"])
+
+
 def test_an_engines_limit_on_candidates_is_refused_before_the_model_loads(tmp_path, tiny_model_dir, items):
     register_toy(max_leaves=2)
     try:
