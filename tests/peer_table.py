@@ -93,7 +93,7 @@ def main() -> None:
         if "error" in got:
             print(f"| {name} | {got['error'][:80]} | | |")
             continue
-        same = sum(a == b for a, b in zip(got["labels"], want))
+        same = sum(a == b for a, b in zip(got["labels"], want, strict=True))
         print(f"| {name} | {got['ms']:.1f} | {got['peak_mb']:,.0f} MB | {same}/{len(want)} |")
     for name, floor in floors:
         if floor:

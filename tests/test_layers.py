@@ -281,3 +281,15 @@ def test_the_protocol_check_finds_a_read_beyond_it(tmp_path):
     (bad / "scoring").mkdir(parents=True)
     (bad / "scoring" / "x.py").write_text("def f(scorer):\n    return scorer.engine.model.config\n")
     assert engine_reads(bad) == [("scoring/x.py", "model")]
+
+
+def test_every_zip_in_the_tests_says_whether_its_lengths_must_match():
+    """A test zipping what it got with what it wants compares nothing past the shorter one: each
+    `zip` in the tests passes `strict` (a short list then fails the test instead of passing it)."""
+    loose = []
+    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "zip" \
+                    and node.args and not any(k.arg == "strict" for k in node.keywords):
+                loose.append(f"{path.name}:{node.lineno}")
+    assert not loose, loose

@@ -72,7 +72,7 @@ class ToyEngine:
         if probe is not None and not probe.plain:
             raise ValueError("the toy engine reads the final state only")
         states = []
-        for row, want in zip(rows, wanted):
+        for row, want in zip(rows, wanted, strict=True):
             found = []
             for i in want:
                 ids = list(row.ids) + list(row.candidates[i][:row.skip(i)]) if row.candidates else list(row.ids)

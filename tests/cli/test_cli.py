@@ -296,7 +296,7 @@ def test_bench_compares_decisions_under_the_specs_normalisation(tmp_path, tiny_m
     items = tmp_path / "mc.jsonl"
     options = [["two", "four legs and a tail", "six"], ["yes", "no, not at all, never"], ["a", "bb", "a longer option here"]]
     items.write_text("".join(json.dumps({"id": n, "text": t, "choices": o}) + "\n"
-                             for n, (t, o) in enumerate(zip(TEXTS, options))))
+                             for n, (t, o) in enumerate(zip(TEXTS[:len(options)], options, strict=True))))
     result = invoke("bench", spec, items, "--limit", 3, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["same_labels"] is True

@@ -167,7 +167,7 @@ def test_real_model_lettered_layout_equals_full_reencode(cache_dir, tmp_path, sc
     for item, record in zip(items, classify(scorer, items, Batching(size=3)), strict=True):
         prep = scorer.task.prepare(item)
         want = score_naive(scorer.engine.model, prep.enc.ids, list(prep.candidates.values()))
-        assert max(abs(a - b) for a, b in zip(record["logprobs"], want)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(record["logprobs"], want, strict=True)) < 1e-4
         assert record["scored"] == score_by and record["label"] == item.record["choices"][record["index"]]
 
 
@@ -209,10 +209,10 @@ def test_exact_mode_labels_equal_float32_on_every_shipped_sample(tmp_path, confi
         assert result.exit_code in (0, 5), result.output
         runs[name] = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["label"] for r in runs["exact"]] == [r["label"] for r in runs["fp32"]]
-    for got, want in zip(runs["exact"], runs["fp32"]):
+    for got, want in zip(runs["exact"], runs["fp32"], strict=True):
         if got["precision"] == "float32":
             lp = got["logprobs"]
-            pairs = zip(lp, want["logprobs"]) if isinstance(lp, list) else ((lp[k], want["logprobs"][k]) for k in lp)
+            pairs = zip(lp, want["logprobs"], strict=True) if isinstance(lp, list) else ((lp[k], want["logprobs"][k]) for k in lp)
             assert max(abs(a - b) for a, b in pairs) < 1e-4
 
 
@@ -259,7 +259,7 @@ def test_real_model_tags_equal_full_reencode_per_label(cache_dir):
     tokenizer = task.tokenizer
     items = list(read_items(str(ROOT / "data" / "samples" / "review_aspects.jsonl"), id_field=spec.id_field))[:1]
     records = list(classify(scorer, items, Batching(size=3)))
-    for item, record in zip(items, records):
+    for item, record in zip(items, records, strict=True):
         for label in spec.label_names:
             want = naive_yes_logprob(scorer.engine.model, tokenizer, spec, item.record, label)
             assert abs(record["logprobs"][label] - want) < 1e-4, (item.id, label)
@@ -320,7 +320,7 @@ def test_real_model_fit_head_answers_from_the_states_of_a_full_reencode(tmp_path
     scorer = _scorer(out, cache_dir)
     readout = load_head(str(tmp_path / "irony-fitted.head.safetensors"), out).readouts[0]
     model, names = scorer.engine.model, list(scorer.task.spec.label_names)
-    for item, record in zip(list(read_items(str(labelled)))[:2], records):
+    for item, record in zip(list(read_items(str(labelled)))[:2], records[:2], strict=True):
         enc = scorer.task.builder.encode_item(item.record, item.id)
         seen = []
         hook = model.get_output_embeddings().register_forward_pre_hook(lambda m, a: seen.append(a[0]))
@@ -339,4 +339,4 @@ def test_real_model_fit_head_answers_from_the_states_of_a_full_reencode(tmp_path
         assert ("logprobs" in record) == readout.reads.logprobs
         want = readout.probs(views, [record.get("logprobs", {}).get(n, 0.0) for n in names])
         assert record["readout"] == "head"
-        assert max(abs(record["probs"][n] - p) for n, p in zip(names, want)) < 1e-4
+        assert max(abs(record["probs"][n] - p) for n, p in zip(names, want, strict=True)) < 1e-4

@@ -53,7 +53,7 @@ def test_a_shipped_sample_gives_the_stored_records(config, sample, tmp_path, one
         stored.write_text("".join(line + "\n" for line in got), encoding="utf-8")
     want = stored.read_text(encoding="utf-8").splitlines()
     assert len(got) == len(want)
-    for line, expected in zip(got, want):
+    for line, expected in zip(got, want, strict=True):
         _same(json.loads(line), json.loads(expected), "record")
 
 
@@ -68,7 +68,7 @@ def _same(got, want, where: str) -> None:
             _same(got[key], want[key], f"{where}.{key}")
     elif isinstance(want, list):
         assert isinstance(got, list) and len(got) == len(want), f"{where}: {got!r} != {want!r}"
-        for i, (g, w) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
             _same(g, w, f"{where}[{i}]")
     else:
         assert type(got) is type(want) and got == want, f"{where}: {got!r} != {want!r}"

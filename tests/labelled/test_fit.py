@@ -64,7 +64,7 @@ def test_states_equal_those_of_one_full_forward_of_the_rendered_prompt(arch_mode
     plain = engine.score(prefix, rows)
     scores, states = engine.score_with_states(prefix, rows, [[0, len(cands) - 1]] * len(rows))
     assert scores == plain  # reading the states changes no score
-    for e, found in zip(encoded, states):
+    for e, found in zip(encoded, states, strict=True):
         want = _final_states(model, e.ids)[-1].numpy()  # the item's last position: the first label token's
         assert found.shape == (2, want.shape[0])
         assert np.abs(found - want).max() < 1e-5, arch
@@ -105,7 +105,7 @@ def test_a_head_gives_the_probabilities_of_the_regression_it_stores():
     mean, scale, coef, b = fit_multiclass(x, y, 3, [0.5])[0]
     r = Readout("q", ("a", "b", "c"), False, "state", mean[None], scale[None], coef, b)
     want = LogisticRegression(C=0.5, max_iter=500, solver=SOLVER).fit((x - mean) / scale, y).predict_proba((x[:5] - mean) / scale)
-    for row, w in zip(x[:5], want):
+    for row, w in zip(x[:5], want, strict=True):
         assert np.allclose(r.probs({'state': row[None]}, [0.0] * 3), w, atol=1e-6)
 
 
@@ -139,7 +139,7 @@ def test_a_head_answers_every_held_out_item_where_the_labels_are_separable(fitte
     records = json_lines(preds)
     assert all(r["readout"] == "head" and r["correct"] for r in records)
     plain = json_lines(_run(spec, labelled, tmp_path / "plain.jsonl"))
-    for r, p in zip(records, plain):  # asked for, the prompt's log-probabilities are kept as they were
+    for r, p in zip(records, plain, strict=True):  # asked for, the prompt's log-probabilities are kept as they were
         assert r["logprobs"] == pytest.approx(p["logprobs"], abs=1e-5) and "readout" not in p
 
 
@@ -172,7 +172,7 @@ def test_a_fitted_spec_answers_the_same_through_run_the_api_and_any_batches(fitt
     many = json_lines(_run(out, labelled, tmp_path / "many.jsonl", "--batch-size", "16"))
     rows = [json.loads(line) for line in labelled.read_text().splitlines()]
     api = list(Classifier(out, device="cpu", dtype="float32").classify(rows))
-    for a, b, c in zip(one, many, api):
+    for a, b, c in zip(one, many, api, strict=True):
         assert a["label"] == b["label"] == c["label"]
         assert a["probs"] == pytest.approx(b["probs"], abs=1e-5) and a["probs"] == pytest.approx(c["probs"], abs=1e-5)
         assert c["readout"] == "head"
@@ -192,7 +192,7 @@ def test_classifier_fit_gives_the_head_prefixcache_fit_writes(fitted, tmp_path):
     assert head.fit_figures[0]["head"]["accuracy"]["value"] == 1.0
     cli = json_lines(_run(out, labelled, tmp_path / "cli.jsonl"))
     api = list(head.classify(texts))
-    for a, b in zip(api, cli):
+    for a, b in zip(api, cli, strict=True):
         assert a["label"] == b["label"] and a["probs"] == pytest.approx(b["probs"], abs=1e-6)
     assert head.predict(texts) == golds and head.score(texts, golds) == 1.0
     assert head.predict_proba(texts[:3]).shape == (3, 2) and list(head.classes_) == LABELS2
@@ -248,7 +248,7 @@ def test_an_interrupted_fitted_run_continues_to_the_same_records(fitted, tmp_pat
     assert result.exit_code == 0, result.output
     resumed = json_lines(part)
     assert [r["id"] for r in resumed] == [r["id"] for r in whole]
-    for a, b in zip(resumed, whole):
+    for a, b in zip(resumed, whole, strict=True):
         assert a["label"] == b["label"] and a["probs"] == pytest.approx(b["probs"], abs=1e-6)
 
 
@@ -595,7 +595,7 @@ def test_decide_answers_a_fitted_pack_with_its_head_as_run_does(tmp_path, tiny_m
     result = invoke("decide", requests, "-o", out, "-m", tiny_model_dir, "--head", tmp_path / "fitted.head.safetensors",
                     "-b", 5, "-q")
     assert result.exit_code == 0, result.output
-    for line, record in zip(json_lines(out), records):
+    for line, record in zip(json_lines(out), records[:12], strict=True):  # the first 12 were asked
         answers = line["response"]["body"]["answers"]
         assert answers["team"]["x_readout"] == "head" and "x_readout" not in answers["blocked"]
         assert answers["team"]["choice"] == record["answers"]["team"]["choice"]
@@ -607,7 +607,7 @@ def test_decide_answers_a_fitted_pack_with_its_head_as_run_does(tmp_path, tiny_m
 
     decided = Decide(str(tiny_model_dir), heads=[tmp_path / "fitted.head.safetensors"], batch_size=5)(
         pd.DataFrame({"text": requests.read_text().splitlines()}))
-    for body, line in zip(decided["body"], json_lines(out)):
+    for body, line in zip(decided["body"], json_lines(out), strict=True):
         got, want = json.loads(body)["answers"]["team"], line["response"]["body"]["answers"]["team"]
         assert got["x_readout"] == "head" and got["choice"] == want["choice"]
         assert got["probabilities"] == pytest.approx(want["probabilities"], abs=1e-6)
@@ -670,7 +670,7 @@ def test_copies_of_a_text_are_kept_in_one_fold(tmp_path, tiny_model_dir):
         assert not {groups[i] for i in train} & {groups[i] for i in test}
     plain = cv_splits(strata, 5, 1)
     alone = cv_splits(strata, 5, 1, [f"u{k}" for k in range(30)])
-    assert all((a[1] == b[1]).all() for a, b in zip(plain, alone))
+    assert all((a[1] == b[1]).all() for a, b in zip(plain, alone, strict=True))
     spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=LABELS2, gold="gold")
     rows = [json.loads(line) for line in _toy(tmp_path, n=16).read_text().splitlines()]
     doubled = tmp_path / "doubled.jsonl"

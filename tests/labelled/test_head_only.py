@@ -43,7 +43,7 @@ def test_head_only_records_equal_those_with_prompt_scores(fitted, tmp_path):
     a, s = json_lines(alone), json_lines(scored)
     assert all("logprobs" not in r and r["readout"] == "head" for r in a) and all("logprobs" in r for r in s)
     assert [r["label"] for r in a] == [r["label"] for r in s]
-    assert max(abs(x["probs"][n] - y["probs"][n]) for x, y in zip(a, s) for n in LABELS) < 1e-5  # float rounding
+    assert max(abs(x["probs"][n] - y["probs"][n]) for x, y in zip(a, s, strict=True) for n in LABELS) < 1e-5  # float rounding
 
 
 def test_no_option_token_goes_through_the_model(fitted):
@@ -156,7 +156,7 @@ def test_decide_and_the_server_answer_a_head_alone_pack_without_scoring_an_optio
     openai = decisions.answer(decider.decide([ask])[0], questions, "local")["answers"][0]
     stem = decider.ready([ask])[0].prep.skips[0]  # the question's text: read (the answer follows it), never scored
     assert decider.engine.label_tokens == 7 * stem  # and no option token went through the model
-    for r, got in zip(rows, system_one):
+    for r, got in zip(rows[:6], system_one, strict=True):
         team = got.answers["team"]
         assert team["x_readout"] == "head" and team["choice"] == run[r["id"]]["answers"]["team"]["choice"]
         for option, p in run[r["id"]]["answers"]["team"]["probabilities"].items():

@@ -91,9 +91,9 @@ def test_rows_with_their_own_candidates(arch_model, chat_tokenizer, tmp_path, ba
         [enc("tech"), enc("technical"), enc("techn"), enc("a"), enc("account access please")],
     ]
     encoded = [builder.encode_item({"text": t}) for t in TEXTS[:3]]
-    rows = [Row(e.ids, e.prefix_len, [tuple(o) for o in opts]) for e, opts in zip(encoded, options)]
+    rows = [Row(e.ids, e.prefix_len, [tuple(o) for o in opts]) for e, opts in zip(encoded, options, strict=True)]
     got = engine.score(prefix, rows)
-    want = [score_naive(model, e.ids, opts) for e, opts in zip(encoded, options)]
+    want = [score_naive(model, e.ids, opts) for e, opts in zip(encoded, options, strict=True)]
     assert [len(g) for g in got] == [3, 1, 5]
     assert _max_diff(got, want) < TOL
 

@@ -114,7 +114,7 @@ def test_equals_the_transformers_engine_on_the_same_file(gguf_file, engine, toke
     _, expected = reference.score_with_states(reference.prefill(prefix), rows[:2], [[0, 2], [1]])
     assert np.abs(np.array(scores) - np.array(want[:2])).max() < 1e-3  # the scores with them are the same
     assert [s.shape for s in states] == [(2, engine.hidden_size), (1, engine.hidden_size)]
-    assert max(np.abs(a - b).max() for a, b in zip(states, expected)) < 1e-3
+    assert max(np.abs(a - b).max() for a, b in zip(states, expected, strict=True)) < 1e-3
 
 
 def test_a_rows_numbers_do_not_depend_on_its_neighbours(engine, tokenizer):
@@ -140,7 +140,7 @@ def own_final_state(path, ids):
 def test_the_state_a_head_reads_equals_llama_cpps_own_forward(gguf_file, engine, tokenizer):
     prefix, rows = rows_for(tokenizer)
     _, states = engine.score_with_states(engine.prefill(prefix), rows[:2], [[0], [0]])
-    for row, state in zip(rows[:2], states):
+    for row, state in zip(rows[:2], states, strict=True):
         want = own_final_state(gguf_file, list(row.ids))  # every label's first token is scored from here
         assert np.abs(state[0] - want).max() < 1e-4
 
@@ -236,7 +236,7 @@ def race_rows(gguf_file, tokenizer):
     rows = [Row(r.ids, r.prefix_len, cands) for r in rows]
     handle = engine.prefill(prefix)
     nodes = sorted({c[:k] for c in cands for k in range(1, len(c) + 1)})
-    summed = [dict(zip(nodes, lps)) for lps in engine.score(handle, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
+    summed = [dict(zip(nodes, lps, strict=True)) for lps in engine.score(handle, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
     return engine, handle, rows, summed, sorted({c[:-1] for c in cands if len(c) > 1})
 
 
@@ -269,7 +269,7 @@ def test_items_kept_between_decodes_feed_branches_as_full_scoring_scores_them(gg
             opened.feed({0: [(1, 2, 3)]})
         b0 += len(opened.rows)
     assert b0 == len(rows) and groups == 2  # 11 rows of 22 leaves, then one
-    again = [dict(zip(nodes, lps)) for lps in engine.score(handle, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
+    again = [dict(zip(nodes, lps, strict=True)) for lps in engine.score(handle, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
     assert again == summed  # nothing the race kept is seen after it
 
 

@@ -43,7 +43,7 @@ def test_a_probe_reads_what_one_full_forward_computes(arch_model, chat_tokenizer
     plain_scores, plain_states = engine.score_with_states(prefix, rows, [[0]] * len(rows))
     scores, probed = engine.score_with_states(prefix, rows, [[0]] * len(rows), probe)
     assert scores == plain_scores
-    for e, found, final in zip(encoded, probed, plain_states):
+    for e, found, final in zip(encoded, probed, plain_states, strict=True):
         assert found.shape == (2, 2, model.config.get_text_config().hidden_size)
         assert np.abs(found[0, 0] - final[0]).max() < 1e-5  # the final state at the answer: what the head read before
         for n, layer in enumerate(probe.layers):

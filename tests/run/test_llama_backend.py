@@ -53,7 +53,7 @@ def close(a, b, tol=1e-3):
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(close(a[k], b[k], tol) for k in a)
     if isinstance(a, list):
-        return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b))
+        return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) or isinstance(b, float):
         return abs(a - b) <= tol
     return a == b
@@ -205,7 +205,7 @@ def test_decide_on_llama_cpp_answers_as_on_transformers(tmp_path, gguf_file):
         assert result.exit_code == 0, result.output
         answers[backend] = [r["response"]["body"]["answers"] for r in records(out)]
     assert len(answers["llama.cpp"]) == 4
-    for want, got in zip(answers["transformers"], answers["llama.cpp"]):
+    for want, got in zip(answers["transformers"], answers["llama.cpp"], strict=True):
         assert want.keys() == got.keys()
         for q in want:
             assert got[q].get("choice") == want[q].get("choice")

@@ -35,7 +35,7 @@ def test_branches_after_kept_items_equal_full_scoring(arch, chat_tokenizer, tmp_
     encoded = [builder.encode_item({"text": t}) for t in TEXTS[:7]]
     rows = [Row(e.ids, e.prefix_len, cands) for e in encoded]
     nodes = sorted({c[:k] for c in cands for k in range(1, len(c) + 1)})
-    summed = [dict(zip(nodes, lps)) for lps in engine.score(prefix, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
+    summed = [dict(zip(nodes, lps, strict=True)) for lps in engine.score(prefix, [Row(r.ids, r.prefix_len, nodes) for r in rows])]
     [opened] = engine.open_items(prefix, rows)  # one group on this engine
     for b in range(len(rows)):  # the first tokens come with the items
         assert all(abs(v - summed[b][node]) < TOL for node, v in opened.firsts(b).items())
@@ -135,7 +135,7 @@ def test_pruning_is_exact_under_every_decision_rule(keys, mode, chat_tokenizer, 
     monkeypatch.setattr(pruning, "DEEPEN", 100)  # races as deep as the labels: more of them left at a bound
 
     # three-word labels: a fed node reveals all its children, so labels need depth to stay at a bound
-    labels = list(WORDS[:8]) + [f"{w} {v} {u}" for w in WORDS[:8] for v, u in zip(WORDS[8:13], WORDS[13:18])]
+    labels = list(WORDS[:8]) + [f"{w} {v} {u}" for w in WORDS[:8] for v, u in zip(WORDS[8:13], WORDS[13:18], strict=True)]
     spec = make_spec(tmp_path, labels=labels, **keys)
     model = _planted("qwen2", chat_tokenizer, seed=5, init=1.0)  # peaked and planted: labels fall out at a bound
     want, got, pruned, full = _compare(spec, chat_tokenizer, model, TEXTS, mode=mode)
@@ -207,8 +207,8 @@ def test_cli_prunes_on_asking_and_says_which_labels_are_bounds(tmp_path, tiny_mo
     pruned, precise, full = records(on), records(exact), records(auto)
     assert all("pruned" in r for r in pruned + precise) and not any("pruned" in r for r in full)
     assert [r["label"] for r in pruned] == [r["label"] for r in precise] == [r["label"] for r in full]
-    assert max(abs(p["probs"][k] - f["probs"][k]) for p, f in zip(precise, full) for k in f["probs"]) < 1e-4
-    assert all(p["prob"] <= f["prob"] + 1e-5 for p, f in zip(pruned, full))  # on: the winner's, a lower bound
+    assert max(abs(p["probs"][k] - f["probs"][k]) for p, f in zip(precise, full, strict=True) for k in f["probs"]) < 1e-4
+    assert all(p["prob"] <= f["prob"] + 1e-5 for p, f in zip(pruned, full, strict=True))  # on: the winner's, a lower bound
     assert sum(len(r["pruned"]) for r in pruned) >= sum(len(r["pruned"]) for r in precise)
     for mode in ("off", "exact"):  # records of another race are never mixed in
         refused = invoke("run", spec, items, "-o", on, "-b", 4, "--prune", mode, "--resume")

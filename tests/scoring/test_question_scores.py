@@ -69,7 +69,7 @@ def naive_option_logprobs(model, tokenizer, spec, record, question) -> dict[str,
     end = tokenizer.eos_token if not special else "\n"
     stem = tokenizer(prompt, add_special_tokens=special)["input_ids"]
     out = {}
-    for option, said in zip(question.options, question.said):
+    for option, said in zip(question.options, question.said, strict=True):
         text = prompt + (f" {said[0]}" if special else said[0]) + end
         whole = tokenizer(text, add_special_tokens=special)["input_ids"]
         assert whole[: len(stem)] == stem
@@ -151,7 +151,7 @@ def test_calibration_divides_out_each_questions_content_free_prior(chat_tokenize
     assert "x_raw_probabilities" in team and "x_raw_noul" not in blocked
     prior = scorer.prior[0]
     raw = list(team["x_raw_probabilities"].values())
-    weighted = [p / max(q, 1e-12) for p, q in zip(raw, prior)]  # a prior is floored at 1e-12
+    weighted = [p / max(q, 1e-12) for p, q in zip(raw, prior, strict=True)]  # a prior is floored at 1e-12
     assert list(team["probabilities"].values()) == pytest.approx([w / sum(weighted) for w in weighted], abs=1e-9)
     assert scorer.prior[1] is None
 
@@ -172,8 +172,8 @@ def test_render_gives_each_question_the_tokens_an_independent_scorer_needs(chat_
         for line in lines:
             q = spec.question_named(line["question"])
             scores = naive_scores(model, line["prompt_ids"], list(line["candidates"].values()))
-            by_text = dict(zip(line["candidates"], scores))
-            for option, said in zip(q.options, q.said):
+            by_text = dict(zip(line["candidates"], scores, strict=True))
+            for option, said in zip(q.options, q.said, strict=True):
                 assert record["answers"][q.id]["x_logprobs"][option] == pytest.approx(by_text[said[0]], abs=TOL)
             assert ("options" in line) == (q.read == "letters")
 
@@ -194,7 +194,7 @@ def test_words_threshold_and_mean_decide_from_the_answers_tokens_only(chat_token
     scorer = _scorer(spec, chat_tokenizer, model)
     (record,) = classify(scorer, _items(TEXTS[:1]))
     (prep,) = [scorer.task.prepare(item) for item in _items(TEXTS[:1])]
-    ids = dict(zip(prep.candidates, zip(prep.candidates.values(), prep.skips)))
+    ids = dict(zip(prep.candidates, zip(prep.candidates.values(), prep.skips, strict=True), strict=True))
 
     def naive(key):
         cand, skip = ids[key]
@@ -226,7 +226,7 @@ def test_pmi_divides_out_each_options_score_after_the_content_free_prompt(chat_t
     (prep,) = [scorer.task.prepare(item) for item in _items(TEXTS[:1])]
     empty = scorer.task.content_free("")
     pmi = []
-    for key, cand, skip in zip(prep.candidates, prep.candidates.values(), prep.skips):
+    for key, cand, skip in zip(prep.candidates, prep.candidates.values(), prep.skips, strict=True):
         if key.startswith("team\x1f"):
             after = naive_scores(model, list(prep.enc.ids) + list(cand[:skip]), [cand[skip:]])[0]
             before = naive_scores(model, list(empty.ids) + list(cand[:skip]), [cand[skip:]])[0]
@@ -235,7 +235,7 @@ def test_pmi_divides_out_each_options_score_after_the_content_free_prompt(chat_t
     got = list(record["answers"]["team"]["probabilities"].values())
     assert got == pytest.approx([p / sum(probs) for p in probs], abs=TOL)
     plain = [record["answers"]["team"]["x_logprobs"][o] for o in spec.question_named("team").options]
-    assert max(abs(a - b) for a, b in zip(pmi, plain)) > 100 * TOL  # the content-free scores moved them
+    assert max(abs(a - b) for a, b in zip(pmi, plain, strict=True)) > 100 * TOL  # the content-free scores moved them
 
 
 @pytest.mark.usefixtures("races_of_any_size")
@@ -252,7 +252,7 @@ def test_pruned_choice_questions_report_what_full_scoring_reports(keys, mode, ch
 
     monkeypatch.setattr(pruning, "DEEPEN", 100)  # races as deep as the options: more of them left at a bound
     words = "tech bill account refund invoice payment crash error slow login screen update".split()
-    options = {f"{w} {v} {u}": None for w in words[:6] for v, u in zip(words[6:], words[:6])}
+    options = {f"{w} {v} {u}": None for w in words[:6] for v, u in zip(words[6:], words[:6], strict=True)}
     pack = {"topic": {"type": "choice", "instructions": "Which topic?", "criteria": options, **keys},
             "blocked": PACK["blocked"], "mood": PACK["mood"], "team": {**PACK["team"], "list": False}}
     spec = load_spec(write_spec(tmp_path, system=SYSTEM, questions=pack))

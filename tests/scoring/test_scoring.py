@@ -36,7 +36,7 @@ def test_calibration_recovers_a_known_prior():
     prior = [0.7, 0.2, 0.1]  # what the prompt alone makes the model prefer
     truths = [[0.2, 0.5, 0.3], [0.6, 0.3, 0.1], [1 / 3, 1 / 3, 1 / 3]]
     for truth in truths:
-        biased = [t * p for t, p in zip(truth, prior)]
+        biased = [t * p for t, p in zip(truth, prior, strict=True)]
         biased = [b / sum(biased) for b in biased]
         assert calibrate(biased, prior) == pytest.approx(truth)
     # Content-free inputs carry no information: their distribution is the prior itself.

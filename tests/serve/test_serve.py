@@ -262,7 +262,7 @@ def test_decide_replays_requests_as_the_server_answers_them_and_resumes(server, 
     got = records(out)
     assert [(r["custom_id"], r["line"], r["response"]["status_code"]) for r in got] == [
         ("a", 1, 200), (None, 2, 200), ("bad", 3, 422), ("d", 4, 200), ("long", 5, 400)]
-    for line, response in zip(lines, got):
+    for line, response in zip(lines, got, strict=True):
         body = {k: v for k, v in line.items() if k != "custom_id"}
         status, want = post(server.url + ("/v1/decisions" if "input" in body else "/v1/systemone"), body)
         assert status == response["response"]["status_code"]

@@ -75,13 +75,13 @@ def test_normalisations_in_records(chat_tokenizer, tmp_path, how):
         if how == "sum":
             scores = lps
         elif how == "mean":
-            scores = [lp / len(c) for lp, c in zip(lps, ids)]
+            scores = [lp / len(c) for lp, c in zip(lps, ids, strict=True)]
         elif how == "chars":
-            scores = [lp / len(t) for lp, t in zip(lps, texts)]
+            scores = [lp / len(t) for lp, t in zip(lps, texts, strict=True)]
         elif how == "bytes":
-            scores = [lp / len(t.encode()) for lp, t in zip(lps, texts)]
+            scores = [lp / len(t.encode()) for lp, t in zip(lps, texts, strict=True)]
         else:
-            scores = [lp - u for lp, u in zip(lps, score_naive(model, cf.ids, ids))]
+            scores = [lp - u for lp, u in zip(lps, score_naive(model, cf.ids, ids), strict=True)]
         assert record["probs"] == pytest.approx(softmax(scores), abs=1e-4)
         assert record["normalize"] == how
 
@@ -94,12 +94,12 @@ def test_label_task_pmi_and_calibration(chat_tokenizer, tmp_path):
     dists = []
     for text in ("N/A", ""):
         lps = score_naive(model, clf.task.content_free(text).ids, cands)
-        dists.append(softmax([lp - u for lp, u in zip(lps, uncond)]))
+        dists.append(softmax([lp - u for lp, u in zip(lps, uncond, strict=True)]))
     assert len(clf.prior) == 1 and clf.prior[0] == pytest.approx(mean_distribution(dists), abs=1e-5)
     item = next(iter(read_items(str(_items(tmp_path)))))
     record = next(classify(clf, [item]))
     lps = score_naive(model, clf.task.prepare(item).enc.ids, cands)
-    raw = softmax([lp - u for lp, u in zip(lps, uncond)])
+    raw = softmax([lp - u for lp, u in zip(lps, uncond, strict=True)])
     assert list(record["raw_probs"].values()) == pytest.approx(raw, abs=1e-4)
     assert list(record["probs"].values()) == pytest.approx(calibrate(raw, clf.prior[0]), abs=1e-4)
     assert record["normalize"] == "pmi+calibrated"
@@ -145,7 +145,7 @@ def test_cli_multiple_choice_with_gold_reports_and_gate(mc_spec, tmp_path):
     # first question's gold becomes an option it did not choose.
     rows = [dict(q) for q in QUESTIONS]
     rows[0]["answer"] = next(o for o in rows[0]["choices"] if o != records[0]["label"])
-    expected = sum(r["label"] == q["answer"] for r, q in zip(records, rows)) / 4
+    expected = sum(r["label"] == q["answer"] for r, q in zip(records, rows, strict=True)) / 4
     assert expected < 1
     gate_args = ["run", str(mc_spec), str(_items(tmp_path, rows, "wrong.jsonl")), "-o", str(out), "--overwrite"]
     gated = invoke(*gate_args, "--min-accuracy", "1.0")
