@@ -193,6 +193,7 @@ def _gaussian_rows(rng, n, means, spread=1.6):
     gold = rng.integers(0, len(means), n)
     return means[gold] + spread * rng.standard_normal((n, means.shape[1])), gold
 
+@pytest.mark.slow
 
 def test_a_certified_cut_holds_for_the_head_that_runs_on_fresh_rows_over_many_seeds():
     """The cut is tested on calibration rows the written head never trained on, so its bound is
@@ -240,6 +241,7 @@ def test_an_accuracy_interval_is_never_narrower_than_the_exact_one():
     assert 0.9 < perfect < 0.92  # 40 of 40 right: the accuracy may be as low as 0.912
 
 
+@pytest.mark.slow
 def test_estimates_on_a_mix_of_picked_and_random_rows_describe_the_pool_not_the_picked_rows():
     """Known truth: rows near the classes' boundaries (the least sure, as suggest picks them) mixed
     with rows drawn at random. Marked as picked, the estimate stands on the random rows and comes

@@ -63,6 +63,7 @@ def test_an_unknown_backend_is_refused():
         pick_engine(GGUF, "vllm")
     assert pick_engine(GGUF, "transformers").name == "transformers"
 
+@pytest.mark.slow
 
 def test_every_gguf_run_says_its_engine_its_precision_and_why(tmp_path, monkeypatch):
     """A GGUF file may be expanded or kept quantised: the run says which, in what, and why, even

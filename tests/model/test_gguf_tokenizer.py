@@ -4,9 +4,13 @@ large vocabularies; a kept copy that was changed is not used."""
 
 from __future__ import annotations
 
+import pytest
+
 from gguf_fixture import write_gguf
 
 from prefixcache.model.load import converted_dir, forget_verified, load_tokenizer, resolve_model, tokenizer_dir
+
+pytestmark = pytest.mark.slow  # the quick tier (-m "not slow and not e2e") leaves it out
 
 TEXTS = ["I was charged twice, please refund it.", "The app crashes when I open a project. ünïcödé"]
 

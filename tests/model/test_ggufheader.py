@@ -73,6 +73,7 @@ def test_the_arrays_together_are_bounded_by_what_the_reader_can_afford_and_the_l
     check_gguf(_write(tmp_path, "largest.gguf", largest))
 
 
+@pytest.mark.slow
 def test_real_files_pass(tmp_path):
     check_gguf(embedded_model_file())
     check_gguf(write_gguf(tmp_path / "tiny.gguf"))
@@ -87,6 +88,7 @@ def test_the_verdict_follows_the_files_version(tmp_path):
     with pytest.raises(ModelError, match="20,000,000 entries"):
         check_gguf(path)
 
+@pytest.mark.slow
 
 def test_a_gguf_file_with_a_hostile_chat_template_is_refused_before_the_model_loads(tmp_path):
     """The tokenizer of a GGUF file whose template would build 2 GB loads; the prompt it is asked

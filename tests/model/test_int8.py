@@ -96,6 +96,7 @@ def test_a_cpu_without_int8_dot_products_is_warned_of(job, tmp_path, monkeypatch
     assert result.exit_code == 0, result.output
     assert "no int8 dot-product instructions" in result.stderr + caplog.text
 
+@pytest.mark.slow
 
 def test_with_torchao_installed_the_python_api_prints_nothing_of_its_import(tmp_path, tiny_model_dir):
     """transformers imports torchao wherever it is installed, and torchao warns of GPU kernels a

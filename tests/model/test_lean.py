@@ -14,6 +14,8 @@ from conftest import tiny_model
 
 from prefixcache.model.lean import load_lean
 
+pytestmark = pytest.mark.slow  # the quick tier (-m "not slow and not e2e") leaves it out
+
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -19,6 +19,8 @@ from prefixcache.model.load import load_model, load_tokenizer, resolve_model  # 
 from prefixcache.model.rows import Row  # noqa: E402
 from prefixcache.model.store import PrefixStore  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the quick tier (-m "not slow and not e2e") leaves it out
+
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory):

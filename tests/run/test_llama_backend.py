@@ -13,6 +13,8 @@ pytest.importorskip("llama_cpp")
 from gguf_fixture import write_gguf  # noqa: E402
 from helpers import invoke, records, write_spec  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the quick tier (-m "not slow and not e2e") leaves it out
+
 ROWS = [{"id": f"t{n}", "text": text} for n, text in enumerate([
     "I was charged twice for my subscription, please refund it.", "The app crashes when I open a project.",
     "I forgot my password and cannot sign in.", "Where is my invoice for March?", "Error 502 from the API",

@@ -120,6 +120,7 @@ def test_merge_into_an_output_another_process_writes_is_refused(tmp_path, tiny_m
     assert result.exit_code == 2 and "another prefixcache process" in result.output, result.output
     assert not out.exists()
 
+@pytest.mark.slow
 
 def test_two_processes_on_one_output_one_is_refused_the_other_completes(tmp_path, tiny_model_dir):
     import os

@@ -332,6 +332,7 @@ def test_a_batch_abandoned_after_a_stop_still_prints_the_resume_command(spec_thr
     assert stopped.value.exit_code == 130 and len(json_lines(out)) == 4
 
 
+@pytest.mark.slow
 
 def test_a_growing_files_unfinished_last_line_is_left_for_the_next_run_and_errors_are_stamped(spec_path, tmp_path):
     """An exporter mid-write (a last line with no newline, not JSON yet): the finished lines are

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from helpers import invoke, records, write_spec
 
+pytestmark = pytest.mark.slow  # the quick tier (-m "not slow and not e2e") leaves it out
+
 pytest.importorskip("starlette", reason="the serve extra is not installed (pip install 'prefixcache[serve]')")
 
 TICKET = "I was charged twice for March and my refund has not arrived. I will dispute the charge."
