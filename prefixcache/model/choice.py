@@ -30,6 +30,17 @@ def engines() -> tuple[str, ...]:
     return ("auto",) + names()
 
 
+AUTO_WORDS = ("llama.cpp for a GGUF file of about a billion parameters or more when it is installed, else "
+              "transformers")  # what `pick_engine` does with auto, in words
+
+
+def engines_words() -> str:
+    """Every engine and what it runs, then auto's rule: what --backend's help says."""
+    listed = ", ".join(f"{name} ({backend_named(name).summary})" if backend_named(name).summary else name
+                       for name in names())
+    return f"{listed} or auto: {AUTO_WORDS}"
+
+
 @dataclass(frozen=True)
 class Picked:
     """The engine chosen (`name`) and why (said in the run's log)."""

@@ -76,6 +76,7 @@ class Backend:
     stores_prefix: bool = True
     moves_with_batch: Callable[[str], bool] = lambda precision: False
     computes_with: Callable[[str], tuple[str, ...]] = lambda precision: ()
+    summary: str = ""  # what it runs, in a few words (the --backend help lists each engine's)
 
     def version(self, precision: str = "") -> str:
         """The installed version of what computes at `precision` (part of an output's identity and
@@ -331,6 +332,8 @@ def _llama_refusal(source: ModelSource, device: str, dtype: str, exact: bool) ->
 
 register(Backend("transformers", "transformers", _transformers_make, refusal=_transformers_refusal,
                  footprint=_transformers_footprint, float32_twin=True,
-                 moves_with_batch=_precision_moves, computes_with=_precision_packages))
+                 moves_with_batch=_precision_moves, computes_with=_precision_packages,
+                 summary="any model; a GGUF file is dequantised to float once"))
 register(Backend("llama.cpp", "llama_cpp_python", _llama_make, refusal=_llama_refusal, footprint=_llama_footprint,
-                 file_precision=True, max_leaves=MAX_SEQUENCES - 1, moves_with_batch=lambda precision: True))
+                 file_precision=True, max_leaves=MAX_SEQUENCES - 1, moves_with_batch=lambda precision: True,
+                 summary="a GGUF file kept quantised: needs the llama extra"))

@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, Optional
 
 from ..errors import EXIT_GATE
 from ..model.cache import cache_root, store_max_bytes
-from ..model.choice import engines
+from ..model.choice import engines, engines_words
 from ..scoring.options import ScoringOptions
 from ..task.spec import TaskSpec
 
@@ -153,9 +153,7 @@ class RunOptions:
     backend: Optional[str] = _opt(None, "--backend", group="device", envvar="PREFIXCACHE_BACKEND", cli_type=Optional[str],
                                   metavar=f"<{'|'.join(engines())}>",
                                   help=(
-        "What runs the model: transformers (any model; a GGUF file is dequantised to float once), llama.cpp (a "
-        "GGUF file kept quantised: needs the llama extra) or auto: llama.cpp for a GGUF file of about a billion "
-        "parameters or more when it is installed, else transformers. Default: the spec's 'backend', else auto."))
+        f"What runs the model: {engines_words()}. Default: the spec's 'backend', else auto."))
     threads: Optional[int] = _opt(None, "--threads", group="device", envvar="PREFIXCACHE_THREADS", min=1,
                                   help="CPU threads the model computes with (default: every core).")
     exact: bool = _opt(False, "--exact", metavar="", words=_switch("--exact"), help=(

@@ -166,9 +166,12 @@ class Head:
         for r in self.readouts:
             f = r.reads
             if not layers and f.beyond_final:
+                fitted_on = self.fitted.get("engine")
+                named = f" (--backend {fitted_on['name']})" if isinstance(fitted_on, Mapping) and fitted_on.get("name") \
+                    else ""
                 raise SpecError(f"{self.path}: question {r.qid!r}'s head reads {r.features}, and this engine gives "
-                                f"the final state at the answer position alone: run it with the backend it was "
-                                f"fitted on (--backend transformers), or fit it again on this one")
+                                f"the final state at the answer position alone: run it with the engine it was "
+                                f"fitted on{named}, or fit it again on this one")
             if f.deepest > layers:
                 raise SpecError(f"{self.path}: question {r.qid!r}'s head reads layer {f.deepest}, and the model has "
                                 f"{layers}: it was fitted on another model; fit it again")
