@@ -18,10 +18,10 @@ from ..data.records import Keep, columns, keep_clash
 from ..errors import OutputError, SpecError, UsageError
 from ..model.engines import Backend, backend_named, twin_backend
 from ..model.load import dtype_name, model_identity, pick_device
-from ..model.precision import low_names, precision_named
+from ..model.precision import precision_named
 from ..reports.evaluation import Gates
 from ..scoring.prepare import Batching, check_backend, judged_of, spec_model
-from ..task.head import exact_refusal
+from ..scoring.options import exact_refusal
 from ..task.overrides import with_overrides
 from ..task.spec import TaskSpec
 from ..task.specfile import read_spec_file, SpecFile
@@ -202,20 +202,13 @@ def make_plan(options: RunOptions) -> Plan:
 
 def _check_engine(options: RunOptions, spec: TaskSpec) -> None:
     """The engine asked for (an unknown one refused first, naming the engines there are) and what
-    --exact needs of it: a float32 twin, a low precision, no head."""
-    if options.exact and spec.head is not None:
-        raise UsageError(exact_refusal(spec.head))
+    --exact needs (scoring/options.py: exact_refusal)."""
     check_backend(spec)
     if options.backend not in (None, "auto"):
         backend_named(options.backend)
-    asked = options.backend or spec.backend
-    if options.exact and asked not in (None, "auto") and not backend_named(asked).float32_twin:
-        twin = twin_backend().name
-        raise UsageError(f"--backend {asked}: --exact scores close calls again in float32 on {twin}; {asked} "
-                         f"has no float32 twin of a file (drop --exact, or use --backend {twin} --dtype bfloat16)")
-    if options.exact and options.dtype not in low_names():
-        raise UsageError("--exact re-scores the close calls of a bfloat16, float16 or int8 run in float32: "
-                         "give --dtype bfloat16 (or int8, float16)")
+    why = exact_refusal(spec, options.backend, options.dtype) if options.exact else None
+    if why:
+        raise UsageError(why)
 
 
 def _check_combinations(options: RunOptions) -> None:

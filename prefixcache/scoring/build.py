@@ -26,10 +26,9 @@ from __future__ import annotations
 import logging
 
 from ..errors import UsageError
-from ..task.head import exact_refusal
+from .options import exact_refusal
 from ..model.cache import prefixes_dir
 from ..model.protocol import PrefixHandle, ScoringEngine
-from ..model.choice import pick_engine
 from ..model.engines import twin_backend
 from ..model.load import pick_device
 from ..model.precision import precision_named
@@ -49,10 +48,9 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
     instructions, where that would gain nothing)."""
     from .exact import TWIN_WHY, CheckedScorer
 
-    if options.exact and task.spec.head is not None:
-        raise UsageError(exact_refusal(task.spec.head))
-    if options.exact:  # refused in one line when llama.cpp was asked for; auto keeps transformers
-        pick_engine(task.source, options.backend or task.spec.backend, options.device, options.dtype, exact=True)
+    why = exact_refusal(task.spec, options.backend, options.dtype) if options.exact else None
+    if why:  # the command line asked before: the Python API's caller hears it here
+        raise UsageError(why)
     store = prefix_store(options)
     device = pick_device(options.device)
     if options.exact and not precision_named(options.dtype).pays(device):

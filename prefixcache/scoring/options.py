@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from ..model.cache import cache_root, store_max_bytes
 
@@ -48,3 +48,24 @@ class ScoringOptions:
 
     def replace(self, **changes) -> "ScoringOptions":
         return dataclasses.replace(self, **changes)
+
+
+def exact_refusal(spec: Any, backend: Optional[str], dtype: Optional[str]) -> Optional[str]:
+    """Why `--exact` cannot run for `spec` with the engine and precision asked, in one line; None
+    where it can. The one place its eligibility is decided: the command line before any model
+    loads, and the scorer's build (the Python API) ask it alike."""
+    from ..model.engines import backend_named, twin_backend
+    from ..model.precision import low_names
+    from ..task.head import exact_refusal as head_refusal
+
+    if spec.head is not None:
+        return head_refusal(spec.head)
+    asked = backend or spec.backend
+    if asked not in (None, "auto") and not backend_named(asked).float32_twin:
+        twin = twin_backend().name
+        return (f"--backend {asked}: --exact scores close calls again in float32 on {twin}; {asked} has no float32 "
+                f"twin of a file (drop --exact, or use --backend {twin} --dtype bfloat16)")
+    if dtype not in low_names():
+        return ("--exact re-scores the close calls of a bfloat16, float16 or int8 run in float32: give --dtype "
+                "bfloat16 (or int8, float16)")
+    return None
