@@ -221,3 +221,21 @@ def test_auto_runs_bfloat16_with_exact_where_the_cpu_and_the_model_make_it_pay(j
     plain = invoke("run", spec, items, "-o", tmp_path / "plain.jsonl", "-b", 4)
     assert plain.exit_code == 0 and "dtype auto" not in plain.stderr
     assert _drop_ms(json_lines(tmp_path / "plain.jsonl")) == _drop_ms(fp32)
+
+
+def test_exacts_eligibility_is_one_rule_for_the_command_line_and_the_python_api(tmp_path, tiny_model_dir):
+    from prefixcache import Classifier
+    from prefixcache.errors import UsageError
+    from prefixcache.scoring.options import exact_refusal
+    from prefixcache.task.specfile import load_spec
+
+    spec = load_spec(write_spec(tmp_path, model=str(tiny_model_dir)))
+    assert exact_refusal(spec, None, "bfloat16") is None and exact_refusal(spec, "transformers", "int8") is None
+    assert "give --dtype bfloat16" in exact_refusal(spec, None, "float32")
+    assert "llama.cpp has no float32 twin" in exact_refusal(spec, "llama.cpp", "bfloat16")
+    items = tmp_path / "in.jsonl"
+    items.write_text(json.dumps({"id": 1, "text": TEXTS[0]}) + "\n")
+    cli = invoke("run", write_spec(tmp_path, model=str(tiny_model_dir)), items, "--exact", "--dtype", "float32")
+    assert cli.exit_code == 2 and exact_refusal(spec, None, "float32") in cli.stderr
+    with pytest.raises(UsageError, match="give --dtype bfloat16"):  # the API hears the same line
+        Classifier(str(write_spec(tmp_path, model=str(tiny_model_dir))), exact=True, dtype="float32", progress=False)
