@@ -240,3 +240,20 @@ def question_row_is(row: dict, answers: dict, tol: float = 1e-5) -> bool:
             and all(abs(row[f"team__p__{x}"] - team["probabilities"][x]) < tol for x in ("billing", "tech"))
             and abs(row["blocked"] - blocked["noul"]) < tol and abs(row["mood"] - mood["score"]) < tol
             and all(abs(row[f"mood__p__{i}"] - mood["probabilities"][str(i)]) < tol for i in range(3)))
+
+
+def tiny_scorer(spec: TaskSpec, tokenizer: Any, model: Any) -> Any:
+    """A scorer of `spec` on a model built in the test (its prefix prefilled, not stored)."""
+    from prefixcache.model.engine import Engine
+    from prefixcache.model.load import ModelSource
+    from prefixcache.scoring.prepare import Task
+    from prefixcache.scoring.scorer import Scorer
+
+    return Scorer.start(Task(spec, ModelSource("tiny", "dir", "."), tokenizer), Engine(model))
+
+
+def text_items(texts: list[str]) -> list[Any]:
+    """Items of the given texts, their ids 0, 1, ... (lines 1, 2, ...)."""
+    from prefixcache.data.items import Item
+
+    return [Item(i, {"id": i, "text": t}, i + 1) for i, t in enumerate(texts)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from helpers import TEXTS, make_spec
+from helpers import TEXTS, make_spec, text_items, tiny_scorer
 
 from prefixcache.model.engine import Engine
 from prefixcache.model.rows import Row
@@ -54,13 +54,6 @@ def test_branches_after_kept_items_equal_full_scoring(arch, chat_tokenizer, tmp_
                 assert abs(value - (summed[b][child] - summed[b].get(child[:-1], 0.0))) < TOL, (b, child)
 
 
-def _scorer(spec, tokenizer, model):
-    from prefixcache.model.load import ModelSource
-    from prefixcache.scoring.prepare import Task
-    from prefixcache.scoring.scorer import Scorer
-
-    return Scorer.start(Task(spec, ModelSource("tiny", "dir", "."), tokenizer), Engine(model))
-
 
 def _planted(arch, tokenizer, **kw):
     """A peaked tiny model whose chat answers end surely after their words (see conftest.planted)."""
@@ -69,21 +62,16 @@ def _planted(arch, tokenizer, **kw):
     return planted(tiny_model(arch, len(tokenizer), **kw), tokenizer.convert_tokens_to_ids("<|im_end|>"))
 
 
-def _items(texts):
-    from prefixcache.data.items import Item
-
-    return [Item(i, {"id": i, "text": t}, i + 1) for i, t in enumerate(texts)]
-
 
 def _compare(spec, tokenizer, model, texts, batch=4, mode="exact"):
     """Records of pruned and full scoring of the same items; checks what pruning promises."""
     from prefixcache.run.pipeline import classify
     from prefixcache.scoring.prepare import Batching
 
-    full, pruned = _scorer(spec, tokenizer, model), _scorer(spec, tokenizer, model)
+    full, pruned = tiny_scorer(spec, tokenizer, model), tiny_scorer(spec, tokenizer, model)
     assert pruned.prune(mode) and not full.pruning
-    want = list(classify(full, _items(texts), Batching(size=batch)))
-    got = list(classify(pruned, _items(texts), Batching(size=batch)))
+    want = list(classify(full, text_items(texts), Batching(size=batch)))
+    got = list(classify(pruned, text_items(texts), Batching(size=batch)))
     for w, g in zip(want, got, strict=True):
         assert g["label"] == w["label"], (g["id"], g["label"], w["label"])  # abstention too (label None)
         for field in ("probs", "raw_probs"):
@@ -154,9 +142,9 @@ def test_an_items_race_is_its_own_whatever_its_batch(mode, chat_tokenizer, tmp_p
     spec = make_spec(tmp_path, labels=labels)
     model = _planted("llama", chat_tokenizer, seed=40, init=1.0, positions=4096)
     want, got, pruned, full = _compare(spec, chat_tokenizer, model, TEXTS, batch=len(TEXTS), mode=mode)
-    alone = _scorer(spec, chat_tokenizer, model)
+    alone = tiny_scorer(spec, chat_tokenizer, model)
     assert alone.prune(mode)
-    one_by_one = list(classify(alone, _items(TEXTS), Batching(size=1)))
+    one_by_one = list(classify(alone, text_items(TEXTS), Batching(size=1)))
     assert sum(len(g["pruned"]) for g in got) > len(TEXTS) * len(labels) / 2  # most labels left at a bound
     for a, g in zip(one_by_one, got, strict=True):  # the same labels pruned, the same bounds
         assert a["pruned"] == g["pruned"] and a["label"] == g["label"]

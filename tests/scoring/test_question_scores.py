@@ -7,9 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from helpers import TEXTS, make_spec, naive_scores, write_spec
+from helpers import TEXTS, make_spec, naive_scores, text_items, tiny_scorer, write_spec
 
-from prefixcache.data.items import Item
 from prefixcache.model.engine import Engine
 from prefixcache.model.load import ModelSource
 from prefixcache.run.pipeline import classify
@@ -33,12 +32,6 @@ EXAMPLES = [
 ]
 
 
-def _scorer(spec, tokenizer, model):
-    return Scorer.start(Task(spec, ModelSource("tiny", "dir", "."), tokenizer), Engine(model))
-
-
-def _items(texts):
-    return [Item(i, {"id": i, "text": t}, i + 1) for i, t in enumerate(texts)]
 
 
 def _whole_prompt(tokenizer, spec, record, question) -> tuple[str, bool]:
@@ -85,7 +78,7 @@ def test_every_answer_equals_a_full_forward_of_its_whole_prompt(mode, arch, chat
     model = tiny_model(arch, len(tokenizer))
     spec = make_spec(tmp_path, system=SYSTEM, questions=PACK, examples=EXAMPLES, template="E-mail: {text}")
     texts = TEXTS[:5]
-    got = list(classify(_scorer(spec, tokenizer, model), _items(texts), Batching(size=3)))
+    got = list(classify(tiny_scorer(spec, tokenizer, model), text_items(texts), Batching(size=3)))
     worst, spread = 0.0, []
     for record, text in zip(got, texts, strict=True):
         for q in spec.questions:
@@ -122,7 +115,7 @@ def test_a_question_does_not_move_when_asked_alone_reordered_or_renamed(examples
     def run(pack, exs, name):
         spec = load_spec(write_spec(tmp_path, name, system=SYSTEM, questions=pack, **({"examples": exs} if exs else {})))
         return list(classify(Scorer.start(Task(spec, ModelSource("tiny", "dir", "."), chat_tokenizer), engine),
-                             _items(texts), Batching(size=4)))
+                             text_items(texts), Batching(size=4)))
 
     everything = run(PACK, examples, "all.yaml")
     reordered = run(dict(reversed(list(PACK.items()))), examples, "reordered.yaml")
@@ -145,8 +138,8 @@ def test_calibration_divides_out_each_questions_content_free_prior(chat_tokenize
     model = tiny_model("llama", len(chat_tokenizer))
     pack = {"team": {**PACK["team"], "calibrate": True}, "blocked": PACK["blocked"]}
     spec = make_spec(tmp_path, system=SYSTEM, questions=pack)
-    scorer = _scorer(spec, chat_tokenizer, model)
-    (record,) = classify(scorer, _items(TEXTS[:1]))
+    scorer = tiny_scorer(spec, chat_tokenizer, model)
+    (record,) = classify(scorer, text_items(TEXTS[:1]))
     team, blocked = record["answers"]["team"], record["answers"]["blocked"]
     assert "x_raw_probabilities" in team and "x_raw_noul" not in blocked
     prior = scorer.prior[0]
@@ -163,8 +156,8 @@ def test_render_gives_each_question_the_tokens_an_independent_scorer_needs(chat_
 
     model = tiny_model("llama", len(chat_tokenizer))
     spec = make_spec(tmp_path, system=SYSTEM, questions=PACK, examples=EXAMPLES)
-    scorer = _scorer(spec, chat_tokenizer, model)
-    items = _items(TEXTS[:2])
+    scorer = tiny_scorer(spec, chat_tokenizer, model)
+    items = text_items(TEXTS[:2])
     records = list(classify(scorer, items))
     for item, record in zip(items, records, strict=True):
         lines = scorer.task.renders(item)
@@ -191,9 +184,9 @@ def test_words_threshold_and_mean_decide_from_the_answers_tokens_only(chat_token
     pack = {"team": team, "mean": {**copy.deepcopy(team), "normalize": "mean", "words": {}},
             "sure": {**copy.deepcopy(team), "normalize": "mean", "threshold": 0.999999, "words": {}}}  # no YAML aliases
     spec = make_spec(tmp_path, system=SYSTEM, questions=pack)
-    scorer = _scorer(spec, chat_tokenizer, model)
-    (record,) = classify(scorer, _items(TEXTS[:1]))
-    (prep,) = [scorer.task.prepare(item) for item in _items(TEXTS[:1])]
+    scorer = tiny_scorer(spec, chat_tokenizer, model)
+    (record,) = classify(scorer, text_items(TEXTS[:1]))
+    (prep,) = [scorer.task.prepare(item) for item in text_items(TEXTS[:1])]
     ids = dict(zip(prep.candidates, zip(prep.candidates.values(), prep.skips, strict=True), strict=True))
 
     def naive(key):
@@ -221,9 +214,9 @@ def test_pmi_divides_out_each_options_score_after_the_content_free_prompt(chat_t
     model = tiny_model("qwen2", len(chat_tokenizer))
     spec = make_spec(tmp_path, system=SYSTEM, questions={"team": {**PACK["team"], "normalize": "pmi"},
                                                           "blocked": PACK["blocked"]})
-    scorer = _scorer(spec, chat_tokenizer, model)
-    (record,) = classify(scorer, _items(TEXTS[:1]))
-    (prep,) = [scorer.task.prepare(item) for item in _items(TEXTS[:1])]
+    scorer = tiny_scorer(spec, chat_tokenizer, model)
+    (record,) = classify(scorer, text_items(TEXTS[:1]))
+    (prep,) = [scorer.task.prepare(item) for item in text_items(TEXTS[:1])]
     empty = scorer.task.content_free("")
     pmi = []
     for key, cand, skip in zip(prep.candidates, prep.candidates.values(), prep.skips, strict=True):
@@ -258,10 +251,10 @@ def test_pruned_choice_questions_report_what_full_scoring_reports(keys, mode, ch
     spec = load_spec(write_spec(tmp_path, system=SYSTEM, questions=pack))
     model = planted(tiny_model("qwen2", len(chat_tokenizer), seed=5, init=1.0),
                     chat_tokenizer.convert_tokens_to_ids("<|im_end|>"))
-    full, pruned = _scorer(spec, chat_tokenizer, model), _scorer(spec, chat_tokenizer, model)
+    full, pruned = tiny_scorer(spec, chat_tokenizer, model), tiny_scorer(spec, chat_tokenizer, model)
     assert pruned.prune(mode) and not full.pruning
-    want = list(classify(full, _items(TEXTS[:6]), Batching(size=3)))
-    got = list(classify(pruned, _items(TEXTS[:6]), Batching(size=3)))
+    want = list(classify(full, text_items(TEXTS[:6]), Batching(size=3)))
+    got = list(classify(pruned, text_items(TEXTS[:6]), Batching(size=3)))
     bounded = 0
     for w, g in zip(want, got, strict=True):
         assert set(g["pruned"]) <= {"topic", "team"}

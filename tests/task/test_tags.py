@@ -7,14 +7,10 @@ import json
 import math
 
 import pytest
-from helpers import TEXTS, make_spec, naive_scores, naive_yes_logprob
+from helpers import TEXTS, make_spec, naive_scores, naive_yes_logprob, text_items, tiny_scorer
 
-from prefixcache.data.items import Item
-from prefixcache.model.engine import Engine
-from prefixcache.model.load import ModelSource
 from prefixcache.run.pipeline import classify
-from prefixcache.scoring.prepare import Batching, Task
-from prefixcache.scoring.scorer import Scorer
+from prefixcache.scoring.prepare import Batching
 
 TOL = 1e-4
 TAGS = ["billing", "technical", "account access", "refund"]
@@ -26,12 +22,6 @@ TAG_EXAMPLES = [
 SYSTEM = "You are a support ticket router."
 
 
-def _scorer(spec, tokenizer, model):
-    return Scorer.start(Task(spec, ModelSource("tiny", "dir", "."), tokenizer), Engine(model))
-
-
-def _items(texts):
-    return [Item(i, {"id": i, "text": t}, i + 1) for i, t in enumerate(texts)]
 
 
 @pytest.mark.parametrize("mode", ["chat", "plain"])
@@ -42,7 +32,7 @@ def test_tag_probabilities_equal_a_full_forward_per_label(mode, chat_tokenizer, 
     model = tiny_model("llama", len(tokenizer))
     spec = make_spec(tmp_path, labels=TAGS, multi_label=True, examples=TAG_EXAMPLES, system=SYSTEM)
     texts = TEXTS[:6]
-    got = list(classify(_scorer(spec, tokenizer, model), _items(texts), Batching(size=4)))
+    got = list(classify(tiny_scorer(spec, tokenizer, model), text_items(texts), Batching(size=4)))
     worst, spread = 0.0, []
     for record, text in zip(got, texts, strict=True):
         for label in TAGS:
@@ -61,9 +51,9 @@ def test_verbalizer_scores_equal_the_summed_probability_of_the_forms(chat_tokeni
     labels = {"billing": {"words": ["billing", "payment", "invoice"]}, "technical": {"words": ["tech", "technical"]},
               "account": "sign-in problems"}
     spec = make_spec(tmp_path, labels=labels)
-    scorer = _scorer(spec, chat_tokenizer, model)
+    scorer = tiny_scorer(spec, chat_tokenizer, model)
     builder = scorer.task.builder
-    for record, text in zip(classify(scorer, _items(TEXTS[:5]), Batching(size=3)), TEXTS[:5], strict=True):
+    for record, text in zip(classify(scorer, text_items(TEXTS[:5]), Batching(size=3)), TEXTS[:5], strict=True):
         ids = builder.encode_item({"text": text}).ids
         want = {}
         for name, forms in (("billing", ["billing", "payment", "invoice"]), ("technical", ["tech", "technical"]),
