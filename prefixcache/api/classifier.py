@@ -29,7 +29,7 @@ from ..data.items import Item, items_of
 from ..data.records import Record
 from ..errors import InputError, SpecError, UsageError
 from ..run.pipeline import RunStats, classify
-from ..scoring.options import ScoringOptions
+from ..scoring.options import BATCH_SIZE, BATCH_TOKENS, ScoringOptions
 from ..scoring.prepare import Batching, Task, judged_of
 from ..task.overrides import with_overrides
 from ..task.keys import spec_from_mapping
@@ -130,8 +130,8 @@ class Classifier:
     _estimator_type = "classifier"
 
     def __init__(self, spec: SpecLike = None, *, model: Optional[str] = None, device: str = "auto",
-                 dtype: str = "auto", cache_dir: Optional[Union[str, Path]] = None, batch_size: int = 64,
-                 batch_tokens: int = 768, exact: bool = False, progress: bool = True, backend: Optional[str] = None,
+                 dtype: str = "auto", cache_dir: Optional[Union[str, Path]] = None, batch_size: int = BATCH_SIZE,
+                 batch_tokens: int = BATCH_TOKENS, exact: bool = False, progress: bool = True, backend: Optional[str] = None,
                  threads: Optional[int] = None, prompt_scores: bool = False, **keys: Any):
         if batch_size < 1 or batch_tokens < 1:
             raise UsageError(f"batch_size and batch_tokens must be 1 or more (got {batch_size} and {batch_tokens})")

@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal, Optional
 from ..errors import EXIT_GATE
 from ..model.cache import cache_root, store_max_bytes
 from ..model.choice import engines, engines_words
-from ..scoring.options import ScoringOptions
+from ..scoring.options import BATCH_SIZE, BATCH_TOKENS, ScoringOptions
 from ..task.spec import TaskSpec
 
 # Values an option may take: shown in --help, checked before the command runs.
@@ -106,9 +106,9 @@ class RunOptions:
     on_error: str = _opt("fail", "--on-error", cli_type=OnError, help=(
         "An item that cannot be scored: fail (stop after writing what is done) or skip (write an error record, "
         "go on)."))
-    batch_size: int = _opt(64, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE",
+    batch_size: int = _opt(BATCH_SIZE, "--batch-size", "-b", min=1, envvar="PREFIXCACHE_BATCH_SIZE",
                            help="At most this many items per forward pass.")
-    batch_tokens: int = _opt(768, "--batch-tokens", min=1, envvar="PREFIXCACHE_BATCH_TOKENS",
+    batch_tokens: int = _opt(BATCH_TOKENS, "--batch-tokens", min=1, envvar="PREFIXCACHE_BATCH_TOKENS",
                              help="About this many tokens per forward pass (items' own tokens + label tokens).")
     limit: Optional[int] = _opt(None, "--limit", "-n", min=1, help="Process only the first N items.")
     model: Optional[str] = _opt(

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from accelerate import PartialState
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """What the checks before any model settle."""
 
@@ -195,9 +195,11 @@ def make_plan(options: RunOptions) -> Plan:
     output = OutputFile(path, out_fmt, columns(spec, keep or (), precision=options.exact, pruned=pruned),
                         spec.id_field if spec.id_field_given else "id")
     device = str(launched.device) if launched and options.device == "auto" else options.device
-    return Plan(options, spec, fmt, stream, total, output, part, launched, keep,
-                Batching(options.batch_size, options.batch_tokens, options.on_error,
-                         pruned, spec.head_alone(options.prompt_scores), judged_of(spec)), gates, options.exact, device, scanned)
+    batching = Batching(size=options.batch_size, tokens=options.batch_tokens, on_error=options.on_error, pruned=pruned,
+                        head_alone=spec.head_alone(options.prompt_scores), judged=judged_of(spec))
+    return Plan(options=options, spec=spec, input_format=fmt, stream=stream, total=total, output=output, part=part,
+                launched=launched, keep=keep, batching=batching, gates=gates, says_precision=options.exact,
+                device=device, scanned=scanned)
 
 
 def _check_engine(options: RunOptions, spec: TaskSpec) -> None:

@@ -10,6 +10,9 @@ from typing import Any, Optional, Union
 
 from ..model.cache import cache_root, store_max_bytes
 
+BATCH_SIZE = 64  # items in one forward pass at most (--batch-size, `Batching`, the Python API)
+BATCH_TOKENS = 768  # about this many tokens through the model in one pass (--batch-tokens)
+
 
 @dataclass(frozen=True)
 class ScoringOptions:

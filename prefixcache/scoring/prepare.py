@@ -25,6 +25,7 @@ from ..task.kind import Question, shown
 from ..task.questions import label_kind
 from ..task.prompt import EncodedItem, PromptBuilder
 from ..model.rows import Candidate, Row, trie
+from .options import BATCH_SIZE, BATCH_TOKENS
 from ..task.spec import LETTERS, TaskSpec, choice_list, field_text
 
 if TYPE_CHECKING:
@@ -96,8 +97,8 @@ class Batching:
     """How items are grouped into forward passes, and what an item that cannot be scored does:
     "fail" ends the batches after the ones before it, "skip" makes it a `Failed` entry."""
 
-    size: int = 64  # at most this many items
-    tokens: int = 768  # about this many tokens through the model
+    size: int = BATCH_SIZE  # at most this many items
+    tokens: int = BATCH_TOKENS  # about this many tokens through the model
     on_error: str = "fail"
     pruned: bool = False  # labels scored pruned: an item's labels cost about PRUNED_LABEL_TOKENS, not its whole trie
     head_alone: bool = False  # a fitted head answers alone: no option scored, one token (and a question's text) an answer
