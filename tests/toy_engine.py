@@ -113,6 +113,6 @@ def _make(load: Any) -> ToyEngine:
     return ToyEngine(load_model(load.source, load.tokenizer, load.cache_dir, "cpu", torch.float32))
 
 
-def register_toy(max_leaves: int | None = None) -> Backend:
+def register_toy(max_leaves: int | None = None, reads_states: bool = True) -> Backend:
     """The registry line."""
-    return register(Backend(NAME, "torch", _make, max_leaves=max_leaves))
+    return register(Backend(NAME, "torch", _make, max_leaves=max_leaves, reads_states=reads_states))

@@ -26,7 +26,7 @@ from ..data.output import check_distinct
 from ..data.records import id_text
 from ..errors import InputError, SpecError, UsageError
 from ..run.options import RunOptions
-from ..run.plan import load_options_spec
+from ..run.plan import check_reads_states, load_options_spec
 from ..scoring.prepare import Batching
 from ..model.engines import default_backend
 from ..scoring.reading import precision_of
@@ -120,6 +120,7 @@ def plan_fit(options: FitOptions) -> FitPlan:
     spec_file = read_spec_file(o.spec)
     spec = load_options_spec(o, spec_file)
     questions = fitted_questions(spec)
+    check_reads_states(spec, o, "fit")
     for path in (options.output, options.head_path, options.figures_path):
         check_tuned_output(path, o.spec, options.overwrite)
     files = (o.items, *options.more)

@@ -33,7 +33,7 @@ from ..errors import InputError, OutputError, UsageError
 from ..model.load import model_identity
 from ..scoring.prepare import spec_model
 from ..run.options import RunOptions
-from ..run.plan import load_options_spec
+from ..run.plan import check_reads_states, load_options_spec
 from ..run.review import gold_column, write_review
 from ..scoring.prepare import Batching
 from ..task.specfile import read_spec_file
@@ -111,6 +111,8 @@ def plan_suggest(options: SuggestOptions) -> SuggestPlan:
         raise UsageError(f"{o.spec}: suggest picks items for a head of one set of answers; with 'choices' each item "
                          f"has its own options")
     check_tuned_output(options.output, o.spec, options.overwrite)
+    if not (options.random or options.audit is not None):  # a sample drawn without the model reads no state
+        check_reads_states(spec, o, "suggest")
     check_distinct({"-o": options.output}, {"POOL": o.items, "the spec": o.spec,
                                             "the spec's head": spec.head.path if spec.head is not None else None,
                                             "--audit": options.audit,

@@ -71,6 +71,7 @@ class Backend:
     refusal: Callable[[ModelSource, str, str, bool], str | None] = lambda source, device, dtype, exact: None
     footprint: Callable[[Load], tuple[Footprint | None, str]] = lambda load: (None, "cpu")
     float32_twin: bool = False
+    reads_states: bool = True  # gives hidden states (`score_with_states`): what fitted heads, fit and suggest read
     file_precision: bool = False
     max_leaves: int | None = None
     stores_prefix: bool = True

@@ -80,6 +80,15 @@ class Plan:
         }
 
 
+def check_reads_states(spec: TaskSpec, o: RunOptions, why: str) -> None:
+    """Refuse (UsageError), before any model loads, an engine that gives no hidden states where
+    `why` (a fitted head, fit, suggest) reads them: it would fail only once the model was loaded."""
+    backend = run_engine(spec, replace(o, exact=False))
+    if not backend.reads_states:
+        raise UsageError(f"{why} reads the model's hidden states, and the {backend.name} engine gives none: "
+                         f"choose another with --backend")
+
+
 def run_engine(spec: TaskSpec, o: RunOptions) -> Backend:
     """The engine a run scores with, as `load_engine` will pick it from the files alone (--exact:
     the engine of the float32 twin): part of what an output is, since two engines' numbers differ."""
@@ -164,6 +173,8 @@ def make_plan(options: RunOptions) -> Plan:
     _not_the_input(options, stream)
     spec = load_options_spec(options)
     _check_engine(options, spec)
+    if spec.head is not None:
+        check_reads_states(spec, options, f"{spec.path}'s head")
     options = auto_precision(options, spec)
     gates = Gates.parse(options.min_accuracy, options.min_recall, options.min_answered_accuracy)
     graded = [name for name, given in (("--metrics", options.metrics), ("--summary-md", options.summary_md),

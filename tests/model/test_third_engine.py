@@ -100,6 +100,29 @@ def test_an_engines_limit_on_candidates_is_refused_before_the_model_loads(tmp_pa
     assert not (tmp_path / "out.jsonl").exists() or not records(tmp_path / "out.jsonl")
 
 
+def test_an_engine_without_hidden_states_is_refused_for_heads_fit_and_suggest_before_the_model_loads(
+        tmp_path, tiny_model_dir, items):
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text("".join(json.dumps({"id": n, "text": t, "gold": ["billing", "technical"][n % 2]}) + "\n"
+                                for n, t in enumerate(TEXTS * 4)))
+    spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["billing", "technical"])
+    assert invoke("fit", spec, labelled, "--gold", "gold", "-o", tmp_path / "f.yaml", "--folds", "3", "-q",
+                  "--cache-dir", tmp_path / "cache").exit_code == 0
+    register_toy(reads_states=False)
+    try:
+        for args in (("fit", spec, labelled, "--gold", "gold", "-o", tmp_path / "g.yaml"),
+                     ("suggest", spec, items, "-n", "2", "-o", tmp_path / "s.csv"),
+                     ("run", tmp_path / "f.yaml", items, "-o", tmp_path / "out.jsonl")):
+            refused = invoke(*args, "--backend", NAME, "--cache-dir", tmp_path / "cache")
+            assert refused.exit_code == 2, (args[0], refused.output)
+            assert f"the {NAME} engine gives none: choose another with --backend" in refused.stderr
+            assert "memory:" not in refused.stderr  # before the memory check and the load
+        drawn = invoke("suggest", spec, items, "-n", "2", "--random", "-o", tmp_path / "r.csv", "--backend", NAME)
+        assert drawn.exit_code == 0, drawn.output  # a random sample reads no state
+    finally:
+        engines.unregister(NAME)
+
+
 def test_an_unregistered_engine_in_a_spec_is_refused_naming_the_engines_there_are(tmp_path, tiny_model_dir, items):
     spec = write_spec(tmp_path, model=str(tiny_model_dir), backend=NAME)
     refused = invoke("run", spec, items, "-o", tmp_path / "out.jsonl")
