@@ -8,6 +8,8 @@
 - protocol.py: what the rest of the program may ask of an engine (`ScoringEngine`), the seam;
 - engine.py: prefills the static prefix once and scores batches of rows and their candidates
   against it in one forward pass (transformers on torch);
+- layout.py: the prefilled prefix and a batch laid out over it (packed and padded, each row's
+  trie), which engine.py runs and branches.py extends: no model runs there;
 - llamacpp.py: the same on llama.cpp, a GGUF file kept quantised (llama-cpp-python's low-level API);
 - precision.py: the precisions the transformers engine computes in, one registry entry each
   (load dtype, quantiser, packages, batch dependence, matrix unit, tolerance);

@@ -15,11 +15,11 @@ again. Needs the shared-prefix kernel ("shared" backend) and full attention (no 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
-from .engine import Engine, Layout, Prefix, layout
+from .layout import Layout, Prefix, layout
 from .rows import Node, Row
 
 
@@ -30,7 +30,7 @@ class OpenItems:
     far (the items' own, then each fed node), [1, Hkv, T, D]; `fed[b]`: item b's fed nodes and
     their index in `kept`, so that no node ever goes through the model twice."""
 
-    engine: Engine
+    engine: Any  # the model/engine.py Engine that opened them (its forward runs the fed nodes)
     prefix: Prefix
     rows: Sequence[Row]
     starts: list[int]  # packed index of each item's first own token
@@ -152,7 +152,7 @@ class OpenItems:
 
 
 @torch.inference_mode()
-def open_items(engine: Engine, prefix: Prefix, rows: Sequence[Row]) -> OpenItems:
+def open_items(engine: Any, prefix: Prefix, rows: Sequence[Row]) -> OpenItems:
     """Run the rows' own tokens once (their candidates are ignored), keeping their keys and
     values and the next-token log-probabilities at each item's end."""
     bare = [Row(r.ids, r.prefix_len, ()) for r in rows]
