@@ -293,3 +293,40 @@ def test_every_zip_in_the_tests_says_whether_its_lengths_must_match():
                     and node.args and not any(k.arg == "strict" for k in node.keywords):
                 loose.append(f"{path.name}:{node.lineno}")
     assert not loose, loose
+
+
+def _module_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each module of the package and the package modules it imports anywhere in it (lazy imports
+    inside functions, and TYPE_CHECKING ones, included)."""
+    mods = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    found = f"{target}.{alias.name}" if f"{target}.{alias.name}" in mods else target
+                    if found in mods and found != name:
+                        graph[name].add(found)
+            elif isinstance(node, ast.Import):
+                graph[name] |= {a.name for a in node.names if a.name in mods and a.name != name}
+    return graph
+
+
+def test_no_two_modules_import_each_other_directly_or_through_others():
+    graph = _module_graph()
+    circles = []
+    for start in graph:  # a module reached again from itself
+        seen, todo = set(), list(graph[start])
+        while todo:
+            module = todo.pop()
+            if module == start:
+                circles.append(start)
+                break
+            if module not in seen:
+                seen.add(module)
+                todo += graph[module]
+    assert not circles, sorted(circles)

@@ -2,7 +2,10 @@
 
 - load.py: finds and loads models and tokenizers (hub ids, folders, GGUF files, the embedded
   default), converting GGUF weights once into the cache;
-- lean.py: a converted model's weights read straight into the dtype they compute in, a slice at a time;
+- lean.py: a converted model's weights read straight into the dtype they compute in, a slice at a
+  time (and `with_attention`: SDPA, else the model's eager attention);
+- safetensorsfile.py: a safetensors file's header, read without the library;
+- heap.py: freed memory handed back to the system (glibc's malloc_trim);
 - memory.py: the memory a model will take (weights, keys and values, a GGUF conversion), from its files;
 - ggufheader.py: a GGUF file's header walked within bounds before anything parses it;
 - protocol.py: what the rest of the program may ask of an engine (`ScoringEngine`), the seam;
@@ -21,6 +24,7 @@
 - attention.py: the cascade attention kernel that reads the shared prefix once per layer;
 - branches.py: pruned scoring's passes: items run once and kept, then candidates' branches after them;
 - llamabranches.py: the same on llama.cpp, the items kept between decodes, a sequence a branch;
+- llamatoken.py: one token of a llama.cpp decode batch, shared by llamacpp.py and llamabranches.py;
 - cache.py: the cache's layout (where it is, models/ and prefixes/) and its environment variables;
 - private.py: the cache is the user's alone: its folders, the signing secret, signatures;
 - store.py: prefilled prefixes kept on disk across runs, verified;

@@ -62,7 +62,7 @@ def quantise(model: "PreTrainedModel") -> int:
         raise ModelError("--dtype int8: the model has no linear layers to quantise")
     wanted = set(chosen)
     quantize_(model, config, filter_fn=lambda module, name: name in wanted)
-    from .load import give_back_freed
+    from .heap import give_back_freed
 
     give_back_freed()  # the float32 weights the int8 ones replaced
     return _quantised_model(model, len(chosen))
@@ -88,7 +88,7 @@ class LayerQuantiser:
         if _quantised(name, module, torch):
             self._quantize(module, self._config, filter_fn=lambda m, fqn: m is module)
             self.count += 1
-            from .load import trim_heap
+            from .heap import trim_heap
 
             trim_heap()  # the layer's float32 weights, freed: else the heap keeps them (3.5 GB, not 2.1)
 

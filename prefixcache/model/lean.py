@@ -20,14 +20,25 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .load import with_attention
-from .memory import safetensors_header
+from .safetensorsfile import safetensors_header
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
+
+
+def with_attention(make: Callable[[str], PreTrainedModel]) -> PreTrainedModel:
+    """`make(attention)` with PyTorch SDPA, or with the model's own eager attention where its
+    architecture has no SDPA support."""
+    try:
+        return make("sdpa")
+    except ValueError as exc:
+        message = str(exc).lower()
+        if "sdpa" not in message and "scaled_dot_product_attention" not in message:
+            raise
+        return make("eager")
 CHUNK_BYTES = 16 << 20  # read and cast this much of a tensor at a time
 HEADER_MAX = 100 << 20  # a safetensors header larger than this is not one prefixcache wrote
 

@@ -24,13 +24,10 @@ Knows nothing of specs or races; llama_cpp is reached through the engine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
-from .llamacpp import _Token
+from .llamatoken import Token
 from .rows import Node, Row, Trie
-
-if TYPE_CHECKING:
-    from .llamacpp import LlamaEngine
 
 
 @dataclass
@@ -47,7 +44,7 @@ class LlamaOpenItems:
     """A group of rows decoded once and kept (see the module's doc). `rows`: the group's rows;
     `most`: the most sequences one row has held at once (what the engine sizes its next group by)."""
 
-    def __init__(self, engine: "LlamaEngine", rows: Sequence[Row], tries: Sequence[Trie], sequences: int):
+    def __init__(self, engine: Any, rows: Sequence[Row], tries: Sequence[Trie], sequences: int):
         self.engine, self.rows = engine, list(rows)
         self._free = list(range(sequences - 1, 0, -1))  # sequence ids not in use (0 is the prefix's)
         self._kept: list[_Kept | None] = []
@@ -57,15 +54,15 @@ class LlamaOpenItems:
         self._nexts = [_children(row, t, k) for row, t, k in zip(rows, tries, keys)]
         self._own = [[int(i) for i in row.ids[row.prefix_len:]] for row in rows]
         self.most = 1
-        tokens: list[_Token] = []
+        tokens: list[Token] = []
         ends: list[int] = []
         for b, row in enumerate(self.rows):
             base = self._take(row.prefix_len)
             self._kept.append(_Kept(base))
-            tokens += [_Token(tok, row.prefix_len + k, [base], k == len(self._own[b]) - 1)
+            tokens += [Token(tok, row.prefix_len + k, [base], k == len(self._own[b]) - 1)
                        for k, tok in enumerate(self._own[b])]
             ends.append(len(tokens) - 1)
-        engine._decode(tokens)
+        engine.decode(tokens)
         self._first = [self._scored(at, self._nexts[b].get((), ()), ()) for b, at in enumerate(ends)]
 
     def firsts(self, b: int) -> dict[Node, float]:
@@ -142,7 +139,7 @@ class LlamaOpenItems:
     def _decode_nodes(self, new: dict[int, list[Node]]) -> dict[int, dict[Node, float]]:
         """One decode of the rows' new nodes (a row let go: its own tokens and every node fed
         before too); per row, the children of the new nodes and their log-probs."""
-        tokens: list[_Token] = []
+        tokens: list[Token] = []
         asked: list[tuple[int, Node, int]] = []  # (row, node, batch index of its logits)
         for b, nodes in new.items():
             row, own = self.rows[b], self._own[b]
@@ -157,17 +154,17 @@ class LlamaOpenItems:
             self.most = max(self.most, len({kept.base, *kept.seq.values()}))
             if again:  # the row's own tokens carry every sequence of the decode, theirs first
                 carried = list(dict.fromkeys([kept.base, *(seqs[n] for n in run)]))
-                tokens += [_Token(tok, row.prefix_len + k, carried, False) for k, tok in enumerate(own)]
+                tokens += [Token(tok, row.prefix_len + k, carried, False) for k, tok in enumerate(own)]
             below = _carried(run, seqs)
             wanted = set(nodes)
             for node in run:
                 scores = node in wanted and bool(self._nexts[b].get(node))
                 if scores:
                     asked.append((b, node, len(tokens)))
-                tokens.append(_Token(node[-1], end + len(node) - 1, below[node], scores))
+                tokens.append(Token(node[-1], end + len(node) - 1, below[node], scores))
                 self._fed[b].add(node)
             self.engine.label_tokens += len(run)
-        self.engine._decode(tokens)
+        self.engine.decode(tokens)
         out: dict[int, dict[Node, float]] = {}
         for b, node, at in asked:
             out.setdefault(b, {}).update(self._scored(at, self._nexts[b][node], node))
@@ -201,7 +198,7 @@ class LlamaOpenItems:
         """The log-probability of each of `tokens` after `node`, from the last decode's logits at `at`."""
         if not tokens:
             return {}
-        logits, total = self.engine._logits(at), self.engine._logsumexp(at)
+        logits, total = self.engine.logits_at(at), self.engine.logsumexp_at(at)
         return {node + (tok,): float(logits[tok]) - total for tok in tokens}
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import numpy as np
 
 from ..errors import ModelError
+from .llamatoken import Token
 from .rows import Probe, Row, Trie, trie
 from .ggufheader import check_gguf
 
@@ -100,14 +101,6 @@ class LlamaPrefix:
     last_logits: np.ndarray
     prefill_ms: float
     state: bytes = field(default=b"", repr=False)  # llama.cpp's saved sequence: how it is put back
-
-
-@dataclass
-class _Token:
-    id: int
-    pos: int
-    seqs: list[int]
-    logits: bool
 
 
 @dataclass
@@ -269,9 +262,9 @@ class LlamaEngine:
         for at in range(0, len(ids), DECODE_TOKENS):
             chunk = ids[at: at + DECODE_TOKENS]
             final = at + len(chunk) == len(ids)
-            self._decode([_Token(t, at + k, [0], final and k == len(chunk) - 1) for k, t in enumerate(chunk)])
+            self.decode([Token(t, at + k, [0], final and k == len(chunk) - 1) for k, t in enumerate(chunk)])
             if final:
-                last = self._logits(len(chunk) - 1).astype(np.float32)
+                last = self.logits_at(len(chunk) - 1).astype(np.float32)
         self._resident = LlamaPrefix(ids, last, (time.perf_counter() - start) * 1000, self._saved())
         return self._resident
 
@@ -347,8 +340,8 @@ class LlamaEngine:
             prompt = ids + [int(t) for t in cand]
             keep = self._rewind(prompt, len(ids) + row.skip(i) - 1)
             first = len(ids) + row.skip(i) - 1  # the logits scoring the candidate's first scored token
-            self._decode([_Token(t, keep + k, [0], keep + k >= first) for k, t in enumerate(prompt[keep:-1])])
-            out.append(sum(float(self._logits(at - keep)[prompt[at + 1]]) - self._logsumexp(at - keep)
+            self.decode([Token(t, keep + k, [0], keep + k >= first) for k, t in enumerate(prompt[keep:-1])])
+            out.append(sum(float(self.logits_at(at - keep)[prompt[at + 1]]) - self.logsumexp_at(at - keep)
                            for at in range(first, len(prompt) - 1)))
             self._rewound = prompt[:-1]
         return out
@@ -362,9 +355,9 @@ class LlamaEngine:
             raise ValueError("first-token ranking reads no question's text before its options")
         ids = self._sequence_zero(row, clear=False)
         keep = self._rewind(ids, len(ids) - 1)
-        self._decode([_Token(t, keep + k, [0], keep + k == len(ids) - 1) for k, t in enumerate(ids[keep:])])
+        self.decode([Token(t, keep + k, [0], keep + k == len(ids) - 1) for k, t in enumerate(ids[keep:])])
         last = len(ids) - 1 - keep
-        logits, total = self._logits(last), self._logsumexp(last)
+        logits, total = self.logits_at(last), self.logsumexp_at(last)
         self._rewound = ids
         return [float(logits[int(c[0])]) - total for c in row.candidates]
 
@@ -445,7 +438,7 @@ class LlamaEngine:
             planned, tokens = self._plan([rows[b] for b in group], [tries[b] for b in group])
             self.label_tokens += sum(len(p.nodes) for p in planned)
             try:
-                self._decode(tokens)
+                self.decode(tokens)
                 for b, p in zip(group, planned):
                     results[b] = self._row_logprobs(p)
                     if wanted is not None:
@@ -494,10 +487,10 @@ class LlamaEngine:
         if group:
             yield group
 
-    def _plan(self, rows: Sequence[Row], tries: Sequence[Trie]) -> tuple[list[_Planned], list[_Token]]:
+    def _plan(self, rows: Sequence[Row], tries: Sequence[Trie]) -> tuple[list[_Planned], list[Token]]:
         """The decode's tokens: each row's own tokens carrying all its sequences, then its trie
         nodes carrying the sequences of the leaves below them; logits where a token is scored."""
-        tokens: list[_Token] = []
+        tokens: list[Token] = []
         planned, next_seq = [], 1
         for row, t in zip(rows, tries):
             leaves = _leaf_nodes(t)
@@ -507,13 +500,13 @@ class LlamaEngine:
                 self._L.llama_memory_seq_cp(self._mem, 0, s, 0, row.prefix_len)
             own = [int(i) for i in row.ids[row.prefix_len:]]
             start = len(tokens)
-            tokens += [_Token(tok, row.prefix_len + k, seqs, False) for k, tok in enumerate(own)]
+            tokens += [Token(tok, row.prefix_len + k, seqs, False) for k, tok in enumerate(own)]
             end = start + len(own) - 1
             node_seqs = _node_sequences(t, leaves, seqs)
             nodes = []
             for k, tok in enumerate(t.tokens):
                 nodes.append(len(tokens))
-                tokens.append(_Token(tok, row.prefix_len + len(own) + t.depths[k] - 1, node_seqs[k], False))
+                tokens.append(Token(tok, row.prefix_len + len(own) + t.depths[k] - 1, node_seqs[k], False))
             p = _Planned(row, t, seqs, end, nodes)
             for at in _scored_at(p):
                 tokens[at].logits = True
@@ -527,8 +520,8 @@ class LlamaEngine:
             for k in range(p.row.skip(i), len(cand)):
                 at = p.end if k == 0 else p.nodes[p.trie.paths[i][k - 1]]
                 if at not in lse:
-                    lse[at] = self._logsumexp(at)
-                total += float(self._logits(at)[cand[k]]) - lse[at]
+                    lse[at] = self.logsumexp_at(at)
+                total += float(self.logits_at(at)[cand[k]]) - lse[at]
             out.append(total)
         return out
 
@@ -549,7 +542,9 @@ class LlamaEngine:
             self._L.llama_set_embeddings(self._ctx, on)
             self._embeddings = on
 
-    def _decode(self, tokens: Sequence[_Token]) -> None:
+    def decode(self, tokens: Sequence[Token]) -> None:
+        """Decode one batch of tokens into the context's cells (ModelError when llama.cpp refuses
+        it): what the engine's passes and its kept branches (llamabranches.py) run."""
         L = self._L
         width = max(len(t.seqs) for t in tokens)
         batch = L.llama_batch_init(len(tokens), 0, width)
@@ -566,12 +561,14 @@ class LlamaEngine:
             raise ModelError(f"llama.cpp could not decode a batch of {len(tokens)} tokens (code {rc}): "
                              f"{'no free key/value cells' if rc == 1 else 'see its log with PREFIXCACHE_LOG=debug'}")
 
-    def _logits(self, at: int) -> np.ndarray:
+    def logits_at(self, at: int) -> np.ndarray:
+        """The last decode's logits [V] at its `at`-th token whose logits were kept (a view)."""
         ptr = self._L.llama_get_logits_ith(self._ctx, at)
         return np.ctypeslib.as_array(ptr, shape=(self.vocab,))
 
-    def _logsumexp(self, at: int) -> float:
-        a = self._logits(at).astype(np.float64)
+    def logsumexp_at(self, at: int) -> float:
+        """log sum exp of `logits_at(at)`: what turns a logit into a log-probability."""
+        a = self.logits_at(at).astype(np.float64)
         m = float(a.max())
         return m + math.log(float(np.exp(a - m).sum()))
 

@@ -11,12 +11,12 @@ import functools
 import json
 import logging
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from .load import ModelSource, converted_dir
 from .ggufheader import check_gguf
+from .safetensorsfile import safetensors_header
 
 log = logging.getLogger(__name__)
 CONVERSION = 1.0  # a GGUF conversion's peak beyond the running model, over its float32 weights (measured 0.45)
@@ -252,18 +252,6 @@ def _folder_shape(folder: Path) -> Shape | None:
     layers = config.get("num_hidden_layers") or config.get("n_layer")
     head_dim = config.get("head_dim") or (config.get("hidden_size") or config.get("n_embd")) // heads
     return Shape(parameters, layers, config.get("num_key_value_heads") or heads, head_dim)
-
-
-def safetensors_header(path: Path, limit: int | None = None) -> tuple[dict[str, dict], int]:
-    """A safetensors file's tensors (name -> {dtype, shape, data_offsets}, its metadata left out)
-    and where their data starts; ValueError for a header over `limit` bytes."""
-    with open(path, "rb") as f:
-        size = struct.unpack("<Q", f.read(8))[0]
-        if limit is not None and size > limit:
-            raise ValueError(f"{path.name}: a header of {size} bytes")
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return header, 8 + size
 
 
 def _safetensors_parameters(path: Path) -> int:
