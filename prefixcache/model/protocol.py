@@ -47,20 +47,17 @@ class ScoringEngine(Protocol):
     Attributes:
         name: which engine it is ("transformers", "llama.cpp"): records and reports name it.
         device: where it runs (a `torch.device` or a name; `str(device)` names it: "cpu", "cuda:0").
-        dtype: the precision it computes in (`str(dtype)`, e.g. "torch.float32").
+        precision: the precision it computes in, in words ("float32", "bfloat16", a GGUF file's types).
         max_positions: the longest prompt with its candidates it can read, or None when unbounded.
         hidden_size: the width of the state its lm_head reads (what a fitted head takes).
         branches: whether it keeps an item's keys and values between passes, so that a race can
             feed trie nodes later (pruned scoring, scoring/pruning.py); without it every candidate is
             scored to the end.
-        label_tokens: candidate tokens fed after items so far (every call together; `bench` reads it).
     """
 
     name: str
     device: Any
-    dtype: Any
     max_positions: int | None
-    label_tokens: int
 
     @property
     def hidden_size(self) -> int: ...
@@ -114,11 +111,14 @@ class TimedEngine(ScoringEngine, Protocol):
             cheapest ranking: each candidate's first token alone, after the prompt rewound as "rewound").
         threads: CPU threads it computes with.
         weights_bytes: the weights it holds in memory as a copy of its own (0: the file as read).
+        label_tokens: candidate tokens fed after items so far (every call together): what `bench`
+            counts of a mode's work.
     """
 
     naive_ways: tuple[str, ...]
     threads: int
     weights_bytes: int
+    label_tokens: int
 
     def naive(self, row: Row, way: str) -> list[float]:
         """The row's candidates scored by the reference path `way`, no prefix (`row.prefix_len` 0)."""
@@ -133,6 +133,7 @@ class TimedEngine(ScoringEngine, Protocol):
         """Wait for the device's queued work (the edges of a timing)."""
 
 
-MEMBERS = frozenset({"name", "device", "dtype", "precision", "export_prefix", "restore_prefix", "max_positions", "label_tokens", "hidden_size", "branches", "prefill", "score", "open_items",
+MEMBERS = frozenset({"name", "device", "precision", "export_prefix", "restore_prefix", "max_positions", "hidden_size", "branches", "prefill", "score", "open_items",
                      "score_with_states", "layers"})  # what callers outside model/ may read of an engine
-TIMED = frozenset({"naive_ways", "threads", "weights_bytes", "naive", "linear_params", "peak_gflops", "synchronize"})
+TIMED = frozenset({"naive_ways", "threads", "weights_bytes", "label_tokens", "naive", "linear_params", "peak_gflops",
+                   "synchronize"})
