@@ -25,6 +25,8 @@
 - branches.py: pruned scoring's passes: items run once and kept, then candidates' branches after them;
 - llamabranches.py: the same on llama.cpp, the items kept between decodes, a sequence a branch;
 - llamatoken.py: one token of a llama.cpp decode batch, shared by llamacpp.py and llamabranches.py;
+- llamaprobe.py: a llama.cpp build checked once on this CPU in a child process (a crashing build
+  stops in one line);
 - cache.py: the cache's layout (where it is, models/ and prefixes/) and its environment variables;
 - private.py: the cache is the user's alone: its folders, the signing secret, signatures;
 - store.py: prefilled prefixes kept on disk across runs, verified;

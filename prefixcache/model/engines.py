@@ -307,7 +307,8 @@ def _llama_ubatch(load: Load) -> int:
 
 def _llama_make(load: Load) -> Any:
     from .cache import checks_dir
-    from .llamacpp import GPU_LAYERS, LlamaEngine, probe
+    from .llamacpp import GPU_LAYERS, LlamaEngine
+    from .llamaprobe import probe
 
     path = Path(load.source.path)
     probe(path, checks_dir(load.cache_dir))

@@ -304,12 +304,12 @@ def test_a_race_short_of_sequences_lets_rows_go_and_decodes_them_again(gguf_file
 
 def test_a_build_that_crashes_on_this_cpu_stops_in_one_line(gguf_file, tmp_path, monkeypatch):
     from prefixcache.errors import ModelError
-    from prefixcache.model import llamacpp
+    from prefixcache.model import llamaprobe
 
-    llamacpp.probe(gguf_file, tmp_path / "marks")  # this build decodes: marked, not probed again
+    llamaprobe.probe(gguf_file, tmp_path / "marks")  # this build decodes: marked, not probed again
     assert len(list((tmp_path / "marks").iterdir())) == 1
-    monkeypatch.setattr(llamacpp, "PROBE", "import os; os.abort()")  # what a crashing kernel does to the child
-    llamacpp.probe(gguf_file, tmp_path / "marks")  # the mark holds
+    monkeypatch.setattr(llamaprobe, "PROBE", "import os; os.abort()")  # what a crashing kernel does to the child
+    llamaprobe.probe(gguf_file, tmp_path / "marks")  # the mark holds
     with pytest.raises(ModelError, match=r"llama.cpp crashed decoding tiny-F32.gguf on this CPU \(exit -6\).*"
                                          r"CMAKE_ARGS=\"-DGGML_NATIVE=OFF"):
-        llamacpp.probe(gguf_file, tmp_path / "other-marks")
+        llamaprobe.probe(gguf_file, tmp_path / "other-marks")
