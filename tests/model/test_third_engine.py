@@ -102,12 +102,19 @@ def test_an_engines_limit_on_candidates_is_refused_before_the_model_loads(tmp_pa
 
 def test_an_engine_without_hidden_states_is_refused_for_heads_fit_and_suggest_before_the_model_loads(
         tmp_path, tiny_model_dir, items):
+    import numpy as np
+
+    from prefixcache.task.head import Readout, head_bytes
+
     labelled = tmp_path / "labelled.jsonl"
     labelled.write_text("".join(json.dumps({"id": n, "text": t, "gold": ["billing", "technical"][n % 2]}) + "\n"
                                 for n, t in enumerate(TEXTS * 4)))
     spec = write_spec(tmp_path, model=str(tiny_model_dir), labels=["billing", "technical"])
-    assert invoke("fit", spec, labelled, "--gold", "gold", "-o", tmp_path / "f.yaml", "--folds", "3", "-q",
-                  "--cache-dir", tmp_path / "cache").exit_code == 0
+    readout = Readout("label", ("billing", "technical"), False, "state", np.zeros((1, 4)), np.ones((1, 4)),
+                      np.zeros((2, 4)), np.zeros(2))  # a head file as fit writes one (no model reads it here)
+    fingerprint = {"model": "m" * 32, "prefix": "p" * 32, "template": "t" * 32, "questions": "q" * 32}
+    (tmp_path / "f.head.safetensors").write_bytes(head_bytes([readout], fingerprint, "final", {}))
+    (tmp_path / "f.yaml").write_text(spec.read_text() + "head: f.head.safetensors\n")
     register_toy(reads_states=False)
     try:
         for args in (("fit", spec, labelled, "--gold", "gold", "-o", tmp_path / "g.yaml"),
