@@ -106,8 +106,8 @@ def build_app(batcher: Batcher, settings: Settings) -> Starlette:
                 waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # read: never "not retrieved"
                 raise ClientGone()
 
-    routes = [Route("/v1/systemone", _systemone_route(decide, settings), methods=["POST"]),
-              Route("/v1/decisions", _decisions_route(decide, settings), methods=["POST"]),
+    routes = [Route("/v1/systemone", _route(SYSTEM_ONE, decide, settings), methods=["POST"]),
+              Route("/v1/decisions", _route(DECISIONS, decide, settings), methods=["POST"]),
               Route("/v1/models", _models_route(settings), methods=["GET"]),
               Route("/health", _health_route(settings, batcher), methods=["GET"])]
     app = Starlette(routes=routes)
@@ -123,66 +123,68 @@ class ClientGone(Exception):
     """The client hung up while its request waited: nothing is sent (logged as 499)."""
 
 
-def _systemone_route(decide: Decide, settings: Settings) -> Callable[[Request], Awaitable[Response]]:
-    def fail(status: int, kind: str, message: str) -> Response:
-        return _json(*systemone.failure(status, kind, message))
+@dataclass(frozen=True)
+class WireFormat:
+    """What one wire format says, so that every route runs one ladder (`_route`): `parse` (a body
+    to the ask and what its answer needs), `count` (its questions, for the access log), `answer`,
+    `invalid` (a body that does not validate), `refused` (a library error refusing the ask),
+    `refusal` (a request refused before its body is read: status, message), `error` (status, code,
+    message: the server's own conditions) and `bad_json`. A third format is one of these and one
+    route line."""
+
+    parse: Callable[[Any], tuple[Any, Any]]
+    count: Callable[[Any, Any], int]
+    answer: Callable[[Decided, Any, str], dict[str, Any]]
+    invalid: Callable[[Invalid], tuple[int, dict[str, Any]]]
+    refused: Callable[[Exception], tuple[int, dict[str, Any]]]
+    refusal: Callable[[int, str], tuple[int, dict[str, Any]]]
+    error: Callable[[int, str, str], tuple[int, dict[str, Any]]]
+    bad_json: Callable[[str], tuple[int, dict[str, Any]]]
+
+
+SYSTEM_ONE = WireFormat(
+    parse=lambda body: (systemone.parse(body), None), count=lambda ask, _: len(ask.questions),
+    answer=lambda decided, _, model: systemone.answer(decided, model), invalid=systemone.invalid,
+    refused=systemone.refused, refusal=lambda status, message: systemone.failure(status, REFUSAL_KINDS[status], message),
+    error=lambda status, code, message: systemone.failure(status, code, message),
+    bad_json=lambda message: (422, {"detail": [{"loc": ["body"], "msg": message, "type": "value_error.jsondecode"}]}))
+DECISIONS = WireFormat(
+    parse=decisions.parse, count=lambda _, questions: len(questions), answer=decisions.answer,
+    invalid=decisions.invalid, refused=decisions.refused,
+    refusal=lambda status, message: decisions.failure(status, message, code=REFUSAL_CODES[status]),
+    error=lambda status, code, message: decisions.failure(
+        status, message, kind="server_error" if status >= 500 else "invalid_request_error", code=code),
+    bad_json=lambda message: decisions.failure(400, message, code="invalid_json"))
+
+
+def _route(fmt: WireFormat, decide: Decide, settings: Settings) -> Callable[[Request], Awaitable[Response]]:
+    """A POST route of `fmt`: every failure answered in its shape, never a 5xx for the input's fault."""
 
     async def route(request: Request) -> Response:
         refused = _refused(request, settings)
         if refused is not None:
-            return _systemone_refusal(refused)
+            return _json(*fmt.refusal(*refused))
         try:
-            ask = systemone.parse(await _body(request, settings))
+            ask, parsed = fmt.parse(await _body(request, settings))
             decided = await decide(ask, request)
         except ClientGone:
             return Response(status_code=499)
         except ShuttingDown:
-            return _json(*systemone.failure(503, "unavailable", STOPPING), headers=RETRY)
+            return _json(*fmt.error(503, "unavailable", STOPPING), headers=RETRY)
         except TooLarge:
-            return fail(413, "request_too_large", f"the request body is over {settings.max_body} bytes")
+            return _json(*fmt.error(413, "request_too_large", f"the request body is over {settings.max_body} bytes"))
         except WrongType as exc:
-            return fail(415, "unsupported_media_type", str(exc))
+            return _json(*fmt.error(415, "unsupported_media_type", str(exc)))
         except BadBody as exc:
-            return _json(422, {"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error.jsondecode"}]})
+            return _json(*fmt.bad_json(str(exc)))
         except Invalid as exc:
-            return _json(*systemone.invalid(exc))
+            return _json(*fmt.invalid(exc))
         except (SpecError, TooLong, PrefixTooLong, TooCostly) as exc:
-            return _json(*systemone.refused(exc))
+            return _json(*fmt.refused(exc))
         except Exception:  # noqa: BLE001 - a fault of the server, never of the input: logged with the request
-            return fail(500, "internal_error", _fault(request))
-        request.state.usage = (len(ask.questions), decided)
-        return _json(200, systemone.answer(decided, settings.model))
-
-    return route
-
-
-def _decisions_route(decide: Decide, settings: Settings) -> Callable[[Request], Awaitable[Response]]:
-    async def route(request: Request) -> Response:
-        refused = _refused(request, settings)
-        if refused is not None:
-            return _json(*decisions.failure(refused[0], refused[1], code=REFUSAL_CODES[refused[0]]))
-        try:
-            ask, questions = decisions.parse(await _body(request, settings))
-            decided = await decide(ask, request)
-        except ClientGone:
-            return Response(status_code=499)
-        except ShuttingDown:
-            return _json(*decisions.failure(503, STOPPING, kind="server_error", code="unavailable"), headers=RETRY)
-        except TooLarge:
-            return _json(*decisions.failure(413, f"the request body is over {settings.max_body} bytes",
-                                            code="request_too_large"))
-        except WrongType as exc:
-            return _json(*decisions.failure(415, str(exc), code="unsupported_media_type"))
-        except BadBody as exc:
-            return _json(*decisions.failure(400, str(exc), code="invalid_json"))
-        except Invalid as exc:
-            return _json(*decisions.invalid(exc))
-        except (SpecError, TooLong, PrefixTooLong, TooCostly) as exc:
-            return _json(*decisions.refused(exc))
-        except Exception:  # noqa: BLE001 - a fault of the server, never of the input: logged with the request
-            return _json(*decisions.failure(500, _fault(request), code="internal_error", kind="server_error"))
-        request.state.usage = (len(questions), decided)
-        return _json(200, decisions.answer(decided, questions, settings.model))
+            return _json(*fmt.error(500, "internal_error", _fault(request)))
+        request.state.usage = (fmt.count(ask, parsed), decided)
+        return _json(200, fmt.answer(decided, parsed, settings.model))
 
     return route
 
@@ -231,8 +233,7 @@ REFUSAL_CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "forbidden
 
 def _systemone_refusal(refused: tuple[int, str]) -> Response:
     """A `_refused` request answered in System One's error shape."""
-    status, message = refused
-    return _json(*systemone.failure(status, REFUSAL_KINDS[status], message))
+    return _json(*SYSTEM_ONE.refusal(*refused))
 
 
 def _hostname(host: str) -> str:
