@@ -196,7 +196,17 @@ class Decider:
         TooCostly: more tokens to score than `max_tokens`)."""
         start = time.perf_counter()
         ready = self.ready(asks)
-        decided = iter(self.decide_ready([r for r in ready if isinstance(r, Ready)]))
+        todo = [r for r in ready if isinstance(r, Ready)]
+        try:
+            done: list[Decided | Exception] = list(self.decide_ready(todo))
+        except Exception:  # noqa: BLE001 - the pass failed (a new pack's scorer, say): each ask alone, its failure its own
+            done = []
+            for r in todo:
+                try:
+                    done += self.decide_ready([r])
+                except Exception as exc:  # noqa: BLE001 - answered with its error, as `ready` answers
+                    done.append(exc)
+        decided = iter(done)
         out = [next(decided) if isinstance(r, Ready) else r for r in ready]
         ms = (time.perf_counter() - start) * 1000
         return [dataclasses.replace(d, ms=ms) if isinstance(d, Decided) else d for d in out]

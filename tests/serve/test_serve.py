@@ -299,7 +299,7 @@ def test_prefixes_kept_in_memory_are_bounded_and_one_read_from_disk_is_not_repor
 
 
 def test_new_instructions_are_a_cost_the_fairness_rule_sees_and_are_never_prefilled_before_their_pass(
-        long_model_dir, tmp_path):
+        long_model_dir, tmp_path, monkeypatch):
     from prefixcache.scoring.options import ScoringOptions
     from prefixcache.serve.decider import Ask, Decider
     from prefixcache.serve.errors import TooCostly
@@ -322,6 +322,16 @@ def test_new_instructions_are_a_cost_the_fairness_rule_sees_and_are_never_prefil
     fresh = Ask("You read support tickets for a shop. " * 40, TICKET, {"refund": PACK["refund"]})
     refused = strict.ready([fresh])[0]
     assert isinstance(refused, TooCostly) and "new instructions" in str(refused)
+    # a pack whose scorer cannot be made in its pass is that ask's failure, never its neighbours'
+    from prefixcache.errors import SpecError
+    from prefixcache.serve import decider as module
+
+    made = module.build_on
+    monkeypatch.setattr(module, "build_on", lambda task, *a, **k: (_ for _ in ()).throw(SpecError("request: no"))
+                        if "a bank" in task.spec.system else made(task, *a, **k))
+    other = Decider(str(long_model_dir), options.replace(cache_store=False))
+    failed, answered = other.decide([ask, Ask("You read tickets.", TICKET, {"refund": PACK["refund"]})])
+    assert isinstance(failed, SpecError) and answered.answers["refund"]["type"] == "noul"
 
 
 def _hang_up(url: str, body: dict) -> None:
