@@ -28,12 +28,9 @@ import numpy as np
 from ..data.items import Item, item_sha, read_items, text_digest
 from ..data.output import check_distinct, fingerprint_path, read_fingerprint, read_records
 from ..data.records import id_text, record_id, repeated
-from ..data.resume import file_digest
 from ..errors import InputError, OutputError, UsageError
-from ..model.load import model_identity
-from ..scoring.prepare import spec_model
 from ..run.options import RunOptions
-from ..run.plan import check_reads_states, load_options_spec
+from ..run.plan import check_reads_states, load_options_spec, spec_identity
 from ..run.review import gold_column, write_review
 from ..scoring.prepare import Batching
 from ..task.specfile import read_spec_file
@@ -175,11 +172,10 @@ def check_audited_run(output: str, spec: TaskSpec, options: RunOptions) -> None:
     except OutputError:
         raise InputError(f"{output}: {fingerprint_path(output).name}, the fingerprint of the run that wrote it, is "
                          f"missing or unreadable: an audit needs to know which spec, model and head answered") from None
-    ours = {"spec": spec.digest or file_digest(str(options.spec)), "model": model_identity(spec_model(spec)),
-            "head": spec.head.digest if spec.head is not None else None}
+    ours = spec_identity(spec, options.spec)
     names = {"spec": f"spec than {options.spec}", "model": "model", "head": "head"}
-    for part, value in ours.items():
-        if written.get(part) != value:
+    for part in names:
+        if written.get(part) != ours.get(part):
             raise InputError(f"{output}: was written by a run of another {names[part]} (its fingerprint says so): "
                              f"--audit bounds the answers of this spec's run; give the output of `prefixcache run "
                              f"{options.spec}` on the pool")

@@ -36,6 +36,7 @@ X86_OPTIONS = (
     ("GGML_AVX512_BF16", ("avx512_bf16",)),
 )
 NEVER = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")  # their kernels crashed: left off
+PORTABLE = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"  # any x86-64 CPU with AVX2
 
 
 def cmake_args(flags: set[str] | None = None, machine: str | None = None) -> str:
@@ -46,7 +47,7 @@ def cmake_args(flags: set[str] | None = None, machine: str | None = None) -> str
         return "-DGGML_NATIVE=ON"
     flags = compat.cpu_flags() if flags is None else flags
     if not flags:  # nothing can be told: the portable build
-        return "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+        return PORTABLE
     words = ["-DGGML_NATIVE=OFF"]
     words += [f"-D{option}={'ON' if all(f in flags for f in needs) else 'OFF'}" for option, needs in X86_OPTIONS]
     words += [f"-D{option}=OFF" for option in NEVER]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ModelError
+from .llamabuild import PORTABLE
 
 
 PROBE = """
@@ -44,9 +45,8 @@ def probe(path: Path, marks: Path) -> None:
     if done.returncode < 0 or done.returncode > 3:
         raise ModelError(
             f"llama.cpp crashed decoding {path.name} on this CPU (exit {done.returncode}): its build does not run "
-            f"here; reinstall it with portable kernels: CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON "
-            f"-DGGML_FMA=ON -DGGML_F16C=ON\" pip install --force-reinstall --no-cache-dir llama-cpp-python "
-            f"(docs/models.md), or use --backend transformers")
+            f"here; reinstall it with portable kernels: CMAKE_ARGS=\"{PORTABLE}\" pip install --force-reinstall "
+            f"--no-cache-dir llama-cpp-python (docs/models.md), or use --backend transformers")
     if done.returncode == 0:
         marks.mkdir(parents=True, exist_ok=True)
         mark.touch()

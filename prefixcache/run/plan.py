@@ -63,8 +63,7 @@ class Plan:
         backend = run_engine(self.spec, o)
         precision = backend.precision(dtype_name(o.dtype, device))
         return {
-            "spec": self.spec.digest or file_digest(str(o.spec)), "gold": self.spec.gold,
-            "model": model_identity(spec_model(self.spec)),
+            **spec_identity(self.spec, o.spec), "gold": self.spec.gold,
             "input": file_digest(o.items), "input_bytes": None if self.stream else os.path.getsize(o.items),
             "engine": backend.name, "engine_version": backend.version(precision), "device": device.split(":")[0],
             "dtype": precision,
@@ -72,12 +71,18 @@ class Plan:
             "scores_move_with_batch": backend.moves_with_batch(precision),
             "batch_size": o.batch_size, "batch_tokens": o.batch_tokens,
             "keep": "all" if self.keep is None else list(self.keep), "exact": o.exact,
-            **({"head": self.spec.head.digest} if self.spec.head else {}),
             **({"gold_sep": self.spec.gold_sep} if self.spec.multi_label and self.spec.gold else {}),
             **({"prune": o.prune} if self.spec.prunes("on") and (o.prune != "auto" or self.spec.prunes("auto")) else {}),
             # whether records are pruned, whatever the words that said so: a resume never mixes the two
             **({"pruned": self.batching.pruned} if self.spec.prunes("on") else {}),
         }
+
+
+def spec_identity(spec: TaskSpec, spec_path: Any) -> dict[str, Any]:
+    """Which spec, model and head a run's answers came from, as its output's fingerprint says:
+    the spec's digest (of the bytes read), the model's identity and the head's digest."""
+    return {"spec": spec.digest or file_digest(str(spec_path)), "model": model_identity(spec_model(spec)),
+            **({"head": spec.head.digest} if spec.head else {})}
 
 
 def check_reads_states(spec: TaskSpec, o: RunOptions, why: str) -> None:

@@ -35,19 +35,30 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 
 
-def bound_key(task: "Task", engine: Any, precision: str) -> str:
-    """What a measured bound depends on: the model's weights, the engine, its version at the
-    precision and the device kind, the prompt's prefix and every rule of the spec that turns
-    scores into decisions (labels, normalisation, calibration, thresholds, questions)."""
+def engine_parts(engine: Any, precision: str) -> dict[str, str]:
+    """What of an engine its numbers depend on: its name, its version at `precision`, the
+    precision and the device kind."""
     from ..model.engines import backend_named
+
+    return {"engine": engine.name, "version": backend_named(engine.name).version(precision), "precision": precision,
+            "device": str(engine.device).split(":")[0]}
+
+
+def answering(task: "Task", engine: Any, precision: str, head: bool = True) -> dict[str, Any]:
+    """What a task's answers depend on: the model's weights, the engine (`engine_parts`), the
+    prompt's prefix and every rule of the spec that turns scores into decisions (labels,
+    normalisation, calibration, thresholds, questions; its head unless `head` is false). A kept
+    bound's key (`bound_key`) and a Ray checkpoint's fingerprint (raycheckpoint.py) are made of it."""
     from ..model.load import model_identity
 
-    spec = dataclasses.replace(task.spec, path="", digest=None, gold=None)
-    parts = {
-        "format": FORMAT, "model": model_identity(task.source), "engine": engine.name,
-        "version": backend_named(engine.name).version(precision), "precision": precision,
-        "device": str(engine.device).split(":")[0], "prefix": list(task.builder.prefix_ids), "spec": repr(spec),
-    }
+    spec = dataclasses.replace(task.spec, path="", digest=None, gold=None, **({} if head else {"head": None}))
+    return {"model": model_identity(task.source), **engine_parts(engine, precision),
+            "prefix": list(task.builder.prefix_ids), "spec": repr(spec)}
+
+
+def bound_key(task: "Task", engine: Any, precision: str) -> str:
+    """What a measured bound depends on (`answering`), as a key."""
+    parts = {"format": FORMAT, **answering(task, engine, precision)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -24,26 +24,20 @@ from typing import Any, Mapping
 from ..errors import UsageError
 
 FILE = "prefixcache.fingerprint.json"
-WHAT = {"spec": "spec", "prefix": "prompt", "model": "model", "engine": "engine", "engine_version": "engine version",
+WHAT = {"spec": "spec", "prefix": "prompt", "model": "model", "engine": "engine", "version": "engine version",
         "device": "device kind", "precision": "precision", "exact": "--exact", "prune": "pruning", "head": "head",
         "heads": "served heads"}
 
 
 def task_fingerprint(task: Any, engine: Any, precision: str, **more: Any) -> dict[str, Any]:
-    """What a row's answer depends on: the model's weights, the engine, its version at the
-    precision and the device kind, the prompt's prefix and every rule of the spec (`more`: the
-    options that change answers, such as exact or pruning)."""
-    import dataclasses
+    """What a row's answer depends on (bounds.py: `answering`, the prompt and the spec's rules as
+    digests), its head by its digest (not its path), and `more`: the options that change
+    answers, such as exact or pruning."""
+    from .bounds import answering
 
-    from ..model.engines import backend_named
-    from ..model.load import model_identity
-
-    spec = dataclasses.replace(task.spec, path="", digest=None, gold=None, head=None)
-    return {"model": model_identity(task.source), "engine": engine.name,
-            "engine_version": backend_named(engine.name).version(precision), "precision": precision,
-            "device": str(engine.device).split(":")[0], "spec": _digest(repr(spec)),
-            "prefix": _digest(json.dumps(list(task.builder.prefix_ids))),
-            **({"head": task.spec.head.digest} if task.spec.head is not None else {}), **more}
+    parts = answering(task, engine, precision, head=False)
+    parts.update(spec=_digest(parts["spec"]), prefix=_digest(json.dumps(parts["prefix"])))
+    return {**parts, **({"head": task.spec.head.digest} if task.spec.head is not None else {}), **more}
 
 
 def check_resumed_job(fingerprint: Mapping[str, Any]) -> None:

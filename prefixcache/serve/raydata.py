@@ -21,9 +21,9 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from ..scoring.bounds import engine_parts
 from ..scoring.raycheckpoint import check_resumed_job
 from ..errors import InputError
-from ..model.engines import backend_named
 from ..model.load import model_content_identity
 from ..scoring.options import ScoringOptions
 from ..task.head import load_head
@@ -49,8 +49,7 @@ class Decide:
         self.column, self.batch_size = column, batch_size
         engine = self.decider.engine
         check_resumed_job({"model": model_content_identity(self.decider.base.source, self.decider.options.cache_dir),
-                           "engine": engine.name, "engine_version": backend_named(engine.name).version(engine.precision),
-                           "precision": engine.precision, "device": str(engine.device).split(":")[0],
+                           **engine_parts(engine, engine.precision),
                            "heads": sorted(h.digest for h in self.decider.heads)})
 
     def __call__(self, batch: Any) -> Any:
