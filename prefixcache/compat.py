@@ -28,7 +28,7 @@ import inspect
 import logging as std_logging
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Sequence
 
 if TYPE_CHECKING:  # imported when a model is at hand, never on import
     import torch
@@ -163,7 +163,7 @@ def gguf_parsed_once(keep: bool = False) -> Iterator[None]:
     real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
     maps: dict[tuple, Any] = {}
 
-    def reader(path: Any, mode: str = "r") -> Any:
+    def reader(path: Any, mode: Literal["r", "r+", "c"] = "r") -> Any:
         found = Path(path)
         stat = found.stat()
         key = (str(found.resolve()), stat.st_size, stat.st_mtime_ns, mode)
@@ -177,11 +177,13 @@ def gguf_parsed_once(keep: bool = False) -> Iterator[None]:
             maps[arch, n_blocks] = real_map(arch, n_blocks)
         return maps[arch, n_blocks]
 
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+    setattr(gguf, "GGUFReader", reader)
+    setattr(gguf, "get_tensor_name_map", name_map)
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
+        setattr(gguf, "GGUFReader", real_reader)
+        setattr(gguf, "get_tensor_name_map", real_map)
         if not keep:
             _GGUF_PARSED.clear()
 
@@ -208,7 +210,7 @@ def chat_template_environment(environment: type) -> None:
     from transformers.utils import chat_template_utils as templates
 
     if templates.ImmutableSandboxedEnvironment is not environment:
-        templates.ImmutableSandboxedEnvironment = environment
+        setattr(templates, "ImmutableSandboxedEnvironment", environment)
         templates._compile_jinja_template.cache_clear()
 
 
@@ -220,7 +222,7 @@ def progress_bars_enabled() -> bool:
 
 def drop_quantizer(model: PreTrainedModel) -> None:
     """Mark dequantised GGUF weights as plain floats, so a saved copy loads as such."""
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
 
@@ -279,7 +281,7 @@ def quietly() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-def cli_usage_errors() -> tuple[type, type]:
+def cli_usage_errors() -> tuple[type[Any], type[Any]]:
     """(UsageError, NoArgsIsHelpError) of the click that typer runs on: typer vendors its own
     copy, whose classes are not the `click` package's."""
     import typer
@@ -287,7 +289,7 @@ def cli_usage_errors() -> tuple[type, type]:
     try:
         from typer._click.exceptions import NoArgsIsHelpError, UsageError
     except ImportError:  # a typer on the click package
-        from click.exceptions import NoArgsIsHelpError, UsageError
+        from click.exceptions import NoArgsIsHelpError, UsageError  # type: ignore[assignment]
     assert issubclass(typer.BadParameter, UsageError)
     return UsageError, NoArgsIsHelpError
 

@@ -22,7 +22,7 @@ import dataclasses
 import os
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, Sequence, Sized, Union
 
 from .. import compat
 from ..data.items import Item, items_of
@@ -147,7 +147,7 @@ class Classifier:
         with compat.quietly():  # transformers' loading bars: the caller asked for records, not those
             self.task = Task.from_spec(self.spec, self.cache_dir)
             self._use(self.spec, _scorer_for(self.task, self.options))
-        self._zero_shot: dict[tuple[str, ...], Classifier] = {}
+        self._zero_shot: dict[tuple[tuple[str, ...], bool], Classifier] = {}
         self.fit_figures: Optional[list[dict[str, Any]]] = None  # set by `fit`
 
     def _use(self, spec: TaskSpec, scorer: "ItemScorer") -> None:
@@ -212,7 +212,7 @@ class Classifier:
         if isinstance(items, str):
             items = [items]
         stats = RunStats()
-        count = total if total is not None else (len(items) if hasattr(items, "__len__") else None)
+        count = total if total is not None else (len(items) if isinstance(items, Sized) else None)
         batching = dataclasses.replace(self.batching, on_error=on_error)
         with bar_for(self.progress, count) as bar:
             for record in classify(self.scorer, self._items(items), batching, stats, None, bar.advance):
@@ -293,8 +293,9 @@ class Classifier:
         base = build_on(self.task.with_spec(spec), self.scorer.engine, self.options.replace(prune="off", exact=False))
         found = fit_heads(base, items, fitted_questions(spec), self.batching, folds, seed, features=features)
         keys: dict[str, Any] = {"head": found.head()}
-        if made.multi_label:
-            keys["tag_thresholds"] = tuple(found.judged[0].thresholds)
+        thresholds = found.judged[0].thresholds if made.multi_label else None
+        if thresholds is not None:
+            keys["tag_thresholds"] = tuple(thresholds)
         fitted = dataclasses.replace(made, **keys)
         self._use(fitted, build_on(self.task.with_spec(fitted), self.scorer.engine, self.options))
         self.fit_figures = [j.to_json() for j in found.judged]
@@ -323,7 +324,7 @@ class Classifier:
         if not isinstance(sequences, (str, list, tuple)):
             return self.classify_df(sequences)
         one = isinstance(sequences, str)
-        texts = [sequences] if one else list(sequences)
+        texts: list[str] = [sequences] if isinstance(sequences, str) else list(sequences)
         if self.spec.questions:  # typed questions: each string's answers, question id -> answer
             if candidate_labels is not None or multi_label:
                 raise UsageError("candidate_labels and multi_label apply to label specs; this one asks questions")
@@ -345,10 +346,11 @@ class Classifier:
         key = (tuple(labels), multi_label)
         if key not in self._zero_shot:  # the same model and tokenizer, these labels and a prefix of their own
             twin = copy.copy(self)
-            mode = dict(multi_label=True, normalize="sum", threshold=None, tag_thresholds=(0.5,) * len(labels)
-                        ) if multi_label else dict(multi_label=False, tag_thresholds=())
             twin.spec = dataclasses.replace(self.spec, labels=spec_from_mapping({"labels": list(labels)}).labels,
-                                            examples=(), gold=None, head=None, **mode)  # a head knows its own labels only
+                                            examples=(), gold=None, head=None,  # a head knows its own labels only
+                                            multi_label=multi_label, tag_thresholds=(0.5,) * len(labels) if multi_label else ())
+            if multi_label:
+                twin.spec = dataclasses.replace(twin.spec, normalize="sum", threshold=None)
             twin.task = self.task.with_spec(twin.spec)
             twin.scorer = build_on(twin.task, self.scorer.engine, self.options.replace(cache_store=False, exact=False))
             twin.batching = dataclasses.replace(self.batching, pruned=twin.scorer.pruning, head_alone=False)

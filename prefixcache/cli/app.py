@@ -5,7 +5,6 @@ stdout carries data only (records, rendered prompts); progress, summaries and er
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from itertools import islice
@@ -18,15 +17,15 @@ from rich.console import Console
 from .. import compat
 from ..data.items import check_item, detect_format
 from ..data.output import check_distinct, check_output, check_report
-from ..errors import EXIT_GATE, EXIT_USAGE, OutputError, UsageError
+from ..errors import EXIT_GATE, EXIT_USAGE, UsageError
 from ..reports.diff import compare_outputs, write_diff_reports
 from ..reports.evaluation import write_report_file
 from ..run.dryrun import dry_run as check_run
 from ..run.job import RunResult, run_job
-from ..run.options import RunOptions, bench_sizes
+from ..run.options import RunOptions
 from ..run.plan import load_options_spec, read_options_items
 from ..run.shards import merge_parts
-from ..scoring.prepare import Batching, Task
+from ..scoring.prepare import Task
 from ..serve.defaults import BATCH_WAIT_MS, MAX_BATCH
 from .cache import cache_app
 from .options import (
@@ -167,50 +166,18 @@ def bench(
 
         prefixcache bench configs/news-topics.yaml data/samples/headlines.jsonl --dtype bfloat16 --exact
     """
-    from ..run.bench import bench_exact, run_bench  # torch: only for this command
-    from ..scoring.build import build_scorer
+    from ..run.bench import PrecisionReport
+    from ..run.benchjob import bench_job  # torch: only for this command
 
     setup_logging(as_json)
     with errors(debug):
-        options = RunOptions(spec, items, **given)
-        task_spec = fitted = load_options_spec(options)
-        if task_spec.head is not None:  # the modes compare label scores; a head of the state alone is timed apart
-            say("bench: timing the spec's prompt scoring (every option) in every mode, its labels compared as the "
-                "prompt decides them; then the run pipeline with the fitted head, when it answers alone")
-            task_spec = dataclasses.replace(task_spec, head=None)
-        naive, cached = bench_sizes(task_spec, limit, max_items)
-        records = list(islice(read_options_items(options, task_spec), cached))
-        if not records:
-            raise OutputError(f"{items}: no items to benchmark")
-        compat.quiet_libraries()
-        task = Task.from_spec(task_spec, options.cache_dir)
-        batching = Batching(options.batch_size, options.batch_tokens)  # bench times pruned scoring on its own
-        step = bench_step()
-        if options.exact:
-            precision = bench_exact(task, records, options.scoring(), batching, step)
-            print(json.dumps(precision.to_json(), indent=2)) if as_json else print_precision_bench(precision)
-            return
-        step("loading the model")  # its prefix prefilled here (bench times that), every label scored: pruning is timed apart
-        scorer = build_scorer(task, options.scoring(prune="off", cache_store=False))
-        step(f"timing {len(records)} items, the naive modes on {min(naive, len(records))}"
-             + (" (--max-items and --limit change that)" if limit is None or max_items is None else ""))
-        head = _bench_head(task.with_spec(fitted), scorer, options) if fitted.head is not None else None
-        report = run_bench(scorer, records, min(naive, len(records)), batching, step, estimate_slow=limit is None,
-                           head=head)
+        report = bench_job(RunOptions(spec, items, **given), limit, max_items, bench_step(), say)
         if as_json:
             print(json.dumps(report.to_json(), indent=2))
+        elif isinstance(report, PrecisionReport):
+            print_precision_bench(report)
         else:
             print_bench(report)
-
-
-def _bench_head(task: Task, scorer: Any, options: RunOptions) -> Any:
-    """The fitted spec's scorer on the bench's engine: its head-alone pipeline is timed too."""
-    from ..scoring.build import build_on
-
-    head = build_on(task, scorer.engine, options.scoring(cache_store=False))
-    if not head.head_only:
-        say("bench: the fitted head reads the options' scores too, so it costs what the prompt scoring costs")
-    return head
 
 
 @app.command(cls=Command)

@@ -323,9 +323,9 @@ def print_diff(console: Console, cmp: Comparison | QuestionsComparison, name_a: 
         if not rows:
             continue
         kept = list(rows[0].kept)[:3]
-        more = f"the first {top} of {len(every)}: --top N lists more" if len(every) > top else None
+        caption = f"the first {top} of {len(every)}: --top N lists more" if len(every) > top else None
         table = Table("id", _plain(name_a), _plain(name_b), f"p({_plain(name_a)}'s label)", "shift", *map(_plain, kept),
-                      title=title, caption=more)
+                      title=title, caption=caption)
         for c in rows:
             after = None if c.prob_a is None else c.prob_a + c.shift
             table.add_row(_plain(c.id), _plain(c.label_a), _plain(c.label_b),
@@ -340,7 +340,7 @@ def _plain(value: object) -> str:
     return "-" if value is None else escape(shown(value))
 
 
-def rendered_text(rendered: dict, decode: Callable[[list[int]], str]) -> str:
+def rendered_text(rendered: dict, decode: Callable[[list[int]], Any]) -> str:
     """`render --text`: one item's prompt as a person reads it: the cached prefix, a marked line
     where the item's own tokens start, the item's part, and each candidate's text and tokens."""
     ids, cut = rendered["prompt_ids"], rendered["prefix_len"]
@@ -519,11 +519,12 @@ def print_tune(result: TuneResult, top: int) -> None:
     """tune's leaderboard (stdout): each configuration's held-out figures with their intervals,
     then the verdict and what `run` on the chosen spec gives."""
     from ..tune.leaderboard import cost, figure_name, reproduce, shown, threshold_text, verdict
+    from ..tune.selection import measured
 
     s = result.selection
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     several = len({v.spec.model for v in result.variants}) > 1
-    abstains = any(row.figures["coverage"].value < 1 for row in s.rows)
+    abstains = any(measured(row.figures["coverage"]).value < 1 for row in s.rows)
     table = Table(title=f"prefixcache tune · {escape(result.how)}", title_justify="left")
     thresholds = any(row.threshold is not None for row in s.rows)
     columns = ["#", "prompt", "rule"] + (["threshold"] if thresholds else []) + [figure_name(result, "accuracy")]
@@ -539,7 +540,7 @@ def print_tune(result: TuneResult, top: int) -> None:
         cells += [threshold_text(result, row)] if thresholds else []
         cells += [_interval(f["accuracy"])]
         cells += [_interval(f["macro_f1"])] if f["macro_f1"] is not None else []
-        cells += [f"{f['coverage'].value:.3f}", f"{f['answered_accuracy'].value:.3f}"] if abstains else []
+        cells += [_value(f["coverage"]), _value(f["answered_accuracy"])] if abstains else []
         ms, extra = cost(result, row)
         cells += [f"{row.picked}/{s.splits}", f"{ms:.1f}", extra]
         table.add_row(*cells, style="bold" if mark.strip() == "★" else None)
@@ -551,5 +552,9 @@ def print_tune(result: TuneResult, top: int) -> None:
     out.print(reproduce(result), markup=False, soft_wrap=True)
 
 
-def _interval(figure) -> str:
+def _interval(figure: Any) -> str:
     return f"{figure.value:.3f} [{figure.low:.2f}, {figure.high:.2f}]"
+
+
+def _value(figure: Any) -> str:
+    return "-" if figure is None else f"{figure.value:.3f}"

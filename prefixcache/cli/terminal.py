@@ -10,11 +10,12 @@ import sys
 import time
 import traceback
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from typer.core import TyperCommand, TyperGroup
 
 from .. import compat
@@ -27,11 +28,11 @@ class _Plain:
     """Help as a shell user reads it: `SPEC ITEMS` in the usage line (not `{SPEC}`), and no type
     shown for a flag."""
 
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = super().collect_usage_pieces(ctx)  # type: ignore[misc]
         return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in pieces]
 
-    def get_params(self, ctx: typer.Context) -> list[Any]:
+    def get_params(self, ctx: Any) -> list[Any]:
         params = super().get_params(ctx)  # type: ignore[misc]
         for param in params:  # a flag takes no value: show none (help, completion)
             if getattr(param, "is_flag", False) and param.metavar is None:
@@ -48,10 +49,11 @@ class Commands(_Plain, TyperGroup):
     other error, instead of a framed box; a missing command still shows the help."""
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True,
-             **extra: Any) -> Any:
+             windows_expand_args: bool = True, **extra: Any) -> Any:
         usage_error, no_args = compat.cli_usage_errors()
         try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = super().main(args, prog_name, complete_var, standalone_mode=False,
+                                windows_expand_args=windows_expand_args, **extra)
         except no_args as exc:
             print(exc.ctx.get_help() if exc.ctx else "", file=sys.stderr)
             code = EXIT_USAGE
@@ -165,7 +167,7 @@ def setup_logging(quiet: bool, level: str = "info") -> None:
     handler = _ConsoleHandler()
     stamp = "" if err.is_terminal else "%(asctime)s "  # logs read later need the time
     handler.setFormatter(logging.Formatter(stamp + "prefixcache: %(message)s", "%Y-%m-%d %H:%M:%S"))
-    handler.prefixcache_cli = True
+    setattr(handler, "prefixcache_cli", True)  # an earlier command's handler is found by it
     logger.addHandler(handler)
     logger.propagate = False
     logger.setLevel(logging.ERROR if quiet else levels[level.lower()])
@@ -185,7 +187,7 @@ class Reporter:
             redirect_stdout=False,  # stdout carries the records: the live display must never take it
             redirect_stderr=False,
         )
-        self.task = None
+        self.task: TaskID | None = None
         self.started = self.last_line = 0.0
         self.scoring = False  # records are being written: a stop waits for the batch
 
@@ -232,13 +234,15 @@ class Reporter:
         eta = _eta(event)
         total = None if event.total is None else event.already + event.total
         done = event.already + event.written  # a resume counts what was written before
+        if self.task is None:  # batches follow the start of scoring, which adds the task
+            return
         self.bar.update(self.task, completed=done, rate=f"{event.rate:.1f} items/s",
                         eta=f"ETA {eta}" if eta else "", count=_count(done, total))
         now = time.monotonic()
         if not self.tty and not self.quiet and now - self.last_line >= self.interval:
             self.last_line = now
-            total = f"/{event.already + event.total}" if event.total is not None else ""
-            log_line(f"{done}{total} items, {event.rate:.1f} items/s" + (f", ETA {eta}" if eta else ""))
+            of = f"/{event.already + event.total}" if event.total is not None else ""
+            log_line(f"{done}{of} items, {event.rate:.1f} items/s" + (f", ETA {eta}" if eta else ""))
 
     def stopping(self, signum: int = signal.SIGINT) -> None:
         if self.quiet:
@@ -270,6 +274,15 @@ def bench_step() -> Callable[[str], None]:
     return step
 
 
+@dataclass
+class _Stage:
+    """The stage `steps` shows: its words, its bar and when a line last said it."""
+
+    what: str | None = None
+    task: TaskID | None = None
+    last: float = 0.0
+
+
 @contextmanager
 def steps(quiet: bool, interval: float = 30.0) -> Iterator[Callable[[str, int, int], None]]:
     """A `step(what, done, total)` for commands that go through stages (tune): on a terminal a
@@ -278,22 +291,22 @@ def steps(quiet: bool, interval: float = 30.0) -> Iterator[Callable[[str, int, i
     bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
                    console=err, transient=True, disable=quiet or not err.is_terminal, redirect_stdout=False,
                    redirect_stderr=False)
-    state = {"what": None, "task": None, "last": 0.0}
+    state = _Stage()
 
     def step(what: str, done: int, total: int) -> None:
         try:
             count = f"{done}/{total}" if total else ""
-            if what != state["what"]:
-                state["what"], state["last"] = what, time.monotonic()
-                if state["task"] is not None:
-                    bar.update(state["task"], visible=False)
-                state["task"] = bar.add_task(what, total=total or None, completed=done, count=count)
+            if what != state.what or state.task is None:
+                state.what, state.last = what, time.monotonic()
+                if state.task is not None:
+                    bar.update(state.task, visible=False)
+                state.task = bar.add_task(what, total=total or None, completed=done, count=count)
                 if not quiet and not err.is_terminal:
                     log_line(what + (f": {total} items" if total else ""))
                 return
-            bar.update(state["task"], completed=done, count=count)
-            if not quiet and not err.is_terminal and time.monotonic() - state["last"] >= interval:
-                state["last"] = time.monotonic()
+            bar.update(state.task, completed=done, count=count)
+            if not quiet and not err.is_terminal and time.monotonic() - state.last >= interval:
+                state.last = time.monotonic()
                 log_line(f"{what}: {count}")
         except BrokenPipeError:  # nobody reads stderr any more: go on silently
             detach_closed_streams()

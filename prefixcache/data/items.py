@@ -26,7 +26,7 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, IO, Any, Callable, Iterator, Mapping
+from typing import Iterable, IO, Any, Callable, Generator, Iterator, Mapping, cast
 
 from ..errors import InputError, UsageError, first_line
 
@@ -85,7 +85,7 @@ def _open_binary(path: str) -> IO[bytes]:
         return sys.stdin.buffer
     with opening(path, "input file not found", "is a directory, not an input file"):
         if path.lower().endswith(".gz"):
-            return gzip.open(path, "rb")
+            return cast(IO[bytes], gzip.open(path, "rb"))  # a GzipFile reads as a binary stream does
         return open(path, "rb")
 
 
@@ -118,7 +118,7 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[bytes]:
         yield raw
 
 
-def _jsonl_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+def _jsonl_records(stream: IO[bytes], name: str) -> Generator[tuple[int, Mapping[str, Any]], None, None]:
     for lineno, raw in enumerate(_lines(stream, name), 1):
         if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
@@ -210,7 +210,7 @@ def unescaped(cell: str) -> str:
 
 
 def _csv_records(stream: IO[bytes], name: str, delimiter: str = ",", encoding: str | None = None
-                 ) -> Iterator[tuple[int, Mapping[str, Any]]]:
+                 ) -> Generator[tuple[int, Mapping[str, Any]], None, None]:
     text = _text_lines(stream, name, encoding)
     try:
         reader = csv.reader(text, delimiter=delimiter, strict=True)  # a quote never closed is an error
@@ -266,7 +266,7 @@ def _decoded(stream: IO[bytes], name: str, codec: str, asked: str | None) -> Ite
                              f"see --encoding)")
 
 
-def _json_array_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+def _json_array_records(stream: IO[bytes], name: str) -> Generator[tuple[int, Mapping[str, Any]], None, None]:
     """The objects of one top-level JSON array, decoded one at a time as the file is read; the
     array is strict JSON: values separated by commas, closed, nothing after it."""
     reader = _JsonArray(stream)
@@ -529,7 +529,8 @@ def scan_items(path: str, fmt: str | None, id_field: str, check: Callable[[Mappi
     first appearance; `digest` every item. Returns the number of items."""
     seen: dict[str, tuple[int, bool]] = {}  # id text -> (line, whether the id was given or is the item's number)
     name = "<stdin>" if path == "-" else path
-    count, with_id, first_fields = 0, 0, None
+    count, with_id = 0, 0
+    first_fields: list[str] = []
     for item in read_items(path, fmt, id_field, delimiter, encoding):
         check_item(item, check, name, fmt)
         key, given = str(item.id), item.record.get(id_field) not in (None, "")

@@ -186,7 +186,8 @@ def _is_number(value: Any) -> bool:
 
 
 def _read_jsonl(data: bytes, path: str, strict: bool = False) -> tuple[list[Record], int]:
-    records, offset = [], 0
+    records: list[Record] = []
+    offset = 0
     for line in data.split(b"\n"):
         if offset + len(line) == len(data):
             break  # no line end: the partial record a crash can leave (or nothing)
@@ -222,7 +223,7 @@ def _read_csv(data: bytes, path: str, strict: bool = False) -> tuple[list[Record
         raise OutputError(f"{path}: its header has no label (or question) and error columns; is this a prefixcache "
                           f"output?")
     header[0] = "id"  # written under the input's name for the id
-    records = []
+    records: list[Record] = []
     for row, size in rows:
         if len(row) != len(header):
             if strict:

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from ..errors import InputError
 from .items import Item, item_sha
 from ..task.decision import Bounded
-from ..task.kind import KINDS
+from ..task.kind import KINDS, pack_kind
 from ..task.questions import Answers, Question, answer_distribution, answer_word, label_kind
 from ..task.spec import TaskSpec
 
@@ -56,7 +56,7 @@ def make_record(spec: TaskSpec, item: Item, answers: Answers, prefix_tokens: int
             record["pruned"] = bounded
     else:
         q, decision = answers.questions[0], answers.decisions[0]
-        record.update(q.kind.record(q, spec, item.record, decision, answers.logprobs[0]))
+        record.update(label_kind(spec).record(q, spec, item.record, decision, answers.logprobs[0]))
         if bounded is not None:
             record["pruned"] = bounded.get(q.id, [])
         record["normalize"] = spec.normalize + ("+calibrated" if decision.raw is not None else "")
@@ -80,8 +80,8 @@ def _questions_record(spec: TaskSpec, item: Item, answers: Answers) -> Record:
     record: Record = {"answers": answers.answers()}
     graded = [q for q in spec.questions if q.gold]
     if graded:
-        record["gold"] = {q.id: q.kind.option_of(q, item.record[q.gold]) for q in graded}
-        record["correct"] = {q.id: q.kind.correct(q, record["answers"][q.id], record["gold"][q.id]) for q in graded}
+        record["gold"] = {q.id: pack_kind(q).option_of(q, item.record[q.gold]) for q in graded if q.gold}
+        record["correct"] = {q.id: pack_kind(q).correct(q, record["answers"][q.id], record["gold"][q.id]) for q in graded}
     return record
 
 
@@ -250,7 +250,7 @@ def question_columns(questions: Sequence[Question]) -> list[str]:
     what its kind reports, and with gold the expected answer and whether it was right."""
     out = []
     for q in questions:
-        out += [q.id, f"{q.id}{TYPE_COLUMN}"] + [f"{q.id}{SEP}{c}" for c in q.kind.columns(q)]
+        out += [q.id, f"{q.id}{TYPE_COLUMN}"] + [f"{q.id}{SEP}{c}" for c in pack_kind(q).columns(q)]
         out += [f"{q.id}{SEP}gold", f"{q.id}{SEP}correct"] if q.gold else []
     return out
 

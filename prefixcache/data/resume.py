@@ -229,6 +229,14 @@ class OutputFile:
     def is_file(self) -> bool:
         return self.path not in (None, "-")
 
+    @property
+    def file(self) -> str:
+        """The output file's path (resuming, updating and fingerprints need one; stdout is refused
+        before any of them)."""
+        if self.path is None or self.path == "-":
+            raise ValueError("the output is stdout, not a file")
+        return self.path
+
     @contextmanager
     def writing(self, start: Start, fingerprint: Mapping[str, Any]) -> Iterator[RecordWriter]:
         """A writer for this run's records. Fresh: the records, then the fingerprint (a run that
@@ -236,24 +244,24 @@ class OutputFile:
         dropped, the fingerprint renewed, records appended. Updated: written aside and renamed over
         the output only when complete (the output stays as it was if the run fails)."""
         if start.mode == "update":
-            with safefile.replacing(self.path, text=True, what="the output") as stream:
+            with safefile.replacing(self.file, text=True, what="the output") as stream:
                 writer = RecordWriter(stream, self.fmt, self.columns, id_column=self.id_column)
                 yield writer
-            write_fingerprint(self.path, fingerprint)
+            write_fingerprint(self.file, fingerprint)
             return
         if start.mode != "fresh":
-            continue_output(self.path, fingerprint, self.fmt)
+            continue_output(self.file, fingerprint, self.fmt)
             log.info("%s: %d records already written; resuming", self.path, len(start.records))
         writer = open_writer(self.path, self.columns, append=start.appends, fmt=self.fmt, id_column=self.id_column)
         if start.mode == "fresh" and self.is_file:
-            write_fingerprint(self.path, fingerprint)
+            write_fingerprint(self.file, fingerprint)
         try:
             yield writer
         except BaseException:
             writer.close(failing=True)
             if start.mode == "fresh" and self.is_file and not writer.written:
-                Path(self.path).unlink(missing_ok=True)  # nothing was written: nothing to refuse the next run with
-                fingerprint_path(self.path).unlink(missing_ok=True)
+                Path(self.file).unlink(missing_ok=True)  # nothing was written: nothing to refuse the next run with
+                fingerprint_path(self.file).unlink(missing_ok=True)
             raise
         writer.close()
 

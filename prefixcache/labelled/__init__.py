@@ -3,8 +3,13 @@ suggest` picks the items worth labelling next.
 
 - fit.py: `fit(FitOptions)`: checks, the states read, each question's head judged and fitted, the
   head file, the fitted spec and the figures written;
-- heads.py: `fit`'s readouts (logistic regressions on hidden states, scikit-learn) judged against
-  the prompt rule on the same held-out folds (no torch);
+- heads.py: `fit`'s readouts judged against the prompt rule on the same held-out folds, the cut
+  certified, the figures and the learning curve (no torch);
+- data.py: one question's labelled data (`Labelled`) and a readout's choice (`Choice`);
+- readouts.py: the readouts (logistic regressions on hidden states, scikit-learn) and the inner
+  cross-validation that chooses C and the features (no torch);
+- hygiene.py: what fit refuses or notes of the labelled rows (counts, copies, rows `suggest`
+  picked, likely label errors);
 - cutpoint.py: where a head abstains (`fit --target-accuracy`, `--coverage`): the cut chosen on
   held-out predictions with an exact binomial bound, in a fixed sequence, and the risk-coverage
   table (no torch);

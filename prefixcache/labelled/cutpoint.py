@@ -123,6 +123,7 @@ def choose_cut(confidence_of: Sequence[float], correct: Sequence[bool], target: 
     if coverage is not None:
         chosen = next((r for r in table if r.coverage >= coverage - 1e-9), table[-1] if table else None)
         return Cut(None, coverage, confidence, chosen, table)
+    assert target is not None  # one of the two is given
     chosen, missed, fewest = None, None, least_items(target, confidence)
     for row in table:
         if row.answered < fewest:

@@ -27,17 +27,19 @@ from ..data.records import id_text
 from ..errors import InputError, SpecError, UsageError
 from ..run.options import RunOptions
 from ..run.plan import check_reads_states, load_options_spec
+from ..reports.resampling import Figure
 from ..scoring.prepare import Batching
 from ..model.engines import default_backend
 from ..scoring.reading import precision_of
 from ..task.head import Head, Readout, head_bytes
-from ..task.kind import Question
+from ..task.kind import Question, pack_kind
 from ..task.questions import label_kind
 from ..task.spec import TaskSpec, field_text, gold_tags, gold_value
 from ..task.specfile import SpecFile, read_spec_file
 from .cutpoint import ABSTAIN_ALL, Cut
 from ..task.features import Features, candidates, views_of
-from .heads import Asked, Judged, Labelled, judge
+from .data import Labelled
+from .heads import Asked, Judged, judge
 from .suggest import PICKED_BY, RANDOM
 from ..run.labelled import labelled_items
 from ..task.tuned import check_tuned_output, relocated, write_tuned
@@ -139,7 +141,7 @@ def check_gold_kinds(spec: TaskSpec, questions: Sequence[Question], items: Seque
     (or, for tags, none on): no head can be fitted on them (heads.py refuses it again, later)."""
     for q in questions:
         if q.kind.judged_each:
-            if not any(gold_tags(item.record, q.gold, q.options, spec.gold_sep) for item in items):
+            if not any(gold_tags(item.record, q.gold_field, q.options, spec.gold_sep) for item in items):
                 raise UsageError(f"{q.id}: no labelled item has any label on: a head needs items of each kind")
             continue
         present = {_option(q, spec, item) for item in items}
@@ -314,8 +316,8 @@ def labelled(q: Question, spec: TaskSpec, items: Sequence[Item], states: dict[st
     binary, k = q.kind.judged_each, len(q.options)
     prompt = np.array([d.probs if d is not None else [np.nan] * k for d in decisions], dtype=float)
     if binary:
-        gold = np.array([[o in gold_tags(item.record, q.gold, q.options, spec.gold_sep) for o in q.options]
-                         for item in items], dtype=bool)
+        gold = np.array([[o in gold_tags(item.record, q.gold_field, q.options, spec.gold_sep) for o in q.options]
+                         for item in items], dtype=np.bool_)
         said = np.array([d.on if d is not None else [False] * k for d in decisions], dtype=bool)
     else:
         golds = [_option(q, spec, item) for item in items]
@@ -389,8 +391,11 @@ def _say_conflicts(q: Question, items: Sequence[Item], groups: np.ndarray, gold:
 def _option(q: Question, spec: TaskSpec, item: Item) -> str:
     """The item's gold option for a question (the spec's check of the item has passed)."""
     if spec.questions:
-        return q.kind.option_of(q, item.record[q.gold])
-    return gold_value(item.record, q.gold)
+        option = pack_kind(q).option_of(q, item.record[q.gold_field])
+        if option is None:
+            raise ValueError(f"item {item.id!r}: its gold for {q.id!r} is not one of the answers")
+        return option
+    return gold_value(item.record, q.gold_field)
 
 
 def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> None:
@@ -406,7 +411,7 @@ def _write(result: FitResult, readouts: list, fingerprint: dict[str, str]) -> No
     if result.engine != default_backend().name and plan.spec.backend != result.engine:
         keys["backend"] = result.engine  # the head read its states: it runs where they were read
     tags = next((j for j in result.judged if j.thresholds), None)
-    if tags is not None and not plan.spec.questions:
+    if tags is not None and tags.thresholds is not None and not plan.spec.questions:
         keys["threshold"] = dict(zip(plan.spec.label_names, tags.thresholds))
     keys.update(cut_keys(plan, result.judged))
     write_tuned(options.output, plan.spec_file, keys, header(result), by="fit")
@@ -437,7 +442,11 @@ def header(result: FitResult) -> str:
     lines = [f"prefixcache fit: a head fitted on {len(result.plan.items)} labelled items decides "
              f"({folds}-fold cross-validation, held out)"]
     for j in result.judged:
-        h, p = j.head["accuracy"], j.prompt["accuracy"]
-        lines.append(f"{j.qid}: accuracy {h.value:.3f} [{h.low:.3f}, {h.high:.3f}] with the head, "
-                     f"{p.value:.3f} [{p.low:.3f}, {p.high:.3f}] with the prompt alone")
+        lines.append(f"{j.qid}: accuracy {_interval(j.head['accuracy'])} with the head, "
+                     f"{_interval(j.prompt['accuracy'])} with the prompt alone")
     return "\n".join(lines)
+
+
+def _interval(figure: Any) -> str:
+    """A held-out figure with its interval, as the header says it."""
+    return f"{figure.value:.3f} [{figure.low:.3f}, {figure.high:.3f}]" if isinstance(figure, Figure) else "-"

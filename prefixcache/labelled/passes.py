@@ -19,7 +19,7 @@ import numpy as np
 from ..data.items import Item
 from ..scoring.build import build_scorer
 from ..scoring.options import ScoringOptions
-from ..scoring.prepare import Batching, Failed, Prepared, Task
+from ..scoring.prepare import Batching, Failed, Prepared, Task, all_prepared
 from ..model.rows import trie
 from ..scoring.scorer import Scorer
 from ..task.kind import Question
@@ -82,7 +82,14 @@ def _kept_or_computed(batch: Sequence[Prepared], store: StateStore | None, compu
             store.put(keys, values, [[] for _ in values]) if scores else store.put(keys, None, values)
         fresh = {p.key: v for p, v in zip(todo, values)}
     part = 0 if scores else 1
-    return [fresh[p.key] if p.key in fresh else store.get(p.key)[part] for p in batch], len(todo), seconds
+    out = []
+    for p in batch:
+        held = fresh[p.key] if p.key in fresh else store.get(p.key) if store is not None else None
+        if p.key not in fresh:
+            assert held is not None  # `todo` took every row the store lacks
+            held = held[part]
+        out.append(held)
+    return out, len(todo), seconds
 
 
 def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Question], batching: Batching,
@@ -107,7 +114,8 @@ def read_states(scorer: Scorer, items: Sequence[Item], questions: Sequence[Quest
     seconds, done = 0.0, 0
     step("reading states", 0, len(items))
     position = {id(item): n for n, item in enumerate(items)}
-    for batch in task.batches(items, replace(batching, head_alone=True, judged=tuple(map(bool, reads))), scorer.context):
+    for made in task.batches(items, replace(batching, head_alone=True, judged=tuple(map(bool, reads))), scorer.context):
+        batch = all_prepared(made)
         values, computed, took = _kept_or_computed(
             batch, states_store, lambda todo: scorer.states_alone(todo, reads, views), scores=False)
         seconds += took
@@ -158,17 +166,18 @@ def _prompt_pass(scorer: Scorer, items: Sequence[Item], scored: np.ndarray, batc
     not scored)."""
     logprobs: list = [None] * len(items)
     decisions: list = [None] * len(items)
-    picked = [items[k] for k in np.flatnonzero(scored)]
-    where = {id(items[k]): k for k in np.flatnonzero(scored)}
+    picked = [items[int(k)] for k in np.flatnonzero(scored)]
+    where = {id(items[int(k)]): int(k) for k in np.flatnonzero(scored)}
     seconds, done, computed = 0.0, 0, 0
     what = f"scoring the options of {len(picked)} items (the prompt alone, for comparison)" \
         if len(picked) < len(items) else "scoring the options (the prompt alone, and as features)"
     if picked:
         step(what, 0, len(picked))
-    for batch in scorer.task.batches(picked, batching, scorer.context):
-        values, scored, took = _kept_or_computed(batch, store, lambda todo: scorer.score(todo).logprobs, scores=True)
+    for made in scorer.task.batches(picked, batching, scorer.context):
+        batch = all_prepared(made)
+        values, fresh, took = _kept_or_computed(batch, store, lambda todo: scorer.score(todo).logprobs, scores=True)
         seconds += took
-        computed += scored
+        computed += fresh
         for p, lps in zip(batch, values):
             answers = scorer.decide(p, lps)
             k = where[id(p.item)]
@@ -213,6 +222,7 @@ def read_pool(scorer: Scorer, items: Sequence[Item], batching: Batching,
         if not preps:
             continue
         start = time.perf_counter()
+        logprobs: Sequence[Sequence[float] | None]
         if alone:
             logprobs, states = [None] * len(preps), scorer.states_alone(preps, reads)
         else:
@@ -235,9 +245,10 @@ def _guesses(scorer: Scorer, prep: Prepared, logprobs, states) -> dict[str, tupl
     """Per question the head reads ("" for a label spec's one): its guess (tags: those on, joined
     as gold values are), the guess's probability and the margin (labelled/picking.py)."""
     answers = scorer.decide_read(prep, logprobs, states)
-    spec, out = scorer.task.spec, {}
+    spec, out, head = scorer.task.spec, {}, scorer.head
+    assert head is not None  # the pool is read with the spec's head
     for q, d in zip(answers.questions, answers.decisions):
-        if scorer.head.readout_for(q.id) is None:
+        if head.readout_for(q.id) is None:
             continue
         qid = q.id if spec.questions else ""
         if hasattr(d, "on"):  # tags: each its own yes/no

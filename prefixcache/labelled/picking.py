@@ -65,7 +65,7 @@ def pick(states: np.ndarray, margins: Optional[np.ndarray], n: int, seed: int = 
     return sorted(chosen, key=lambda i: (margins[i], i))
 
 
-def _filled(chosen: list[int], order: Sequence[int], n: int) -> list[int]:
+def _filled(chosen: list[int], order: Sequence[int] | np.ndarray, n: int) -> list[int]:
     """`chosen` topped up to `n` from `order` (k-means gives fewer clusters than asked when the
     pool has fewer distinct states: copies of one text)."""
     have = set(chosen)

@@ -282,5 +282,5 @@ def row(spec: TaskSpec, item: Item, guesses: Optional[dict[str, tuple[str, float
     for qid, (guess, prob) in guesses.items():
         out[gold_column(spec, qid)] = guess
         out[f"{qid}_prob" if qid else "prob"] = round(prob, 6)
-    out["margin"] = round(float(margin), 6)
+    out["margin"] = round(float(margin), 6) if margin is not None else ""
     return out

@@ -18,7 +18,11 @@
   (load dtype, quantiser, packages, batch dependence, matrix unit, tolerance);
 - int8.py: `--dtype int8` on the transformers engine: int8 weights and per-token int8 activations (torchao);
 - engines.py: the engines there are, one registry entry each (name, refusal, memory, load,
-  capabilities): what the rest of the program asks instead of an engine's name;
+  capabilities): what the rest of the program asks instead of an engine's name; `open_engine`
+  and the memory check before loading;
+- backend.py: what the registry holds (`Load`, `Backend`) and the registry itself;
+- transformersentry.py, llamaentry.py: each engine's entry (its refusal, memory, load and
+  capabilities), in a module of its own;
 - llamabuild.py: the CMake options that build llama.cpp for this CPU (needs nothing but Python);
 - choice.py: which engine runs a model (`--backend`, the spec's `backend`, auto);
 - attention.py: the cascade attention kernel that reads the shared prefix once per layer;

@@ -20,7 +20,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from transformers import AttentionInterface
@@ -74,7 +74,8 @@ class SharedPrefixState:
         return self._grouped[g, window]
 
 
-def _part(q, k, v, mask, scale):
+def _part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of q [N, H, L, D] over k, v [N, H, S, D] with an additive mask
     [N or 1, 1, L, S] (or None). Returns (out [N, H, L, D], log-sum-exp [N, H, L], float32)."""
     if _FLASH_CPU is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16):
@@ -93,7 +94,9 @@ def _to_rows(x: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
     return x[0][:, gather].transpose(0, 1)
 
 
-def shared_prefix_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def shared_prefix_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                            **kwargs: Any) -> tuple[torch.Tensor, None]:
     state: SharedPrefixState | None = kwargs.get(STATE_KW)
     if state is None:
         if _SCORING.get():  # a model whose layers drop the extra kwarg: it would never see the prefix
@@ -125,6 +128,7 @@ def shared_prefix_attention(module, query, key, value, attention_mask, scaling=N
     q_own = _to_rows(query, state.gather).reshape(B, Hkv, g * W, D)  # [B, Hkv, gW, D]
     if state.carried is not None:  # the row's earlier tokens, then its own: [B, Hkv, Wk, D]
         kc, vc = state.carried[layer]
+        assert state.key_gather is not None  # set with the carried keys
         k_own = _to_rows(torch.cat([kc, key], dim=2), state.key_gather)
         v_own = _to_rows(torch.cat([vc, value], dim=2), state.key_gather)
     else:

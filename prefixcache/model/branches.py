@@ -84,8 +84,8 @@ class OpenItems:
         self.kept = tuple((torch.cat([k, capture[i][0]], dim=2), torch.cat([v, capture[i][1]], dim=2))
                           for i, (k, v) in enumerate(self.kept))
         rows_, toks, children, at = [], [], [], 0
-        for b, new in todo.items():
-            for node in new:
+        for b, fresh in todo.items():
+            for node in fresh:
                 self.fed[b][node] = T1 + at
                 for tok in sorted(self.nexts[b].get(node, ())):
                     rows_.append(at)

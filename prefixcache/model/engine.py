@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -130,9 +130,9 @@ class Engine:
     def linear_params(self) -> tuple[int, int]:
         """(weights of all matmul layers except the lm_head, lm_head weights): what `bench` counts as work."""
         head = self.model.get_output_embeddings()
-        body = sum(m.weight.numel() for m in self.model.modules() if m is not head and
+        body = sum(_weight(m).numel() for m in self.model.modules() if m is not head and
                    (isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"))
-        return body, head.weight.numel()
+        return body, _weight(head).numel()
 
     def peak_gflops(self, seconds: float = 1.0) -> float | None:
         """Best of three timings of a large square matmul on this engine's device and dtype (int8:
@@ -141,7 +141,7 @@ class Engine:
         if self.precision == "int8":
             a = torch.randint(-127, 128, (n, n), device=self.device, dtype=torch.int8)
             b = torch.randint(-127, 128, (n, n), device=self.device, dtype=torch.int8)
-            product = torch._int_mm
+            product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch._int_mm
         else:
             a = torch.randn(n, n, device=self.device, dtype=self.dtype)
             b = torch.randn(n, n, device=self.device, dtype=self.dtype)
@@ -395,13 +395,13 @@ class Engine:
     def _score(self, prefix: Prefix, rows: Sequence[Row], wanted: Sequence[Sequence[int]] | None,
                probe: Probe | None = None) -> tuple[list[list[float]], list[np.ndarray]]:
         P = len(prefix.ids)
-        for r in rows:
-            if (not 0 <= r.prefix_len <= P or r.prefix_len >= len(r.ids)
-                    or any(len(c) <= r.skip(i) for i, c in enumerate(r.candidates))):
-                raise ValueError("each row needs a prefix_len <= the prefix, own ids, and candidates with ids to score")
+        _check_rows(P, rows)
         lay = layout(P, rows)
         self.label_tokens += len(lay.ids) - sum(len(r.ids) - r.prefix_len for r in rows)
-        logits, states, seen = None, [], {}  # states: the lm_head's input of each forward; seen: the probe's layers
+        logits: torch.Tensor | None = None
+        hidden: torch.Tensor | None = None
+        states: list[Any] = []  # the lm_head's input of each forward
+        seen: dict[int, torch.Tensor] = {}  # the probe's layers
         with contextlib.ExitStack() as stack:
             if wanted is not None:
                 stack.enter_context(compat.scored_states(self.model, states))
@@ -424,6 +424,7 @@ class Engine:
         if wanted is not None and probe is not None:
             picked_states = self._probed(lay, probe, seen, wanted)
         elif wanted is not None:
+            assert hidden is not None  # read with the logits when states are wanted
             for b, cands in enumerate(wanted):
                 at = torch.tensor([lay.firsts[b][i] for i in cands], dtype=torch.long, device=hidden.device)
                 picked_states.append(hidden[at].float().cpu().numpy())  # [len(cands), H]
@@ -431,14 +432,28 @@ class Engine:
         rows_, toks = lay.term_rows.to(logits.device), lay.term_toks.to(logits.device)
         lse = torch.logsumexp(logits.float(), dim=-1)  # [R]
         picked = (logits[rows_, toks].float() - lse[rows_]).tolist()  # [C]
-        results, at = [], 0
+        results, at_pick = [], 0
         for sizes in lay.sizes:
             row = []
             for n in sizes:
-                row.append(float(sum(picked[at: at + n])))
-                at += n
+                row.append(float(sum(picked[at_pick: at_pick + n])))
+                at_pick += n
             results.append(row)
         return results, picked_states
+
+
+def _check_rows(prefix_len: int, rows: Sequence[Row]) -> None:
+    for r in rows:
+        if (not 0 <= r.prefix_len <= prefix_len or r.prefix_len >= len(r.ids)
+                or any(len(c) <= r.skip(i) for i, c in enumerate(r.candidates))):
+            raise ValueError("each row needs a prefix_len <= the prefix, own ids, and candidates with ids to score")
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    """A linear (or Conv1D) layer's weight."""
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
 
 
 def _per_candidate(model: PreTrainedModel, row: Row) -> list[float]:

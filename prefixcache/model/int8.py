@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from .. import compat
@@ -78,7 +79,7 @@ class LayerQuantiser:
         each.finish(model)
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._quantize, self._config = _torchao()
         self.count = 0
 
@@ -101,12 +102,12 @@ class LayerQuantiser:
 
 
 def _quantised_model(model: "PreTrainedModel", count: int) -> int:
-    model._prefixcache_precision = PRECISION  # what the engine says it computes in
+    setattr(model, "_prefixcache_precision", PRECISION)  # what the engine says it computes in
     log.info("int8: %d linear layers quantised (weights per channel, activations per token)", count)
     return count
 
 
-def _quantised(name: str, module: object, torch: object) -> bool:
+def _quantised(name: str, module: object, torch: ModuleType) -> bool:
     """A linear layer to quantise: any but the output head."""
     return isinstance(module, torch.nn.Linear) and name.split(".")[-1] not in KEPT_FLOAT
 

@@ -37,7 +37,7 @@ class Layout:
     term_toks: torch.Tensor  # [C] the candidate token scored there
     sizes: list[list[int]]  # per row, per candidate: its token count
     firsts: list[list[int]]  # per row, per candidate: the kept row its first scored token is read from
-    owns: list[tuple[int, int]] = ()  # per row, the packed span [start, end) of its own tokens (the item's)
+    owns: Sequence[tuple[int, int]] = ()  # per row, the packed span [start, end) of its own tokens (the item's)
 
 
 def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
@@ -63,7 +63,14 @@ def layout(prefix_len: int, rows: Sequence[Row]) -> Layout:
     suffixes = [list(r.ids[r.prefix_len:]) for r in rows]
     lengths = [len(s) + len(t) for s, t in zip(suffixes, tries)]
     B, W, T = len(rows), max(lengths), sum(lengths)
-    ids, pos, keep, term_rows, term_toks, sizes, firsts, owns = [], [], [], [], [], [], [], []
+    ids: list[int] = []
+    pos: list[int] = []
+    keep: list[int] = []
+    term_rows: list[int] = []
+    term_toks: list[int] = []
+    sizes: list[list[int]] = []
+    firsts: list[list[int]] = []
+    owns: list[tuple[int, int]] = []
     gather = torch.full((B, W), T, dtype=torch.long)  # [B, W]; T marks padding
     allowed = torch.zeros(B, W, prefix_len + W, dtype=torch.bool)  # [B, W, P + W]
     for b, (row, suffix, t) in enumerate(zip(rows, suffixes, tries)):

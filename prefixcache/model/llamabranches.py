@@ -125,6 +125,8 @@ class LlamaOpenItems:
 
     def _let_go(self, b: int) -> None:
         kept = self._kept[b]
+        if kept is None:
+            return
         seqs = {kept.base, *kept.seq.values()}
         self.engine.free_sequences(sorted(seqs))
         self._free += sorted(seqs, reverse=True)

@@ -265,6 +265,8 @@ class LlamaEngine:
             self.decode([Token(t, at + k, [0], final and k == len(chunk) - 1) for k, t in enumerate(chunk)])
             if final:
                 last = self.logits_at(len(chunk) - 1).astype(np.float32)
+        if last is None:
+            raise ValueError("a prefix needs at least one token")
         self._resident = LlamaPrefix(ids, last, (time.perf_counter() - start) * 1000, self._saved())
         return self._resident
 
@@ -470,6 +472,7 @@ class LlamaEngine:
         """Rows in order, in groups one decode holds (sequences, tokens and free cells). `most`:
         the sequences a row is counted for at most, not one a leaf of its trie (a race's rows take
         sequences as they branch, model/llamabranches.py: sized by what the last race's took)."""
+        assert self._resident is not None  # groups are made for rows after the prefix
         budget = min(DECODE_TOKENS, self.context - len(self._resident.ids))
         group: list[int] = []
         seqs = tokens = 0

@@ -510,4 +510,5 @@ def load_model(source: ModelSource, tokenizer: PreTrainedTokenizerBase, cache_di
         raise ModelError(f"cannot load model {source.ref}: {first_line(exc)}{_hub_hint(source)}")
     if not getattr(model.config, "is_decoder", True) and getattr(model.config, "is_encoder_decoder", False):
         raise ModelError(f"model {source.ref} is not a causal (decoder-only) language model")
-    return model.to(device).eval()
+    model.to(torch.device(device))  # type: ignore[arg-type]  # transformers types `to` by its own wrapper
+    return model.eval()

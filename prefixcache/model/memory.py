@@ -220,21 +220,27 @@ def _gguf_facts(path: str, mtime_ns: int, size: int) -> GgufFacts:
 
     reader = gguf.GGUFReader(path)
 
-    def value(key: str, default: int | None = None) -> int | None:
+    def value(key: str) -> int | None:
         field = reader.fields.get(key)
         if field is None:
-            return default
+            return None
         got = field.contents()
         return int(max(got) if isinstance(got, list) else got)
 
+    def needed(key: str) -> int:
+        got = value(key)
+        if got is None:
+            raise ValueError(f"{path}: its header lacks {key}")
+        return got
+
     arch = reader.fields["general.architecture"].contents()
-    heads = value(f"{arch}.attention.head_count")
-    head_dim = value(f"{arch}.attention.key_length") or value(f"{arch}.embedding_length") // heads
-    shape = Shape(sum(int(t.n_elements) for t in reader.tensors), value(f"{arch}.block_count"),
+    heads = needed(f"{arch}.attention.head_count")
+    head_dim = value(f"{arch}.attention.key_length") or needed(f"{arch}.embedding_length") // heads
+    shape = Shape(sum(int(t.n_elements) for t in reader.tensors), needed(f"{arch}.block_count"),
                   value(f"{arch}.attention.head_count_kv") or heads, head_dim)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = value(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else 0)
-    return GgufFacts(shape, heads, vocab, value(f"{arch}.feed_forward_length", 0), value("general.file_type"))
+    return GgufFacts(shape, heads, vocab, value(f"{arch}.feed_forward_length") or 0, value("general.file_type"))
 
 
 def _gguf_shape(path: Path) -> Shape:

@@ -12,7 +12,7 @@ floats and numpy arrays, never a tensor.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -101,6 +101,7 @@ class ScoringEngine(Protocol):
         the mean over the row's own tokens, last), len(probe.layers), hidden_size]."""
 
 
+@runtime_checkable
 class TimedEngine(ScoringEngine, Protocol):
     """What `bench` also asks of an engine, to time it against slower references and count its work.
 
@@ -137,3 +138,11 @@ MEMBERS = frozenset({"name", "device", "precision", "export_prefix", "restore_pr
                      "score_with_states", "layers"})  # what callers outside model/ may read of an engine
 TIMED = frozenset({"naive_ways", "threads", "weights_bytes", "label_tokens", "naive", "linear_params", "peak_gflops",
                    "synchronize"})
+
+
+def timed(engine: ScoringEngine) -> TimedEngine:
+    """`engine` with what `bench` reads of it (TypeError for an engine without it: `bench` times
+    the engines that offer its reference paths and counts)."""
+    if not isinstance(engine, TimedEngine):
+        raise TypeError(f"the {engine.name} engine offers no reference paths and counts for bench")
+    return engine

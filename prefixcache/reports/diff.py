@@ -192,8 +192,10 @@ def compare(a: Sequence[Record], b: Sequence[Record]) -> Comparison:
     result = Comparison(len(common), [k for k in by_a if k not in by_b], [k for k in by_b if k not in by_a],
                         _labels(a), _labels(b), flips, changed, sorted(joined, key=lambda c: -abs(c.shift)))
     graded = [k for k in common if "gold" in by_a[k] or "gold" in by_b[k]]
-    if graded and all(_correct(by_a[k]) is not None and _correct(by_b[k]) is not None for k in graded):
-        _evaluate(result, [(k, _correct(by_a[k]), _correct(by_b[k])) for k in graded])
+    judged = [(k, _correct(by_a[k]), _correct(by_b[k])) for k in graded]
+    pairs = [(k, a_right, b_right) for k, a_right, b_right in judged if a_right is not None and b_right is not None]
+    if graded and len(pairs) == len(judged):
+        _evaluate(result, pairs)
     tags = [name for name in result.labels_a if name in result.labels_b] if _tagged(a) and _tagged(b) else []
     result.per_label = {name: _label_flips(name, [(by_a[k], by_b[k]) for k in common], result.gold) for name in tags}
     return result
@@ -217,7 +219,7 @@ def _label_flips(name: str, pairs: list[tuple[Record, Record]], gold: bool) -> d
     def on(record: Record) -> bool | None:
         return None if is_error(record) else name in record["labels"]
 
-    flips = {"turned_on": 0, "turned_off": 0}
+    flips: dict[str, Any] = {"turned_on": 0, "turned_off": 0}
     fixed = broken = 0
     for ra, rb in pairs:
         a, b = on(ra), on(rb)
@@ -247,7 +249,7 @@ def _evaluate(result: Comparison, graded: list[tuple[str, bool, bool]]) -> None:
     result.p_value = mcnemar_exact(len(result.broken), len(result.fixed))
 
 
-def compare_outputs(path_a: str, path_b: str) -> Comparison:
+def compare_outputs(path_a: str, path_b: str) -> Comparison | QuestionsComparison:
     """Read two outputs of `run` (JSONL or CSV) and compare them; a file that is not one is refused."""
     runs = []
     for path in (path_a, path_b):
@@ -300,7 +302,7 @@ class QuestionsComparison:
                        for qid, c in self.per_question.items())
 
 
-def write_diff_reports(cmp: Comparison, name_a: str, name_b: str, md: Path | None, as_json: Path | None,
+def write_diff_reports(cmp: Comparison | QuestionsComparison, name_a: str, name_b: str, md: Path | None, as_json: Path | None,
                        top: int = 10) -> None:
     """--md (appended) and --json, each listing `top` changed items (and shifts); neither may be
     one of the outputs compared."""

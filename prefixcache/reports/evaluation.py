@@ -15,7 +15,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Literal, Optional, Sequence, Union, overload
 
 from .. import safefile
 from ..errors import OutputError, UsageError
@@ -54,6 +54,14 @@ class Gated:
     def add_failed(self) -> None:
         self.n += 1
         self.failed += 1
+
+    def per_label(self) -> dict[str, dict[str, float]]:
+        """Per label: its precision, recall, F1 and support."""
+        raise NotImplementedError
+
+    def to_json(self) -> dict[str, Any]:
+        """Its figures as JSON (the metrics file)."""
+        raise NotImplementedError
 
     @property
     def accuracy(self) -> float:
@@ -287,7 +295,8 @@ class TagEvaluation(Gated):
     def macro(self) -> tuple[float, float, float]:
         """Precision, recall and F1, each the mean over labels."""
         stats = self.per_label().values()
-        return tuple(sum(st[k] for st in stats) / len(stats) if stats else 0.0 for k in ("precision", "recall", "f1"))
+        p, r, f = (sum(st[k] for st in stats) / len(stats) if stats else 0.0 for k in ("precision", "recall", "f1"))
+        return p, r, f
 
     @property
     def macro_f1(self) -> float:
@@ -369,7 +378,10 @@ class Gates:
             raise UsageError("--min-recall applies to label tasks; gate questions with --min-accuracy QUESTION=NUMBER")
 
 
-def evaluation_for(spec: TaskSpec, records: Iterable[Record] = ()) -> Evaluation | QuestionsEvaluation | None:
+AnyEvaluation = Union[Evaluation, TagEvaluation, QuestionsEvaluation]  # what a run's gold gives
+
+
+def evaluation_for(spec: TaskSpec, records: Iterable[Record] = ()) -> AnyEvaluation | None:
     """An Evaluation for a task spec, holding `records` already written (error records are left
     out); None when the spec has no gold field."""
     if spec.questions:
@@ -379,6 +391,13 @@ def evaluation_for(spec: TaskSpec, records: Iterable[Record] = ()) -> Evaluation
     return evaluate(None if spec.choices else spec.label_names, records, spec.multi_label)
 
 
+@overload
+def evaluate(labels: Sequence[str] | None, records: Iterable[Record] = (), tags: Literal[False] = False) -> Evaluation: ...
+@overload
+def evaluate(labels: Sequence[str] | None, records: Iterable[Record], tags: Literal[True]) -> TagEvaluation: ...
+@overload
+def evaluate(labels: Sequence[str] | None, records: Iterable[Record] = (), tags: bool = False
+             ) -> Evaluation | TagEvaluation: ...
 def evaluate(labels: Sequence[str] | None, records: Iterable[Record] = (), tags: bool = False
              ) -> Evaluation | TagEvaluation:
     """An Evaluation of written records (labels None: multiple choice; `tags`: multi-label)."""
@@ -388,7 +407,7 @@ def evaluate(labels: Sequence[str] | None, records: Iterable[Record] = (), tags:
     return evaluation
 
 
-def add_record(evaluation: Evaluation | TagEvaluation, record: Record) -> None:
+def add_record(evaluation: AnyEvaluation, record: Record) -> None:
     if isinstance(evaluation, QuestionsEvaluation):
         evaluation.add(record)
     elif is_error(record):
@@ -413,14 +432,14 @@ def write_report_file(path: Path, text: str, append: bool = False) -> None:
         raise OutputError(f"{path}: cannot write the report: {exc.strerror}")
 
 
-def write_reports(evaluation: Evaluation | TagEvaluation, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],
+def write_reports(evaluation: AnyEvaluation, metrics: Optional[Path], summary_md: Optional[Path], junit: Optional[Path],
                   gates: Gates, seconds: float = 0.0, about: str = "") -> None:
     """The report files asked for: JSON metrics, a Markdown summary (appended; `about` says which
     spec, model and input), a JUnit XML report."""
     if metrics:
         figures = {**evaluation.to_json(), "min_accuracy": gates.min_accuracy, "min_recall": gates.min_recall,
                    "gates_failed": evaluation.gate_failures(gates)}
-        if gates.min_answered is not None:  # an audit: its figures even where no item abstained
+        if gates.min_answered is not None and isinstance(evaluation, Gated):  # an audit: its figures even where none abstained
             figures.update(evaluation.answered_figures(), min_answered_accuracy=gates.min_answered)
         write_report_file(metrics, json.dumps(figures, indent=2) + "\n")
     if summary_md:

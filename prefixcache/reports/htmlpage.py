@@ -49,7 +49,7 @@ def _confusion(plt: Any, ev: Evaluation) -> str:
     fig, ax = plt.subplots(figsize=(1.2 + 0.7 * len(columns), 1.0 + 0.6 * len(rows)))
     ax.imshow(rows, cmap="Blues")
     ax.set_xticks(range(len(columns)), columns, rotation=30, ha="right")
-    ax.set_yticks(range(len(rows)), list(ev.labels))
+    ax.set_yticks(range(len(rows)), list(ev.labels or ()))
     ax.set_xlabel("predicted")
     ax.set_ylabel("gold")
     top = max((max(r) for r in rows if r), default=1) or 1
@@ -204,7 +204,7 @@ def _questions_page(plt: Any, output: str, records: Sequence[Record], parts: lis
         kind = next((r["answers"][qid]["type"] for r in records if not is_error(r)), "")
         parts.append(f"<h2 class=question>question {html.escape(qid)} <span class=muted>({html.escape(kind)})</span></h2>")
         parts += _label_sections(plt, views, scored, any("gold" in v for v in scored), list(scored[0]["probs"]), top)
-        if before is not None:
+        if before is not None and compare_with:
             parts.append(_compare_section(compare([question_view(r, qid) for r in before], views), compare_with, top))
     return _page(output, records, parts, None, top)
 

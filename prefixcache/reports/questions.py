@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..data.records import Record, is_error
-from ..task.kind import KINDS
+from ..task.kind import KINDS, pack_kind
 from ..task.questions import Question
 from .junit import junit_xml
 from .markdown import cell
@@ -50,7 +50,7 @@ class QuestionsEvaluation:
         out = {}
         for q in self.questions:
             answers, golds = self.answers.get(q.id, []), self.golds.get(q.id, [])
-            figures = q.kind.metrics(q, answers, golds) if answers else {"accuracy": 0.0}
+            figures = pack_kind(q).metrics(q, answers, golds) if answers else {"accuracy": 0.0}
             figures["accuracy"] = figures["accuracy"] * len(answers) / self.n if self.n else 0.0
             out[q.id] = {"type": q.type, "items": self.n, **figures}
         return out
@@ -110,7 +110,7 @@ def summary_figures(v: Mapping[str, Any]) -> str:
 
 def kind_figures(v: Mapping[str, Any]) -> str:
     """The figures that differ by kind (its `figures`), in words."""
-    kind = KINDS.get(v.get("type"))
+    kind = KINDS.get(str(v.get("type")))
     return kind.figures(v) if kind is not None else ""
 
 

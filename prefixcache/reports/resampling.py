@@ -15,7 +15,7 @@ LEVEL = 0.95  # the figures' intervals
 GAIN_LEVEL = 0.98  # the gain's: a winner needs its lower end (the 1st percentile) above zero
 
 
-def cv_splits(strata: Sequence[str], folds: int, seed: int = 0, groups: Sequence[str] | None = None
+def cv_splits(strata: Sequence[str], folds: int, seed: int = 0, groups: Sequence[str] | np.ndarray | None = None
               ) -> list[tuple[np.ndarray, np.ndarray]]:
     """k folds balanced on `strata` (each stratum's items, shuffled, dealt round-robin): per fold
     the indices it is fitted on and those it predicts. With `groups`, the items of one group (the

@@ -8,7 +8,9 @@
 - shards.py: splitting one job into shards and joining their outputs (`merge`, launches);
 - review.py: `run --review`: the abstained items, with the top guesses, for a person to label;
 - labelled.py: the reader of labelled files (tune, fit, suggest), every item checked against the specs;
-- dryrun.py, bench.py: `run --dry-run` and `prefixcache bench`.
+- dryrun.py, bench.py: `run --dry-run` and `prefixcache bench` (its modes timed);
+- benchjob.py: `prefixcache bench` as one job (items read, the scorer built, the modes or the
+  precisions timed), which the CLI prints.
 
 May import: reports, scoring, model, data, task, compat, errors. Never prints; imported by cli.
 """

@@ -20,13 +20,14 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import UsageError
 from ..scoring.exact import CheckedScorer
 from ..data.items import Item
 from ..data.records import Record
-from ..task.questions import Answers, answer_word
+from ..task.questions import Answers, answer_word, label_kind
 from ..task.spec import TaskSpec
 from ..model.rows import Row, trie
 from .pipeline import classify
@@ -35,6 +36,7 @@ from ..scoring.options import ScoringOptions
 from ..scoring.scorer import Scorer
 from ..model.engines import default_backend
 from ..model.precision import low_names
+from ..model.protocol import timed as timed_engine
 from ..model.store import PrefixStore
 from ..scoring.prepare import Batching, Prepared, Task, judged_of
 
@@ -144,7 +146,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-def _timed(name: str, n: int, fn: Callable[[], list[str]], engine: Any, step: Step = _quiet,
+def _timed(name: str, n: int, fn: Callable[[], Sequence[str | None]], engine: Any, step: Step = _quiet,
            about: float | None = None) -> ModeResult:
     step(f"timing {name} on {n} items" + (f" (about {_duration(about)})" if about is not None and about >= 10 else ""))
     engine.synchronize()
@@ -153,7 +155,7 @@ def _timed(name: str, n: int, fn: Callable[[], list[str]], engine: Any, step: St
         labels = fn()
         engine.synchronize()
         elapsed = time.perf_counter() - start
-    return ModeResult(name, n, 1000 * elapsed / n, n / elapsed, rss.mb, labels=labels)
+    return ModeResult(name, n, 1000 * elapsed / n, n / elapsed, rss.mb, labels=list(labels))
 
 
 def prediction(answers: Answers, spec: TaskSpec) -> str | None:
@@ -162,7 +164,7 @@ def prediction(answers: Answers, spec: TaskSpec) -> str | None:
     if spec.questions:
         return _said(answers.answers())
     q, decision = answers.questions[0], answers.decisions[0]
-    return q.kind.prediction(q, decision)
+    return label_kind(spec).prediction(q, decision)
 
 
 def record_prediction(record: Record) -> str | None:
@@ -282,10 +284,10 @@ def _time_mode(scorer: Scorer, items: Sequence[Item], batching: Batching, mode: 
     about = _seconds(lambda: list(classify(scorer, warm, batching))) / len(warm) * len(items)  # warm-up
     scorer.clear()
     step(f"timing --prune {mode} on {len(items)} items" + (f" (about {_duration(about)})" if about >= 10 else ""))
-    fed, start = scorer.engine.label_tokens, time.perf_counter()
+    fed, start = timed_engine(scorer.engine).label_tokens, time.perf_counter()
     records = list(classify(scorer, items, batching))
     ms = 1000 * (time.perf_counter() - start) / len(items)
-    return ms, (scorer.engine.label_tokens - fed) / len(items), records
+    return ms, (timed_engine(scorer.engine).label_tokens - fed) / len(items), records
 
 
 def _gap(full: Mapping, pruned: Mapping) -> float:
@@ -320,7 +322,7 @@ def _option_cost_ratio(scorer: Scorer, items: Sequence[Item], batching: Batching
         for group in groups:
             rows = [Row(p.enc.ids, p.enc.prefix_len,
                         [next(iter(p.candidates.values()))[-1:]] if alone else list(p.candidates.values()))
-                    for p in group]
+                    for p in group if isinstance(p, Prepared)]
             engine.score(prefix, rows)
         return time.perf_counter() - start
 
@@ -334,7 +336,7 @@ def _store_timings(scorer: Scorer) -> tuple[float, float]:
     engine, ids = scorer.engine, scorer.task.builder.prefix_ids
     prefill = min(engine.prefill(ids).prefill_ms for _ in range(3))
     with tempfile.TemporaryDirectory() as tmp:
-        store = PrefixStore(tmp)
+        store = PrefixStore(Path(tmp))
         store.save("bench", engine.prefill(ids), "bench", engine)
         load = min(store.load("bench", engine).prefill_ms for _ in range(3))
     return prefill, load
@@ -363,7 +365,7 @@ class _Modes:
                  batching: Batching):
         self.scorer, self.items, self.prepared, self.batching = scorer, items, prepared, batching
         self.few = prepared[:naive_limit]
-        self.rewinds = "rewound" in scorer.engine.naive_ways  # the engine's own one-prompt path, timed too
+        self.rewinds = "rewound" in timed_engine(scorer.engine).naive_ways  # the engine's own one-prompt path, timed too
 
     def _pick(self, prep: Prepared, scores: list[float]) -> str | None:
         """The decision `run` would make from these candidate scores (forms combined,
@@ -385,7 +387,7 @@ class _Modes:
         return [self._pick(p, self._naive(p, "first")) for p in (self.prepared if rows is None else rows)]
 
     def _naive(self, prep: Prepared, way: str) -> list[float]:
-        return self.scorer.engine.naive(Row(prep.enc.ids, 0, _cands(prep), prep.skips), way)
+        return timed_engine(self.scorer.engine).naive(Row(prep.enc.ids, 0, _cands(prep), prep.skips), way)
 
     def cached_single(self, rows: Sequence[Prepared] | None = None) -> list[str | None]:
         engine, prefix = self.scorer.engine, self.scorer.prefix
@@ -471,6 +473,7 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
     prefill_ms, load_ms = _store_timings(scorer)
 
     own, nodes, gflop, alone = _unavoidable_work(engine, prepared)
+    engine = timed_engine(engine)
     step("measuring this machine's matrix-product peak at the engine's precision, where it has one")
     peak = engine.peak_gflops(PEAK_SECONDS) or 0.0  # none: quantised kernels, no float matmul peak to compare with
     for m in modes:
@@ -509,7 +512,7 @@ def _time_first_token(scorer: Scorer, items: Sequence[Item], prepared: Sequence[
                       step: Step) -> ModeResult | None:
     """The engine's cheapest ranking (each label's first token alone, one prompt at a time), timed
     after a warm-up, where the engine offers it and no question's text comes before its options."""
-    engine = scorer.engine
+    engine = timed_engine(scorer.engine)
     if "first" not in engine.naive_ways or any(any(p.skips) for p in prepared):
         return None
     modes = _Modes(scorer, items, prepared, 1, batching)
@@ -548,7 +551,7 @@ def run_precision_bench(fp32: Scorer, fast: Scorer, checked: CheckedScorer, item
 
     runs = [timed(s, name) for s, name in ((fp32, "float32"), (fast, fast.dtype), (checked, f"{fast.dtype} --exact"))]
     (ms32, want), (ms_fast, fast_labels), (ms_exact, exact_labels) = ((m.ms_per_item, m.labels) for m in runs)
-    weights = fp32.engine.weights_bytes / 2**20
+    weights = timed_engine(fp32.engine).weights_bytes / 2**20
     return PrecisionReport(
         dtype=fast.dtype, items=len(items), float32_ms=ms32, fast_ms=ms_fast, exact_ms=ms_exact,
         rescored=checked.rescored, bound=checked.bound or 0.0,

@@ -54,10 +54,11 @@ def dry_run(options: RunOptions, measure: int = 16, progress: Optional[Progress]
         progress(Event("checked", total=plan.total))
         progress(Event("loading", detail="tokenizer"))
     task = Task.from_spec(plan.spec, options.cache_dir)
-    items, failed, first = [], 0, []
+    items, failed = [], 0
+    first: list[Item] = []
     reads = task.spec.head.reads(task.questions) if task.spec.head is not None else None
     last = plan.total if plan.total is not None else options.limit
-    read = islice(plan.read_input(), skip, last)
+    read: Iterator[Item] = islice(plan.read_input(), skip, last)
     if plan.stream:  # read once: keep the first items for the timing
         read = _keeping(read, first, measure)
     for batch in task.batches(read, plan.batching):

@@ -20,7 +20,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from itertools import chain, islice
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
 
 from ..data.items import Item, ItemsDigest
 from ..data.lock import output_lock
@@ -29,7 +29,7 @@ from ..data.resume import (EXACT_BOUND, Start, checked_stream, continue_output, 
                            start_output)
 from ..data.records import Record, id_text, ids_digest, is_error, item_sha
 from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted
-from ..reports.evaluation import Evaluation, Gates, add_record, evaluation_for, write_reports
+from ..reports.evaluation import AnyEvaluation, Gates, add_record, evaluation_for, write_reports
 from ..scoring.prepare import Task, spec_model
 from ..task.kind import COLLAPSE_MIN_ITEMS, COLLAPSE_SHARE
 from ..task.lint import lint_labels, lint_layout
@@ -92,7 +92,7 @@ class RunResult:
     labels: Counter = field(default_factory=Counter)  # predictions written by this run, by label
     merged: Optional[int] = None  # records joined from the processes of a launch (its rank 0)
     processes: int = 1
-    evaluation: Optional[Evaluation] = None
+    evaluation: Optional[AnyEvaluation] = None
     gates: Gates = Gates()
     reviewed: Optional[int] = None  # --review: abstained items written for a person to label
 
@@ -117,7 +117,7 @@ def output_start(plan: Plan, fingerprint: dict) -> Start:
     begun = start_output(plan.output.path, fingerprint, options.resume, options.update, options.items,
                          refusal_words, plan.output.fmt)
     if begun.appends and not plan.stream and not plan.part and begun.records:  # a shard's start is its own
-        begun = in_input_order(plan.output.path, begun, islice(plan.read_input(), len(begun.records)),
+        begun = in_input_order(plan.output.file, begun, islice(plan.read_input(), len(begun.records)),
                                options.items, options.update)
     if options.update and begun.appends and any(map(is_error, begun.records.values())):
         begun = Start("update", begun.records)  # an update tries the items that could not be scored again
@@ -144,7 +144,8 @@ class Job:
         self.begun: Start
         self.task: Task
         self.scorer: ItemScorer
-        self.first, self.last = 0, None
+        self.first: int = 0
+        self.last: int | None = None
         self.written: Counter = Counter()  # every record this run writes, by label (kept ones too)
         self.tag_shapes: Counter = Counter()  # multi-label: records with no tag, every tag or some
         self.reading: Optional[ItemsDigest] = None  # the items this run read, to compare with the plan's
@@ -153,7 +154,7 @@ class Job:
         self.plan = make_plan(self.options)
         with output_lock(self.plan.output.path):  # one writer per output: an overlapping run is refused
             if self.plan.output.is_file:
-                remove_orphans(self.plan.output.path)  # what a killed writer left (an update's aside)
+                remove_orphans(self.plan.output.file)  # what a killed writer left (an update's aside)
             return self._run()
 
     def _run(self) -> RunResult:
@@ -188,7 +189,7 @@ class Job:
         return self.begun.mode == "resume" and self.plan.total is not None and len(self.begun.records) >= self.plan.total
 
     def nothing_to_do(self) -> RunResult:
-        continue_output(self.plan.output.path, self.fingerprint, self.plan.output.fmt)  # a damaged last line goes
+        continue_output(self.plan.output.file, self.fingerprint, self.plan.output.fmt)  # a damaged last line goes
         self.result = RunResult(self.plan.output.path, resumed=len(self.begun.records), nothing_to_do=True,
                                 carried_errors=sum(map(is_error, self.begun.records.values())),
                                 evaluation=evaluation_for(self.plan.spec, self.begun.records.values()),
@@ -202,7 +203,7 @@ class Job:
         path = self.options.review
         if path is None:
             return
-        records = {id_text(r["id"]): r for r in read_records(self.plan.output.path).records}
+        records = {id_text(r["id"]): r for r in read_records(self.plan.output.file).records}
         rows = review_rows(self.plan.spec, islice(self.plan.read_input(), self.first, self.last), records)
         write_review(path, rows)
         self.result.reviewed = len(rows)
@@ -225,7 +226,7 @@ class Job:
         of an uninterrupted run."""
         if not self.plan.says_precision or not self.begun.appends:
             return
-        bound = read_fingerprint(self.plan.output.path).get(EXACT_BOUND)
+        bound = read_fingerprint(self.plan.output.file).get(EXACT_BOUND)
         if isinstance(bound, (int, float)) and bound > 0 and self.scorer.carry_bound(float(bound)):
             self.fingerprint[EXACT_BOUND] = float(bound)
 
@@ -235,7 +236,7 @@ class Job:
         if bound is not None and bound != self.fingerprint.get(EXACT_BOUND) and self.begun.mode != "update" \
                 and self.plan.output.is_file:
             self.fingerprint[EXACT_BOUND] = bound
-            write_fingerprint(self.plan.output.path, self.fingerprint)
+            write_fingerprint(self.plan.output.file, self.fingerprint)
 
     def bounds(self) -> None:
         """The items this process scores: all (up to --limit), or its shard's whole batches, so
@@ -244,8 +245,9 @@ class Job:
         if not plan.part:
             self.first, self.last = 0, plan.total if plan.total is not None else self.options.limit
             return
-        items = islice(plan.read_input(), plan.total)
-        starts = self.task.batch_starts(items, plan.batching, self.scorer.context) + [plan.total]
+        total = plan.total
+        assert total is not None  # a shard's plan counts the input
+        starts = self.task.batch_starts(islice(plan.read_input(), total), plan.batching, self.scorer.context) + [total]
         first, last = shard_range(len(starts) - 1, *plan.part)
         self.first, self.last = starts[first], starts[last]
         ids = (id_text(item.id) for item in islice(plan.read_input(), self.first, self.last))
@@ -318,7 +320,7 @@ class Job:
         left = None if self.last is None else max(self.last - self.first - len(done), 0)
         self.progress(Event("scoring", 0, left, detail=self._describe(done), updating=self.begun.mode == "update",
                             already=len(done)))
-        items = islice(self.plan.read_input(), self.first, self.last)
+        items: Iterator[Item] = islice(self.plan.read_input(), self.first, self.last)
         if self.plan.scanned is not None and not self.plan.part:
             self.reading = ItemsDigest()
             items = self.reading.follow(items)
@@ -344,7 +346,7 @@ class Job:
         self.scorer.calibrate(head)
         return chain(head, rest)
 
-    def _classify(self, items: Iterator[Item], done: dict, left: Optional[int]) -> Iterator[Record]:
+    def _classify(self, items: Iterator[Item], done: Mapping[str, Any], left: Optional[int]) -> Iterator[Record]:
         stats = self.result.stats
 
         def after_batch(n: int) -> None:
@@ -381,7 +383,7 @@ class Job:
         yield from order
         self.result.dropped = len(gone)
 
-    def _describe(self, done: dict) -> str:
+    def _describe(self, done: Mapping[str, Any]) -> str:
         o, scorer = self.options, self.scorer
         return (f"spec {o.spec}, input {o.items}, output {self.plan.output.path or 'stdout'}, model "
                 f"{self.task.source.ref}, {scorer.device} {scorer.dtype}, prefix {len(scorer.prefix.ids)} tokens "
@@ -466,9 +468,10 @@ class Job:
     def join(self) -> None:
         """After every process of a launch wrote its part: rank 0 joins them into the output and
         evaluates the whole; the other ranks report nothing."""
-        result, output = self.result, self.options.output
-        result.processes = self.plan.launched.num_processes
-        result.merged = merge_launched(self.plan.launched, output)
+        result, output, launched = self.result, self.options.output, self.plan.launched
+        assert launched is not None and output is not None  # a launch writes parts of a file
+        result.processes = launched.num_processes
+        result.merged = merge_launched(launched, output)
         result.output = output
         if result.merged is None:
             result.evaluation = None

@@ -64,10 +64,11 @@ def classify(
         if task.spec.normalize == "pmi" and task.spec.choices:
             scorer.score_unconditional([c for p in preps for c in p.candidates.values()])
         replay = bool(preps) and all(id_text(p.item.id) in done for p in preps)
-        known = None
+        known: dict[tuple, list[float]] | None = None
         if replay:  # every item of this batch is written: its scores are in the records
-            known = {p.key: logprobs_in_order(done[id_text(p.item.id)], p.texts, task.spec) for p in preps}
-            if any(v is None for v in known.values()):
+            found = {p.key: logprobs_in_order(done[id_text(p.item.id)], p.texts, task.spec) for p in preps}
+            known = {key: lps for key, lps in found.items() if lps is not None}
+            if len(known) < len(found):
                 known = None  # not all in the records: scored again
         scores = scorer.score(preps, known)
         pending = [entry for entry in batch if id_text(entry.item.id) not in done]
@@ -86,7 +87,7 @@ def classify(
             on_batch(len(pending))
 
 
-def _record(scorer: ItemScorer, entry: Prepared | Failed, by_key: Mapping[tuple, list[float]], ms: float,
+def _record(scorer: ItemScorer, entry: Prepared | Failed, by_key: Mapping[tuple, list[float] | None], ms: float,
             stats: RunStats, keep: Keep) -> Record:
     if isinstance(entry, Failed):
         stats.errors += 1

@@ -192,20 +192,16 @@ def make_plan(options: RunOptions) -> Plan:
                            else "('gold' in the spec, or --gold)"))
     gates.check(spec)
     fmt = detect_format(options.items, options.input_format)
-    total, fields, scanned = None, {}, None
-    if not stream:  # validate the whole input before the model loads
-        check = spec.check_record if options.on_error == "fail" else (lambda record: None)
-        scanned = ItemsDigest(options.limit)
-        total = scan_items(options.items, fmt, spec.id_field, check, spec.id_field_given, fields, options.delimiter,
-                           options.encoding, scanned)
-        total = min(total, options.limit) if options.limit else total
+    fields: dict[str, None] = {}
+    total, scanned = (None, None) if stream else _scanned(options, spec, fmt, fields)
     out_fmt = output_format(options.output, options.output_format)
     keep = _keep(options, spec, fields, out_fmt, stream)
     check_output(options.output, options.resume or options.update, options.overwrite, out_fmt)
     _review_possible(options, stream, part)
     _check_reports(options, spec, stream)
-    path = part_path(options.output, *part) if launched else options.output
-    if launched:
+    path = options.output
+    if launched and part and path is not None:  # a launch has both (refused above otherwise)
+        path = part_path(path, *part)
         check_output(path, options.resume or options.update, options.overwrite, out_fmt)
     pruned = spec.prunes(options.prune, options.exact)  # decided once: the scorer is built by the same rule
     output = OutputFile(path, out_fmt, columns(spec, keep or (), precision=options.exact, pruned=pruned),
@@ -216,6 +212,16 @@ def make_plan(options: RunOptions) -> Plan:
     return Plan(options=options, spec=spec, input_format=fmt, stream=stream, total=total, output=output, part=part,
                 launched=launched, keep=keep, batching=batching, gates=gates, says_precision=options.exact,
                 device=device, scanned=scanned)
+
+
+def _scanned(options: RunOptions, spec: TaskSpec, fmt: str, fields: dict[str, None]) -> tuple[int, ItemsDigest]:
+    """The whole input validated before the model loads: its item count (up to --limit) and
+    digest; `fields` gathers the fields its items have."""
+    check = spec.check_record if options.on_error == "fail" else (lambda record: None)
+    scanned = ItemsDigest(options.limit)
+    total = scan_items(options.items, fmt, spec.id_field, check, spec.id_field_given, fields, options.delimiter,
+                       options.encoding, scanned)
+    return (min(total, options.limit) if options.limit else total), scanned
 
 
 def _check_engine(options: RunOptions, spec: TaskSpec) -> None:

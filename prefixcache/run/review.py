@@ -64,7 +64,9 @@ def review_rows(spec: TaskSpec, items: Iterable[Item], records: Mapping[str, Rec
     rows = []
     for item in items:
         record = records.get(id_text(item.id))
-        questions = abstained(record) if record is not None else []
+        if record is None:
+            continue
+        questions = abstained(record)
         if questions and record.get("item_sha") not in (None, item_sha(item.record)):
             raise InputError(f"item {item.id!r}: the input holds other fields than those its record was scored from "
                              f"(the file was replaced or edited during the run); the review file is not written: run "

@@ -51,7 +51,9 @@ def answering(task: "Task", engine: Any, precision: str, head: bool = True) -> d
     bound's key (`bound_key`) and a Ray checkpoint's fingerprint (raycheckpoint.py) are made of it."""
     from ..model.load import model_identity
 
-    spec = dataclasses.replace(task.spec, path="", digest=None, gold=None, **({} if head else {"head": None}))
+    spec = dataclasses.replace(task.spec, path="", digest=None, gold=None)
+    if not head:
+        spec = dataclasses.replace(spec, head=None)
     return {"model": model_identity(task.source), **engine_parts(engine, precision),
             "prefix": list(task.builder.prefix_ids), "spec": repr(spec)}
 

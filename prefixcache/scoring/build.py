@@ -35,13 +35,13 @@ from ..model.precision import precision_named
 from ..model.store import PrefixStore
 from .options import ScoringOptions
 from .prepare import Task
-from .scorer import ItemScorer, Scorer
+from .scorer import Scorer
 from .scorer import load_engine as scorer_engine
 
 log = logging.getLogger(__name__)
 
 
-def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
+def build_scorer(task: Task, options: ScoringOptions) -> Scorer:
     """The task's scorer, whole: its model loaded, its prefix from the prefix store when kept
     there (else prefilled and kept), pruning decided. With `exact`, a low-precision scorer whose
     close calls a float32 twin scores again (float32 alone on hardware without bfloat16 matrix
@@ -56,7 +56,7 @@ def build_scorer(task: Task, options: ScoringOptions) -> ItemScorer:
     if options.exact and not precision_named(options.dtype).pays(device):
         log.warning("this %s has no %s matrix instructions, so --exact would gain nothing: scoring in float32",
                     device, options.dtype)
-        scorer: ItemScorer = Scorer.load(task, options.cache_dir, options.device, "float32", store,
+        scorer: Scorer = Scorer.load(task, options.cache_dir, options.device, "float32", store,
                                          says_precision=True, backend=twin_backend().name, why=TWIN_WHY)
     elif options.exact:
         scorer = CheckedScorer.pair(task, options.cache_dir, options.device, options.dtype, store)

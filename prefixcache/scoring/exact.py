@@ -25,7 +25,7 @@ import logging
 import math
 from itertools import islice
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from ..data.items import Item
 from ..model.engines import twin_backend
@@ -56,7 +56,7 @@ class CheckedScorer(Scorer):
     beyond (re-scored items that rounding moved further than the bound).
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.bound: float | None = None
         self.rescored = self.checked = self.beyond = 0
@@ -118,13 +118,13 @@ class CheckedScorer(Scorer):
         if any(preps):
             self._measure([batch for batch in preps if batch])
 
-    def _measure(self, batches: Sequence[Sequence[Prepared]]) -> None:
+    def _measure(self, batches: Sequence[Sequence[Prepared]]) -> float:
         """The bound from `batches` scored both ways, batch by batch (within the batch budget):
         SAFETY times the widest shift (at least FLOOR)."""
-        widest, keys = 0.0, set()
+        widest, keys = 0.0, set[Hashable]()
         for preps in batches:
-            low = super().score(preps).logprobs
-            high = self.exact.score(preps).logprobs
+            low = super().score(preps).scored()
+            high = self.exact.score(preps).scored()
             widest = max(widest, *(self._moved(prep, lows, highs) for prep, lows, highs in zip(preps, low, high,
                                                                                                 strict=True)))
             keys.update(p.key for p in preps)
@@ -137,6 +137,7 @@ class CheckedScorer(Scorer):
                  "scored again in float32", widest, len(keys), self.bound)
         if self._bounds is not None:
             self._bounds.put(self._key, self.bound, len(keys), widest)
+        return self.bound
 
     def clear(self) -> None:
         """Forget earlier items' scores and counts (the bound, a property of the task, stays)."""
@@ -149,32 +150,31 @@ class CheckedScorer(Scorer):
     def score(self, preps: Sequence[Prepared], known: Mapping[tuple, list[float]] | None = None) -> Scores:
         if known is not None or not preps:
             return super().score(preps, known)  # scores read back from records: what was written stands
-        if self.bound is None:  # not calibrated on the input's first items (the Python API): on this batch
-            self._measure([preps])
-        scores = super().score(preps)
+        bound = self.bound if self.bound is not None else self._measure([preps])  # not calibrated on the input's
+        scores = super().score(preps)                                             # first items (the Python API): here
         fresh = {p.key: p for p in scores.computed}
         self.checked += len(fresh)
         close = []
         for key, prep in fresh.items():
-            if self._gap(prep, self._scores.peek(key)) < self.bound:
+            if self._gap(prep, self.scores_of(key)) < bound:
                 close.append(prep)
             else:
                 self._precision.pop(key, None)
         if close:
-            self._rescore(close)
-        return Scores([self._scores.peek(p.key) for p in preps], scores.computed)
+            self._rescore(close, bound)
+        return Scores([self.scores_of(p.key) for p in preps], scores.computed)
 
-    def _rescore(self, close: list[Prepared]) -> None:
+    def _rescore(self, close: list[Prepared], bound: float) -> None:
         """Score `close` in float32 and keep those scores; count any that rounding moved further
         than the bound."""
-        for prep, high in zip(close, self.exact.score(close).logprobs):
-            moved = self._moved(prep, self._scores.peek(prep.key), high)
-            if moved >= self.bound:
+        for prep, high in zip(close, self.exact.score(close).scored()):
+            moved = self._moved(prep, self.scores_of(prep.key), high)
+            if moved >= bound:
                 self.beyond += 1
                 if self.beyond == 1:
                     log.warning("--exact: rounding moved item %r by %.3g, more than the bound %.3g measured on the "
                                 "first items: the calls of other items whose lead lies between may differ from "
-                                "float32's (`bench --exact` counts them)", prep.item.id, moved, self.bound)
+                                "float32's (`bench --exact` counts them)", prep.item.id, moved, bound)
             self._scores.put(prep.key, list(high))
             self._precision[prep.key] = "float32"
         self.rescored += len(close)
@@ -182,7 +182,7 @@ class CheckedScorer(Scorer):
     def _moved(self, prep: Prepared, low: Sequence[float], high: Sequence[float]) -> float:
         return self._shift(self._decision_logs(prep, low, self), self._decision_logs(prep, high, self.exact))
 
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Answers:
+    def decide(self, prep: Prepared, logprobs: Sequence[float] | None) -> Answers:
         if self._precision.get(prep.key) == "float32":
             return self.exact.decide(prep, logprobs)  # float32 prior and unconditional scores too
         return super().decide(prep, logprobs)

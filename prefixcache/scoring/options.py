@@ -43,13 +43,13 @@ class ScoringOptions:
     prompt_scores: bool = False
 
     @classmethod
-    def from_environment(cls, cache_dir: Union[str, Path, None] = None, **given) -> "ScoringOptions":
+    def from_environment(cls, cache_dir: Union[str, Path, None] = None, **given: Any) -> "ScoringOptions":
         """Options as the command line reads them: `cache_dir` (else PREFIXCACHE_CACHE_DIR, else
         ~/.cache/prefixcache) and PREFIXCACHE_STORE_MAX_MB, with `given` set over them."""
         given.setdefault("store_max_bytes", store_max_bytes())
         return cls(cache_root(cache_dir), **given)
 
-    def replace(self, **changes) -> "ScoringOptions":
+    def replace(self, **changes: Any) -> "ScoringOptions":
         return dataclasses.replace(self, **changes)
 
 

@@ -92,6 +92,14 @@ class Failed:
     message: str
 
 
+def all_prepared(batch: Sequence[Prepared | Failed]) -> list[Prepared]:
+    """A batch made with `on_error` "fail", which holds no failed item (ItemError for one)."""
+    for p in batch:
+        if isinstance(p, Failed):
+            raise ItemError(p.item.id, p.message)
+    return [p for p in batch if isinstance(p, Prepared)]
+
+
 @dataclass(frozen=True)
 class Batching:
     """How items are grouped into forward passes, and what an item that cannot be scored does:
@@ -205,7 +213,8 @@ class Task:
             else:
                 candidates = self.builder.options(options, item.id)
             groups = Groups(tuple(options), tuple((i,) for i in range(len(options))), "forms")
-            spans = parts = ((0, len(options)),)
+            spans: tuple[tuple[int, int], ...] = ((0, len(options)),)
+            parts = spans
         else:
             candidates, groups = self.builder.candidates, self.builder.groups
             spans, parts = self.builder.spans, self.builder.parts

@@ -183,14 +183,15 @@ class _Race:
         found, open_ = self.best(b, c), self.open(b, c)
         keys = self.keys(b, c)
         racing = {i for i in open_ if found is None or keys[i - c.at] >= found[1] - SLACK}
-        for which in range(len(c.keys) if c.mass is not None else 0):
+        mass = c.mass
+        for which in range(len(c.keys) if mass is not None else 0):
             keys = self.keys(b, c, which)
             top = max(keys)
             total = sum(math.exp(k - top) for k in keys)
             held = 0.0
             for i in sorted(open_, key=lambda i: keys[i - c.at]):  # the least probable stay at their bounds first
                 held += math.exp(keys[i - c.at] - top)
-                if held > c.mass * total:
+                if mass is not None and held > mass * total:
                     racing.update(j for j in open_ if keys[j - c.at] >= keys[i - c.at])
                     break
         return sorted(racing)
@@ -198,7 +199,12 @@ class _Race:
     def unsettled(self, b: int, c: Contest) -> bool:
         """Whether the winner's probability, with every incomplete candidate at its bound (at most
         the true one), falls short of the threshold: abstention is then not settled."""
-        _, best = self.best(b, c)
+        found = self.best(b, c)
+        if c.threshold is None:
+            return False  # nothing to abstain below
+        if found is None:
+            return True  # no candidate is complete yet
+        _, best = found
         keys = self.keys(b, c)
         top = max(keys)
         return math.exp(best - top) / sum(math.exp(k - top) for k in keys) < c.threshold + SLACK

@@ -13,19 +13,23 @@ Example:
     row, wanted = reading.row(task, prep)      # what one forward feeds for the item
     _, found = engine.score_with_states(prefix, [row], [wanted], probe_of(reading.views))
     views = reading.split(prep, found[0])      # per question read: {view: [U, H]}
+    answers = reading.answers(prompt_answers, views)   # the questions it reads decided by the head
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..model.rows import Probe, Row
+from ..task.decision import Decision, Tags
 from ..task.features import Features, layer_of
-from ..task.head import Head, Readout
+from ..task.head import Head, Readout, decided_by
+from ..task.kind import Question
+from ..task.questions import Answers
 
 log = logging.getLogger(__name__)
 PLAIN = ("state",)  # the final state at the answer position: what every engine reads
@@ -74,6 +78,40 @@ class Reading:
         if self.alone:
             return alone_row(task, prep, self.reads)
         return prep.row, task.answer_positions(prep, self.reads)
+
+    def forward(self, engine: Any, prefix: Any, task: Any, preps: Sequence[Any], scored: bool,
+                reads: Sequence[bool | None] | None = None, views: Sequence[str] | None = None
+                ) -> tuple[list[list[float]] | None, list[list[dict[str, np.ndarray]]]]:
+        """One forward of `preps` reading, per item and question, the views the head reads (or
+        those `reads` and `views` ask for): with `scored`, every option scored to the end beside
+        them (each item's options' log-probabilities, its texts combined); else the head-alone
+        rows (`alone_row`), no option scored (None)."""
+        reads, views = self.reads if reads is None else reads, self.views if views is None else tuple(views)
+        made = [(p.row, task.answer_positions(p, reads)) if scored else alone_row(task, p, reads) for p in preps]
+        values, states = engine.score_with_states(prefix, [row for row, _ in made], [want for _, want in made],
+                                                  probe_of(views))
+        split = [self.split(p, found, reads, views) for p, found in zip(preps, states)]
+        return ([p.groups.combine(v) for p, v in zip(preps, values)] if scored else None), split
+
+    def answers(self, answers: Answers | Sequence[Question], states: Sequence[Mapping[str, np.ndarray]]) -> Answers:
+        """The head's answers: over the prompt's `answers` (the questions it reads decided by it
+        from `states`, one entry per question read), or, answering alone, for the questions asked
+        (`answers` is then those questions, no option scored)."""
+        each = iter(states)
+        if not isinstance(answers, Answers):  # alone: every question asked has a readout
+            asked = tuple(answers)
+            alone: list[Decision | Tags] = []
+            for q, r in zip(asked, self.readouts, strict=True):
+                assert r is not None  # a head answers alone only where it reads every question
+                alone.append(decided_by(r, q, next(each), None))
+            return Answers(asked, tuple(alone), tuple(None for _ in asked))
+        if self.head is None:
+            return answers
+        decided = list(answers.decisions)
+        for i, (q, r) in enumerate(zip(answers.questions, self.readouts)):
+            if r is not None:
+                decided[i] = decided_by(r, q, next(each), answers.logprobs[i])
+        return Answers(answers.questions, tuple(decided), answers.logprobs)
 
     def split(self, prep: Any, found: np.ndarray, reads: Sequence[bool | None] | None = None,
               views: Sequence[str] | None = None) -> list[dict[str, np.ndarray]]:

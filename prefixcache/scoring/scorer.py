@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Hashable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -31,12 +31,14 @@ from ..data.items import Item
 from ..task.decision import Bounded, Groups, linear_keys, mean_distribution
 from ..model.store import PrefixStore, prefix_key
 from ..task.features import Features, views_of
-from ..task.head import decided_by
-from .reading import Reading, alone_row, probe_of
+from .reading import Reading, probe_of
 from ..task.questions import Answers
 from ..task.spec import PRUNING, TaskSpec
 from .prepare import Batching, Prepared, Task, check_prefix
 from .pruning import MASS, Contest, score_pruned
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 log = logging.getLogger(__name__)
 MIN_RACE_TOKENS = 128  # candidate tokens an item from which pruning may pay (measured: 93 tokens 0.94x, 180 1.07x)
@@ -83,23 +85,28 @@ def _computing(backend: Backend, device: str, dtype: str) -> str:
 BATCH_TOKENS = Batching.tokens  # the keys and values of a batch the estimate counts: the run pipeline's default budget
 
 
-class ScoreCache:
-    """The most recently used prompts' scores, so duplicate items are scored once."""
+V = TypeVar("V")
+States = list[dict[str, np.ndarray]]  # an item's, per question read by a head: its views' states
+
+
+class ScoreCache(Generic[V]):
+    """The most recently used prompts' scores (or states), so duplicate items are scored once."""
 
     def __init__(self, size: int = 65536):
-        self.size, self._data = size, OrderedDict()
+        self.size = size
+        self._data: OrderedDict[Hashable, V] = OrderedDict()
 
-    def __contains__(self, key: tuple) -> bool:
+    def __contains__(self, key: Hashable) -> bool:
         return key in self._data
 
-    def get(self, key: tuple) -> list[float]:
+    def get(self, key: Hashable) -> V:
         self._data.move_to_end(key)
         return self._data[key]
 
-    def peek(self, key: tuple) -> list[float]:
+    def peek(self, key: Hashable) -> V:
         return self._data[key]
 
-    def put(self, key: tuple, scores: list[float]) -> None:
+    def put(self, key: Hashable, scores: V) -> None:
         self._data[key] = scores
         self._data.move_to_end(key)
         while len(self._data) > self.size:
@@ -122,7 +129,7 @@ class ItemScorer(Protocol):
 
     def score(self, preps: Sequence[Prepared], known: Mapping[tuple, list[float]] | None = None) -> Scores: ...
 
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Answers: ...
+    def decide(self, prep: Prepared, logprobs: Sequence[float] | None) -> Answers: ...
 
     says_pruned: bool
 
@@ -164,8 +171,8 @@ class Scorer:
         self.dtype = engine.precision
         self.prior: list[list[float] | None] | None = None  # per question asked: its calibration prior
         self.says_precision = says_precision  # records name their precision (a run asked for --exact)
-        self._scores = ScoreCache()
-        self._unconditional = unconditional if unconditional is not None else ScoreCache()
+        self._scores: ScoreCache[list[float] | None] = ScoreCache()  # None: a head answered alone
+        self._unconditional: ScoreCache[float] = unconditional if unconditional is not None else ScoreCache()
         asked = task.builder.asked
         if any(q.normalize == "pmi" for q in asked):
             self.score_unconditional(list(task.builder.candidates.values()), task.builder.skips)
@@ -175,7 +182,7 @@ class Scorer:
         self.says_pruned = False  # records name the labels left at their bound (`prune`)
         self.reading = Reading.of(task, engine, prompt_scores)  # what its head reads, and whether it answers alone
         self.head = self.reading.head
-        self._states = ScoreCache()  # by prompt: per question read by the head, its answer states
+        self._states: ScoreCache[States] = ScoreCache()  # by prompt: per question read by the head, its answer states
 
     @property
     def head_only(self) -> bool:
@@ -189,7 +196,7 @@ class Scorer:
     @classmethod
     def load(cls, task: Task, cache_dir: Path, device: str = "auto", dtype: str = "auto",
              store: PrefixStore | None = None, says_precision: bool = False, backend: str | None = None,
-             threads: int | None = None, prompt_scores: bool = False, why: str | None = None) -> "Scorer":
+             threads: int | None = None, prompt_scores: bool = False, why: str | None = None) -> Self:
         """Load the task's model and get the prefilled prefix: from `store` when it has it, else by
         prefilling (and then keeping it there). `says_precision`: records name the precision that
         scored them. `backend`, `threads`: as `load_engine`. `prompt_scores`: a head that could
@@ -200,7 +207,7 @@ class Scorer:
 
     @classmethod
     def on(cls, task: Task, engine: ScoringEngine, store: PrefixStore | None = None, load_seconds: float = 0.0,
-           says_precision: bool = False, prompt_scores: bool = False) -> "Scorer":
+           says_precision: bool = False, prompt_scores: bool = False) -> Self:
         """A scorer on a model already loaded, its prefix from `store` when it has it, else
         prefilled (and then kept there)."""
         check_prefix(len(task.builder.prefix_ids), engine.max_positions)
@@ -245,8 +252,8 @@ class Scorer:
             for prep, scores in zip(todo.values(), values):
                 self._scores.put(prep.key, _combined(prep.groups, scores))
         elif todo:
-            for prep, scores in zip(todo.values(), self.engine.score(self.prefix, [p.row for p in todo.values()])):
-                self._scores.put(prep.key, prep.groups.combine(scores))
+            for prep, scored in zip(todo.values(), self.engine.score(self.prefix, [p.row for p in todo.values()])):
+                self._scores.put(prep.key, prep.groups.combine(scored))
         computed = [] if known is not None else list(todo.values())
         return Scores([self._scores.get(p.key) for p in preps], computed)  # get: recency, the same in every run
 
@@ -272,10 +279,7 @@ class Scorer:
         """The views the head reads (or those `reads` and `views` ask for, as `score_reading`
         takes them), per item and question, from a forward of the item's tokens and, per answer
         position, the candidate's context (a question's text) and its first token."""
-        reads, views = self.reads if reads is None else reads, self.views if views is None else tuple(views)
-        rows, wanted = zip(*[alone_row(self.task, p, reads) for p in preps]) if preps else ((), ())
-        _, states = self.engine.score_with_states(self.prefix, rows, wanted, probe_of(views))
-        return [self.reading.split(p, found, reads, views) for p, found in zip(preps, states)]
+        return self.reading.forward(self.engine, self.prefix, self.task, preps, False, reads, views)[1]
 
     @property
     def reads(self) -> list[bool | None]:
@@ -290,11 +294,9 @@ class Scorer:
         end) and, per question whose `reads[i]` is not None, the views at its answer position:
         each [1, H], or [K, H] where `reads[i]` is True (each option judged yes/no at its own).
         Both from one forward pass."""
-        views = self.views if views is None else tuple(views)
-        wanted = [self.task.answer_positions(p, reads) for p in preps]
-        values, states = self.engine.score_with_states(self.prefix, [p.row for p in preps], wanted, probe_of(views))
-        return ([p.groups.combine(v) for p, v in zip(preps, values)],
-                [self.reading.split(p, found, reads, views) for p, found in zip(preps, states)])
+        values, states = self.reading.forward(self.engine, self.prefix, self.task, preps, True, reads, views)
+        assert values is not None  # every option scored
+        return values, states
 
     def prune(self, mode: str = "auto", exact: bool = False) -> bool:
         """Pruned label scoring, as `TaskSpec.prunes` says for `mode` ("auto", "on", "exact",
@@ -393,27 +395,26 @@ class Scorer:
         return self._unconditional.peek(candidate)
 
     # -- decisions ----------------------------------------------------------------------------
-    def decide(self, prep: Prepared, logprobs: Sequence[float]) -> Answers:
+    def decide(self, prep: Prepared, logprobs: Sequence[float] | None) -> Answers:
         """What the item's scores (one per option, its texts combined) decide for each question
         this scorer's spec asks (its normalisation, calibration, threshold), each from its own
         part: a question's numbers never depend on another's. With a head, the questions it reads
         are decided by it, from the states scored with the item (`score`)."""
         return self.decide_read(prep, logprobs, self._states.peek(prep.key) if self.head is not None else [])
 
-    def decide_read(self, prep: Prepared, logprobs: Sequence[float], states: Sequence[np.ndarray]) -> Answers:
+    def scores_of(self, key: Hashable) -> list[float]:
+        """An item's options' scores, as `score` left them (a head that answered alone scored none)."""
+        scores = self._scores.peek(key)
+        if scores is None:
+            raise ValueError("the head answered this item alone: its options were not scored")
+        return scores
+
+    def decide_read(self, prep: Prepared, logprobs: Sequence[float] | None, states: Sequence[Mapping[str, np.ndarray]]
+                    ) -> Answers:
         """`decide`, the head reading `states` (per question it reads, as `score_reading` gives them)."""
         if logprobs is None:  # the head answered alone: no option was scored
-            asked, read = self.task.asked(prep), iter(states)
-            decisions = tuple(decided_by(r, q, next(read), None) for q, r in zip(asked, self.reading.readouts))
-            return Answers(tuple(asked), decisions, tuple(None for _ in asked))
-        answers = self._answers(prep, logprobs, self.prior)
-        if self.head is None:
-            return answers
-        decisions, states = list(answers.decisions), iter(states)
-        for i, (q, r) in enumerate(zip(answers.questions, self.reading.readouts)):
-            if r is not None:
-                decisions[i] = decided_by(r, q, next(states), answers.logprobs[i])
-        return Answers(answers.questions, tuple(decisions), answers.logprobs)
+            return self.reading.answers(self.task.asked(prep), states)
+        return self.reading.answers(self._answers(prep, logprobs, self.prior), states)
 
     def _answers(self, prep: Prepared, logprobs: Sequence[float],
                  priors: Sequence[Sequence[float] | None] | None) -> Answers:
@@ -473,6 +474,7 @@ def decide_together(asked: Sequence[tuple[Scorer, Prepared]]) -> list[Answers]:
             rows.append(row)
             wanted.append(want)
         views = views_of([Features(asked[i][0].views) for i in members])
+        states: Sequence[Any]
         if any(wanted):  # some scorer's head reads states: from the same forward
             scores, states = first.engine.score_with_states(first.prefix, rows, wanted, probe_of(views))
         else:
@@ -523,8 +525,14 @@ class Scores:
     """A batch's scores: per item, the summed log-prob of each candidate; and the items whose
     prompts went through the model (the rest reused recent or known scores)."""
 
-    logprobs: list[list[float]]
+    logprobs: list[list[float] | None]  # None: a head answered alone (no option scored)
     computed: list[Prepared]
+
+    def scored(self) -> list[list[float]]:
+        """Every item's scores (a scorer without a head scores every option)."""
+        if any(lps is None for lps in self.logprobs):
+            raise ValueError("a head answered some items alone: their options were not scored")
+        return [lps for lps in self.logprobs if lps is not None]
 
 
 def stored_key(task: Task, engine: ScoringEngine) -> str | None:
@@ -541,14 +549,14 @@ def stored_key(task: Task, engine: ScoringEngine) -> str | None:
 def prefix_stored(task: Task, engine: ScoringEngine, store: PrefixStore | None) -> bool:
     """Whether the task's prefix is in `store` (read back, not computed, when the scorer is made)."""
     key = stored_key(task, engine) if store is not None else None
-    return key is not None and store.has(key)
+    return store is not None and key is not None and store.has(key)
 
 
 def _prefix(task: Task, engine: ScoringEngine, store: PrefixStore | None) -> tuple[PrefixHandle, str]:
     """The prefilled prefix and where it came from ("loaded" from the store, or "computed")."""
     ids = task.builder.prefix_ids
     key = stored_key(task, engine) if store is not None else None
-    if key is None:
+    if store is None or key is None:
         return engine.prefill(ids), "computed"
     prefix = store.load(key, engine)
     if prefix is not None and prefix.ids == tuple(ids):

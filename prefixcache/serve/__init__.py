@@ -1,12 +1,14 @@
 """A local typed-decisions server: TypeSafe's System One and OpenAI's Decisions over one model.
 
 Modules:
-    decider.py    requests as the batch tool's specs and items; one model, prefixes kept, asks batched in a worker thread
+    decider.py    requests as the batch tool's specs and items; one model, prefixes kept, asks decided together
+    batcher.py    the decider in one worker thread: asks batched in passes (cheapest first, none starved)
     systemone.py  the System One wire format: request, answer, errors
     decisions.py  the OpenAI Decisions wire format: request, answer, errors
     body.py       a request body read and checked: size, JSON type, one gzip/zstd member, depth, keys, Unicode
     errors.py     what a wire format raises for a request it cannot take
     defaults.py   the server's defaults (batch wait, batch size, prefixes and packs kept), in one place
+    wire.py       the contract every wire format implements (`WireFormat`), and the two formats as values
     app.py        the HTTP app (Starlette on uvicorn): routes, bodies, auth, access log, clean stops
     replay.py     `decide`: a file of requests answered in order, resumable
     tally.py      answers counted per pack and question: one that takes nearly every request is said once

@@ -1,4 +1,4 @@
-"""The HTTP server: a Starlette app on uvicorn, the model in one worker thread (serve/decider.py).
+"""The HTTP server: a Starlette app on uvicorn, the model in one worker thread (serve/batcher.py).
 
 Routes: `POST /v1/systemone` (serve/systemone.py), `POST /v1/decisions` (serve/decisions.py),
 `GET /v1/models` (both clients' lists in one body), `GET /health`. Every request body is read here
@@ -30,13 +30,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import PrefixTooLong, SpecError, TooLong
-from . import decisions, systemone
 from ..scoring.options import ScoringOptions
 from .body import BadBody, TooLarge, WrongType, read_body
-from .decider import Batcher, Decided, Decider, ShuttingDown
+from .batcher import Batcher, ShuttingDown
+from .decider import Decided, Decider
 from .defaults import BATCH_WAIT_MS, DRAIN_S, MAX_BATCH, Limits
 from ..task.head import Head
 from .errors import Invalid, TooCostly
+from .wire import DECISIONS, SYSTEM_ONE, WireFormat
 
 log = logging.getLogger("prefixcache.serve")
 MAX_BODY = 8 * 1024 * 1024  # bytes of a request body, compressed and uncompressed
@@ -123,40 +124,6 @@ class ClientGone(Exception):
     """The client hung up while its request waited: nothing is sent (logged as 499)."""
 
 
-@dataclass(frozen=True)
-class WireFormat:
-    """What one wire format says, so that every route runs one ladder (`_route`): `parse` (a body
-    to the ask and what its answer needs), `count` (its questions, for the access log), `answer`,
-    `invalid` (a body that does not validate), `refused` (a library error refusing the ask),
-    `refusal` (a request refused before its body is read: status, message), `error` (status, code,
-    message: the server's own conditions) and `bad_json`. A third format is one of these and one
-    route line."""
-
-    parse: Callable[[Any], tuple[Any, Any]]
-    count: Callable[[Any, Any], int]
-    answer: Callable[[Decided, Any, str], dict[str, Any]]
-    invalid: Callable[[Invalid], tuple[int, dict[str, Any]]]
-    refused: Callable[[Exception], tuple[int, dict[str, Any]]]
-    refusal: Callable[[int, str], tuple[int, dict[str, Any]]]
-    error: Callable[[int, str, str], tuple[int, dict[str, Any]]]
-    bad_json: Callable[[str], tuple[int, dict[str, Any]]]
-
-
-SYSTEM_ONE = WireFormat(
-    parse=lambda body: (systemone.parse(body), None), count=lambda ask, _: len(ask.questions),
-    answer=lambda decided, _, model: systemone.answer(decided, model), invalid=systemone.invalid,
-    refused=systemone.refused, refusal=lambda status, message: systemone.failure(status, REFUSAL_KINDS[status], message),
-    error=lambda status, code, message: systemone.failure(status, code, message),
-    bad_json=lambda message: (422, {"detail": [{"loc": ["body"], "msg": message, "type": "value_error.jsondecode"}]}))
-DECISIONS = WireFormat(
-    parse=decisions.parse, count=lambda _, questions: len(questions), answer=decisions.answer,
-    invalid=decisions.invalid, refused=decisions.refused,
-    refusal=lambda status, message: decisions.failure(status, message, code=REFUSAL_CODES[status]),
-    error=lambda status, code, message: decisions.failure(
-        status, message, kind="server_error" if status >= 500 else "invalid_request_error", code=code),
-    bad_json=lambda message: decisions.failure(400, message, code="invalid_json"))
-
-
 def _route(fmt: WireFormat, decide: Decide, settings: Settings) -> Callable[[Request], Awaitable[Response]]:
     """A POST route of `fmt`: every failure answered in its shape, never a 5xx for the input's fault."""
 
@@ -226,9 +193,6 @@ def _foreign(request: Request, settings: Settings) -> tuple[int, str] | None:
                      f"--allow-origin {origin} to accept them)")
     return None
 
-
-REFUSAL_KINDS = {400: "invalid_request", 401: "authentication_error", 403: "forbidden"}
-REFUSAL_CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "forbidden"}
 
 
 def _systemone_refusal(refused: tuple[int, str]) -> Response:
@@ -355,6 +319,6 @@ class StoppableServer(uvicorn.Server):
             timer.start()
 
     def _deadline(self) -> None:
-        left = self.batcher.drain()
+        left = self.batcher.drain() if self.batcher is not None else 0
         if left:
             log.warning("stop deadline (%g s): %d requests answered 503, to be sent again", self.drain, left)

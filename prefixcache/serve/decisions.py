@@ -56,7 +56,8 @@ def _input(value: Any) -> tuple[str, str]:
         return "", value
     if not isinstance(value, list) or not value:
         raise Invalid([(("input",), "input must be a string or a non-empty list of messages", "invalid_type")])
-    system, rest = [], []
+    system: list[str] = []
+    rest: list[str] = []
     for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise Invalid([(("input", i), "each input item must be an object", "invalid_type")])

@@ -67,7 +67,8 @@ def deployment(model: Optional[str] = None, *, num_replicas: int = 1, api_key_en
     `heads`: paths of head files (prefixcache fit), read where each replica runs."""
     if num_replicas < 1 or max_batch < 1 or batch_wait_ms < 0:
         raise UsageError("num_replicas and max_batch must be 1 or more, batch_wait_ms 0 or more")
-    placed = Decisions.options(num_replicas=num_replicas, **({"ray_actor_options": ray_actor_options}
+    deployment: Any = Decisions  # serve.deployment made the class a Deployment
+    placed = deployment.options(num_replicas=num_replicas, **({"ray_actor_options": ray_actor_options}
                                                               if ray_actor_options else {}))
     return placed.bind(model, api_key_env, batch_wait_ms, max_batch, device, dtype, tuple(str(h) for h in heads))
 

@@ -21,11 +21,11 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .. import safefile
 from ..errors import InputError, OutputError
-from . import decisions, systemone
 from .decider import Ask, Decided, Decider
 from .defaults import MAX_BATCH
 from .body import BadBody, parsed
 from .errors import Invalid
+from .wire import SYSTEM_ONE, WireFormat, format_of
 
 
 @dataclass
@@ -54,40 +54,36 @@ def request_digest(line: str) -> str:
     return hashlib.sha256(line.strip().encode("utf-8")).hexdigest()[:16]
 
 
-def _parse(line: str) -> tuple[Any, str, Ask | None, Any, tuple[int, dict] | None]:
-    """(custom_id, format, ask, questions as given, error response)."""
+def _parse(line: str) -> tuple[Any, WireFormat, Ask | None, Any, tuple[int, dict] | None]:
+    """(custom_id, its format, ask, what its answer needs, error response)."""
     try:  # read as the server reads a body: no key twice, bounded depth, valid Unicode
         body = parsed(line.encode("utf-8", "surrogatepass"))
     except BadBody as exc:
-        return None, "systemone", None, None, systemone.invalid(Invalid([(("body",), str(exc), "value_error")]))
+        return None, SYSTEM_ONE, None, None, SYSTEM_ONE.invalid(Invalid([(("body",), str(exc), "value_error")]))
     except Invalid as exc:
-        return None, "systemone", None, None, systemone.invalid(exc)
+        return None, SYSTEM_ONE, None, None, SYSTEM_ONE.invalid(exc)
     custom_id = body.pop("custom_id", None) if isinstance(body, dict) else None
-    openai = isinstance(body, dict) and isinstance(body.get("questions"), list)
+    fmt = format_of(body)
     try:
-        if openai:
-            ask, questions = decisions.parse(body)
-            return custom_id, "decisions", ask, questions, None
-        return custom_id, "systemone", systemone.parse(body), None, None
+        ask, needs = fmt.parse(body)
+        return custom_id, fmt, ask, needs, None
     except Invalid as exc:
-        return custom_id, "decisions" if openai else "systemone", None, None, (
-            decisions.invalid(exc) if openai else systemone.invalid(exc))
+        return custom_id, fmt, None, None, fmt.invalid(exc)
 
 
-def _response(fmt: str, got: Decided | Exception, questions: Any, model: str) -> tuple[int, dict]:
-    wire = decisions if fmt == "decisions" else systemone
+def _response(fmt: WireFormat, got: Decided | Exception, needs: Any, model: str) -> tuple[int, dict]:
     if not isinstance(got, Decided):
-        return wire.refused(got)
-    return 200, (decisions.answer(got, questions, model) if fmt == "decisions" else systemone.answer(got, model))
+        return fmt.refused(got)
+    return 200, fmt.answer(got, needs, model)
 
 
 def answer_lines(decider: Decider, lines: Sequence[str]) -> list[tuple[Any, int, dict]]:
     """Each request line's (custom_id, status, body), the lines' asks decided in one pass: the
     body what the server answers (the answer, or the error in the request's format)."""
     parsed = [_parse(line) for line in lines]
-    answers = iter(decider.decide([ask for _, _, ask, _, error in parsed if error is None]))
-    return [(custom_id, *(error if error is not None else _response(fmt, next(answers), questions, decider.name)))
-            for custom_id, fmt, _, questions, error in parsed]
+    answers = iter(decider.decide([ask for _, _, ask, _, error in parsed if error is None and ask is not None]))
+    return [(custom_id, *(error if error is not None else _response(fmt, next(answers), needs, decider.name)))
+            for custom_id, fmt, _, needs, error in parsed]
 
 
 def done_lines(output: Path) -> tuple[list[dict], int]:

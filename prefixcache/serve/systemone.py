@@ -57,7 +57,7 @@ def parse(body: Any) -> Ask:
                 problems.append((("body", "questions", qid, "gold"), "gold names the item field a batch spec grades a "
                                  "question by; a request has no such field (grade the answers offline, or run a spec)",
                                  "value_error"))
-    if problems:
+    if problems or not isinstance(questions, dict):
         raise Invalid(problems)
     return Ask(instructions if isinstance(instructions, str) else "" if instructions is None else instructions,
                state_text(state), questions)

@@ -80,7 +80,7 @@ class ChoiceKind(Asked):
     def accepted(self, q: Question) -> tuple[str, ...]:
         return q.options
 
-    def answer(self, q: Question, decision: Decision, logprobs: Sequence[float]) -> dict[str, Any]:
+    def answer(self, q: Question, decision: Decision, logprobs: Sequence[float] | None) -> dict[str, Any]:
         return distribution_answer(q, decision, logprobs, {
             "type": "choice", "choice": None if decision.best is None else q.options[decision.best],
             "confidence": choice_confidence(decision.probs)})
@@ -94,7 +94,7 @@ class ChoiceKind(Asked):
     def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
         return dict(answer["probabilities"])
 
-    def summary(self, q: Question, answer: Mapping[str, Any]) -> str:
+    def summary(self, answer: Mapping[str, Any]) -> str:
         return "(abstained)" if answer["choice"] is None else answer["choice"]
 
     def correct(self, q: Question, answer: Mapping[str, Any], gold: str) -> bool | None:

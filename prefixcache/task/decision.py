@@ -60,7 +60,7 @@ def softplus(x: float) -> float:
 def normalise(
     logprobs: Sequence[float],
     how: str,
-    token_counts: Sequence[int] = (),
+    token_counts: Sequence[float] = (),
     texts: Sequence[str] = (),
     unconditional: Sequence[float] = (),
     sizes: Sequence[float] = (),
@@ -138,12 +138,18 @@ def mean_distribution(distributions: Sequence[Sequence[float]]) -> list[float]:
     return [sum(col) / n for col in zip(*distributions)]
 
 
+def ranked(probs: Sequence[float]) -> tuple[int, float]:
+    """Index of the most probable candidate (ties: the first) and the margin between the two
+    most probable (1.0 with one candidate)."""
+    order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))
+    best = order[0]
+    return best, probs[best] - probs[order[1]] if len(order) > 1 else 1.0
+
+
 def decide(probs: Sequence[float], threshold: float | None = None) -> tuple[int | None, float]:
     """Index of the most probable candidate (ties: the first), or None below `threshold`; and
     the margin between the two most probable (1.0 with one candidate)."""
-    order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))
-    best = order[0]
-    margin = probs[best] - probs[order[1]] if len(order) > 1 else 1.0
+    best, margin = ranked(probs)
     if threshold is not None and probs[best] < threshold:
         return None, margin
     return best, margin
@@ -162,7 +168,7 @@ class Decision:
 def judge(
     logprobs: Sequence[float],
     how: str,
-    token_counts: Sequence[int],
+    token_counts: Sequence[float],
     texts: Sequence[str],
     unconditional: Sequence[float] = (),
     prior: Sequence[float] | None = None,

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import SpecError
-from .decision import Decision, Tags, decide
+from .decision import Decision, Tags, ranked
 from .features import Features, views_of
 
 FORMAT = "prefixcache-head"
@@ -353,7 +353,8 @@ def _parse(data: bytes, where: str, path: str) -> Head:
     expected = {f"{i}.{n}" for i in range(len(readouts)) for n in ("mean", "scale", "coef", "intercept")}
     if set(arrays) != expected:
         raise SpecError(f"{bad} (it holds arrays {sorted(set(arrays) ^ expected)[:3]} it should not, or lacks them)")
-    fitted = info.get("fitted") if isinstance(info.get("fitted"), dict) else {}
+    fitted = info.get("fitted")
+    fitted = fitted if isinstance(fitted, dict) else {}
     return Head(path, readouts, dict(fp), str(info.get("layer", "final")), hashlib.sha256(data).hexdigest(), fitted)
 
 
@@ -420,7 +421,7 @@ def decided_by(readout: Readout, question: Any, states: Mapping[str, np.ndarray]
     probs = readout.probs(states, logprobs)
     if readout.binary:
         return Tags(probs, None, [p >= t for p, t in zip(probs, question.extra["thresholds"])])
-    best, margin = decide(probs, None)
+    best, margin = ranked(probs)
     cut = question.threshold  # with a threshold (none: never abstain), an option's own cut where fit chose one
     cut = readout.cuts.get(readout.options[best], cut) if cut is not None else None
     return Decision(probs, None, None if cut is not None and probs[best] < cut else best, margin)

@@ -8,13 +8,14 @@ import difflib
 import string
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, overload
 
 
 from ..errors import SpecError
 from .decision import NORMALIZATIONS
 from .head import Head, load_head
 from .texts import text_key, twice, twins
+from .kind import pack_kind
 from .questions import Question, content_free_value, label_kind, parse_pack, threshold_value
 from .spec import (
     DEFAULT_ANSWER_PREFIX,
@@ -71,7 +72,11 @@ def parse_template(text: str, where: str) -> Template:
     return Template(text=text, parts=tuple(parts))
 
 
-def _want_str(data: Mapping, key: str, path: Path, default: str | None = None) -> str | None:
+@overload
+def _want_str(data: Mapping[str, Any], key: str, path: Path, default: str) -> str: ...
+@overload
+def _want_str(data: Mapping[str, Any], key: str, path: Path, default: None = None) -> str | None: ...
+def _want_str(data: Mapping[str, Any], key: str, path: Path, default: str | None = None) -> str | None:
     value = data.get(key, default)
     if isinstance(value, Mapping) and len(value) == 1 and next(iter(value.values())) is None:
         field = next(iter(value))  # `key: {field}` unquoted: YAML reads a mapping
@@ -97,7 +102,8 @@ def _labels(value: Any, path: Path, choices: str | None) -> tuple[Label, ...]:
         raise SpecError(f"{path}: 'labels' must be a list or a mapping, got {type(value).__name__}")
     if not items:
         raise SpecError(f"{path}: 'labels' is empty")
-    labels, seen = [], {}
+    labels: list[Label] = []
+    seen: dict[str, str] = {}
     for name, desc in items:
         if isinstance(name, bool):
             raise SpecError(f"{path}: label {name!r} is how YAML reads an unquoted yes/no/true/false/on/off; "
@@ -239,7 +245,7 @@ def _tag_thresholds(value: Any, path: Path, labels: tuple[Label, ...]) -> tuple[
     unknown = [k for k in value if k not in names]
     if unknown:
         raise SpecError(f"{path}: 'threshold' names {unknown[0]!r}, which is not one of the labels")
-    return tuple(_threshold(value[name], path) if name in value else 0.5 for name in names)
+    return tuple((_threshold(value[name], path) or 0.5) if name in value else 0.5 for name in names)
 
 
 def _known_keys(data: Mapping[str, Any], path: Path) -> None:
@@ -350,7 +356,7 @@ def _question_spec(data: Mapping[str, Any], path: Path, template: Template, fmt:
     )
 
 
-def _backend(data: dict, path: Path) -> str | None:
+def _backend(data: Mapping[str, Any], path: Path) -> str | None:
     """The spec's `backend`: what runs its model (a name; the engines there are check it before
     any model loads: scoring/prepare.py)."""
     return _want_str(data, "backend", path)
@@ -377,10 +383,10 @@ def _question_examples(value: Any, path: Path, questions: tuple[Question, ...], 
             if q is None:
                 raise SpecError(f"{path}: example {n} answers {qid!r}, which is not one of the questions "
                                 f"({', '.join(map(repr, by_id))})")
-            option = q.kind.option_of(q, given)
+            option = pack_kind(q).option_of(q, given)
             if option is None:
                 raise SpecError(f"{path}: example {n} answers {q.id!r} with {given!r}, which is not one of its "
-                                f"answers ({', '.join(map(repr, q.kind.accepted(q)))})")
+                                f"answers ({', '.join(map(repr, pack_kind(q).accepted(q)))})")
             answers[q.id] = option
         out.append({**ex, "answers": answers})
     return tuple(out)

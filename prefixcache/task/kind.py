@@ -1,5 +1,6 @@
-"""What every kind of typed question shares: the `Question`, the `Kind` contract each kind module
-fulfils and the registry it joins, the confidence formulas the System One conformance suite pins,
+"""What every kind of typed question shares: the `Question`, the contract each kind module
+fulfils (`Kind`, and `PackKind` for a pack's kinds or `SpecKind` for a label spec's) and the
+registry a pack's kinds join, the confidence formulas the System One conformance suite pins,
 and the helpers the kinds build their options and answers with. No torch here.
 
 The kinds: choice_kind.py, noul_kind.py, score_kind.py; a pack is read in questions.py. A spec
@@ -14,7 +15,7 @@ import functools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import SpecError
 from .decision import Decision, Groups, Tags, judge
@@ -60,6 +61,13 @@ class Question:
     def type(self) -> str:
         return self.kind.name
 
+    @property
+    def gold_field(self) -> str:
+        """The item field with its expected answer (a graded question's; ValueError for one without)."""
+        if self.gold is None:
+            raise ValueError(f"question {self.id!r} has no gold field")
+        return self.gold
+
     @functools.cached_property
     def groups(self) -> Groups:
         """Which of its scored texts (in order, option by option) make each option's score."""
@@ -76,24 +84,58 @@ class Question:
 
     def branch(self) -> str:
         """The question as the model reads it after the item: its instructions and its options."""
-        return self.kind.branch(self)
+        return pack_kind(self).branch(self)
 
     def example_answer(self, value: Any, where: str) -> str:
         """What a few-shot example's answer to this question says (the option's first scored
         text). Raises SpecError for a value that is not one of its answers."""
-        option = self.kind.option_of(self, value)
+        kind = pack_kind(self)
+        option = kind.option_of(self, value)
         if option is None:
             raise SpecError(f"{where} answers {self.id!r} with {value!r}, which is not one of its answers "
-                            f"({', '.join(map(repr, self.kind.accepted(self)))})")
+                            f"({', '.join(map(repr, kind.accepted(self)))})")
         return self.said[self.options.index(option)][0]
 
 
 class Kind(Protocol):
-    """What one kind of question owns. Each kind module defines one and registers it in KINDS."""
+    """What every question's kind owns, a pack's typed kinds and a label spec's alike: how its
+    options' log-probabilities decide, and the traits scoring, fitting and the records read.
+    A pack's kinds are `PackKind`s (registered in KINDS); a label spec's are `SpecKind`s."""
 
-    name: str
-    aliases: tuple[str, ...]
-    abstains: bool  # its answer may abstain below a `threshold`
+    @property
+    def name(self) -> str: ...
+    @property
+    def aliases(self) -> tuple[str, ...]: ...
+    @property
+    def abstains(self) -> bool:
+        """Its answer may abstain below a `threshold`."""
+    @property
+    def races(self) -> bool:
+        """Pruned scoring may race its options (those whose options have one text each)."""
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The `read` values it takes."""
+    @property
+    def collapses(self) -> bool:
+        """One answer for most items hints at a biased model (not so for levels)."""
+    @property
+    def judged_each(self) -> bool:
+        """Each option is a yes/no call of its own (a fitted head reads one state per option)."""
+
+    def decide(self, question: Question, logprobs: Sequence[float], counts: Sequence[int],
+               unconditional: Sequence[float] = (), prior: Sequence[float] | None = None) -> Decision | Tags:
+        """What its options' log-probabilities decide (`logprobs`: one per option, its scored
+        texts already combined; `counts`, `unconditional`: one per scored text, its answer's
+        tokens and, for `pmi`, its log-probability after the content-free prompt)."""
+
+    def decision_logs(self, question: Question, decision: Decision | Tags) -> list[tuple[list[float], float | None]]:
+        """Each call its decision makes, as log-probabilities, with the log-threshold it is held
+        to (None: none): what `--exact` measures a close call and a rounding shift on."""
+
+
+class PackKind(Kind, Protocol):
+    """What one kind of a pack's typed questions owns. Each kind module defines one and registers
+    it in KINDS."""
 
     def parse(self, qid: str, entry: Mapping[str, Any], where: str) -> dict[str, Any]:
         """The kind's fields of a `Question` (options, descriptions, said, extra) from its entry."""
@@ -107,13 +149,13 @@ class Kind(Protocol):
     def accepted(self, question: Question) -> tuple[str, ...]:
         """The values `option_of` takes, to name in messages."""
 
-    def answer(self, question: Question, decision: Decision, logprobs: Sequence[float]) -> dict[str, Any]:
+    def answer(self, question: Question, decision: Decision, logprobs: Sequence[float] | None) -> dict[str, Any]:
         """The answer in the System One shape (plus `x_logprobs`)."""
 
     def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
         """The answer as a distribution over its options (noul: yes and no)."""
 
-    def summary(self, question: Question, answer: Mapping[str, Any]) -> str:
+    def summary(self, answer: Mapping[str, Any]) -> str:
         """The answer in a word, for the run's summary ("(abstained)" when it abstained)."""
 
     def correct(self, question: Question, answer: Mapping[str, Any], gold: str) -> bool | None:
@@ -125,28 +167,47 @@ class Kind(Protocol):
     def metrics(self, question: Question, answers: Sequence[Mapping[str, Any]], golds: Sequence[str]) -> dict[str, Any]:
         """Its metrics over answered items with gold options."""
 
-    def decide(self, question: Question, logprobs: Sequence[float], counts: Sequence[int],
-               unconditional: Sequence[float] = (), prior: Sequence[float] | None = None) -> Decision | Tags:
-        """What its options' log-probabilities decide (`logprobs`: one per option, its scored
-        texts already combined; `counts`, `unconditional`: one per scored text, its answer's
-        tokens and, for `pmi`, its log-probability after the content-free prompt)."""
+    def value_of(self, cell: str) -> Any:
+        """Its answer's value from a CSV cell (the inverse of writing `answer[type]`)."""
 
-    def decision_logs(self, question: Question, decision: Decision | Tags) -> list[tuple[list[float], float | None]]:
-        """Each call its decision makes, as log-probabilities, with the log-threshold it is held
-        to (None: none): what `--exact` measures a close call and a rounding shift on."""
+    def figures(self, metrics: Mapping[str, Any]) -> str:
+        """What its metrics say beyond accuracy and calibration, in words."""
+
+
+class SpecKind(Kind, Protocol):
+    """The kind of a label spec's one question (its labels, its labels judged one by one, or each
+    item's own options): it builds the question from the spec and writes the record's layout."""
+
+    def question(self, spec: Any, options: Sequence[str] = ()) -> Question:
+        """The spec's one question (`options`: an item's own, multiple choice)."""
+
+    def record(self, question: Question, spec: Any, fields: Mapping[str, Any], decision: Any,
+               logprobs: Sequence[float] | None) -> dict[str, Any]:
+        """The record's fields after the id and the kept input fields (`logprobs` None: a head
+        answered alone)."""
+
+    def prediction(self, question: Question, decision: Any) -> str | None:
+        """What the decision predicts, as text (None: it abstained)."""
+
+    def columns(self, spec: Any) -> tuple[list[str], list[str]]:
+        """Its record's CSV columns: those before the per-option ones, and the per-option ones."""
+
+    def table(self, spec: Any) -> Sequence[tuple[str, Callable[[Mapping[str, Any]], Any]]]:
+        """The columns a table of predictions gets (Classifier), each with how a record fills it."""
 
 
 class Asked:
     """What a kind decides by default: its options' distribution under its normalisation and
     calibration (`decide_question`), and each decision as the logs of that distribution with its
-    abstention threshold. The typed kinds and a label spec's kinds build on it, and say what
-    sets them apart in these attributes:"""
+    abstention threshold, with the traits (`Kind`'s attributes) most kinds share. The typed kinds
+    and a label spec's kinds build on it and override what sets them apart."""
 
-    races = False  # pruned scoring may race its options (those whose options have one text each)
-    reads: tuple[str, ...] = ("text",)  # the `read` values it takes
-    collapses = True  # one answer for most items hints at a biased model (not so for levels)
-    judged_each = False  # each option is a yes/no call of its own (a fitted head reads one state per option)
-    abstains = False  # its answer may abstain below a `threshold` (one of its options, not a number)
+    aliases: tuple[str, ...] = ()
+    races = False
+    reads: tuple[str, ...] = ("text",)
+    collapses = True
+    judged_each = False
+    abstains = False  # one of its options, not a number
 
     def __repr__(self) -> str:
         # its name: a spec's repr is what keys kept bounds and fingerprints, the same in every process
@@ -181,10 +242,10 @@ def decide_question(question: Question, logprobs: Sequence[float], token_counts:
                  groups.combine_lengths([size(t) for t in question.texts]))
 
 
-KINDS: dict[str, Kind] = {}
+KINDS: dict[str, PackKind] = {}
 
 
-def register(kind: Kind) -> Kind:
+def register(kind: PackKind) -> PackKind:
     """Add a question kind under its name and aliases; a name taken already is refused (ValueError)."""
     taken = [name for name in (kind.name, *kind.aliases) if name in KINDS]
     if taken:
@@ -193,6 +254,14 @@ def register(kind: Kind) -> Kind:
         KINDS[name] = kind
     return kind
 
+
+def pack_kind(question: Question) -> PackKind:
+    """A pack question's kind with its typed answers' members (it is the one registered under
+    its name); a label spec's question has none of them (TypeError)."""
+    kind = KINDS.get(question.kind.name)
+    if kind is not question.kind:
+        raise TypeError(f"question {question.id!r} is a label spec's ({question.kind.name}), not a pack's")
+    return kind
 
 
 # -- confidence: the formulas the System One conformance suite pins --------------------------------
@@ -235,7 +304,7 @@ def option_texts(entries: Any, at: str, least: int, most: int) -> list[tuple[str
     return pairs
 
 
-def distribution_answer(question: Question, decision: Decision, logprobs: Sequence[float],
+def distribution_answer(question: Question, decision: Decision, logprobs: Sequence[float] | None,
                         head: dict[str, Any]) -> dict[str, Any]:
     """A choice or score answer: `head` (its type and value), then its probabilities keyed by
     the options, the confidence `head` holds, the raw probabilities when calibrated and `x_logprobs`."""

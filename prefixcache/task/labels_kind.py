@@ -29,14 +29,11 @@ class LabelsKind(Asked):
     abstains = True
     races = True
 
-    def branch(self, q: Question) -> str | None:
-        return None  # the labels are listed in the system text; candidates follow the item's prompt
-
-    def record(self, q: Question, spec: "TaskSpec", fields: dict[str, Any], decision: Decision,
-               logprobs: Sequence[float]) -> dict[str, Any]:
+    def record(self, q: Question, spec: "TaskSpec", fields: Mapping[str, Any], decision: Decision,
+               logprobs: Sequence[float] | None) -> dict[str, Any]:
         """The record's fields after the id and the kept input fields."""
         names, best = q.options, decision.best
-        record = {"label": None if best is None else names[best],
+        record: dict[str, Any] = {"label": None if best is None else names[best],
                   "prob": None if best is None else r6(decision.probs[best]), "margin": r6(decision.margin),
                   "probs": {n: r6(p) for n, p in zip(names, decision.probs)},
                   **({} if logprobs is None else {"logprobs": dict(zip(names, logprobs))})}  # None: a head answered alone
@@ -76,8 +73,16 @@ def per_label_columns(spec: "TaskSpec", head: list[str]) -> tuple[list[str], lis
 
 def per_label_table(spec: "TaskSpec", head: list[str]) -> list[tuple[str, Callable[[Mapping[str, Any]], Any]]]:
     """A label layout's table columns: `head`, then each label's probability."""
-    return ([(h, lambda r, h=h: r.get(h)) for h in head]
-            + [(f"prob_{n}", lambda r, n=n: r["probs"][n]) for n in spec.label_names])
+    return ([(h, field_of(h)) for h in head] + [(f"prob_{n}", _prob_of(n)) for n in spec.label_names])
+
+
+def field_of(key: str) -> Callable[[Mapping[str, Any]], Any]:
+    """How a table column reads a record's field (None where it has none)."""
+    return lambda record: record.get(key)
+
+
+def _prob_of(label: str) -> Callable[[Mapping[str, Any]], Any]:
+    return lambda record: record["probs"][label]
 
 
 LABELS = LabelsKind()

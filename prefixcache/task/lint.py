@@ -99,6 +99,6 @@ def _length_spread(normalize: str, cands: dict[str, tuple[int, ...]]) -> list[st
     lengths = {name: len(ids) for name, ids in cands.items()}
     if normalize != "sum" or max(lengths.values()) < 3 * min(lengths.values()):
         return []
-    longest, shortest = max(lengths, key=lengths.get), min(lengths, key=lengths.get)
+    longest, shortest = max(lengths, key=lengths.__getitem__), min(lengths, key=lengths.__getitem__)
     return [f"label lengths differ a lot ({longest!r}: {lengths[longest]} tokens, {shortest!r}: "
             f"{lengths[shortest]}); with normalize: sum long labels are penalised, consider mean, pmi or calibrate"]

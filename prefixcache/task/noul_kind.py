@@ -60,7 +60,7 @@ class NoulKind(Asked):
     def accepted(self, q: Question) -> tuple[str, ...]:
         return ("true", "false", "yes", "no")
 
-    def answer(self, q: Question, decision: Decision, logprobs: Sequence[float]) -> dict[str, Any]:
+    def answer(self, q: Question, decision: Decision, logprobs: Sequence[float] | None) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "noul", "noul": decision.probs[0]}
         if decision.raw is not None:
             out["x_raw_noul"] = decision.raw[0]
@@ -74,7 +74,7 @@ class NoulKind(Asked):
     def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
         return {YES: answer["noul"], NO: 1 - answer["noul"]}
 
-    def summary(self, q: Question, answer: Mapping[str, Any]) -> str:
+    def summary(self, answer: Mapping[str, Any]) -> str:
         return YES if answer["noul"] >= 0.5 else NO
 
     def correct(self, q: Question, answer: Mapping[str, Any], gold: str) -> bool | None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .decision import Decision, judge
 from .kind import Asked, Question
-from .labels_kind import r6
+from .labels_kind import field_of, r6
 from .spec import LETTERS, gold_value, option_of
 
 if TYPE_CHECKING:
@@ -24,21 +24,18 @@ class OptionsKind(Asked):
     name = "options"
     abstains = True
 
-    def branch(self, q: Question) -> str | None:
-        return None  # the options follow the item's prompt (the template may show them lettered)
-
     def decide(self, q: Question, logprobs: Sequence[float], counts: Sequence[int],
                unconditional: Sequence[float] = (), prior: Sequence[float] | None = None) -> Decision:
         """As the default, but `chars` and `bytes` divide by the option's text, letters scored or not."""
         return judge(list(logprobs), q.normalize, counts, list(q.options), list(unconditional), prior, q.threshold)
 
-    def record(self, q: Question, spec: "TaskSpec", fields: dict[str, Any], decision: Decision,
-               logprobs: Sequence[float]) -> dict[str, Any]:
+    def record(self, q: Question, spec: "TaskSpec", fields: Mapping[str, Any], decision: Decision,
+               logprobs: Sequence[float] | None) -> dict[str, Any]:
         """The record's fields after the id and the kept input fields."""
         names, best = list(q.options), decision.best
-        record = {"label": None if best is None else names[best], "index": best, "scored": spec.score_by,
+        record: dict[str, Any] = {"label": None if best is None else names[best], "index": best, "scored": spec.score_by,
                   "prob": None if best is None else r6(decision.probs[best]), "margin": r6(decision.margin),
-                  "probs": [r6(p) for p in decision.probs], "logprobs": list(logprobs)}
+                  "probs": [r6(p) for p in decision.probs], "logprobs": None if logprobs is None else list(logprobs)}
         if spec.gold:
             gold = gold_value(fields, spec.gold)
             meant = option_of(gold, names)  # a letter names an option
@@ -62,7 +59,7 @@ class OptionsKind(Asked):
 
     def table(self, spec: "TaskSpec") -> list[tuple[str, Callable[[Mapping[str, Any]], Any]]]:
         """The columns a table of predictions gets (Classifier), each with how a record fills it."""
-        return [(h, lambda r, h=h: r.get(h)) for h in ("label", "prob", "margin", "index", "probs")]
+        return [(h, field_of(h)) for h in ("label", "prob", "margin", "index", "probs")]
 
 
 OPTIONS = OptionsKind()

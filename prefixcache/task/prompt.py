@@ -129,9 +129,10 @@ class PromptBuilder:
     def _body(self, record: Mapping[str, Any], item_id: object = None) -> str:
         """The template filled in; with a lettered layout `{options}` shows the item's options as
         "A. ...\nB. ..." lines."""
-        if self.spec.lettered and isinstance(record.get(self.spec.choices), (list, str)):
+        choices = self.spec.choices
+        if self.spec.lettered and choices is not None and isinstance(record.get(choices), (list, str)):
             try:
-                record = {**record, OPTIONS_FIELD: lettered_options(choice_list(record, self.spec.choices))}
+                record = {**record, OPTIONS_FIELD: lettered_options(choice_list(record, choices))}
             except ValueError:
                 pass  # not a list of options (a probe, a content-free prompt): shown as it is
         return self.spec.template.render(record, item_id)
@@ -144,6 +145,8 @@ class PromptBuilder:
             return label
         options = choice_list(example, self.spec.choices)
         option = option_of(label, options)
+        if option is None:  # the spec's check of its examples refuses this before any prompt is built
+            raise SpecError(f"a few-shot example's label {label!r} is not one of its options")
         return LETTERS[options.index(option)] if self.spec.score_by == "letter" else option
 
     def _shots(self) -> list[tuple[str, str]]:
@@ -190,16 +193,14 @@ class PromptBuilder:
 
     def _apply(self, messages: list[dict[str, str]], generation: bool) -> str:
         try:
-            return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+            return _text(self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation))
         except TEMPLATE_ERRORS as exc:  # the template is the model's
             raise ModelError(f"the model's chat template failed: {exc}")
 
     def _render_chat(self, body: str) -> str:
         if self._system_role:
             try:
-                return self.tok.apply_chat_template(
-                    self._messages(body), tokenize=False, add_generation_prompt=True
-                )
+                return _text(self.tok.apply_chat_template(self._messages(body), tokenize=False, add_generation_prompt=True))
             except TEMPLATE_ERRORS:  # e.g. "System role not supported": the text opens the first turn
                 self._system_role = False
         return self._apply(self._messages(body), generation=True)
@@ -240,7 +241,7 @@ class PromptBuilder:
         special = set(getattr(self.tok, "all_special_ids", ()) or ())
         added = getattr(self.tok, "added_tokens_decoder", {}) or {}
         if ids[0] in special or getattr(added.get(ids[0]), "special", False):
-            return self.tok.convert_ids_to_tokens(ids[0])
+            return str(self.tok.convert_ids_to_tokens(ids[0]))
         return ""
 
     def candidate_text(self, label: str) -> str:
@@ -348,7 +349,8 @@ class PromptBuilder:
         for q in self.spec.questions:
             stem_text = self.stem_text(q.branch())
             stem = self.candidate_ids(stem_text, whole=True)
-            start, seen = len(candidates), {}
+            start = len(candidates)
+            seen: dict[tuple[int, ...], str] = {}
             for text, ids in zip(q.texts, self._after_stem(stem_text, stem, q.texts)):
                 if ids[: len(stem)] != stem or len(ids) == len(stem):
                     raise SpecError(f"{self.spec.path}: question {q.id!r}: answer {text!r} does not split "
@@ -361,7 +363,9 @@ class PromptBuilder:
                 skips.append(len(stem))
             spans.append((start, len(candidates)))
         self.skips, self.spans = tuple(skips), tuple(spans)
-        names, members, parts = [], [], []
+        names: list[str] = []
+        members: list[tuple[int, ...]] = []
+        parts: list[tuple[int, int]] = []
         for q, (start, _) in zip(self.spec.questions, spans):
             parts.append((len(names), len(names) + len(q.options)))
             names += [f"{q.id}\x1f{option}" for option in q.options]
@@ -377,3 +381,10 @@ class PromptBuilder:
         # the engine then masks the cached positions it does not share.
         shared = min(common_prefix_len(ids, self.prefix_ids), len(ids) - 1)
         return EncodedItem(text, tuple(ids), shared)
+
+
+def _text(rendered: object) -> str:
+    """A chat template's rendering as text (asked for text, a tokenizer gives a string)."""
+    if not isinstance(rendered, str):
+        raise ModelError(f"the model's chat template gave {type(rendered).__name__}, not text")
+    return rendered

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import SpecError
 from . import choice_kind, labels_kind, noul_kind, options_kind, score_kind, tags_kind  # noqa: F401  (typed kinds register)
 from .decision import DEFAULT_CONTENT_FREE, NORMALIZATIONS, Decision, Tags
-from .kind import KINDS, Question, shown
+from .kind import KINDS, Question, SpecKind, pack_kind, shown
 
 COMMON_KEYS = ("type", "instructions", "criteria", "normalize", "calibrate", "threshold", "gold", "read", "words", "list")
 READS = ("text", "letters")
@@ -46,7 +46,8 @@ def parse_question(qid: str, entry: Any, where: str, normalize: str = "sum", cal
     if not isinstance(entry, Mapping):
         raise SpecError(f"{at} must be a mapping with a 'type' (choice, noul or score)")
     kinds = KINDS
-    kind = kinds.get(entry.get("type")) if isinstance(entry.get("type"), str) else None
+    named = entry.get("type")
+    kind = kinds.get(named) if isinstance(named, str) else None
     if kind is None:
         raise SpecError(f"{at} has type {entry.get('type')!r}; the types are {', '.join(sorted(kinds))}")
     unknown = [k for k in entry if k not in COMMON_KEYS]
@@ -104,22 +105,26 @@ class Answers:
 
     questions: tuple[Question, ...]
     decisions: tuple[Decision | Tags, ...]
-    logprobs: tuple[tuple[float, ...], ...]
+    logprobs: tuple[tuple[float, ...] | None, ...]  # None: a head answered alone (no option scored)
 
     def answers(self) -> dict[str, dict[str, Any]]:
         """Question id -> answer in the System One shape."""
-        return {q.id: q.kind.answer(q, d, lps) for q, d, lps in zip(self.questions, self.decisions, self.logprobs)}
+        out = {}
+        for q, d, lps in zip(self.questions, self.decisions, self.logprobs, strict=True):
+            assert isinstance(d, Decision), "a pack's kinds decide one option"
+            out[q.id] = pack_kind(q).answer(q, d, lps)
+        return out
 
     def bounded(self, indices: Sequence[int]) -> dict[str, list[str]]:
         """Question id -> its options whose log-probs are bounds (pruned scoring), from their
         indices in the item's options (the questions' options one after another)."""
         out: dict[str, list[str]] = {}
         at = 0
-        for q, lps in zip(self.questions, self.logprobs):
-            picked = [q.options[i - at] for i in indices if at <= i < at + len(lps)]
+        for q in self.questions:
+            picked = [q.options[i - at] for i in indices if at <= i < at + len(q.options)]
             if picked:
                 out[q.id] = picked
-            at += len(lps)
+            at += len(q.options)
         return out
 
     def decision_logs(self) -> list[tuple[list[float], float | None]]:
@@ -129,7 +134,7 @@ class Answers:
 
 def answer_word(answer: Mapping[str, Any]) -> str:
     """An answer in a word (its kind's `summary`), read from the answer alone."""
-    return KINDS[answer["type"]].summary(None, answer)
+    return KINDS[answer["type"]].summary(answer)
 
 
 def answer_distribution(answer: Mapping[str, Any]) -> dict[str, float]:
@@ -137,7 +142,7 @@ def answer_distribution(answer: Mapping[str, Any]) -> dict[str, float]:
     return KINDS[answer["type"]].distribution(answer)
 
 
-def label_kind(spec: Any) -> Any:
+def label_kind(spec: Any) -> SpecKind:
     """The kind of a label spec's one question: its labels, its labels judged one by one
     (multi-label), or each item's own options (multiple choice)."""
     return options_kind.OPTIONS if spec.choices else tags_kind.TAGS if spec.multi_label else labels_kind.LABELS

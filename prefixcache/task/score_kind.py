@@ -54,7 +54,7 @@ class ScoreKind(Asked):
     def accepted(self, q: Question) -> tuple[str, ...]:
         return q.options
 
-    def answer(self, q: Question, decision: Decision, logprobs: Sequence[float]) -> dict[str, Any]:
+    def answer(self, q: Question, decision: Decision, logprobs: Sequence[float] | None) -> dict[str, Any]:
         probs = decision.probs
         return distribution_answer(q, decision, logprobs, {
             "type": "score", "score": sum(i * p for i, p in enumerate(probs)), "legend": dict(zip(q.options, q.descriptions)),
@@ -66,7 +66,7 @@ class ScoreKind(Asked):
     def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
         return dict(answer["probabilities"])
 
-    def summary(self, q: Question, answer: Mapping[str, Any]) -> str:
+    def summary(self, answer: Mapping[str, Any]) -> str:
         return top_level(answer)
 
     def correct(self, q: Question, answer: Mapping[str, Any], gold: str) -> bool | None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 
 from ..errors import InputError
+from .kind import pack_kind
 from .texts import twice, twins
 
 
@@ -217,9 +218,10 @@ class TaskSpec:
         for q in self.questions:
             if q.gold is not None:
                 gold_value(record, q.gold)
-                if q.kind.option_of(q, record[q.gold]) is None:
+                kind = pack_kind(q)
+                if kind.option_of(q, record[q.gold]) is None:
                     raise ValueError(f"has gold {record[q.gold]!r} ({q.gold}) for question {q.id!r}, which is not one of its "
-                                     f"answers ({', '.join(map(repr, q.kind.accepted(q)))})")
+                                     f"answers ({', '.join(map(repr, kind.accepted(q)))})")
         if self.gold and self.multi_label:
             gold_tags(record, self.gold, self.label_names, self.gold_sep)
         elif self.gold:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from .decision import Tags, judge_tags, log_odds
-from .kind import Question
+from .decision import Decision, Tags, judge_tags, log_odds
+from .kind import Asked, Question
 from .labels_kind import per_label_columns, per_label_table, r6
 from .spec import gold_tags
 
@@ -19,7 +19,7 @@ QUESTION_ID = "labels"
 HEAD = ["labels"]  # the record's fields before the per-label ones
 
 
-class TagsKind:
+class TagsKind(Asked):
     """The label set of a multi-label spec (not a pack type: `multi_label: true` builds it)."""
 
     name = "tags"
@@ -32,15 +32,15 @@ class TagsKind:
         """`logprobs`: per label, log P(yes) against no (its yes and no branches combined)."""
         return judge_tags(logprobs, q.extra["thresholds"], prior)
 
-    def decision_logs(self, q: Question, decision: Tags) -> list[tuple[list[float], float | None]]:
+    def decision_logs(self, q: Question, decision: Decision | Tags) -> list[tuple[list[float], float | None]]:
         """Each label is a call of its own: its log-odds against its threshold's."""
         return [([log_odds(p)], log_odds(t)) for p, t in zip(decision.probs, q.extra["thresholds"])]
 
-    def record(self, q: Question, spec: "TaskSpec", fields: dict[str, Any], tags: Tags,
-               logprobs: Sequence[float]) -> dict[str, Any]:
+    def record(self, q: Question, spec: "TaskSpec", fields: Mapping[str, Any], tags: Tags,
+               logprobs: Sequence[float] | None) -> dict[str, Any]:
         """The record's fields after the id and the kept input fields."""
         names = q.options
-        record = {"labels": [n for n, on in zip(names, tags.on) if on],
+        record: dict[str, Any] = {"labels": [n for n, on in zip(names, tags.on) if on],
                   "probs": {n: r6(p) for n, p in zip(names, tags.probs)},
                   **({} if logprobs is None else {"logprobs": dict(zip(names, logprobs))})}  # None: a head answered alone
         if tags.raw is not None:

@@ -78,7 +78,9 @@ def _dumped(key: str, value: Any, old_line: str | None = None, replaced: bool = 
     if not replaced:
         return new
     if old_line is not None and len(new) == 1:
-        return [f"{new[0]}  # tuned, was:{_KEY.match(old_line).group(2)}"]
+        was = _KEY.match(old_line)
+        if was is not None:
+            return [f"{new[0]}  # tuned, was:{was.group(2)}"]
     return ["# set by prefixcache tune", *new]
 
 

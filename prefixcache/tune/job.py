@@ -25,7 +25,7 @@ from ..task.spec import gold_value, TaskSpec
 from ..task.specfile import read_spec_file, SpecFile
 from .rules import Decided, Gold, Rule, rules_for, spec_rule
 from ..reports.resampling import cv_splits
-from .selection import Config, Goal, Search, Selection, select
+from .selection import Config, Goal, Search, Selection, measured, select
 from ..task.tuned import check_tuned_output, relocated, write_tuned
 from ..run.labelled import labelled_items
 from .variants import Variant, variants
@@ -234,7 +234,7 @@ def header(result: TuneResult) -> str:
     s = result.selection
     figure = s.goal.figure.replace("_", " ").replace("macro f1", "macro-F1")
     chosen = describe(result, s.pick.config)
-    tuned, default = s.tuned[s.goal.figure], s.default.figures[s.goal.figure]
+    tuned, default = measured(s.tuned[s.goal.figure]), measured(s.default.figures[s.goal.figure])
     if s.verdict != "winner":
         return (f"prefixcache tune kept this spec: no configuration beat it beyond noise ({result.how}; "
                 f"{figure} {default.value:.3f} as written)")

@@ -7,7 +7,7 @@ from typing import Any
 from ..reports.markdown import cell, code
 from ..task.decision import DEFAULT_CONTENT_FREE
 from .job import TuneResult, describe, threshold_value
-from .selection import Figure, Row
+from .selection import Figure, Row, measured
 
 FIGURE_NAMES = {"accuracy": "accuracy", "macro_f1": "macro-F1", "answered_accuracy": "answered accuracy",
                 "coverage": "coverage"}
@@ -23,7 +23,7 @@ def verdict(result: TuneResult) -> str:
     """The finding in one or two sentences."""
     s = result.selection
     name = figure_name(result, s.goal.figure)
-    default, tuned, gain = s.default.figures[s.goal.figure], s.tuned[s.goal.figure], s.gain
+    default, tuned, gain = measured(s.default.figures[s.goal.figure]), measured(s.tuned[s.goal.figure]), s.gain
     if s.verdict == "spec":
         return (f"keep the spec as written: no configuration did better on these items "
                 f"({name} {_ci(default)}; {result.how})")
@@ -50,8 +50,8 @@ def _by(result: TuneResult) -> str:
     return "the labelled items" if result.test_items is not None else "cross-validation"
 
 
-def _ci(f: Figure) -> str:
-    return f"{f.value:.3f} [{f.low:.3f}, {f.high:.3f}]"
+def _ci(f: Figure | None) -> str:
+    return "-" if f is None else f"{f.value:.3f} [{f.low:.3f}, {f.high:.3f}]"
 
 
 def _signed(f: Figure) -> str:
@@ -125,8 +125,8 @@ def to_markdown(result: TuneResult, top: int) -> str:
         f = row.figures
         lines.append("| " + " | ".join([
             f"{rank}{mark}", cell(result.variants[row.config.variant].name), row.config.rule.name,
-            threshold_text(result, row), _ci(f["accuracy"]), "-" if f["macro_f1"] is None else _ci(f["macro_f1"]),
-            f"{f['coverage'].value:.3f}", f"{row.picked}/{s.splits}", f"{cost(result, row)[0]:.1f}"]) + " |")
+            threshold_text(result, row), _ci(f["accuracy"]), _ci(f["macro_f1"]),
+            f"{measured(f['coverage']).value:.3f}", f"{row.picked}/{s.splits}", f"{cost(result, row)[0]:.1f}"]) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -19,7 +19,8 @@ import numpy as np
 from ..data.items import Item
 from ..scoring.build import build_on, load_engine
 from ..scoring.options import ScoringOptions
-from ..scoring.prepare import Batching, Prepared, Task
+from ..scoring.prepare import Batching, Prepared, Task, all_prepared
+from ..task.decision import Decision
 from ..scoring.scorer import Scorer
 from .rules import Decided, Rule
 from .variants import Variant
@@ -79,12 +80,13 @@ def score_variant(scorer: Scorer, items: Sequence[Item], rules: Sequence[Rule], 
     logprobs: list[list[float]] = []
     seconds = unconditional = 0.0
     on_batch(0)
-    for batch in task.batches(items, batching, scorer.context):
+    for made in task.batches(items, batching, scorer.context):
+        batch = all_prepared(made)
         start = time.perf_counter()
         if task.spec.choices:  # what pmi compares each option with, scored as a pmi run does
             scorer.score_unconditional([c for p in batch for c in p.candidates.values()])
         middle = time.perf_counter()
-        logprobs += scorer.score(batch).logprobs
+        logprobs += scorer.score(batch).scored()
         unconditional += middle - start
         seconds += time.perf_counter() - middle
         preps += batch
@@ -98,11 +100,12 @@ def decide_all(scorer: Scorer, preps: Sequence[Prepared], logprobs: Sequence[Seq
     best, top, probs = [], [], []
     for prep, lps in zip(preps, logprobs):
         decision = scorer.decide(prep, lps).decisions[0]  # a label spec asks one question
-        if scorer.task.spec.multi_label:
+        if not isinstance(decision, Decision):  # multi-label: each label's own call
             probs.append(decision.probs)
             best.append(-1)
             top.append(0.0)
         else:
+            assert decision.best is not None  # tune's scorer has no threshold: it never abstains
             best.append(decision.best)
             top.append(decision.probs[decision.best])
     return Decided(np.array(best, dtype=int), np.array(top, dtype=float),

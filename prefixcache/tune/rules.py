@@ -66,17 +66,23 @@ class Gold:
 
     @classmethod
     def of(cls, spec: TaskSpec, records: Sequence[Mapping[str, Any]]) -> "Gold":
+        gold = spec.gold
+        if gold is None:
+            raise ValueError("tune needs the spec's gold field")
         if spec.multi_label:
-            tags = np.array([[name in gold_tags(r, spec.gold, spec.label_names, spec.gold_sep)
-                              for name in spec.label_names] for r in records], dtype=bool).reshape(len(records), -1)
+            tags = np.array([[name in gold_tags(r, gold, spec.label_names, spec.gold_sep)
+                              for name in spec.label_names] for r in records], dtype=np.bool_).reshape(len(records), -1)
             return cls(spec.label_names, np.full(len(records), -1), tags)
         if spec.choices:
             index = []
             for r in records:
                 options = choice_list(r, spec.choices)
-                index.append(options.index(option_of(gold_value(r, spec.gold), options)))
+                option = option_of(gold_value(r, gold), options)
+                if option is None:  # the spec's check of each item refuses this before any model loads
+                    raise ValueError(f"gold {gold_value(r, gold)!r} is not one of the item's options")
+                index.append(options.index(option))
             return cls((), np.array(index, dtype=int))
-        return cls(spec.label_names, np.array([spec.label_names.index(gold_value(r, spec.gold)) for r in records], dtype=int))
+        return cls(spec.label_names, np.array([spec.label_names.index(gold_value(r, gold)) for r in records], dtype=int))
 
     def truth(self) -> np.ndarray:
         """[items, labels] bool: the label is (one of) the item's gold."""

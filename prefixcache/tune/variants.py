@@ -96,7 +96,7 @@ def _from_file(path: Path) -> list[tuple[str, dict[str, Any]]]:
     if not isinstance(data, list) or not data:
         raise SpecError(f"{path}: a variants file is a list of the spec keys each variant sets, e.g. "
                         f"- {{name: terse, system: ...}}")
-    out = []
+    out: list[tuple[str, dict[str, Any]]] = []
     for n, entry in enumerate(data, 1):
         if not isinstance(entry, Mapping):
             raise SpecError(f"{path}: variant {n} must be a mapping of spec keys")

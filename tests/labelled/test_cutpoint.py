@@ -199,7 +199,8 @@ def test_a_certified_cut_holds_for_the_head_that_runs_on_fresh_rows_over_many_se
     """The cut is tested on calibration rows the written head never trained on, so its bound is
     about that head: over many draws of the labelled rows, the answered fresh rows reach the target
     in all but about 1 in 20 (95% confidence), though fold heads and the refitted head differ."""
-    from prefixcache.labelled.heads import Asked, Labelled, judge
+    from prefixcache.labelled.data import Labelled
+    from prefixcache.labelled.heads import Asked, judge
 
     means = np.random.default_rng(99).standard_normal((3, 12)) * 1.5
     misses, certified = 0, 0
@@ -226,7 +227,8 @@ def test_a_certified_cut_holds_for_the_head_that_runs_on_fresh_rows_over_many_se
 def test_an_accuracy_interval_is_never_narrower_than_the_exact_one():
     """The bootstrap's percentile interval is empty at a perfect score and too narrow on a few
     dozen rows: a held-out accuracy's interval holds the two-sided exact one at least."""
-    from prefixcache.labelled.heads import Labelled, figures
+    from prefixcache.labelled.data import Labelled
+    from prefixcache.labelled.heads import figures
 
     for right, n in ((40, 40), (36, 40), (0, 12)):
         gold = np.arange(n) % 2
@@ -247,7 +249,8 @@ def test_estimates_on_a_mix_of_picked_and_random_rows_describe_the_pool_not_the_
     with rows drawn at random. Marked as picked, the estimate stands on the random rows and comes
     out near the written head's accuracy on fresh rows of the pool; counted as random, it falls
     well below it (the picked rows are the hardest by construction)."""
-    from prefixcache.labelled.heads import Labelled, judge
+    from prefixcache.labelled.data import Labelled
+    from prefixcache.labelled.heads import judge
 
     means = np.random.default_rng(7).standard_normal((3, 8)) * 1.2
     marked, unmarked = [], []

@@ -98,7 +98,7 @@ def test_a_questions_states_are_read_where_its_options_start(chat_tokenizer, tmp
 # -- the head file's arithmetic -------------------------------------------------------------------
 def test_a_head_gives_the_probabilities_of_the_regression_it_stores():
     from sklearn.linear_model import LogisticRegression
-    from prefixcache.labelled.heads import SOLVER, fit_multiclass
+    from prefixcache.labelled.readouts import SOLVER, fit_multiclass
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(60, 8)), rng.integers(0, 3, 60)
@@ -627,7 +627,7 @@ def test_a_readout_wider_than_its_items_is_the_regression_on_every_feature(binar
     and probabilities are those of the same regression fitted on every feature."""
     from sklearn.linear_model import LogisticRegression
 
-    from prefixcache.labelled.heads import fit_binary, fit_multiclass
+    from prefixcache.labelled.readouts import fit_binary, fit_multiclass
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=(24, 200)) * rng.uniform(0.5, 3, size=200)  # 24 items, 200 features
@@ -733,7 +733,8 @@ def test_near_copies_by_the_models_reading_are_listed_and_exact_copies_are_not()
 def test_the_verdicts_words_follow_the_gains_interval(gain, verdict, items, prompt_items, words):
     """A wide interval is "not enough labels to tell", never "as good"; the items that would tell
     them apart scale as the interval's half-width over the gain, squared."""
-    from prefixcache.labelled.heads import Choice, Judged
+    from prefixcache.labelled.data import Choice
+    from prefixcache.labelled.heads import Judged
     from prefixcache.reports.resampling import Figure
 
     judged = Judged("label", False, items, 5, {}, {}, Figure(*gain), verdict, Choice(1.0, "state"), {},
@@ -742,7 +743,8 @@ def test_the_verdicts_words_follow_the_gains_interval(gain, verdict, items, prom
 
 
 def test_planted_label_flips_are_listed_as_likely_errors_and_a_weak_head_flags_nothing():
-    from prefixcache.labelled.heads import Labelled, likely_errors
+    from prefixcache.labelled.data import Labelled
+    from prefixcache.labelled.hygiene import likely_errors
 
     rng = np.random.default_rng(3)
     n, k = 60, 3

@@ -245,7 +245,7 @@ def test_a_head_alone_on_typed_questions_runs_on_llama_cpp(tmp_path, gguf_file):
 def test_short_memory_decodes_in_smaller_micro_batches_with_the_same_records(tmp_path, items, gguf_file, monkeypatch):
     """A decode runs as one micro-batch where memory allows; where a whole decode's buffers would
     not fit what is available, in UBATCH_TOKENS micro-batches (said), the records the same."""
-    from prefixcache.model import engines
+    from prefixcache.model import llamaentry
     from prefixcache.model.llamacpp import DECODE_TOKENS, UBATCH_TOKENS, context_cells
     from prefixcache.model.memory import llama_footprint
 
@@ -255,7 +255,7 @@ def test_short_memory_decodes_in_smaller_micro_batches_with_the_same_records(tmp
     assert whole.exit_code == 0 and "micro-batches" not in whole.stderr, whole.output
     cells = context_cells(40)  # more than this spec's prefix: the estimates only grow with it
     small, big = (llama_footprint(gguf_file, cells, n).total for n in (UBATCH_TOKENS, DECODE_TOKENS))
-    monkeypatch.setattr(engines, "available_and_why", lambda: ((small + big) // 2, "this machine"))
+    monkeypatch.setattr(llamaentry, "available_and_why", lambda: ((small + big) // 2, "this machine"))
     short = invoke("run", spec, items, "-o", tmp_path / "short.jsonl", *common)
     assert short.exit_code == 0 and f"{UBATCH_TOKENS}-token micro-batches" in short.stderr, short.output
     assert close(records(tmp_path / "short.jsonl"), records(tmp_path / "whole.jsonl"), 1e-4)

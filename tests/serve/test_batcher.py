@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from prefixcache.serve.decider import Ask, Batcher, Decided, Ready
+from prefixcache.serve.batcher import Batcher
+from prefixcache.serve.decider import Ask, Decided, Ready
 from prefixcache.serve.errors import TooLarge
 
 SECONDS_A_TOKEN = 1e-4

@@ -51,7 +51,7 @@ class LikertKind(Asked):
     def distribution(self, answer: Mapping[str, Any]) -> dict[str, float]:
         return dict(answer["probabilities"])
 
-    def summary(self, q: Question, answer: Mapping[str, Any]) -> str:
+    def summary(self, answer: Mapping[str, Any]) -> str:
         return answer["likert"]
 
     def correct(self, q: Question, answer: Mapping[str, Any], gold: str) -> bool | None:

@@ -91,6 +91,8 @@ def test_spec_refuses_what_cannot_be_tagged(tmp_path, keys, message):
 def test_spec_tag_keys_and_defaults(tmp_path):
     spec = make_spec(tmp_path, labels=TAGS, multi_label=True, threshold={"refund": 0.8})
     assert spec.tag_thresholds == (0.5, 0.5, 0.5, 0.8) and spec.threshold is None
+    unset = make_spec(tmp_path, labels=TAGS, multi_label=True, threshold={"refund": None})  # `refund:` left empty
+    assert unset.tag_thresholds == (0.5,) * 4
     assert spec.answers == ("yes", "no") and spec.question_for(spec.labels[0]) == "Is this about billing?"
     worded = make_spec(tmp_path, labels={"billing": {"words": ["billing", "invoice"], "description": "money"}, "x": None})
     assert worded.labels[0].forms == ("billing", "invoice") and worded.labels[0].description == "money"
