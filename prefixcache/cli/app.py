@@ -32,13 +32,13 @@ from .options import (
     BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
     EXAMPLES_OPT, REPORT_FIT_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, TARGET_ACCURACY_OPT, COVERAGE_OPT, CONFIDENCE_OPT, FIT_FEATURES_OPT, FitFeatures, PROMPT_SAMPLE_OPT, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, LABELLED_FILES_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
     POOL_ARG, SUGGEST_N_OPT, SUGGESTED_OPT, SUGGEST_LABELLED_OPT, SUGGEST_SEED_OPT, SUGGEST_RANDOM_OPT, SUGGEST_AUDIT_OPT,
-    OVERWRITE_SUGGESTED_OPT,
+    OVERWRITE_SUGGESTED_OPT, ALPHA_OPT, DRIFT_CUR_ARG, DRIFT_QUIET_OPT, DRIFT_REF_ARG, FAIL_ON_DRIFT_OPT,
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
     VERSION_OPT, LogLevel, run_options, ALLOW_HOST_OPT, ALLOW_ORIGIN_OPT, DRAIN_SECONDS_OPT, MAX_REQUEST_TOKENS_OPT,
 )
-from .show import (rendered_text, print_bench, print_diff, print_dry_run, print_evaluation, print_precision_bench,
+from .show import (rendered_text, print_bench, print_diff, print_drift, print_dry_run, print_evaluation, print_precision_bench,
                    print_fit, suggest_summary, print_summary, print_tune)
 from .terminal import (Command, Commands, bench_step, err, say, errors, progress, reporting, setup_logging, signals,
                        steps, stopped_at_once)
@@ -205,6 +205,36 @@ def diff(
             for failure in failures:
                 err.print(f"gate failed: {failure}", markup=False)
         raise typer.Exit(EXIT_GATE if failures else 0)
+
+
+@app.command(cls=Command)
+def drift(
+    reference: str = DRIFT_REF_ARG, current: str = DRIFT_CUR_ARG, alpha: float = ALPHA_OPT,
+    fail_on_drift: bool = FAIL_ON_DRIFT_OPT, md: Optional[Path] = DIFF_MD_OPT, as_json: Optional[Path] = DIFF_JSON_OPT,
+    quiet: bool = DRIFT_QUIET_OPT, debug: bool = DEBUG_OPT,
+) -> None:
+    """Compare a run with a reference run on other items, without labels: whether its answers'
+    shares, confidence and margins, and its abstained and failed items, are what the reference's
+    were for samples of these sizes; and what changed in the model, spec, engine or precision.
+
+    The verdict is one line on stderr (for a log); the tests' table on stdout.
+
+    Example:
+
+        prefixcache drift runs/reference.jsonl runs/tonight.jsonl --fail-on-drift   # a nightly gate
+
+        prefixcache drift last-week.jsonl today.jsonl --md "$GITHUB_STEP_SUMMARY" --json drift.json
+    """
+    from ..reports.drift import compare_runs, write_drift_reports
+
+    with errors(debug):
+        found = compare_runs(reference, current, alpha)
+        write_drift_reports(found, md, as_json)
+        with reporting():
+            if not quiet:
+                print_drift(Console(highlight=False), found)
+            err.print(found.line(), markup=False, soft_wrap=True)
+        raise typer.Exit(EXIT_GATE if fail_on_drift and found.alarm else 0)
 
 
 @app.command(cls=Command)

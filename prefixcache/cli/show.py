@@ -340,6 +340,20 @@ def _plain(value: object) -> str:
     return "-" if value is None else escape(shown(value))
 
 
+def print_drift(console: Console, drift: Any) -> None:
+    """`drift`'s tests as a table (stdout): each one's p-value, the PSI of shares, the figures."""
+    table = Table("test", "p", "PSI", "what", title=f"{escape(drift.current)} ({drift.n_current} items) against "
+                  f"{escape(drift.reference)} ({drift.n_reference}): alarm below p={drift.cut:.2g}",
+                  title_justify="left")
+    for t in drift.tests:
+        fired = t in drift.fired
+        table.add_row(("[bold red]" if fired else "") + escape(t.name), f"{t.p:.3g}",
+                      "-" if t.psi is None else f"{t.psi:.3f}", escape(t.words))
+    console.print(table)
+    for change in drift.changed:
+        console.print(f"changed: {escape(change)}", soft_wrap=True)
+
+
 def rendered_text(rendered: dict, decode: Callable[[list[int]], Any]) -> str:
     """`render --text`: one item's prompt as a person reads it: the cached prefix, a marked line
     where the item's own tokens start, the item's part, and each candidate's text and tokens."""

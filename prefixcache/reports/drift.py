@@ -1,0 +1,323 @@
+"""A run compared with a reference run on other items: whether its answers are distributed as the
+reference's were, without labels (`prefixcache drift`).
+
+Where `diff` joins two runs on the same items, drift asks of two runs on different items (last
+week's and tonight's) whether the same process could have produced both: per question its answers'
+shares (a G-test of homogeneity, and the population stability index as the size of a change), the
+answers' confidence and, for a label set, its margin (two-sample Kolmogorov-Smirnov), and the
+shares of abstained and failed items (Fisher's exact test). Each p-value says how often a
+difference at least this large arises between two samples of these sizes from one process; the
+alarm fires when any is below `alpha` divided by the number of tests (Bonferroni: `alpha` bounds
+the chance of any false alarm in the whole comparison). What the fingerprints say changed (the
+model, the spec, the engine, the precision, the head) is said as fact, beside the tests.
+
+Example:
+    drift = compare_runs("runs/monday.jsonl", "runs/tuesday.jsonl", alpha=0.01)
+    print(drift.line())          # one line for a log
+    if drift.alarm: ...
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..data.output import fingerprint_path, read_records
+from ..data.records import Record, is_error
+from ..errors import InputError
+from ..task.questions import answer_word
+from .markdown import cell, code
+
+ALPHA = 0.01  # the chance of any false alarm in one comparison
+ABSTAINED = "(abstained)"
+# What a fingerprint names that changes what the answers are, and in words.
+IDENTITY = (("model", "the model"), ("spec", "the spec"), ("head", "the fitted head"), ("engine", "the engine"),
+            ("engine_version", "the engine's version"), ("dtype", "the precision"), ("exact", "--exact"),
+            ("device", "the device"))
+
+
+@dataclass(frozen=True)
+class Test:
+    """One comparison: what is compared, its statistic and two-sided p-value, the size of the
+    change where it has one (PSI for shares), and the figures in words."""
+
+    name: str
+    statistic: float
+    p: float
+    words: str
+    psi: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "statistic": round(self.statistic, 6), "p": self.p, "words": self.words,
+                **({"psi": round(self.psi, 6)} if self.psi is not None else {})}
+
+
+@dataclass
+class Drift:
+    """The comparison of `current` with `reference`: the items on each side, the tests, what the
+    fingerprints say changed, and the threshold the alarm is held to."""
+
+    reference: str
+    current: str
+    n_reference: int
+    n_current: int
+    tests: list[Test] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    alpha: float = ALPHA
+
+    @property
+    def cut(self) -> float:
+        """The p-value below which one test raises the alarm (`alpha` shared among the tests)."""
+        return self.alpha / max(len(self.tests), 1)
+
+    @property
+    def fired(self) -> list[Test]:
+        return [t for t in self.tests if t.p < self.cut]
+
+    @property
+    def alarm(self) -> bool:
+        return bool(self.fired)
+
+    def line(self) -> str:
+        """The verdict in one line, for a log."""
+        sizes = f"{self.n_current} items against {self.n_reference}"
+        if self.fired:
+            head = "DRIFT: " + "; ".join(f"{t.name} (p={t.p:.2g}: {t.words})" for t in self.fired)
+        else:
+            least = min(self.tests, key=lambda t: t.p, default=None)
+            head = "no drift" + (f" (least p={least.p:.2g}, {least.name}; alarm below {self.cut:.2g})" if least else "")
+        changed = f"; changed: {', '.join(self.changed)}" if self.changed else ""
+        return f"drift: {head}; {sizes}{changed}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reference": self.reference, "current": self.current, "items": [self.n_reference, self.n_current],
+                "alpha": self.alpha, "cut": self.cut, "alarm": self.alarm, "changed": self.changed,
+                "tests": [t.to_json() for t in self.tests]}
+
+    def to_markdown(self) -> str:
+        lines = [f"### prefixcache drift: {'DRIFT' if self.alarm else 'no drift'}", "",
+                 f"{code(self.current)} ({self.n_current} items) against {code(self.reference)} "
+                 f"({self.n_reference} items); alarm below p={self.cut:.2g} (alpha {self.alpha} over "
+                 f"{len(self.tests)} tests)", ""]
+        lines += [f"- changed: {', '.join(self.changed)}", ""] if self.changed else []
+        lines += ["| test | p | PSI | what |", "|---|---|---|---|"]
+        lines += [f"| {cell(t.name)}{' ⚠' if t in self.fired else ''} | {t.p:.3g} | "
+                  f"{'-' if t.psi is None else f'{t.psi:.3f}'} | {cell(t.words)} |" for t in self.tests]
+        return "\n".join(lines) + "\n"
+
+
+def compare_runs(reference: str, current: str, alpha: float = ALPHA) -> Drift:
+    """`current`'s records against `reference`'s (two outputs of `run`, on other items)."""
+    if not 0 < alpha < 1:
+        raise InputError(f"alpha must be between 0 and 1, got {alpha}")
+    before, after = read_records(reference, strict=True).records, read_records(current, strict=True).records
+    for path, records in ((reference, before), (current, after)):
+        if not records:
+            raise InputError(f"{path}: holds no records to compare")
+    drift = Drift(reference, current, len(before), len(after), alpha=alpha,
+                  changed=fingerprint_changes(_fingerprint(reference), _fingerprint(current)))
+    drift.tests = runs_tests(before, after)
+    return drift
+
+
+def runs_tests(before: Sequence[Record], after: Sequence[Record]) -> list[Test]:
+    """Every test of two runs' records: per question its answers' shares and confidence (a label
+    set's margin too), then the failed items' share."""
+    a, b = [r for r in before if not is_error(r)], [r for r in after if not is_error(r)]
+    tests = []
+    for name, view in _views(a + b):
+        left, right = [view(r) for r in a], [view(r) for r in b]
+        shares = shares_test(name, [v[0] for v in left], [v[0] for v in right])
+        tests += [shares] if shares is not None else []
+        tests.append(ks_test(f"{name} confidence", [v[1] for v in left if v[1] is not None],
+                             [v[1] for v in right if v[1] is not None]))
+        if any(v[2] is not None for v in left + right):
+            tests.append(ks_test(f"{name} margin", [v[2] for v in left if v[2] is not None],
+                                 [v[2] for v in right if v[2] is not None]))
+    tests.append(rate_test("failed items", sum(map(is_error, before)), len(before), sum(map(is_error, after)),
+                           len(after)))
+    return [t for t in tests if not math.isnan(t.p)]
+
+
+# -- what each record answers ------------------------------------------------------------------------
+View = Any  # a record -> (its answer in a word, its confidence, its margin or None)
+
+
+def _views(records: Sequence[Record]) -> list[tuple[str, View]]:
+    """Per question the records answer, how a record's answer reads: a label set or choice (one
+    word a record), a multi-label set (each label on or off), or a pack's typed questions."""
+    first = records[0] if records else {}
+    if "answers" in first:
+        return [(f"question {qid}", _question_view(qid)) for qid in first["answers"]]
+    if "labels" in first:
+        return [(f"label {name}", _tag_view(name)) for name in first.get("probs", {})]
+    return [("labels", _label_view)]
+
+
+def _label_view(record: Mapping[str, Any]) -> tuple[str, float | None, float | None]:
+    probs = record.get("probs")
+    values = list(probs.values()) if isinstance(probs, dict) else list(probs or [])
+    label = record.get("label")
+    return (ABSTAINED if label is None else str(label), max(values) if values else None, record.get("margin"))
+
+
+def _tag_view(name: str) -> View:
+    def view(record: Mapping[str, Any]) -> tuple[str, float | None, float | None]:
+        p = record.get("probs", {}).get(name)
+        return ("on" if name in record.get("labels", ()) else "off", None if p is None else max(p, 1 - p), None)
+    return view
+
+
+def _question_view(qid: str) -> View:
+    def view(record: Mapping[str, Any]) -> tuple[str, float | None, float | None]:
+        answer = record.get("answers", {}).get(qid)
+        if not isinstance(answer, dict):
+            return ("(none)", None, None)
+        return (answer_word(answer), answer.get("confidence"), None)
+    return view
+
+
+# -- the tests -----------------------------------------------------------------------------------------
+def shares_test(name: str, before: Sequence[str], after: Sequence[str]) -> Test | None:
+    """The answers' shares on each side: a G-test of homogeneity of the 2 x K table (K answers
+    seen on either side; none when only one answer was ever given) and the PSI between them."""
+    left, right = Counter(before), Counter(after)
+    keys = sorted(set(left) | set(right))
+    n, m = len(before), len(after)
+    if len(keys) < 2 or not n or not m:
+        return None
+    g = 0.0
+    for k in keys:
+        total = left[k] + right[k]
+        for observed, size in ((left[k], n), (right[k], m)):
+            expected = total * size / (n + m)
+            g += 2 * observed * math.log(observed / expected) if observed else 0.0
+    psi = sum((right[k] / m - left[k] / n) * math.log(((right[k] + 0.5) / (m + 0.5 * len(keys)))
+                                                      / ((left[k] + 0.5) / (n + 0.5 * len(keys)))) for k in keys)
+    moved = sorted(keys, key=lambda k: -abs(right[k] / m - left[k] / n))[:3]
+    words = ", ".join(f"{k} {100 * left[k] / n:.0f}% -> {100 * right[k] / m:.0f}%" for k in moved)
+    return Test(f"{name} shares", g, chi2_sf(g, len(keys) - 1), words, psi)
+
+
+def ks_test(name: str, before: Sequence[float], after: Sequence[float]) -> Test:
+    """Two-sample Kolmogorov-Smirnov: the largest gap between the two empirical distributions,
+    and its asymptotic p-value (with Stephens' small-sample correction)."""
+    n, m = len(before), len(after)
+    if not n or not m:
+        return Test(name, 0.0, math.nan, "no values on one side")
+    left, right = sorted(before), sorted(after)
+    d = max(abs(bisect.bisect_right(left, x) / n - bisect.bisect_right(right, x) / m) for x in left + right)
+    en = math.sqrt(n * m / (n + m))
+    p = kolmogorov_sf((en + 0.12 + 0.11 / en) * d)
+    mid = (lambda xs: xs[len(xs) // 2])
+    return Test(name, d, p, f"median {mid(left):.3f} -> {mid(right):.3f}, largest gap {d:.3f}")
+
+
+def rate_test(name: str, k1: int, n1: int, k2: int, n2: int) -> Test:
+    """A share of items on each side (`k` of `n`): Fisher's exact test, two-sided."""
+    if not n1 or not n2:
+        return Test(name, 0.0, math.nan, "no items on one side")
+    return Test(name, k2 / n2 - k1 / n1, fisher_exact(k1, n1, k2, n2),
+                f"{100 * k1 / n1:.1f}% -> {100 * k2 / n2:.1f}%")
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(X >= x) for X chi-squared with `df` degrees of freedom (the regularised upper incomplete
+    gamma function Q(df/2, x/2), by its series or its continued fraction)."""
+    if x <= 0:
+        return 1.0
+    a, z = df / 2.0, x / 2.0
+    if z < a + 1:  # the series of P, then Q = 1 - P
+        term = total = 1.0 / a
+        for k in range(1, 10_000):
+            term *= z / (a + k)
+            total += term
+            if term < total * 1e-15:
+                break
+        return max(0.0, 1.0 - total * math.exp(-z + a * math.log(z) - math.lgamma(a)))
+    b, c, d = z + 1 - a, 1e300, 1.0 / (z + 1 - a)  # Lentz's continued fraction for Q
+    h = d
+    for k in range(1, 10_000):
+        an = -k * (k - a)
+        b += 2
+        d = an * d + b
+        d = 1e-300 if abs(d) < 1e-300 else d
+        c = b + an / c
+        c = 1e-300 if abs(c) < 1e-300 else c
+        d = 1.0 / d
+        h *= d * c
+        if abs(d * c - 1) < 1e-15:
+            break
+    return min(1.0, math.exp(-z + a * math.log(z) - math.lgamma(a)) * h)
+
+
+def kolmogorov_sf(t: float) -> float:
+    """P(K > t) for Kolmogorov's distribution (the limit of sqrt(n) times the KS statistic)."""
+    if t < 0.2:
+        return 1.0
+    total = sum((-1) ** (k - 1) * math.exp(-2 * k * k * t * t) for k in range(1, 101))
+    return min(1.0, max(0.0, 2 * total))
+
+
+def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided Fisher's exact test of k1/n1 against k2/n2: the hypergeometric probability of the
+    tables with the same margins no more probable than this one."""
+    total, hits = n1 + n2, k1 + k2
+
+    def logp(k: int) -> float:  # k of the hits on the first side
+        return (math.lgamma(hits + 1) - math.lgamma(k + 1) - math.lgamma(hits - k + 1)
+                + math.lgamma(total - hits + 1) - math.lgamma(n1 - k + 1) - math.lgamma(total - hits - n1 + k + 1)
+                - (math.lgamma(total + 1) - math.lgamma(n1 + 1) - math.lgamma(n2 + 1)))
+
+    low, high = max(0, hits - n2), min(hits, n1)
+    seen = logp(k1)
+    return min(1.0, sum(math.exp(lp) for lp in map(logp, range(low, high + 1)) if lp <= seen + 1e-9))
+
+
+# -- what the fingerprints say -------------------------------------------------------------------------
+def _fingerprint(output: str) -> dict[str, Any]:
+    """An output's fingerprint, or {} where it has none (a file written by hand, or joined)."""
+    try:
+        found = json.loads(fingerprint_path(output).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def fingerprint_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """What the two runs' fingerprints name differently of what decides the answers, in words
+    ("the model: a -> b"); a run without a fingerprint is said as such."""
+    if not before and not after:
+        return ["neither run has a fingerprint: what produced them is unknown"]
+    if not before or not after:
+        return [f"{'the reference' if not before else 'the current run'} has no fingerprint: what produced it is unknown"]
+    out = []
+    for key, words in IDENTITY:
+        if before.get(key) != after.get(key):
+            out.append(f"{words} ({_short(before.get(key))} -> {_short(after.get(key))})")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = "none" if value is None else str(value)
+    return text if len(text) <= 24 else text[:12] + "…" + text[-8:]
+
+
+def write_drift_reports(drift: Drift, md: Path | None, as_json: Path | None) -> None:
+    """--md (appended, as CI step summaries are) and --json; neither may be one of the outputs."""
+    from ..data.output import check_distinct, check_report
+    from .evaluation import write_report_file
+
+    check_distinct({"--md": md, "--json": as_json}, {"REFERENCE": drift.reference, "CURRENT": drift.current},
+                   outputs=("REFERENCE", "CURRENT"))
+    check_report(md, "--md")
+    check_report(as_json, "--json")
+    if md:
+        write_report_file(Path(md), drift.to_markdown(), append=True)
+    if as_json:
+        write_report_file(Path(as_json), json.dumps(drift.to_json(), indent=2, ensure_ascii=False) + "\n")
