@@ -5,6 +5,7 @@ transformers are imported by the fixtures that need them, so spec and prompt tes
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,11 @@ import pytest
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # several test processes share the cores: one thread each
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Every test process (each worker, and each command a test starts) imports the test modules and
+# the package: where PYTHONDONTWRITEBYTECODE is set (container images often set it), each compiled
+# and assertion-rewritten them again, 3-4 s a process. The suite keeps its bytecode.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 def pytest_collection_modifyitems(config, items):
     """Under xdist's worksteal each worker starts on a contiguous share of the collection and,

@@ -35,7 +35,7 @@ from .options import (
     OVERWRITE_SUGGESTED_OPT, ALPHA_OPT, DRIFT_CUR_ARG, DRIFT_QUIET_OPT, DRIFT_REF_ARG, FAIL_ON_DRIFT_OPT,
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
-    MAX_ITEMS_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
+    MAX_ITEMS_OPT, MIN_ESTIMATED_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
     VERSION_OPT, LogLevel, run_options, ALLOW_HOST_OPT, ALLOW_ORIGIN_OPT, DRAIN_SECONDS_OPT, MAX_REQUEST_TOKENS_OPT,
 )
 from .show import (rendered_text, print_bench, print_diff, print_drift, print_dry_run, print_evaluation, print_precision_bench,
@@ -210,12 +210,14 @@ def diff(
 @app.command(cls=Command)
 def drift(
     reference: str = DRIFT_REF_ARG, current: str = DRIFT_CUR_ARG, alpha: float = ALPHA_OPT,
-    fail_on_drift: bool = FAIL_ON_DRIFT_OPT, md: Optional[Path] = DIFF_MD_OPT, as_json: Optional[Path] = DIFF_JSON_OPT,
-    quiet: bool = DRIFT_QUIET_OPT, debug: bool = DEBUG_OPT,
+    fail_on_drift: bool = FAIL_ON_DRIFT_OPT, min_estimated_accuracy: Optional[float] = MIN_ESTIMATED_OPT,
+    md: Optional[Path] = DIFF_MD_OPT, as_json: Optional[Path] = DIFF_JSON_OPT, quiet: bool = DRIFT_QUIET_OPT,
+    debug: bool = DEBUG_OPT,
 ) -> None:
     """Compare a run with a reference run on other items, without labels: whether its answers'
     shares, confidence and margins, and its abstained and failed items, are what the reference's
-    were for samples of these sizes; and what changed in the model, spec, engine or precision.
+    were for samples of these sizes; its accuracy estimated from its answers' probabilities; and
+    what changed in the model, spec, engine or precision.
 
     The verdict is one line on stderr (for a log); the tests' table on stdout.
 
@@ -229,12 +231,15 @@ def drift(
 
     with errors(debug):
         found = compare_runs(reference, current, alpha)
+        failures = found.gate_failures(fail_on_drift, min_estimated_accuracy)
         write_drift_reports(found, md, as_json)
         with reporting():
             if not quiet:
                 print_drift(Console(highlight=False), found)
             err.print(found.line(), markup=False, soft_wrap=True)
-        raise typer.Exit(EXIT_GATE if fail_on_drift and found.alarm else 0)
+            for failure in failures:
+                err.print(f"gate failed: {failure}", markup=False)
+        raise typer.Exit(EXIT_GATE if failures else 0)
 
 
 @app.command(cls=Command)

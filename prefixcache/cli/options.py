@@ -57,6 +57,7 @@ DRIFT_REF_ARG = typer.Argument(..., metavar="REFERENCE", help="An output of run 
 DRIFT_CUR_ARG = typer.Argument(..., metavar="CURRENT", help="An output of run on other items, to compare with it.", show_default=False)
 ALPHA_OPT = typer.Option(0.01, "--alpha", min=1e-9, max=0.5, help="The chance of a false alarm allowed in the whole comparison (shared among its tests).")
 FAIL_ON_DRIFT_OPT = typer.Option(False, "--fail-on-drift", metavar="", help=f"Exit {EXIT_GATE} when the alarm fires (a cron job's or CI step's gate).")
+MIN_ESTIMATED_OPT = typer.Option(None, "--min-estimated-accuracy", min=0.0, max=1.0, help=f"Exit {EXIT_GATE} when the current run's accuracy estimated from its answers' probabilities (a fitted head's are calibrated) is below this.")
 DRIFT_QUIET_OPT = typer.Option(False, "--quiet", "-q", metavar="", help="No table on stdout: the verdict line (stderr) and the report files only.")
 TOP_OPT = typer.Option(10, "--top", min=1, help="How many changed items and shifts to list (on the terminal, in --md and in --json).")
 REPORT_OUTPUT_ARG = typer.Argument(..., metavar="OUT", help="An output of run (JSONL or CSV).", show_default=False)

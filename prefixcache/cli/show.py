@@ -350,6 +350,10 @@ def print_drift(console: Console, drift: Any) -> None:
         table.add_row(("[bold red]" if fired else "") + escape(t.name), f"{t.p:.3g}",
                       "-" if t.psi is None else f"{t.psi:.3f}", escape(t.words))
     console.print(table)
+    before, after = drift.estimates
+    if before is not None and after is not None:
+        console.print(f"estimated accuracy of the answered items (from their probabilities): {after.words()} "
+                      f"against {before.words()}", soft_wrap=True)
     for change in drift.changed:
         console.print(f"changed: {escape(change)}", soft_wrap=True)
 

@@ -57,6 +57,41 @@ class Test:
                 **({"psi": round(self.psi, 6)} if self.psi is not None else {})}
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """A run's accuracy on its answered items, estimated without labels from its answers'
+    probabilities (each answered item is right with the probability of its answer, if those are
+    calibrated): the estimate, its standard error, the items answered and, where the records carry
+    gold values, the accuracy they realise."""
+
+    value: float
+    error: float
+    answered: int
+    realised: float | None = None
+
+    def words(self) -> str:
+        real = f", realised {self.realised:.3f}" if self.realised is not None else ""
+        return f"{self.value:.3f} ± {self.error:.3f}{real}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": round(self.value, 6), "error": round(self.error, 6), "answered": self.answered,
+                **({"realised": round(self.realised, 6)} if self.realised is not None else {})}
+
+
+def estimate_accuracy(records: Sequence[Record]) -> Estimate | None:
+    """The answered items' expected accuracy from a label set's (or a choice's) records: the mean
+    probability of the answers given, with the standard error of a sum of independent calls (None
+    for records of tags or typed questions, or none answered)."""
+    answered = [r for r in records if not is_error(r) and r.get("label") is not None and isinstance(r.get("prob"), float)]
+    if not answered:
+        return None
+    probs = [float(r["prob"]) for r in answered]
+    n = len(probs)
+    graded = [r["correct"] for r in answered if isinstance(r.get("correct"), bool)]
+    return Estimate(sum(probs) / n, math.sqrt(sum(p * (1 - p) for p in probs)) / n, n,
+                    sum(graded) / len(graded) if len(graded) == n else None)
+
+
 @dataclass
 class Drift:
     """The comparison of `current` with `reference`: the items on each side, the tests, what the
@@ -69,6 +104,7 @@ class Drift:
     tests: list[Test] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     alpha: float = ALPHA
+    estimates: tuple[Estimate | None, Estimate | None] = (None, None)  # the reference's and the current run's
 
     @property
     def cut(self) -> float:
@@ -83,6 +119,21 @@ class Drift:
     def alarm(self) -> bool:
         return bool(self.fired)
 
+    def gate_failures(self, on_drift: bool = False, min_estimated: float | None = None) -> list[str]:
+        """What the gates asked for found: the alarm (`on_drift`), and the current run's estimated
+        accuracy below `min_estimated` (or none to estimate: a spec of tags or typed questions)."""
+        out = [f"the answers drifted ({len(self.fired)} of {len(self.tests)} tests below p={self.cut:.2g})"
+               ] if on_drift and self.alarm else []
+        if min_estimated is not None:
+            estimate = self.estimates[1]
+            if estimate is None:
+                out.append("--min-estimated-accuracy: the current run's records give no answer probabilities to "
+                           "estimate from (a label set or multiple choice gives them)")
+            elif estimate.value < min_estimated:
+                out.append(f"the estimated accuracy {estimate.value:.4f} is below --min-estimated-accuracy "
+                           f"{min_estimated}")
+        return out
+
     def line(self) -> str:
         """The verdict in one line, for a log."""
         sizes = f"{self.n_current} items against {self.n_reference}"
@@ -92,11 +143,15 @@ class Drift:
             least = min(self.tests, key=lambda t: t.p, default=None)
             head = "no drift" + (f" (least p={least.p:.2g}, {least.name}; alarm below {self.cut:.2g})" if least else "")
         changed = f"; changed: {', '.join(self.changed)}" if self.changed else ""
-        return f"drift: {head}; {sizes}{changed}"
+        before, after = self.estimates
+        estimated = (f"; estimated accuracy {after.value:.3f} (reference {before.value:.3f})"
+                     if before is not None and after is not None else "")
+        return f"drift: {head}; {sizes}{estimated}{changed}"
 
     def to_json(self) -> dict[str, Any]:
         return {"reference": self.reference, "current": self.current, "items": [self.n_reference, self.n_current],
                 "alpha": self.alpha, "cut": self.cut, "alarm": self.alarm, "changed": self.changed,
+                "estimated_accuracy": [None if e is None else e.to_json() for e in self.estimates],
                 "tests": [t.to_json() for t in self.tests]}
 
     def to_markdown(self) -> str:
@@ -105,6 +160,10 @@ class Drift:
                  f"({self.n_reference} items); alarm below p={self.cut:.2g} (alpha {self.alpha} over "
                  f"{len(self.tests)} tests)", ""]
         lines += [f"- changed: {', '.join(self.changed)}", ""] if self.changed else []
+        before, after = self.estimates
+        if before is not None and after is not None:
+            lines += [f"- estimated accuracy of the answered items (from their probabilities): {after.words()} "
+                      f"(reference {before.words()})", ""]
         lines += ["| test | p | PSI | what |", "|---|---|---|---|"]
         lines += [f"| {cell(t.name)}{' ⚠' if t in self.fired else ''} | {t.p:.3g} | "
                   f"{'-' if t.psi is None else f'{t.psi:.3f}'} | {cell(t.words)} |" for t in self.tests]
@@ -122,6 +181,7 @@ def compare_runs(reference: str, current: str, alpha: float = ALPHA) -> Drift:
     drift = Drift(reference, current, len(before), len(after), alpha=alpha,
                   changed=fingerprint_changes(_fingerprint(reference), _fingerprint(current)))
     drift.tests = runs_tests(before, after)
+    drift.estimates = (estimate_accuracy(before), estimate_accuracy(after))
     return drift
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from helpers import hand_record, invoke, write_records
 from prefixcache.data.output import fingerprint_path
-from prefixcache.reports.drift import (chi2_sf, compare_runs, fingerprint_changes, fisher_exact, kolmogorov_sf,
-                                       runs_tests)
+from prefixcache.reports.drift import (chi2_sf, compare_runs, estimate_accuracy, fingerprint_changes, fisher_exact,
+                                       kolmogorov_sf, runs_tests)
 
 LABELS = ("billing", "technical", "account")
 FINGERPRINT = {"spec": "s1", "model": "m1", "engine": "transformers", "engine_version": "5", "dtype": "float32",
@@ -90,7 +90,8 @@ def test_the_cli_says_a_line_gates_on_request_and_names_what_the_fingerprint_cha
     assert result.exit_code == 0, result.output
     line = result.stderr.strip()
     assert line.startswith("drift: DRIFT: labels shares (p=") and "billing 48% -> 21%" in line
-    assert line.endswith("300 items against 300; changed: the model (m1 -> m2)"), line  # the input is not a change
+    assert "300 items against 300; estimated accuracy 0." in line  # the input is not a change:
+    assert line.endswith("; changed: the model (m1 -> m2)"), line
     assert "labels shares" in result.stdout and "changed: the model (m1 -> m2)" in result.stdout
     data = json.loads(figures.read_text())
     assert data["alarm"] is True and data["changed"] == ["the model (m1 -> m2)"] and data["items"] == [300, 300]
@@ -128,3 +129,26 @@ def test_refusals(tmp_path):
     alone = compare_runs(str(a), str(a))  # one label: no shares to test; confidence, margin and failures
     assert alone.changed == ["neither run has a fingerprint: what produced them is unknown"]
     assert math.isclose(alone.cut, 0.01 / 3) and alone.alpha == 0.01
+
+
+def test_the_accuracy_estimate_is_the_answers_mean_probability_and_holds_where_they_are_calibrated(tmp_path):
+    """Calibrated answers (right with their probability): the estimate lies within three standard
+    errors of the realised accuracy in each of 20 runs; a gate on it fails below its bound."""
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        records = _run(rng, 200, abstain=0.1)
+        for r in records:
+            if r.get("label") is not None:
+                r.update(gold="x", correct=bool(rng.random() < r["prob"]))
+        estimate = estimate_accuracy(records)
+        assert estimate is not None and estimate.answered == sum(r.get("label") is not None for r in records)
+        assert abs(estimate.value - estimate.realised) < 3 * estimate.error
+    a, b = _files(tmp_path, records, records)
+    found = compare_runs(str(a), str(b))
+    assert found.estimates[1] == estimate and f"estimated accuracy {estimate.value:.3f}" in found.line()
+    gated = invoke("drift", a, b, "-q", "--min-estimated-accuracy", 0.99)
+    assert gated.exit_code == 5, gated.output
+    assert f"gate failed: the estimated accuracy {estimate.value:.4f} is below --min-estimated-accuracy 0.99" in gated.stderr
+    assert invoke("drift", a, b, "-q", "--min-estimated-accuracy", 0.1).exit_code == 0
+    tags = [{"id": "1", "labels": ["a"], "probs": {"a": 0.9}}]
+    assert estimate_accuracy(tags) is None
