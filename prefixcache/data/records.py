@@ -38,7 +38,7 @@ Record = dict[str, Any]
 Keep = Optional[Sequence[str]]  # input fields a record carries; None: all
 log = logging.getLogger("prefixcache")
 PER_LABEL = (("raw_probs", "raw_prob_"), ("logprobs", "logprob_"), ("probs", "prob_"))  # longest column prefix first
-_FLOATS = ("prob", "margin", "ms")
+_FLOATS = ("prob", "margin", "ms", "novelty")
 _INTS = ("index", "prefix_tokens", "item_tokens")
 
 
@@ -63,6 +63,9 @@ def make_record(spec: TaskSpec, item: Item, answers: Answers, prefix_tokens: int
     if spec.head is not None:  # which readout decided: the fitted head, or the prompt's scores
         read = {q.id: "head" if spec.head.readout_for(q.id) else "prompt" for q in answers.questions}
         record["readout"] = read if spec.questions else next(iter(read.values()))
+        novelty = {q.id: round(n, 4) for q, n in zip(answers.questions, answers.novelty) if n is not None}
+        if novelty:  # how far the item lies from the rows the head was fitted on (above 1: unlike them)
+            record["novelty"] = novelty if spec.questions else next(iter(novelty.values()))
     if precision is not None:  # a run mixing precisions says which made each record
         record["precision"] = precision
     record.update(
@@ -106,7 +109,7 @@ def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
 # Names a kept field may not take: the record's own fields (and, in CSV, its per-label columns).
 RECORD_FIELDS = ("id", "answers", "label", "labels", "index", "scored", "prob", "margin", "probs", "logprobs", "raw_probs", "pruned", "gold",
                  "correct",
-                 "normalize", "readout", "precision", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
+                 "normalize", "readout", "novelty", "precision", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
 
 
 def input_fields(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -186,13 +189,19 @@ def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False, p
     one cell each)."""
     if spec.questions:
         return ["id", *keep, *question_columns(spec.questions), *(["pruned"] if pruned else []),
-                *(["readout"] if spec.head else []), *(["precision"] if precision else []), "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
+                *(["readout"] if spec.head else []), *_novelty(spec), *(["precision"] if precision else []),
+                "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
     own, per_label = label_kind(spec).columns(spec)
     head = ["id", *keep, *own]
     gold = ["gold", "correct"] if spec.gold else []
     return (head + per_label + (["pruned"] if pruned else []) + gold + ["normalize"] + (["readout"] if spec.head else [])
-            + (["precision"] if precision else [])
+            + _novelty(spec) + (["precision"] if precision else [])
             + ["prefix_tokens", "item_tokens", "item_sha", "ms", "error"])
+
+
+def _novelty(spec: TaskSpec) -> list[str]:
+    """The novelty column, where the spec's head keeps its fitted rows in brief."""
+    return ["novelty"] if spec.head is not None and any(r.familiar for r in spec.head.readouts) else []
 
 
 def to_csv_row(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -285,9 +294,9 @@ def _from_flat_answers(row: Mapping[str, str], qids: Sequence[str]) -> Record:
     for key, cell in row.items():
         qid = next((q for q in qids if key == q or key.startswith(q + SEP)), None)
         if qid is None:
-            if key in _INTS + _FLOATS:
+            if key in _INTS + _FLOATS and key != "novelty":
                 record[key] = None if cell == "" else (float(cell) if key in _FLOATS else int(cell))
-            elif key in ("pruned", "readout"):
+            elif key in ("pruned", "readout", "novelty"):
                 record[key] = json.loads(cell)
             elif key != "error" or cell:
                 record[key] = cell

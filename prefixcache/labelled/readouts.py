@@ -13,6 +13,7 @@ import numpy as np
 
 from ..reports.resampling import cv_splits
 from ..task.features import Features
+from ..task.familiar import summarise
 from ..task.head import Readout
 from .data import Choice, Labelled
 
@@ -148,7 +149,10 @@ def readout(data: Labelled, choice: Choice) -> Readout:
     else:
         m, s, coef, intercept = fit_multiclass(design(data, choice.features), data.gold, k, [choice.C])[0]
         mean, scale = m[None], s[None]
-    return Readout(data.qid, data.options, data.binary, choice.features, mean, scale, coef, intercept)
+    f = Features.parse(choice.features)
+    familiar = summarise(f.joined({v: data.states[v][:, 0, :] for v in f.views}))  # no text: the states in brief
+    return Readout(data.qid, data.options, data.binary, choice.features, mean, scale, coef, intercept,
+                   familiar=familiar)
 
 
 # -- choosing C and the features -----------------------------------------------------------------

@@ -201,7 +201,17 @@ def runs_tests(before: Sequence[Record], after: Sequence[Record]) -> list[Test]:
                                  [v[2] for v in right if v[2] is not None]))
     tests.append(rate_test("failed items", sum(map(is_error, before)), len(before), sum(map(is_error, after)),
                            len(after)))
+    seen = [[_beyond(r["novelty"]) for r in side if "novelty" in r] for side in (a, b)]
+    if all(seen):  # a head that keeps its fitted rows in brief: the items beyond them
+        tests.append(rate_test("items unlike the head's fitted rows", sum(seen[0]), len(seen[0]), sum(seen[1]),
+                               len(seen[1])))
     return [t for t in tests if not math.isnan(t.p)]
+
+
+def _beyond(novelty: Any) -> bool:
+    """Whether a record's item lies beyond 99% of the head's fitted rows (a pack: on any question)."""
+    values = novelty.values() if isinstance(novelty, dict) else [novelty]
+    return any(isinstance(v, (int, float)) and v > 1 for v in values)
 
 
 # -- what each record answers ------------------------------------------------------------------------

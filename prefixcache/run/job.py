@@ -148,6 +148,7 @@ class Job:
         self.last: int | None = None
         self.written: Counter = Counter()  # every record this run writes, by label (kept ones too)
         self.tag_shapes: Counter = Counter()  # multi-label: records with no tag, every tag or some
+        self.novel: Counter = Counter()  # records whose novelty was measured ("read"), and beyond 1 ("outside")
         self.reading: Optional[ItemsDigest] = None  # the items this run read, to compare with the plan's
 
     def run(self) -> RunResult:
@@ -174,6 +175,7 @@ class Job:
         self.review()
         self.result.rescored = self.scorer.rescoring()
         self.warn_if_collapsed()
+        self.say_unfamiliar()
         if self.plan.launched:
             self.join()
         self.report()
@@ -277,6 +279,8 @@ class Job:
                     self.written.update(labels)
                     if "labels" in record:
                         self.tag_shapes[_tag_shape(record, len(self.plan.spec.labels))] += 1
+                    if "novelty" in record:
+                        self.novel.update(_novel(record["novelty"]))
                     if record is not self.begun.records.get(id_text(record["id"])):  # scored by this run
                         result.labels.update(labels)
                     result.first_record = result.first_record or time.perf_counter() - self.started
@@ -428,6 +432,21 @@ class Job:
                         "favours it whatever the item; %s, and check on labelled items with --gold", 100 * n / total, n,
                         total, label, _remedy(bool(spec.content_free), "'calibrate: true' or 'normalize: pmi' in the spec"))
 
+    def say_unfamiliar(self) -> None:
+        """How many items lie beyond the rows the head was fitted on (about 1% of items like them
+        do): many more mean inputs the head never learnt from, whose answers are guesses."""
+        read, outside = self.novel["read"], self.novel["outside"]
+        if not read:
+            return
+        share = outside / read
+        line = (f"{outside} of {read} items ({100 * share:.1f}%) lie beyond 99% of the rows the head was fitted on "
+                f"(novelty above 1 in their records)")
+        if read >= COLLAPSE_MIN_ITEMS and share >= UNFAMILIAR_SHARE:
+            log.warning("%s: they are unlike what it learnt from, and its answers to them are guesses; label some "
+                        "(prefixcache suggest) and fit again", line)
+        else:
+            log.info("%s", line)
+
     def _warn_if_answers_collapsed(self, counts: dict[str, int]) -> None:
         """Typed questions: one answer for most items of a choice or yes/no question usually means a
         model biased toward it (a score question's levels may well pile up)."""
@@ -543,3 +562,13 @@ def _peek(items: Iterator[Item], count: int) -> tuple[list[Item], Iterator[Item]
 def _raising(exc: InputError) -> Iterator[Item]:
     raise exc
     yield  # noqa: unreachable - a generator that raises when first read
+
+
+UNFAMILIAR_SHARE = 0.1  # items beyond the fitted rows' 99% from which a run warns (about 1% is usual)
+
+
+def _novel(novelty: Any) -> Counter:
+    """A record's novelty counted: read, and outside (beyond 1; a pack: beyond 1 on any question)."""
+    values = list(novelty.values()) if isinstance(novelty, dict) else [novelty]
+    values = [v for v in values if isinstance(v, (int, float))]
+    return Counter(read=1, outside=int(any(v > 1 for v in values))) if values else Counter()

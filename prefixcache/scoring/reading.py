@@ -101,17 +101,23 @@ class Reading:
         if not isinstance(answers, Answers):  # alone: every question asked has a readout
             asked = tuple(answers)
             alone: list[Decision | Tags] = []
+            novelty: list[float | None] = []
             for q, r in zip(asked, self.readouts, strict=True):
                 assert r is not None  # a head answers alone only where it reads every question
-                alone.append(decided_by(r, q, next(each), None))
-            return Answers(asked, tuple(alone), tuple(None for _ in asked))
+                views = next(each)
+                alone.append(decided_by(r, q, views, None))
+                novelty.append(r.novelty(views))
+            return Answers(asked, tuple(alone), tuple(None for _ in asked), tuple(novelty))
         if self.head is None:
             return answers
         decided = list(answers.decisions)
+        read: list[float | None] = [None] * len(decided)
         for i, (q, r) in enumerate(zip(answers.questions, self.readouts)):
             if r is not None:
-                decided[i] = decided_by(r, q, next(each), answers.logprobs[i])
-        return Answers(answers.questions, tuple(decided), answers.logprobs)
+                views = next(each)
+                decided[i] = decided_by(r, q, views, answers.logprobs[i])
+                read[i] = r.novelty(views)
+        return Answers(answers.questions, tuple(decided), answers.logprobs, tuple(read))
 
     def split(self, prep: Any, found: np.ndarray, reads: Sequence[bool | None] | None = None,
               views: Sequence[str] | None = None) -> list[dict[str, np.ndarray]]:

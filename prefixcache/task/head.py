@@ -30,11 +30,13 @@ import numpy as np
 
 from ..errors import SpecError
 from .decision import Decision, Tags, ranked
+from .familiar import Familiar
 from .features import Features, views_of
 
 FORMAT = "prefixcache-head"
-VERSION = 2  # 2: a readout's features may name middle layers and means (task/features.py); 1 is read too
-READS = (1, 2)
+VERSION = 3  # 3: a readout may keep its fitted rows' states in brief (task/familiar.py); 2: middle layers, means
+READS = (1, 2, 3)
+FAMILIAR = ("center", "scale", "basis", "spread")  # a readout's familiarity arrays: {i}.familiar.<name>
 META_KEY = "prefixcache_head"
 MAX_BYTES = 1 << 30  # a head of 150 options on a 4096-wide state is ~5 MB; far larger is not one
 FINGERPRINT_PARTS = {  # part -> what to say when it differs; the most specific first (labels and the
@@ -58,6 +60,14 @@ class Readout:
     coef: np.ndarray  # [K, D]
     intercept: np.ndarray  # [K]
     cuts: Mapping[str, float] = field(default_factory=dict)  # one of several: an option's own abstention cut
+    familiar: Familiar | None = None  # the fitted rows' states in brief: how far an item lies from them
+
+    def novelty(self, views: Mapping[str, np.ndarray]) -> float | None:
+        """How far the item lies from the rows the readout was fitted on, in units of what 99% of
+        them reach held out (task/familiar.py); None for a head fitted before it kept them."""
+        if self.familiar is None:
+            return None
+        return self.familiar.novelty(self.reads.joined(views)[0])
 
     @property
     def units(self) -> int:
@@ -205,10 +215,15 @@ def head_bytes(readouts: Sequence[Readout], fingerprint_: Mapping[str, str], lay
     for i, r in enumerate(readouts):
         for name in ("mean", "scale", "coef", "intercept"):
             tensors[f"{i}.{name}"] = np.ascontiguousarray(getattr(r, name), dtype=np.float32)
+        if r.familiar is not None:
+            for name in FAMILIAR:
+                tensors[f"{i}.familiar.{name}"] = np.ascontiguousarray(getattr(r.familiar, name), dtype=np.float32)
     meta = {"format": FORMAT, "version": VERSION, "layer": layer, "fingerprint": dict(fingerprint_),
             "weights": weights_digest(tensors),
             "questions": [{"id": r.qid, "options": list(r.options), "binary": r.binary, "features": r.features,
-                           **({"cuts": dict(r.cuts)} if r.cuts else {})} for r in readouts], "fitted": dict(fitted)}
+                           **({"cuts": dict(r.cuts)} if r.cuts else {}),
+                           **({"familiar": {"residual": r.familiar.residual, "cut": r.familiar.cut}}
+                              if r.familiar is not None else {})} for r in readouts], "fitted": dict(fitted)}
     return save(tensors, metadata={META_KEY: json.dumps(meta, ensure_ascii=False)})
 
 
@@ -350,7 +365,8 @@ def _parse(data: bytes, where: str, path: str) -> Head:
     readouts = tuple(_readout(i, q, arrays, bad) for i, q in enumerate(questions))
     if len({r.qid for r in readouts}) != len(readouts):
         raise SpecError(f"{bad} (two readouts for one question)")
-    expected = {f"{i}.{n}" for i in range(len(readouts)) for n in ("mean", "scale", "coef", "intercept")}
+    expected = {f"{i}.{n}" for i, r in enumerate(readouts)
+                for n in ("mean", "scale", "coef", "intercept", *(f"familiar.{f}" for f in FAMILIAR if r.familiar))}
     if set(arrays) != expected:
         raise SpecError(f"{bad} (it holds arrays {sorted(set(arrays) ^ expected)[:3]} it should not, or lacks them)")
     fitted = info.get("fitted")
@@ -402,7 +418,26 @@ def _readout(i: int, q: Any, arrays: Mapping[str, np.ndarray], bad: str) -> Read
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in cuts.values())):
         raise SpecError(f"{bad} (question {q['id']!r}: its cuts are not probabilities of its options)")
     return Readout(q["id"], tuple(q["options"]), q["binary"], q["features"], mean, scale, coef, intercept,
-                   {k: float(v) for k, v in cuts.items()})
+                   {k: float(v) for k, v in cuts.items()}, _familiar(i, q, arrays, (D - extra), bad))
+
+
+def _familiar(i: int, q: dict, arrays: Mapping[str, np.ndarray], width: int, bad: str) -> Familiar | None:
+    """A readout's familiarity summary, where its header says it keeps one (checked)."""
+    said = q.get("familiar")
+    if said is None:
+        return None
+    if (not isinstance(said, dict) or set(said) != {"residual", "cut"}
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in said.values())):
+        raise SpecError(f"{bad} (question {q['id']!r}: its familiarity header is malformed)")
+    try:
+        center, scale, basis, spread = (np.asarray(arrays[f"{i}.familiar.{n}"], dtype=np.float64) for n in FAMILIAR)
+    except KeyError as exc:
+        raise SpecError(f"{bad} (array {exc.args[0]} is missing)") from None
+    found = Familiar(center, scale, basis, spread, float(said["residual"]), float(said["cut"]))
+    wrong = found.check(width)
+    if wrong:
+        raise SpecError(f"{bad} (question {q['id']!r}: {wrong})")
+    return found
 
 
 def _features_ok(value: Any) -> bool:

@@ -106,6 +106,7 @@ class Answers:
     questions: tuple[Question, ...]
     decisions: tuple[Decision | Tags, ...]
     logprobs: tuple[tuple[float, ...] | None, ...]  # None: a head answered alone (no option scored)
+    novelty: tuple[float | None, ...] = ()  # per question a head read: how far the item lies from its fitted rows
 
     def answers(self) -> dict[str, dict[str, Any]]:
         """Question id -> answer in the System One shape."""

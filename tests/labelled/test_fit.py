@@ -138,6 +138,13 @@ def test_a_head_answers_every_held_out_item_where_the_labels_are_separable(fitte
     assert result.exit_code == 0, result.output
     records = json_lines(preds)
     assert all(r["readout"] == "head" and r["correct"] for r in records)
+    # its own rows lie within what held-out rows reach (the cut is their 99th percentile)
+    assert all(isinstance(r["novelty"], float) for r in records) and sum(r["novelty"] > 1 for r in records) <= 2
+    table = tmp_path / "preds.csv"
+    said = invoke("run", out, labelled, "-o", table)
+    assert said.exit_code == 0 and f"{sum(r['novelty'] > 1 for r in records)} of 40 items (" in said.stderr
+    from prefixcache.data.output import read_records
+    assert [r["novelty"] for r in read_records(str(table)).records] == [r["novelty"] for r in records]
     plain = json_lines(_run(spec, labelled, tmp_path / "plain.jsonl"))
     for r, p in zip(records, plain, strict=True):  # asked for, the prompt's log-probabilities are kept as they were
         assert r["logprobs"] == pytest.approx(p["logprobs"], abs=1e-5) and "readout" not in p

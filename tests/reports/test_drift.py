@@ -152,3 +152,14 @@ def test_the_accuracy_estimate_is_the_answers_mean_probability_and_holds_where_t
     assert invoke("drift", a, b, "-q", "--min-estimated-accuracy", 0.1).exit_code == 0
     tags = [{"id": "1", "labels": ["a"], "probs": {"a": 0.9}}]
     assert estimate_accuracy(tags) is None
+
+
+def test_items_unlike_a_heads_fitted_rows_are_tested_where_records_say_how_far_they_lie():
+    rng = np.random.default_rng(4)
+    before, after = _run(rng, 200), _run(rng, 200)
+    for side, outside in ((before, 0.01), (after, 0.2)):
+        for r in side:
+            r["novelty"] = 1.5 if rng.random() < outside else 0.5
+    tests = {t.name: t for t in runs_tests(before, after)}
+    assert tests["items unlike the head's fitted rows"].p < 1e-4 and "-> 2" in tests["items unlike the head's fitted rows"].words
+    assert "items unlike the head's fitted rows" not in {t.name for t in runs_tests(_run(rng, 50), _run(rng, 50))}
