@@ -38,7 +38,7 @@ Record = dict[str, Any]
 Keep = Optional[Sequence[str]]  # input fields a record carries; None: all
 log = logging.getLogger("prefixcache")
 PER_LABEL = (("raw_probs", "raw_prob_"), ("logprobs", "logprob_"), ("probs", "prob_"))  # longest column prefix first
-_FLOATS = ("prob", "margin", "ms", "novelty")
+_FLOATS = ("prob", "margin", "ms", "novelty", "p_correct")
 _INTS = ("index", "prefix_tokens", "item_tokens")
 
 
@@ -66,6 +66,9 @@ def make_record(spec: TaskSpec, item: Item, answers: Answers, prefix_tokens: int
         novelty = {q.id: round(n, 4) for q, n in zip(answers.questions, answers.novelty) if n is not None}
         if novelty:  # how far the item lies from the rows the head was fitted on (above 1: unlike them)
             record["novelty"] = novelty if spec.questions else next(iter(novelty.values()))
+        worth = _p_correct(spec.head, answers)
+        if worth:  # how often the head's held-out answers this sure were right
+            record["p_correct"] = worth if spec.questions else next(iter(worth.values()))
     if precision is not None:  # a run mixing precisions says which made each record
         record["precision"] = precision
     record.update(
@@ -109,7 +112,7 @@ def kept_fields(item: Item, id_field: str, keep: Keep) -> dict[str, Any]:
 # Names a kept field may not take: the record's own fields (and, in CSV, its per-label columns).
 RECORD_FIELDS = ("id", "answers", "label", "labels", "index", "scored", "prob", "margin", "probs", "logprobs", "raw_probs", "pruned", "gold",
                  "correct",
-                 "normalize", "readout", "novelty", "precision", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
+                 "normalize", "readout", "novelty", "p_correct", "precision", "prefix_tokens", "item_tokens", "item_sha", "ms", "error")
 
 
 def input_fields(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -200,8 +203,23 @@ def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False, p
 
 
 def _novelty(spec: TaskSpec) -> list[str]:
-    """The novelty column, where the spec's head keeps its fitted rows in brief."""
-    return ["novelty"] if spec.head is not None and any(r.familiar for r in spec.head.readouts) else []
+    """The novelty and p_correct columns, where the spec's head keeps its fitted rows in brief and
+    its held-out reliability."""
+    head = spec.head
+    return ((["novelty"] if head is not None and any(r.familiar for r in head.readouts) else [])
+            + (["p_correct"] if head is not None and any(r.reliability for r in head.readouts) else []))
+
+
+def _p_correct(head: Any, answers: Answers) -> dict[str, float]:
+    """Per question a readout with a held-out reliability answered (not abstained): the share of
+    its held-out answers this sure that were right."""
+    out = {}
+    for q, decision in zip(answers.questions, answers.decisions, strict=True):
+        readout = head.readout_for(q.id)
+        best = getattr(decision, "best", None)
+        if readout is not None and readout.reliability is not None and best is not None:
+            out[q.id] = round(readout.reliability.at(decision.probs[best]), 4)
+    return out
 
 
 def to_csv_row(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -294,9 +312,9 @@ def _from_flat_answers(row: Mapping[str, str], qids: Sequence[str]) -> Record:
     for key, cell in row.items():
         qid = next((q for q in qids if key == q or key.startswith(q + SEP)), None)
         if qid is None:
-            if key in _INTS + _FLOATS and key != "novelty":
+            if key in _INTS + _FLOATS and key not in ("novelty", "p_correct"):
                 record[key] = None if cell == "" else (float(cell) if key in _FLOATS else int(cell))
-            elif key in ("pruned", "readout", "novelty"):
+            elif key in ("pruned", "readout", "novelty", "p_correct"):
                 record[key] = json.loads(cell)
             elif key != "error" or cell:
                 record[key] = cell

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..task.head import Readout
+from ..task.reliability import fitted_reliability
 from ..task.scoring_metrics import calibration_error
 from .data import Choice, Labelled
 from .hygiene import check_counts, fold_copies_together, likely_errors, once_a_text, representative, suspects_note
@@ -177,7 +178,14 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
             judged.baseline = figures(ev, answered(base, data.threshold), base, seed)
         if asked is not None and asked.target is not None:
             final = _certified(judged, data, one, asked, seed, feature_sets)
-    return judged, final or readout(data, choice)
+    return judged, _with_reliability(final or readout(data, choice), ev, probs)
+
+
+def _with_reliability(made: Readout, ev: Labelled, probs: np.ndarray) -> Readout:
+    """A question of one answer's readout with what its answers' probabilities were worth held out."""
+    if ev.binary:
+        return made
+    return replace(made, reliability=fitted_reliability(probs.max(axis=1), probs.argmax(axis=1) == ev.gold))
 
 
 def tfidf_baseline(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:

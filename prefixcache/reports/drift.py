@@ -68,28 +68,34 @@ class Estimate:
     error: float
     answered: int
     realised: float | None = None
+    held_out: bool = False  # from a head's held-out reliability (p_correct), not the answers' own probabilities
 
     def words(self) -> str:
         real = f", realised {self.realised:.3f}" if self.realised is not None else ""
-        return f"{self.value:.3f} ± {self.error:.3f}{real}"
+        source = "held-out reliability" if self.held_out else "the answers' probabilities"
+        return f"{self.value:.3f} ± {self.error:.3f} ({source}{real})"
 
     def to_json(self) -> dict[str, Any]:
         return {"value": round(self.value, 6), "error": round(self.error, 6), "answered": self.answered,
+                "from": "p_correct" if self.held_out else "prob",
                 **({"realised": round(self.realised, 6)} if self.realised is not None else {})}
 
 
 def estimate_accuracy(records: Sequence[Record]) -> Estimate | None:
     """The answered items' expected accuracy from a label set's (or a choice's) records: the mean
-    probability of the answers given, with the standard error of a sum of independent calls (None
-    for records of tags or typed questions, or none answered)."""
+    chance of each answer being right, with the standard error of a sum of independent calls. That
+    chance is `p_correct` where a fitted head measured it on held-out rows (how often its answers
+    that sure were right), else the answer's own probability (None for records of tags or typed
+    questions, or none answered)."""
     answered = [r for r in records if not is_error(r) and r.get("label") is not None and isinstance(r.get("prob"), float)]
     if not answered:
         return None
-    probs = [float(r["prob"]) for r in answered]
+    held_out = all(isinstance(r.get("p_correct"), float) for r in answered)
+    probs = [float(r["p_correct"] if held_out else r["prob"]) for r in answered]
     n = len(probs)
     graded = [r["correct"] for r in answered if isinstance(r.get("correct"), bool)]
     return Estimate(sum(probs) / n, math.sqrt(sum(p * (1 - p) for p in probs)) / n, n,
-                    sum(graded) / len(graded) if len(graded) == n else None)
+                    sum(graded) / len(graded) if len(graded) == n else None, held_out)
 
 
 @dataclass

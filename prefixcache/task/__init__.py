@@ -21,6 +21,7 @@
 - texts.py: when two listed texts (options, labels, words) are one: equal once trimmed and NFC-normalised;
 - overrides.py: the spec with what the command line or `Classifier` sets instead (-m, --gold);
 - familiar.py: a head's fitted rows in brief (no text), and how far a new item lies from them;
+- reliability.py: how often a head's held-out answers were right at each probability (`p_correct`);
 - head.py: a fitted readout (`head:`): the head file read and checked, its fingerprint, and the
   probabilities it gives from hidden states (numpy, no torch);
 - features.py: what a head reads of the forward (`Features`: the answer position's state, the mean

@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import SpecError
 from .decision import Decision, Tags, ranked
 from .familiar import Familiar
+from .reliability import Reliability
 from .features import Features, views_of
 
 FORMAT = "prefixcache-head"
@@ -61,6 +62,7 @@ class Readout:
     intercept: np.ndarray  # [K]
     cuts: Mapping[str, float] = field(default_factory=dict)  # one of several: an option's own abstention cut
     familiar: Familiar | None = None  # the fitted rows' states in brief: how far an item lies from them
+    reliability: Reliability | None = None  # one of several: how often held-out answers were right, by probability
 
     def novelty(self, views: Mapping[str, np.ndarray]) -> float | None:
         """How far the item lies from the rows the readout was fitted on, in units of what 99% of
@@ -223,7 +225,9 @@ def head_bytes(readouts: Sequence[Readout], fingerprint_: Mapping[str, str], lay
             "questions": [{"id": r.qid, "options": list(r.options), "binary": r.binary, "features": r.features,
                            **({"cuts": dict(r.cuts)} if r.cuts else {}),
                            **({"familiar": {"residual": r.familiar.residual, "cut": r.familiar.cut}}
-                              if r.familiar is not None else {})} for r in readouts], "fitted": dict(fitted)}
+                              if r.familiar is not None else {}),
+                           **({"reliability": r.reliability.to_json()} if r.reliability is not None else {})}
+                          for r in readouts], "fitted": dict(fitted)}
     return save(tensors, metadata={META_KEY: json.dumps(meta, ensure_ascii=False)})
 
 
@@ -417,8 +421,11 @@ def _readout(i: int, q: Any, arrays: Mapping[str, np.ndarray], bad: str) -> Read
     if (not isinstance(cuts, dict) or q["binary"] and cuts or not set(cuts) <= set(q["options"])
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in cuts.values())):
         raise SpecError(f"{bad} (question {q['id']!r}: its cuts are not probabilities of its options)")
+    reliability = Reliability.from_json(q["reliability"]) if "reliability" in q else None
+    if "reliability" in q and (reliability is None or q["binary"]):
+        raise SpecError(f"{bad} (question {q['id']!r}: its reliability is not a step function of probabilities)")
     return Readout(q["id"], tuple(q["options"]), q["binary"], q["features"], mean, scale, coef, intercept,
-                   {k: float(v) for k, v in cuts.items()}, _familiar(i, q, arrays, (D - extra), bad))
+                   {k: float(v) for k, v in cuts.items()}, _familiar(i, q, arrays, (D - extra), bad), reliability)
 
 
 def _familiar(i: int, q: dict, arrays: Mapping[str, np.ndarray], width: int, bad: str) -> Familiar | None:

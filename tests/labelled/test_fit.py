@@ -145,6 +145,9 @@ def test_a_head_answers_every_held_out_item_where_the_labels_are_separable(fitte
     assert said.exit_code == 0 and f"{sum(r['novelty'] > 1 for r in records)} of 40 items (" in said.stderr
     from prefixcache.data.output import read_records
     assert [r["novelty"] for r in read_records(str(table)).records] == [r["novelty"] for r in records]
+    # how often held-out answers this sure were right: every held-out answer was (separable labels)
+    assert all(0.5 < r["p_correct"] <= 1 for r in records)
+    assert [r["p_correct"] for r in read_records(str(table)).records] == [r["p_correct"] for r in records]
     plain = json_lines(_run(spec, labelled, tmp_path / "plain.jsonl"))
     for r, p in zip(records, plain, strict=True):  # asked for, the prompt's log-probabilities are kept as they were
         assert r["logprobs"] == pytest.approx(p["logprobs"], abs=1e-5) and "readout" not in p

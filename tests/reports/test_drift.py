@@ -152,6 +152,11 @@ def test_the_accuracy_estimate_is_the_answers_mean_probability_and_holds_where_t
     assert invoke("drift", a, b, "-q", "--min-estimated-accuracy", 0.1).exit_code == 0
     tags = [{"id": "1", "labels": ["a"], "probs": {"a": 0.9}}]
     assert estimate_accuracy(tags) is None
+    for r in records:  # a head's held-out reliability, where its records carry it, is what is averaged
+        r["p_correct"] = 0.25
+    held = estimate_accuracy(records)
+    assert held is not None and held.held_out and held.value == pytest.approx(0.25) and held.words().startswith(
+        "0.250 ± ") and "held-out reliability" in held.words()
 
 
 def test_items_unlike_a_heads_fitted_rows_are_tested_where_records_say_how_far_they_lie():

@@ -76,3 +76,25 @@ def test_a_familiarity_header_that_is_not_one_is_refused(tmp_path, said, words):
 def test_a_summary_with_too_few_rows_still_scores():
     familiar = summarise(np.arange(12.0).reshape(3, 4))
     assert isinstance(familiar, Familiar) and np.isfinite(familiar.novelty(np.ones(4)))
+
+
+def test_reliability_is_monotone_smoothed_and_read_back(tmp_path):
+    from prefixcache.task.reliability import PRIOR, Reliability, fitted_reliability
+
+    rng = np.random.default_rng(5)
+    confidence = rng.uniform(0.3, 1.0, 400)
+    right = rng.random(400) < confidence - 0.2  # answers claiming 0.2 more than they are worth
+    found = fitted_reliability(confidence, right)
+    assert found is not None and list(found.upto) == sorted(found.upto)
+    assert found.at(0.9) == pytest.approx(0.7, abs=0.1) and found.at(0.5) == pytest.approx(0.3, abs=0.1)
+    few = fitted_reliability([0.6, 0.9, 0.95], [False, True, True])  # two right rows never say "always right"
+    assert few is not None and few.at(0.99) == pytest.approx((2 + PRIOR * 2 / 3) / (2 + PRIOR))
+    assert few.at(0.5) == pytest.approx((0 + PRIOR * 2 / 3) / (1 + PRIOR))
+    assert fitted_reliability([0.6, 0.9], [True, False]).at(0.9) == pytest.approx(0.5)  # pooled: not monotone
+    assert Reliability.from_json(found.to_json()).at(0.8) == pytest.approx(found.at(0.8), abs=1e-6)
+    assert Reliability.from_json({"upto": [0.5, 0.2], "right": [0.1, 0.2]}) is None
+    readout = Readout("label", ("a", "b"), False, "state", np.zeros((1, 48)), np.ones((1, 48)),
+                      rng.normal(size=(2, 48)), np.zeros(2), reliability=found)
+    (tmp_path / "h.safetensors").write_bytes(head_bytes([readout], FP, "final", {}))
+    back = load_head("h.safetensors", tmp_path / "spec.yaml").readouts[0]
+    assert back.reliability is not None and back.reliability.at(0.77) == pytest.approx(found.at(0.77), abs=1e-6)
