@@ -32,7 +32,7 @@ from .options import (
     BENCH_LIMIT_OPT, COMPARE_OPT, DEBUG_OPT, DEVICE, DIFF_A_ARG, DIFF_B_ARG, DIFF_JSON_OPT, DIFF_MD_OPT, DIFF_QUIET_OPT, DRY_RUN_OPT,
     EXAMPLES_OPT, REPORT_FIT_OPT, SERVE_HEAD_OPT, FIT_JSON_OPT, TARGET_ACCURACY_OPT, COVERAGE_OPT, CONFIDENCE_OPT, FIT_FEATURES_OPT, FitFeatures, PROMPT_SAMPLE_OPT, FITTED_OPT, FOLDS_OPT, OVERWRITE_FITTED_OPT, LABELLED_ARG, LABELLED_FILES_ARG, METRIC_OPT, MIN_COVERAGE_OPT, MODELS_OPT, OVERWRITE_TUNED_OPT, SEED_OPT, SYSTEM_OPT,
     POOL_ARG, SUGGEST_N_OPT, SUGGESTED_OPT, SUGGEST_LABELLED_OPT, SUGGEST_SEED_OPT, SUGGEST_RANDOM_OPT, SUGGEST_AUDIT_OPT,
-    OVERWRITE_SUGGESTED_OPT, ALPHA_OPT, DRIFT_CUR_ARG, DRIFT_QUIET_OPT, DRIFT_REF_ARG, FAIL_ON_DRIFT_OPT,
+    OVERWRITE_SUGGESTED_OPT, ALPHA_OPT, EARLIER_OPT, DRIFT_CUR_ARG, DRIFT_QUIET_OPT, DRIFT_REF_ARG, FAIL_ON_DRIFT_OPT,
     TEST_OPT, TUNED_OPT, TUNE_JSON_OPT, TUNE_MD_OPT, TUNE_TOP_OPT, VARIANTS_OPT,
     FAIL_ON_CHANGE_OPT, FAIL_ON_REGRESSION_OPT, INPUT, RENDER_TEXT_OPT, ITEMS_ARG, JSON_OPT, LOG_INTERVAL_OPT, LOG_LEVEL_OPT,
     MAX_ITEMS_OPT, MIN_ESTIMATED_OPT, MERGED_OPT, MODEL, PARTS_ARG, QUIET_OPT, REPORT_HTML_OPT, REPORT_OUTPUT_ARG, SPEC_ARG, TOP_OPT,
@@ -246,22 +246,25 @@ def drift(
 @run_options("overwrite")
 def report(
     output: str = REPORT_OUTPUT_ARG, html_file: str = REPORT_HTML_OPT, compare_with: Optional[str] = COMPARE_OPT,
-    fit_figures: Optional[str] = REPORT_FIT_OPT, debug: bool = DEBUG_OPT, **given: Any,
+    fit_figures: Optional[str] = REPORT_FIT_OPT, earlier: Optional[list[str]] = EARLIER_OPT, debug: bool = DEBUG_OPT,
+    **given: Any,
 ) -> None:
     """Write one self-contained HTML page about an output: summary, evaluation, figures, confident
     mistakes and closest calls (and with --compare, the diff with another run; with --fit, the
-    head's held-out figures and learning curve).
+    head's held-out figures and learning curve; with --earlier, the runs over time).
 
     Example:
 
         prefixcache report out.jsonl -o report.html --compare before.jsonl
 
         prefixcache report out.jsonl -o report.html --fit fitted.fit.json
+
+        prefixcache report runs/today.jsonl -o runs.html --earlier runs/reference.jsonl --earlier runs/yesterday.jsonl
     """
     from ..reports.htmlpage import write_report  # matplotlib: an optional extra
 
     with errors(debug):
-        write_report(output, html_file, compare_with, given["overwrite"], fit_figures)
+        write_report(output, html_file, compare_with, given["overwrite"], fit_figures, earlier or ())
         err.print(f"wrote {html_file}", markup=False)
 
 

@@ -115,6 +115,7 @@ SUGGEST_AUDIT_OPT = typer.Option(None, "--audit", metavar="OUTPUT", help=(
 OVERWRITE_SUGGESTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace -o if it exists.")
 FIT_JSON_OPT = typer.Option(None, "--json", help="Write the figures as JSON here instead of beside the fitted spec.")
 OVERWRITE_FITTED_OPT = typer.Option(False, "--overwrite", metavar="", help="Replace the fitted spec, its head and figures if they exist.")
+EARLIER_OPT = typer.Option(None, "--earlier", metavar="OUTPUT", help="An earlier run's output, oldest first, the first the reference (repeat it): the answers' shares, confidence, drift verdict, estimated accuracy and unfamiliar items over the runs.")
 REPORT_FIT_OPT = typer.Option(None, "--fit", metavar="FIGURES", help="The figures prefixcache fit wrote (NAME.fit.json): add the head's held-out figures beside the prompt's and its learning curve.")
 MAX_REQUEST_TOKENS_OPT = typer.Option(MAX_REQUEST_TOKENS, "--max-request-tokens", min=1, help=(
     "The most tokens one request may have computed (its instructions when new, its state, its questions and their "

@@ -196,7 +196,7 @@ def runs_tests(before: Sequence[Record], after: Sequence[Record]) -> list[Test]:
     set's margin too), then the failed items' share."""
     a, b = [r for r in before if not is_error(r)], [r for r in after if not is_error(r)]
     tests = []
-    for name, view in _views(a + b):
+    for name, view in answer_views(a + b):
         left, right = [view(r) for r in a], [view(r) for r in b]
         shares = shares_test(name, [v[0] for v in left], [v[0] for v in right])
         tests += [shares] if shares is not None else []
@@ -224,7 +224,7 @@ def _beyond(novelty: Any) -> bool:
 View = Any  # a record -> (its answer in a word, its confidence, its margin or None)
 
 
-def _views(records: Sequence[Record]) -> list[tuple[str, View]]:
+def answer_views(records: Sequence[Record]) -> list[tuple[str, View]]:
     """Per question the records answer, how a record's answer reads: a label set or choice (one
     word a record), a multi-label set (each label on or off), or a pack's typed questions."""
     first = records[0] if records else {}
@@ -256,6 +256,40 @@ def _question_view(qid: str) -> View:
             return ("(none)", None, None)
         return (answer_word(answer), answer.get("confidence"), None)
     return view
+
+
+def history(runs: Sequence[str], alpha: float = ALPHA) -> list[dict[str, Any]]:
+    """Several runs' outputs, oldest first, each against the first (the reference): per run its
+    items, its answers' shares and median confidence (the first question's), the comparison's
+    verdict and least p-value, its estimated accuracy and its share of items unlike a head's
+    fitted rows (None where its records say none)."""
+    if len(runs) < 2:
+        raise InputError("give two runs or more (the first is the reference)")
+    loaded = []
+    for path in runs:
+        records = read_records(path, strict=True).records
+        if not records:
+            raise InputError(f"{path}: holds no records to compare")
+        loaded.append(records)
+    reference = loaded[0]
+    views = answer_views([r for r in reference if not is_error(r)])
+    out = []
+    for path, records in zip(runs, loaded, strict=True):
+        answered = [r for r in records if not is_error(r)]
+        seen = [view(r) for r in answered for view in [views[0][1]]] if views else []
+        counts = Counter(word for word, _, _ in seen)
+        confidence = sorted(c for _, c, _ in seen if c is not None)
+        tests = runs_tests(reference, records) if records is not reference else []
+        read = [_beyond(r["novelty"]) for r in answered if "novelty" in r]
+        estimate = estimate_accuracy(records)
+        out.append({"run": path, "items": len(records), "question": views[0][0] if views else "",
+                    "shares": {k: n / len(seen) for k, n in counts.items()} if seen else {},
+                    "confidence": confidence[len(confidence) // 2] if confidence else None,
+                    "alarm": any(t.p < alpha / len(tests) for t in tests) if tests else False,
+                    "least_p": min((t.p for t in tests), default=None),
+                    "estimated_accuracy": None if estimate is None else estimate.value,
+                    "beyond": sum(read) / len(read) if read else None})
+    return out
 
 
 # -- the tests -----------------------------------------------------------------------------------------

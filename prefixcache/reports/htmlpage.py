@@ -163,15 +163,58 @@ th{background:#f4f4f4} .kpi{display:flex;gap:2rem;flex-wrap:wrap;margin:1rem 0}
 """
 
 
-def build_report(output: str, compare_with: str | None = None, top: int = 15, fit: str | None = None) -> str:
+def build_report(output: str, compare_with: str | None = None, top: int = 15, fit: str | None = None,
+                 earlier: Sequence[str] = ()) -> str:
     """The HTML page for one output of `run` (and its diff with another; `fit`: the figures of the
-    `prefixcache fit` whose head answered it)."""
+    `prefixcache fit` whose head answered it; `earlier`: earlier runs' outputs, oldest first, the
+    first the reference: the answers over the runs)."""
     page = _build(output, compare_with, top)
-    if fit is None:
-        return page
-    # the head's figures first, under the title and summary line: what a reader opens the page for
+    # the head's figures and the runs over time first, under the title and summary line
     summary = page.index("</p>", page.index("<p class=muted>")) + len("</p>")
-    return page[:summary] + _fit_section(_pyplot(), fit) + page[summary:]
+    first = (_fit_section(_pyplot(), fit) if fit is not None else "") + (
+        _history_section(_pyplot(), [*earlier, output]) if earlier else "")
+    return page[:summary] + first + page[summary:]
+
+
+def _history_section(plt: Any, runs: Sequence[str]) -> str:
+    """The runs in order, each against the first: its answers' shares and median confidence, the
+    drift verdict, its estimated accuracy and its items unlike a head's fitted rows."""
+    from .drift import ALPHA, history
+
+    rows = history(runs)
+    names = [Path(r["run"]).name for r in rows]
+    shares: dict[str, float] = {}
+    for r in rows:
+        for k, v in r["shares"].items():
+            shares[k] = shares.get(k, 0.0) + v
+    top = sorted(shares, key=lambda k: -shares[k])[:8]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
+    for k in top:
+        axes[0].plot(range(len(rows)), [r["shares"].get(k, 0.0) for r in rows], marker="o", label=k)
+    axes[0].set_title(f"answer shares ({rows[0]['question']})")
+    axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    for key, label in (("confidence", "median confidence"), ("estimated_accuracy", "estimated accuracy"),
+                       ("beyond", "unlike the fitted rows")):
+        values = [r[key] for r in rows]
+        if any(v is not None for v in values):
+            axes[1].plot(range(len(rows)), [float("nan") if v is None else v for v in values], marker="o", label=label)
+    axes[1].set_ylim(0, 1)
+    axes[1].legend(fontsize=7)
+    for ax in axes:
+        ax.set_xticks(range(len(rows)), names, rotation=30, ha="right", fontsize=7)
+    table = "".join(
+        f"<tr><td>{html.escape(n)}</td><td>{r['items']}</td>"
+        f"<td>{'reference' if i == 0 else ('DRIFT' if r['alarm'] else 'no drift')}</td>"
+        f"<td>{_figure(r['least_p'], '.2g')}</td>"
+        f"<td>{_figure(r['estimated_accuracy'])}</td><td>{_figure(r['beyond'])}</td></tr>"
+        for i, (n, r) in enumerate(zip(names, rows, strict=True)))
+    return (f"<h2>the runs over time</h2><p class=muted>each run against the first (prefixcache drift, alpha "
+            f"{ALPHA})</p><div class=figures>{_svg(fig)}</div><table><tr><th>run</th><th>items</th><th>verdict</th>"
+            f"<th>least p</th><th>estimated accuracy</th><th>unlike the fitted rows</th></tr>{table}</table>")
+
+
+def _figure(value: float | None, how: str = ".3f") -> str:
+    return "" if value is None else format(value, how)
 
 
 def _build(output: str, compare_with: str | None, top: int) -> str:
@@ -402,13 +445,14 @@ def _interval(figure: Any) -> str:
 
 
 def write_report(output: str, target: str, compare_with: str | None = None, overwrite: bool = False,
-                 fit: str | None = None) -> None:
+                 fit: str | None = None, earlier: Sequence[str] = ()) -> None:
     """Write the page to `target`; an existing file is refused unless `overwrite`, and so is
     `target` naming an output it reads (whatever `overwrite`)."""
-    check_distinct({"-o": target}, {"the output": output, "--compare": compare_with, "--fit": fit},
-                   outputs=("the output", "--compare"))
+    check_distinct({"-o": target}, {"the output": output, "--compare": compare_with, "--fit": fit,
+                                    **{f"--earlier {run}": run for run in earlier}},
+                   outputs=("the output", "--compare", *(f"--earlier {run}" for run in earlier)))
     safefile.check_target(target, "-o")
     if Path(target).exists() and not overwrite:
         raise InputError(f"{target}: already exists; give --overwrite to replace it, or another -o")
-    page = build_report(output, compare_with, fit=fit)
+    page = build_report(output, compare_with, fit=fit, earlier=earlier)
     safefile.replace(target, page, what="the report")

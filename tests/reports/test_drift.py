@@ -168,3 +168,19 @@ def test_items_unlike_a_heads_fitted_rows_are_tested_where_records_say_how_far_t
     tests = {t.name: t for t in runs_tests(before, after)}
     assert tests["items unlike the head's fitted rows"].p < 1e-4 and "-> 2" in tests["items unlike the head's fitted rows"].words
     assert "items unlike the head's fitted rows" not in {t.name for t in runs_tests(_run(rng, 50), _run(rng, 50))}
+
+
+def test_the_report_shows_the_runs_over_time_each_against_the_first(tmp_path):
+    pytest.importorskip("matplotlib")
+    rng = np.random.default_rng(6)
+    runs = [write_records(tmp_path / f"night{k}.jsonl", _run(rng, 150, shares=shares))
+            for k, shares in enumerate([(0.5, 0.3, 0.2), (0.5, 0.3, 0.2), (0.1, 0.3, 0.6)])]
+    page = tmp_path / "runs.html"
+    result = invoke("report", runs[1], "-o", page, "--earlier", runs[0], "--earlier", runs[2])
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    section = text[text.index("the runs over time"):text.index("</table>", text.index("the runs over time"))]
+    assert [row.split("</td>")[0] for row in section.split("<tr><td>")[1:]] == ["night0.jsonl", "night2.jsonl",
+                                                                               "night1.jsonl"]
+    assert section.count("DRIFT") == 1 and "no drift" in section and "<td>reference</td>" in section
+    assert invoke("report", runs[1], "-o", runs[0], "--earlier", runs[0], "--overwrite").exit_code == 2
