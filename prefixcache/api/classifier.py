@@ -261,12 +261,16 @@ class Classifier:
         return add_predictions_to_columns(dict(batch), records, self.spec, prefix)
 
     # -- a head trained on your labels (scikit-learn's conventions) -----------------------------
-    def fit(self, X: Any, y: Any, *, folds: int = 5, seed: int = 0, features: str = "state") -> "Classifier":
+    def fit(self, X: Any, y: Any, *, folds: int = 5, seed: int = 0, features: str = "state",
+            prompt_sample: Optional[int] = None) -> "Classifier":
         """Fit a head on these labelled items and decide by it from now on (as `prefixcache fit`
         writes it); returns this classifier, as scikit-learn's estimators do. `X`: strings, dicts of
         fields, or a DataFrame or Table; `y` their labels (a list, a Series, or the name of a column
         of `X`; multi-label: lists of labels or strings separated by the spec's `gold_sep`);
-        `features` as `fit --features`. Fitting again starts from the spec as it was made. The
+        `features` as `fit --features`; `prompt_sample` as `fit --prompt-sample` (how many items have
+        their options scored to measure the prompt alone: with many labels, the costly part; None:
+        as many as cost about what reading the states costs, at least 20). Fitting again starts
+        from the spec as it was made. The
         held-out figures of the head beside the prompt alone are in `.fit_figures` (one dict per
         question, as `fit`'s JSON). Raises UsageError for too few items or one class only."""
         from ..labelled.fit import fit_heads, fitted_questions, MIN_ITEMS
@@ -277,6 +281,8 @@ class Classifier:
                              "field and use prefixcache fit")
         if folds < 2:
             raise UsageError(f"folds must be 2 or more (got {folds})")
+        if prompt_sample is not None and prompt_sample < 1:
+            raise UsageError(f"prompt_sample must be 1 or more (got {prompt_sample})")
         rows = _rows(X)
         labels = _labels(rows, y)
         if len(rows) < MIN_ITEMS:
@@ -291,7 +297,8 @@ class Classifier:
             except ValueError as exc:  # the library's typed error, naming the item (the gold field is y, not a column)
                 raise InputError(f"item {item.id!r} (label {label!r}) {str(exc).replace(f' ({GOLD})', '')}") from None
         base = build_on(self.task.with_spec(spec), self.scorer.engine, self.options.replace(prune="off", exact=False))
-        found = fit_heads(base, items, fitted_questions(spec), self.batching, folds, seed, features=features)
+        found = fit_heads(base, items, fitted_questions(spec), self.batching, folds, seed, features=features,
+                          prompt=prompt_sample)
         keys: dict[str, Any] = {"head": found.head()}
         thresholds = found.judged[0].thresholds if made.multi_label else None
         if thresholds is not None:

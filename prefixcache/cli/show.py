@@ -417,8 +417,10 @@ def print_fit(result: FitResult) -> None:
                             f"{j.counted}", title_justify="left")
         for col in ("readout", kind, "macro-F1", "ECE"):
             table.add_column(col, justify="left" if col == "readout" else "right")
+        blind = 2 * j.unseen >= j.items  # most held-out rows' answers were in no training fold
         for name, f in (("head", j.head), ("prompt alone", j.prompt)):
-            table.add_row(name, _interval(f["accuracy"]), _interval(f["macro_f1"]), f"{f['ece']:.3f}",
+            accuracy = "not estimable (see the note)" if blind and name == "head" else _interval(f["accuracy"])
+            table.add_row(name, accuracy, _interval(f["macro_f1"]), f"{f['ece']:.3f}",
                           style="bold" if (name == "head") == (j.verdict == "head") and j.verdict != "tie" else None)
         if j.baseline:  # no language model: what the head must beat to be worth it
             b = j.baseline

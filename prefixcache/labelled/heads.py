@@ -76,6 +76,7 @@ class Judged:
     coverage: list[Row] = field(default_factory=list)  # one answer: the risk-coverage table of the held-out predictions
     prompt_items: int = 0  # the items the prompt alone and the gain are measured on (its options scored)
     texts: int = 0  # the distinct texts every figure counts once (0: as many as items)
+    unseen: int = 0  # held-out rows whose answer no row of their training folds had (a class of one row)
     suspects: list[dict[str, Any]] = field(default_factory=list)  # likely label errors (`likely_errors`)
     baseline: dict[str, Figure | float | None] | None = None  # TF-IDF + logistic regression on the same folds
     calibration: int = 0  # rows held out from the head that runs to certify its cut (a target asked)
@@ -112,6 +113,7 @@ class Judged:
         return {"question": self.qid, "kind": "tags" if self.binary else "one of", "items": self.items,
                 "folds": self.folds, "head": js(self.head), "prompt": js(self.prompt), "gain": self.gain.to_json(),
                 "prompt_items": self.prompt_items, "texts": self.texts or self.items, "likely_errors": self.suspects,
+                "unseen_in_training": self.unseen,
                 **({"tfidf_baseline": js(self.baseline)} if self.baseline else {}),
                 "verdict": self.verdict, "verdict_words": self.verdict_words, "chosen": {"C": self.choice.C, "features": self.choice.features},
                 "labelled_per_option": self.counts, "learning_curve": self.curve,
@@ -163,7 +165,8 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
     prompt, gain = _prompt_beside(ev, head_said, seed, notes)
     verdict = "head" if gain.low > 0 else "prompt" if gain.high < 0 else "tie"
     judged = Judged(data.qid, data.binary, data.n, len(splits), head, prompt, gain, verdict, choice, data.counts(),
-                    notes=notes, thresholds=thresholds, prompt_items=len(ev.prompt_items), texts=len(one))
+                    notes=notes, thresholds=thresholds, prompt_items=len(ev.prompt_items), texts=len(one),
+                    unseen=_unseen(data, splits, notes))
     if earlier is not None and before is not None:
         earlier = earlier[one]
         then = earlier >= np.asarray(thresholds) if data.binary else answered(earlier, data.threshold)
@@ -186,6 +189,17 @@ def _with_reliability(made: Readout, ev: Labelled, probs: np.ndarray) -> Readout
     if ev.binary:
         return made
     return replace(made, reliability=fitted_reliability(probs.max(axis=1), probs.argmax(axis=1) == ev.gold))
+
+
+def _unseen(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray]], notes: list[str]) -> int:
+    """Held-out rows whose answer no row of their training folds had (multiclass), noted."""
+    unseen = 0 if data.binary else sum(int((~np.isin(data.gold[test], data.gold[train])).sum()) for train, test in splits)
+    if unseen:
+        notes.append(f"{unseen} of {data.n} rows were held out with no row of their answer in their training folds (a "
+                     f"class of one row): no held-out readout could answer them, so the held-out figures count them "
+                     f"wrong and understate the head" + (" by far: they do not estimate it; label two rows a class or "
+                                                         "more" if 2 * unseen >= data.n else ""))
+    return unseen
 
 
 def tfidf_baseline(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:

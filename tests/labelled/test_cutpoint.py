@@ -274,3 +274,26 @@ def test_estimates_on_a_mix_of_picked_and_random_rows_describe_the_pool_not_the_
             out.append(judged.head["accuracy"].value - realised)
     assert abs(np.mean(marked)) < 0.04, marked  # about the pool's accuracy (the fold heads train on 4/5 of the rows)
     assert np.mean(unmarked) < np.mean(marked) - 0.1, (unmarked, marked)  # the picked rows drag it down
+
+
+def test_rows_held_out_with_no_row_of_their_answer_in_training_are_said_not_scored_silently():
+    """With one row a class, every held-out row's answer is missing from its training folds: the
+    held-out accuracy counts them all wrong, which does not estimate the head, and fit says so."""
+    from prefixcache.labelled.data import Labelled
+    from prefixcache.labelled.heads import judge
+
+    rng = np.random.default_rng(0)
+    means = rng.standard_normal((8, 12)) * 3
+    gold = np.arange(8)  # one row a class
+    x = means + 0.1 * rng.standard_normal(means.shape)
+    data = Labelled("q", tuple("abcdefgh"), False, {"state": x[:, None, :]}, np.zeros((8, 8)), gold,
+                    np.full((8, 8), 1 / 8), gold)
+    judged, _ = judge(data, 4, 0, feature_sets=("state",))
+    assert judged.unseen == 8 and judged.to_json()["unseen_in_training"] == 8
+    assert any("8 of 8 rows were held out with no row of their answer" in n and "do not estimate it" in n
+               for n in judged.notes)
+    twice = np.repeat(np.arange(4), 2)  # two rows a class: each held-out row's answer was trained on
+    data = Labelled("q", tuple("abcd"), False, {"state": (means[twice, :] + 0.1)[:, None, :]}, np.zeros((8, 4)), twice,
+                    np.full((8, 4), 1 / 4), twice)
+    judged, _ = judge(data, 2, 0, feature_sets=("state",))
+    assert judged.unseen == 0 and not any("no row of their answer" in n for n in judged.notes)

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from helpers import TEXTS, invoke, json_lines, make_spec, write_spec
-from prefixcache.errors import SpecError
+from prefixcache.errors import SpecError, UsageError
 from prefixcache.model.engine import Engine
 from prefixcache.model.rows import Row
 from prefixcache.task.head import Readout, head_bytes, load_head
@@ -209,8 +209,10 @@ def test_classifier_fit_gives_the_head_prefixcache_fit_writes(fitted, tmp_path):
     import pandas as pd
 
     table = pd.DataFrame(rows)  # a DataFrame and the name of its label column
-    again = clf.fit(table, "gold", folds=4)
-    assert again.predict(table) == golds
+    again = clf.fit(table, "gold", folds=4, prompt_sample=5)  # the prompt alone measured on 5 items, as --prompt-sample
+    assert again.predict(table) == golds and again.fit_figures[0]["prompt_items"] == 5
+    with pytest.raises(UsageError, match="prompt_sample must be 1 or more"):
+        clf.fit(table, "gold", prompt_sample=0)
 
 
 def test_a_classifier_works_with_scikit_learns_clone_pipeline_and_cross_validation(fitted):
