@@ -30,7 +30,7 @@ from ..data.records import Record
 from ..errors import InputError, SpecError, UsageError
 from ..run.pipeline import RunStats, classify
 from ..scoring.options import BATCH_SIZE, BATCH_TOKENS, ScoringOptions
-from ..scoring.prepare import Batching, Task, judged_of
+from ..scoring.prepare import Batching, Task
 from ..task.overrides import with_overrides
 from ..task.keys import spec_from_mapping
 from ..task.spec import KNOWN_KEYS, TaskSpec
@@ -153,8 +153,8 @@ class Classifier:
     def _use(self, spec: TaskSpec, scorer: "ItemScorer") -> None:
         """Decide by `spec` with `scorer` (its task's): the batches follow whether a head answers alone."""
         self.spec, self.task, self.scorer = spec, scorer.task, scorer
-        self.batching = Batching(self._params["batch_size"], self._params["batch_tokens"], pruned=scorer.pruning,
-                                 head_alone=bool(getattr(scorer, "head_only", False)), judged=judged_of(spec))
+        self.batching = Batching(self._params["batch_size"], self._params["batch_tokens"], pruned=scorer.pruning
+                                 ).answering(spec, bool(getattr(scorer, "head_only", False)))
         self._zero_shot = {}
 
     # -- scikit-learn's estimator protocol ---------------------------------------------------------

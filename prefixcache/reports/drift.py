@@ -150,8 +150,12 @@ class Drift:
             head = "no drift" + (f" (least p={least.p:.2g}, {least.name}; alarm below {self.cut:.2g})" if least else "")
         changed = f"; changed: {', '.join(self.changed)}" if self.changed else ""
         before, after = self.estimates
-        estimated = (f"; estimated accuracy {after.value:.3f} (reference {before.value:.3f})"
-                     if before is not None and after is not None else "")
+        estimated = ""
+        if before is not None and after is not None:
+            apart = before.held_out != after.held_out  # estimated from other sources: said, not hidden
+            source = {True: " from held-out reliability", False: " from the answers' probabilities"}
+            estimated = (f"; estimated accuracy {after.value:.3f}{source[after.held_out] if apart else ''} "
+                         f"(reference {before.value:.3f}{source[before.held_out] if apart else ''})")
         return f"drift: {head}; {sizes}{estimated}{changed}"
 
     def to_json(self) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from ..model.engines import default_backend
 from ..model.precision import low_names
 from ..model.protocol import timed as timed_engine
 from ..model.store import PrefixStore
-from ..scoring.prepare import Batching, Prepared, Task, judged_of
+from ..scoring.prepare import Batching, Prepared, Task
 
 
 @dataclass
@@ -497,7 +497,7 @@ def run_bench(scorer: Scorer, items: Sequence[Item], naive_limit: int, batching:
 def _time_head_alone(head: Scorer, items: Sequence[Item], batching: Batching, step: Step) -> ModeResult:
     """The run pipeline of a fitted spec whose head answers alone (no option scored), after a warm-up,
     in the batches `run` forms for it (one token an answer)."""
-    batching = dataclasses.replace(batching, head_alone=True, judged=judged_of(head.task.spec))
+    batching = batching.answering(head.task.spec, True)
     warm = list(items[:min(batching.size, WARM_ITEMS)])
     list(classify(head, warm, batching))
     head.clear()

@@ -20,7 +20,7 @@ from ..model.engines import Backend, backend_named, twin_backend
 from ..model.load import dtype_name, model_identity, pick_device
 from ..model.precision import precision_named
 from ..reports.evaluation import Gates
-from ..scoring.prepare import Batching, check_backend, judged_of, spec_model
+from ..scoring.prepare import Batching, check_backend, spec_model
 from ..scoring.options import exact_refusal
 from ..task.overrides import with_overrides
 from ..task.spec import TaskSpec
@@ -207,8 +207,8 @@ def make_plan(options: RunOptions) -> Plan:
     output = OutputFile(path, out_fmt, columns(spec, keep or (), precision=options.exact, pruned=pruned),
                         spec.id_field if spec.id_field_given else "id")
     device = str(launched.device) if launched and options.device == "auto" else options.device
-    batching = Batching(size=options.batch_size, tokens=options.batch_tokens, on_error=options.on_error, pruned=pruned,
-                        head_alone=spec.head_alone(options.prompt_scores), judged=judged_of(spec))
+    batching = Batching(size=options.batch_size, tokens=options.batch_tokens, on_error=options.on_error, pruned=pruned
+                        ).answering(spec, spec.head_alone(options.prompt_scores))
     return Plan(options=options, spec=spec, input_format=fmt, stream=stream, total=total, output=output, part=part,
                 launched=launched, keep=keep, batching=batching, gates=gates, says_precision=options.exact,
                 device=device, scanned=scanned)

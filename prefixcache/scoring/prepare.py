@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
@@ -111,6 +111,11 @@ class Batching:
     pruned: bool = False  # labels scored pruned: an item's labels cost about PRUNED_LABEL_TOKENS, not its whole trie
     head_alone: bool = False  # a fitted head answers alone: no option scored, one token (and a question's text) an answer
     judged: tuple[bool, ...] = ()  # with head_alone, per question: its options each judged yes/no (tags), read one by one
+
+    def answering(self, spec: TaskSpec, alone: bool) -> "Batching":
+        """This batching for `spec`'s items, its fitted head answering alone or not: what a row
+        costs follows (`cost`)."""
+        return replace(self, head_alone=alone, judged=judged_of(spec))
 
     def cost(self, prep: "Prepared") -> int:
         """What an item costs of `tokens`: its own tokens and its label tokens (a head answering

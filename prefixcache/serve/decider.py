@@ -32,7 +32,7 @@ from ..scoring.build import build_on, load_engine, prefix_store
 from ..scoring.options import ScoringOptions
 from ..task.spec import PRUNING
 from .tally import AnswerTally
-from ..scoring.prepare import Batching, Prepared, Task, check_prefix, judged_of
+from ..scoring.prepare import Batching, Prepared, Task, check_prefix
 from ..scoring.scorer import Scorer, decide_together, prefix_stored
 from ..task.questions import Answers
 from ..task.head import FINGERPRINT_PARTS, Head
@@ -218,7 +218,7 @@ class Decider:
                     task, held = self._task(ask, pack)
                     prep = task.prepare(Item(f"request {i}", {"state": ask.state}, 1), self.context)
                     alone = task.spec.head_alone(self.options.prompt_scores)
-                    scored = dataclasses.replace(WHOLE, head_alone=alone, judged=judged_of(task.spec)).cost(prep)  # its tokens, its options' trie
+                    scored = WHOLE.answering(task.spec, alone).cost(prep)  # its tokens, its options' trie
                     cost = scored + (0 if held else prep.enc.prefix_len)
                     if cost > self.max_tokens:
                         raise TooCostly(cost, self.max_tokens, 0 if held else prep.enc.prefix_len)

@@ -157,6 +157,9 @@ def test_the_accuracy_estimate_is_the_answers_mean_probability_and_holds_where_t
     held = estimate_accuracy(records)
     assert held is not None and held.held_out and held.value == pytest.approx(0.25) and held.words().startswith(
         "0.250 ± ") and "held-out reliability" in held.words()
+    write_records(b, records)  # the estimates from two sources: the line says which is which
+    assert (f"estimated accuracy 0.250 from held-out reliability (reference {estimate.value:.3f} from the answers' "
+            f"probabilities)") in compare_runs(str(a), str(b)).line()
 
 
 def test_items_unlike_a_heads_fitted_rows_are_tested_where_records_say_how_far_they_lie():
