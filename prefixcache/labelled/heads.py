@@ -24,7 +24,7 @@ from ..task.reliability import fitted_reliability
 from ..task.scoring_metrics import calibration_error
 from .data import Choice, Labelled
 from .hygiene import check_counts, fold_copies_together, likely_errors, once_a_text, representative, suspects_note
-from .readouts import FEATURE_SETS, choose, fitted_probs, readout
+from .readouts import FEATURE_SETS, INNER_FOLDS, choose, fitted_probs, readout
 from .cutpoint import CONFIDENCE, Cut, Row, bounds, choose_cut, least_items, per_option_cuts, risk_coverage
 from ..reports.resampling import GAIN_LEVEL, LEVEL, Figure, cv_splits, interval, resamples
 
@@ -177,7 +177,7 @@ def judge(data: Labelled, folds: int, seed: int, step: Callable[[int, int], None
         _one_answer(judged, ev, probs, asked if asked is not None and asked.target is None else None)
         judged.curve = learning_curve(data, splits, choice, seed)
         if data.texts:
-            base = tfidf_baseline(data, splits)[one]
+            base = tfidf_baseline(data, splits, seed)[one]
             judged.baseline = figures(ev, answered(base, data.threshold), base, seed)
         if asked is not None and asked.target is not None:
             final = _certified(judged, data, one, asked, seed, feature_sets)
@@ -202,10 +202,15 @@ def _unseen(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray]], not
     return unseen
 
 
-def tfidf_baseline(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+TFIDF_C = (10.0, 1.0, 100.0)  # the TF-IDF baseline's C, chosen fold by fold on its training rows (ties: the first)
+
+
+def tfidf_baseline(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray]], seed: int = 0) -> np.ndarray:
     """Held-out probabilities [N, K] of TF-IDF (words and word pairs, sublinear) + logistic
     regression on the items' texts, fold by fold: what a model-free classifier answers on the same
-    folds, beside the head."""
+    folds, beside the head. Its C is chosen in each fold by an inner cross-validation on that
+    fold's training rows, as the head's is (a fixed C can understate it on larger sets), where
+    every answer there has two rows or more."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
@@ -217,9 +222,25 @@ def tfidf_baseline(data: Labelled, splits: Sequence[tuple[np.ndarray, np.ndarray
             probs[test, classes[0]] = 1.0
             continue
         vectors = TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True)
-        fitted = LogisticRegression(C=10.0, max_iter=2000).fit(vectors.fit_transform(texts[train]), data.gold[train])
+        x, y = vectors.fit_transform(texts[train]), data.gold[train]
+        fitted = LogisticRegression(C=_tfidf_c(x, y, seed), max_iter=2000).fit(x, y)
         probs[np.ix_(test, fitted.classes_)] = fitted.predict_proba(vectors.transform(texts[test]))
     return probs
+
+
+def _tfidf_c(x: Any, y: np.ndarray, seed: int) -> float:
+    """The C of TFIDF_C whose inner folds of these rows answer most right (ties: the first, so that
+    a few rows that cannot tell them apart keep the usual 10); 10 where an answer has a single row."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+
+    fewest = int(np.unique(y, return_counts=True)[1].min())
+    if fewest < 2:
+        return 10.0
+    inner = list(StratifiedKFold(n_splits=min(INNER_FOLDS, fewest), shuffle=True, random_state=seed).split(x, y))
+    right = [sum(int((LogisticRegression(C=c, max_iter=2000).fit(x[a], y[a]).predict(x[b]) == y[b]).sum())
+                 for a, b in inner) for c in TFIDF_C]
+    return TFIDF_C[int(np.argmax(right))]
 
 
 CALIBRATION = 0.3  # the share of the representative rows held out to certify a target's cut (at most half)

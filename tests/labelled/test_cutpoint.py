@@ -297,3 +297,19 @@ def test_rows_held_out_with_no_row_of_their_answer_in_training_are_said_not_scor
                     np.full((8, 4), 1 / 4), twice)
     judged, _ = judge(data, 2, 0, feature_sets=("state",))
     assert judged.unseen == 0 and not any("no row of their answer" in n for n in judged.notes)
+
+
+def test_the_tfidf_baseline_chooses_its_regularisation_on_each_folds_training_rows(monkeypatch):
+    from prefixcache.labelled import heads
+    from prefixcache.labelled.data import Labelled
+    from prefixcache.reports.resampling import cv_splits
+
+    words = {"a": "refund invoice charge", "b": "password login crash"}
+    gold = np.array([k % 2 for k in range(24)])
+    texts = tuple(f"{words['ab'[g]].split()[k % 3]} please case {k}" for k, g in enumerate(gold))
+    data = Labelled("q", ("a", "b"), False, {"state": np.zeros((24, 1, 2))}, np.zeros((24, 2)), gold,
+                    np.full((24, 2), 0.5), gold, texts=texts)
+    splits = cv_splits([str(g) for g in gold], 4, 0)
+    assert (heads.tfidf_baseline(data, splits).argmax(axis=1) == gold).all()
+    monkeypatch.setattr(heads, "TFIDF_C", (1e-6,))  # the grid is what it chooses from: nearly no fit at all
+    assert np.allclose(heads.tfidf_baseline(data, splits), 0.5, atol=0.01)
