@@ -40,6 +40,7 @@ log = logging.getLogger("prefixcache")
 PER_LABEL = (("raw_probs", "raw_prob_"), ("logprobs", "logprob_"), ("probs", "prob_"))  # longest column prefix first
 _FLOATS = ("prob", "margin", "ms", "novelty", "p_correct")
 _INTS = ("index", "prefix_tokens", "item_tokens")
+_PER_QUESTION = ("pruned", "readout", "novelty", "p_correct")  # a pack's record: per question, JSON in a CSV cell
 
 
 def make_record(spec: TaskSpec, item: Item, answers: Answers, prefix_tokens: int, item_tokens: int, ms: float,
@@ -312,10 +313,11 @@ def _from_flat_answers(row: Mapping[str, str], qids: Sequence[str]) -> Record:
     for key, cell in row.items():
         qid = next((q for q in qids if key == q or key.startswith(q + SEP)), None)
         if qid is None:
-            if key in _INTS + _FLOATS and key not in ("novelty", "p_correct"):
+            if key in _PER_QUESTION:
+                if cell != "":  # empty: not in the record (with a head: no question it reads was answered)
+                    record[key] = json.loads(cell)
+            elif key in _INTS + _FLOATS:
                 record[key] = None if cell == "" else (float(cell) if key in _FLOATS else int(cell))
-            elif key in ("pruned", "readout", "novelty", "p_correct"):
-                record[key] = json.loads(cell)
             elif key != "error" or cell:
                 record[key] = cell
             continue

@@ -104,3 +104,17 @@ def test_logprobs_in_candidate_order():
     with pytest.raises(KeyError):
         logprobs_in_order(record, ["a", "c"])
     assert json.loads(json.dumps(record)) == record
+
+
+def test_a_packs_head_fields_read_back_from_csv_where_a_record_lacks_one():
+    """A pack run with a head writes per question, as JSON in one cell each, which readout
+    answered, how far the item lies from the fitted rows and how often such answers were right;
+    an item whose every head-read question abstained has no p_correct: its cell is empty, and the
+    record read back lacks it as the JSONL one does."""
+    from prefixcache.data.records import from_csv_row
+
+    row = {"id": "1", "q": "a", "q__type": "choice", "readout": '{"q": "head"}', "novelty": '{"q": 0.5}',
+           "p_correct": "", "ms": "1.0", "error": ""}
+    record = from_csv_row(row)
+    assert record["readout"] == {"q": "head"} and record["novelty"] == {"q": 0.5} and "p_correct" not in record
+    assert from_csv_row({**row, "p_correct": '{"q": 0.75}'})["p_correct"] == {"q": 0.75}
