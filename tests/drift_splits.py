@@ -22,13 +22,12 @@ from collections import Counter
 import numpy as np
 
 from prefixcache.data.output import read_records
-from prefixcache.reports.drift import ALPHA, runs_tests
+from prefixcache.reports.drift import ALPHA, Drift, runs_tests
 
 
 def alarm(before: list, after: list, alpha: float = ALPHA) -> tuple[bool, float]:
-    tests = runs_tests(before, after)
-    least = min(t.p for t in tests)
-    return least < alpha / len(tests), least
+    drift = Drift("reference", "current", len(before), len(after), runs_tests(before, after), alpha=alpha)
+    return drift.alarm, min(t.p for t in drift.tests)
 
 
 def main() -> None:

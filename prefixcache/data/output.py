@@ -326,6 +326,16 @@ def write_fingerprint(output: str, fingerprint: Mapping[str, Any]) -> None:
                      what="the run's fingerprint")
 
 
+def fingerprint_of(output: str) -> dict[str, Any]:
+    """An output's fingerprint as a report reads it: {} where there is none or it is unreadable (a
+    file written by hand, or joined); `read_fingerprint` is for a run continuing the output."""
+    try:
+        found = json.loads(fingerprint_path(output).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def read_fingerprint(output: str) -> dict[str, Any]:
     path = fingerprint_path(output)
     try:

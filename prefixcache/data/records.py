@@ -29,7 +29,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..errors import InputError
 from .items import Item, item_sha
-from ..task.decision import Bounded
+from ..task.decision import Bounded, Decision
+from ..task.head import Head
 from ..task.kind import KINDS, pack_kind
 from ..task.questions import Answers, Question, answer_distribution, answer_word, label_kind
 from ..task.spec import TaskSpec
@@ -193,17 +194,17 @@ def columns(spec: TaskSpec, keep: Sequence[str] = (), precision: bool = False, p
     one cell each)."""
     if spec.questions:
         return ["id", *keep, *question_columns(spec.questions), *(["pruned"] if pruned else []),
-                *(["readout"] if spec.head else []), *_novelty(spec), *(["precision"] if precision else []),
+                *(["readout"] if spec.head else []), *_head_columns(spec), *(["precision"] if precision else []),
                 "prefix_tokens", "item_tokens", "item_sha", "ms", "error"]
     own, per_label = label_kind(spec).columns(spec)
     head = ["id", *keep, *own]
     gold = ["gold", "correct"] if spec.gold else []
     return (head + per_label + (["pruned"] if pruned else []) + gold + ["normalize"] + (["readout"] if spec.head else [])
-            + _novelty(spec) + (["precision"] if precision else [])
+            + _head_columns(spec) + (["precision"] if precision else [])
             + ["prefix_tokens", "item_tokens", "item_sha", "ms", "error"])
 
 
-def _novelty(spec: TaskSpec) -> list[str]:
+def _head_columns(spec: TaskSpec) -> list[str]:
     """The novelty and p_correct columns, where the spec's head keeps its fitted rows in brief and
     its held-out reliability."""
     head = spec.head
@@ -211,13 +212,13 @@ def _novelty(spec: TaskSpec) -> list[str]:
             + (["p_correct"] if head is not None and any(r.reliability for r in head.readouts) else []))
 
 
-def _p_correct(head: Any, answers: Answers) -> dict[str, float]:
+def _p_correct(head: Head, answers: Answers) -> dict[str, float]:
     """Per question a readout with a held-out reliability answered (not abstained): the share of
     its held-out answers this sure that were right."""
     out = {}
     for q, decision in zip(answers.questions, answers.decisions, strict=True):
         readout = head.readout_for(q.id)
-        best = getattr(decision, "best", None)
+        best = decision.best if isinstance(decision, Decision) else None  # tags have no one answer
         if readout is not None and readout.reliability is not None and best is not None:
             out[q.id] = round(readout.reliability.at(decision.probs[best]), 4)
     return out

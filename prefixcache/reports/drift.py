@@ -27,14 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..data.output import fingerprint_path, read_records
+from ..data.output import fingerprint_of, read_records
 from ..data.records import Record, is_error
 from ..errors import InputError
+from ..task.familiar import beyond
 from ..task.questions import answer_word
+from .diff import ABSTAINED
 from .markdown import cell, code
 
 ALPHA = 0.01  # the chance of any false alarm in one comparison
-ABSTAINED = "(abstained)"
 # What a fingerprint names that changes what the answers are, and in words.
 IDENTITY = (("model", "the model"), ("spec", "the spec"), ("head", "the fitted head"), ("engine", "the engine"),
             ("engine_version", "the engine's version"), ("dtype", "the precision"), ("exact", "--exact"),
@@ -184,15 +185,19 @@ def compare_runs(reference: str, current: str, alpha: float = ALPHA) -> Drift:
     """`current`'s records against `reference`'s (two outputs of `run`, on other items)."""
     if not 0 < alpha < 1:
         raise InputError(f"alpha must be between 0 and 1, got {alpha}")
-    before, after = read_records(reference, strict=True).records, read_records(current, strict=True).records
-    for path, records in ((reference, before), (current, after)):
-        if not records:
-            raise InputError(f"{path}: holds no records to compare")
+    before, after = _records(reference), _records(current)
     drift = Drift(reference, current, len(before), len(after), alpha=alpha,
-                  changed=fingerprint_changes(_fingerprint(reference), _fingerprint(current)))
+                  changed=fingerprint_changes(fingerprint_of(reference), fingerprint_of(current)))
     drift.tests = runs_tests(before, after)
     drift.estimates = (estimate_accuracy(before), estimate_accuracy(after))
     return drift
+
+
+def _records(path: str) -> list[Record]:
+    records = read_records(path, strict=True).records
+    if not records:
+        raise InputError(f"{path}: holds no records to compare")
+    return records
 
 
 def runs_tests(before: Sequence[Record], after: Sequence[Record]) -> list[Test]:
@@ -211,17 +216,11 @@ def runs_tests(before: Sequence[Record], after: Sequence[Record]) -> list[Test]:
                                  [v[2] for v in right if v[2] is not None]))
     tests.append(rate_test("failed items", sum(map(is_error, before)), len(before), sum(map(is_error, after)),
                            len(after)))
-    seen = [[_beyond(r["novelty"]) for r in side if "novelty" in r] for side in (a, b)]
+    seen = [[beyond(r["novelty"]) for r in side if "novelty" in r] for side in (a, b)]
     if all(seen):  # a head that keeps its fitted rows in brief: the items beyond them
         tests.append(rate_test("items unlike the head's fitted rows", sum(seen[0]), len(seen[0]), sum(seen[1]),
                                len(seen[1])))
     return [t for t in tests if not math.isnan(t.p)]
-
-
-def _beyond(novelty: Any) -> bool:
-    """Whether a record's item lies beyond 99% of the head's fitted rows (a pack: on any question)."""
-    values = novelty.values() if isinstance(novelty, dict) else [novelty]
-    return any(isinstance(v, (int, float)) and v > 1 for v in values)
 
 
 # -- what each record answers ------------------------------------------------------------------------
@@ -269,28 +268,23 @@ def history(runs: Sequence[str], alpha: float = ALPHA) -> list[dict[str, Any]]:
     fitted rows (None where its records say none)."""
     if len(runs) < 2:
         raise InputError("give two runs or more (the first is the reference)")
-    loaded = []
-    for path in runs:
-        records = read_records(path, strict=True).records
-        if not records:
-            raise InputError(f"{path}: holds no records to compare")
-        loaded.append(records)
+    loaded = [_records(path) for path in runs]
     reference = loaded[0]
-    views = answer_views([r for r in reference if not is_error(r)])
+    name, view = answer_views([r for r in reference if not is_error(r)])[0]
     out = []
     for path, records in zip(runs, loaded, strict=True):
         answered = [r for r in records if not is_error(r)]
-        seen = [view(r) for r in answered for view in [views[0][1]]] if views else []
+        seen = [view(r) for r in answered]
         counts = Counter(word for word, _, _ in seen)
         confidence = sorted(c for _, c, _ in seen if c is not None)
-        tests = runs_tests(reference, records) if records is not reference else []
-        read = [_beyond(r["novelty"]) for r in answered if "novelty" in r]
+        against = Drift(runs[0], path, len(reference), len(records), alpha=alpha,
+                        tests=runs_tests(reference, records) if records is not reference else [])
+        read = [beyond(r["novelty"]) for r in answered if "novelty" in r]
         estimate = estimate_accuracy(records)
-        out.append({"run": path, "items": len(records), "question": views[0][0] if views else "",
+        out.append({"run": path, "items": len(records), "question": name,
                     "shares": {k: n / len(seen) for k, n in counts.items()} if seen else {},
                     "confidence": confidence[len(confidence) // 2] if confidence else None,
-                    "alarm": any(t.p < alpha / len(tests) for t in tests) if tests else False,
-                    "least_p": min((t.p for t in tests), default=None),
+                    "alarm": against.alarm, "least_p": min((t.p for t in against.tests), default=None),
                     "estimated_accuracy": None if estimate is None else estimate.value,
                     "beyond": sum(read) / len(read) if read else None})
     return out
@@ -394,15 +388,6 @@ def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:
 
 
 # -- what the fingerprints say -------------------------------------------------------------------------
-def _fingerprint(output: str) -> dict[str, Any]:
-    """An output's fingerprint, or {} where it has none (a file written by hand, or joined)."""
-    try:
-        found = json.loads(fingerprint_path(output).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def fingerprint_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """What the two runs' fingerprints name differently of what decides the answers, in words
     ("the model: a -> b"); a run without a fingerprint is said as such."""

@@ -17,7 +17,7 @@ from .diff import Comparison, compare
 from .. import safefile
 from ..errors import InputError
 from .evaluation import Evaluation, TagEvaluation, evaluate
-from ..data.output import check_distinct, read_records
+from ..data.output import check_distinct, fingerprint_of, read_records
 from ..data.records import Record, input_fields, is_error, question_ids, question_view
 
 REPORT_EXTRA = "pip install 'prefixcache[report]'"
@@ -223,7 +223,7 @@ def _build(output: str, compare_with: str | None, top: int) -> str:
     if not records:
         raise InputError(f"{output}: holds no records")
     scored = [r for r in records if not is_error(r)]
-    info = _fingerprint(output)
+    info = fingerprint_of(output)
     gold = any("gold" in r for r in scored)
     labels = list(scored[0]["probs"]) if scored and isinstance(scored[0].get("probs"), dict) else None
     parts = [f"<h1>prefixcache report: {html.escape(Path(output).name)}</h1>",
@@ -301,13 +301,6 @@ def _tag_page(output: str, records: Sequence[Record], scored: Sequence[Record], 
         parts.append(_table("label set wrong", [r for r in scored if not r.get("correct")][:top], gold))
     parts.append(_failed_table(records, top))
     return _page(output, records, parts, compare_with, top)
-
-
-def _fingerprint(output: str) -> dict[str, Any]:
-    try:
-        return json.loads(Path(output + ".prefixcache.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
 
 
 def _summary_line(records: Sequence[Record], info: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ from ..data.records import Record, id_text, ids_digest, is_error, item_sha
 from ..errors import EXIT_GATE, EXIT_ITEM, EXIT_OK, InputError, Interrupted
 from ..reports.evaluation import AnyEvaluation, Gates, add_record, evaluation_for, write_reports
 from ..scoring.prepare import Task, spec_model
+from ..task.familiar import beyond
 from ..task.kind import COLLAPSE_MIN_ITEMS, COLLAPSE_SHARE
 from ..task.lint import lint_labels, lint_layout
 from ..task.questions import answer_word
@@ -280,7 +281,7 @@ class Job:
                     if "labels" in record:
                         self.tag_shapes[_tag_shape(record, len(self.plan.spec.labels))] += 1
                     if "novelty" in record:
-                        self.novel.update(_novel(record["novelty"]))
+                        self.novel.update(read=1, outside=int(beyond(record["novelty"])))
                     if record is not self.begun.records.get(id_text(record["id"])):  # scored by this run
                         result.labels.update(labels)
                     result.first_record = result.first_record or time.perf_counter() - self.started
@@ -565,10 +566,3 @@ def _raising(exc: InputError) -> Iterator[Item]:
 
 
 UNFAMILIAR_SHARE = 0.1  # items beyond the fitted rows' 99% from which a run warns (about 1% is usual)
-
-
-def _novel(novelty: Any) -> Counter:
-    """A record's novelty counted: read, and outside (beyond 1; a pack: beyond 1 on any question)."""
-    values = list(novelty.values()) if isinstance(novelty, dict) else [novelty]
-    values = [v for v in values if isinstance(v, (int, float))]
-    return Counter(read=1, outside=int(any(v > 1 for v in values))) if values else Counter()

@@ -18,12 +18,20 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 COMPONENTS = 16  # principal directions kept (fewer with fewer rows)
 QUANTILE = 0.99  # of held-out fitted rows' scores: the cut
 FOLDS = 5
+
+
+def beyond(novelty: Any) -> bool:
+    """Whether a record's item lies beyond 99% of a head's fitted rows: its `novelty` above 1 (a
+    pack's, per question: on any question)."""
+    values = novelty.values() if isinstance(novelty, dict) else [novelty]
+    return any(isinstance(v, (int, float)) and v > 1 for v in values)
 
 
 @dataclass(frozen=True)
