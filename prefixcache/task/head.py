@@ -18,6 +18,7 @@ A head is data, never code: nothing is unpickled; every array is checked for sha
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -76,8 +77,8 @@ class Readout:
         """Answer positions read: one per option (binary), else one."""
         return len(self.options) if self.binary else 1
 
-    @property
-    def reads(self) -> Features:
+    @functools.cached_property
+    def reads(self) -> Features:  # parsed once: every item asks it (its probabilities, its novelty)
         return Features.parse(self.features)
 
     @property
