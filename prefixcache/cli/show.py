@@ -352,7 +352,7 @@ def print_drift(console: Console, drift: Any) -> None:
     console.print(table)
     before, after = drift.estimates
     if before is not None and after is not None:
-        console.print(f"estimated accuracy of the answered items (from their probabilities): {after.words()} "
+        console.print(f"estimated accuracy of the answered items: {after.words()} "
                       f"against {before.words()}", soft_wrap=True)
     for change in drift.changed:
         console.print(f"changed: {escape(change)}", soft_wrap=True)

@@ -173,7 +173,7 @@ class Drift:
         lines += [f"- changed: {', '.join(self.changed)}", ""] if self.changed else []
         before, after = self.estimates
         if before is not None and after is not None:
-            lines += [f"- estimated accuracy of the answered items (from their probabilities): {after.words()} "
+            lines += [f"- estimated accuracy of the answered items: {after.words()} "
                       f"(reference {before.words()})", ""]
         lines += ["| test | p | PSI | what |", "|---|---|---|---|"]
         lines += [f"| {cell(t.name)}{' ⚠' if t in self.fired else ''} | {t.p:.3g} | "
