@@ -188,6 +188,11 @@ def gguf_parsed_once(keep: bool = False) -> Iterator[None]:
             _GGUF_PARSED.clear()
 
 
+def drop_gguf_parse() -> None:
+    """Let go of a GGUF file's parse kept from its tokenizer's load (no conversion will read it)."""
+    _GGUF_PARSED.clear()
+
+
 @contextmanager
 def gguf_progress_bar(enabled: bool) -> Iterator[None]:
     """transformers' GGUF conversion draws a tqdm bar that ignores its own progress-bar setting;

@@ -215,7 +215,7 @@ def converted_once(cache_dir):
     with open(cache_dir / ".tests-convert.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         source = resolve_model(None)
-        load_model(source, load_tokenizer(source, cache_dir), cache_dir)
+        load_model(source, load_tokenizer(source, cache_dir), cache_dir, keep=False)  # converted, as kept it is not
 
 
 # -- a full disk -----------------------------------------------------------------------------------

@@ -63,12 +63,14 @@ def tokenizer_fields() -> list[tuple[str, object, object, object]]:
 
 
 def write_gguf(path: Path, shape: Shape = TINY, seed: int = 0, scale: float = 0.08, f16: bool = False,
-               chat_template: str | None = None) -> Path:
+               chat_template: str | None = None, quant: tuple[str, ...] = ()) -> Path:
     """A Llama model of `shape` with random weights at `path` (F32, or F16 with `f16`), its chat
-    template SmolLM2's or `chat_template`."""
+    template SmolLM2's or `chat_template`. `quant`: the 2-D weights quantised by gguf's own
+    quantiser, taking these formats in turn ("Q4_0", "Q8_0", ...)."""
     import gguf
 
     rng = np.random.default_rng(seed)
+    turn = iter(range(1 << 30))
     kind = np.float16 if f16 else np.float32
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("prefixcache random test model")
@@ -80,7 +82,8 @@ def write_gguf(path: Path, shape: Shape = TINY, seed: int = 0, scale: float = 0.
     writer.add_head_count_kv(shape.kv_heads)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quant else gguf.LlamaFileType.MOSTLY_F16 if f16
+                         else gguf.LlamaFileType.ALL_F32)
     writer.add_rope_dimension_count(shape.hidden // shape.heads)
     fields = tokenizer_fields()
     vocab = next(len(v) for k, v, _, _ in fields if k == "tokenizer.ggml.tokens")
@@ -96,6 +99,15 @@ def write_gguf(path: Path, shape: Shape = TINY, seed: int = 0, scale: float = 0.
     def norm() -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(shape.hidden, dtype=np.float32)).astype(np.float32)
 
+    add_plain = writer.add_tensor
+
+    def add(name: str, values: np.ndarray) -> None:
+        if not quant or values.ndim != 2:
+            return add_plain(name, values)
+        kind = gguf.GGMLQuantizationType[quant[next(turn) % len(quant)]]
+        add_plain(name, gguf.quants.quantize(values.astype(np.float32), kind), raw_dtype=kind)
+
+    writer.add_tensor = add  # type: ignore[method-assign]
     head_dim = shape.hidden // shape.heads
     writer.add_tensor("token_embd.weight", weight(vocab, shape.hidden, std=0.5))
     for i in range(shape.layers):

@@ -2,6 +2,10 @@
 
 - load.py: finds and loads models and tokenizers (hub ids, folders, GGUF files, the embedded
   default), converting GGUF weights once into the cache;
+- keptload.py: a GGUF file's model built with its quantised weights kept, never converted;
+- kept.py: the linear and embedding layers that keep a GGUF file's codes and expand them to the
+  precision they compute in as they run, to the converted model's values bit for bit;
+- ggufblocks.py: a GGUF tensor's quantised blocks read as integer codes and per-group factors;
 - lean.py: a converted model's weights read straight into the dtype they compute in, a slice at a
   time (and `with_attention`: SDPA, else the model's eager attention);
 - safetensorsfile.py: a safetensors file's header, read without the library;

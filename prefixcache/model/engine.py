@@ -34,6 +34,7 @@ from .attention import UnsupportedAttention
 from ..errors import ModelError, first_line
 from .reference import score_naive
 from .int8 import precision_of
+from .kept import KeptLinear, kept_bytes
 from .precision import precision_named
 from .layout import Layout, Prefix, layout
 from .rows import Probe, Row
@@ -125,14 +126,15 @@ class Engine:
 
     @property
     def weights_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """The bytes its weights take as held (a GGUF file's kept quantised: model/kept.py)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters()) + kept_bytes(self.model)
 
     def linear_params(self) -> tuple[int, int]:
         """(weights of all matmul layers except the lm_head, lm_head weights): what `bench` counts as work."""
         head = self.model.get_output_embeddings()
-        body = sum(_weight(m).numel() for m in self.model.modules() if m is not head and
-                   (isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"))
-        return body, _weight(head).numel()
+        body = sum(_weights_in(m) for m in self.model.modules() if m is not head and
+                   (isinstance(m, (torch.nn.Linear, KeptLinear)) or type(m).__name__ == "Conv1D"))
+        return body, _weights_in(head)
 
     def peak_gflops(self, seconds: float = 1.0) -> float | None:
         """Best of three timings of a large square matmul on this engine's device and dtype (int8:
@@ -449,11 +451,13 @@ def _check_rows(prefix_len: int, rows: Sequence[Row]) -> None:
             raise ValueError("each row needs a prefix_len <= the prefix, own ids, and candidates with ids to score")
 
 
-def _weight(module: torch.nn.Module) -> torch.Tensor:
-    """A linear (or Conv1D) layer's weight."""
+def _weights_in(module: torch.nn.Module) -> int:
+    """How many weights a linear (or Conv1D) layer multiplies by, kept quantised or not."""
+    if isinstance(module, KeptLinear):
+        return module.in_features * module.out_features
     weight = module.weight
     assert isinstance(weight, torch.Tensor)
-    return weight
+    return weight.numel()
 
 
 def _per_candidate(model: PreTrainedModel, row: Row) -> list[float]:

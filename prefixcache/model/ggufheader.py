@@ -20,6 +20,7 @@ import functools
 import mmap
 import struct
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import ModelError
 
@@ -43,6 +44,9 @@ class _Walk:
     def __init__(self, data: mmap.mmap, order: str):
         self.data, self.order, self.at, self.entries = data, order, 0, 0
         self.context: int | None = None  # `<arch>.context_length`, when the header says it
+        self.architecture = ""  # `general.architecture`
+        self.alignment = 32  # `general.alignment`: where the tensors' data starts
+        self.tensors: list[TensorInfo] = []
 
     def take(self, size: int, what: str) -> int:
         if size < 0 or self.at + size > len(self.data):
@@ -71,8 +75,13 @@ class _Walk:
             at = self.take(_SIZES[kind], f"metadata {key!r}")
             if depth == 0 and key.endswith(".context_length") and kind in _INTEGERS:
                 self.context = struct.unpack_from(self.order + _INTEGERS[kind], self.data, at)[0]
+            if depth == 0 and key == "general.alignment" and kind in _INTEGERS:
+                self.alignment = struct.unpack_from(self.order + _INTEGERS[kind], self.data, at)[0] or 32
         elif kind == _STRING:
+            start = self.at + 8
             self.string(f"metadata {key!r}")
+            if depth == 0 and key == "general.architecture":
+                self.architecture = bytes(self.data[start:self.at]).decode("utf-8", "replace")
         elif kind == _ARRAY and depth < 2:
             self.array(key, depth + 1)
         else:
@@ -157,9 +166,41 @@ def _walk(data: mmap.mmap) -> "_Walk":
         key = walk.key()
         walk.value(walk.number("I", f"metadata {key!r}"), key)
     for _ in range(tensors):
+        start = walk.at + 8
         walk.string("a tensor's name", limit=1 << 16)
+        name = bytes(data[start:walk.at]).decode("utf-8", "replace")
         dims = walk.number("I", "a tensor's shape")
         if dims > MAX_DIMS:
             raise _Refused(f"a tensor has {dims:,} dimensions")
-        walk.take(8 * dims + 4 + 8, "a tensor's description")
+        at = walk.take(8 * dims + 4 + 8, "a tensor's description")
+        shape = struct.unpack_from(f"{order}{dims}Q", data, at)
+        kind, offset = struct.unpack_from(f"{order}IQ", data, at + 8 * dims)
+        walk.tensors.append(TensorInfo(name, tuple(shape), kind, offset))
     return walk
+
+
+class TensorInfo(NamedTuple):
+    """A tensor as the header describes it: `shape` as GGUF writes it (the row length first),
+    `kind` its GGML type number, `offset` from the start of the tensors' data."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: int
+    offset: int
+
+
+class Layout(NamedTuple):
+    """What a GGUF file's header says of its tensors: where their data starts in the file."""
+
+    architecture: str
+    data_start: int
+    tensors: list[TensorInfo]
+
+
+def gguf_layout(path: Path) -> Layout:
+    """The file's architecture and tensors, from its header alone (checked as `check_gguf` does)."""
+    check_gguf(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        walk = _walk(data)
+    align = walk.alignment
+    return Layout(walk.architecture, (walk.at + align - 1) // align * align, walk.tensors)

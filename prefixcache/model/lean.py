@@ -39,6 +39,21 @@ def with_attention(make: Callable[[str], PreTrainedModel]) -> PreTrainedModel:
         if "sdpa" not in message and "scaled_dot_product_attention" not in message:
             raise
         return make("eager")
+
+
+def empty_model(config: Any, dtype: "torch.dtype") -> "PreTrainedModel":
+    """The model of `config` with its parameters not yet allocated (on the meta device) and its
+    computed buffers (rotary frequencies) real."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    def empty(attention: str) -> "PreTrainedModel":
+        with init_empty_weights(include_buffers=False):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
+
+    return with_attention(empty)
+
+
 CHUNK_BYTES = 16 << 20  # read and cast this much of a tensor at a time
 HEADER_MAX = 100 << 20  # a safetensors header larger than this is not one prefixcache wrote
 
@@ -50,8 +65,7 @@ def load_lean(folder: Path, dtype: "torch.dtype", settle: Callable[[str, Any], N
     with each module once its own weights are in (int8 quantises a layer there, before the next
     is read)."""
     import torch
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -60,13 +74,7 @@ def load_lean(folder: Path, dtype: "torch.dtype", settle: Callable[[str, Any], N
     for path in files:
         header, start = safetensors_header(path, HEADER_MAX)
         tensors.update({name: (path, meta, start) for name, meta in header.items()})
-    config = AutoConfig.from_pretrained(str(folder))
-
-    def empty(attention: str) -> "PreTrainedModel":
-        with init_empty_weights(include_buffers=False):
-            return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
-
-    model = with_attention(empty)
+    model = empty_model(AutoConfig.from_pretrained(str(folder)), dtype)
     if not _same_layout(model, tensors):
         return None
     for module_name, module in list(model.named_modules()):

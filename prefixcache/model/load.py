@@ -276,9 +276,11 @@ def load_tokenizer(source: ModelSource, cache_dir: Path) -> PreTrainedTokenizerB
                     return AutoTokenizer.from_pretrained(str(kept))
             path = Path(source.path)
             check_gguf(path)
-            with compat.gguf_parsed_once(keep=True):  # the conversion that follows reads the same parse
+            with compat.gguf_parsed_once(keep=True):  # the config and a conversion read the same parse
                 tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-            _keep_tokenizer(tokenizer, path, tokenizer_dir(converted))
+                config = _parsed_config(path)
+            _CONFIGS[converted] = config  # this process's load reads it, kept in the cache or not
+            _keep_tokenizer(tokenizer, path, tokenizer_dir(converted), config)
             return tokenizer
         return AutoTokenizer.from_pretrained(source.path, trust_remote_code=source.trust_remote_code,
                                              **_revision(source))
@@ -409,22 +411,38 @@ def tokenizer_dir(converted: Path) -> Path:
     return converted.with_name(converted.name + "-tokenizer")
 
 
-def _keep_tokenizer(tokenizer: PreTrainedTokenizerBase, source: Path, target: Path) -> None:
-    """Keep a GGUF file's tokenizer, signed as converted weights are; a cache that cannot take it
-    only costs the next command the same build."""
-    if _foreign(target.parent.parent) is not None or target.exists():
-        return
+_CONFIGS: dict[Path, Any] = {}  # a GGUF file's config parsed with its tokenizer, by its converted folder
+
+
+def _parsed_config(path: Path) -> Any:
+    """A GGUF file's model config, from its header (None where transformers cannot make one)."""
+    from transformers import AutoConfig
+
     try:
-        keep_converted(None, tokenizer, source, target)
+        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:  # an architecture transformers cannot build: the load says it
+        log.debug("no config from %s: %s", path.name, first_line(exc))
+        return None
+
+
+def _keep_tokenizer(tokenizer: PreTrainedTokenizerBase, source: Path, target: Path, config: Any = None) -> None:
+    """Keep a GGUF file's tokenizer and its model's config, signed as converted weights are; a
+    cache that cannot take them only costs the next command the same build."""
+    if _foreign(target.parent.parent) is not None or (target.exists() and (config is None or (
+            target / "config.json").exists())):
+        return
+    shutil.rmtree(target, ignore_errors=True)  # kept before configs were: kept again with its config
+    try:
+        keep_converted(None, tokenizer, source, target, config)
     except Exception as exc:  # a full disk, a read-only cache: said, and the next command builds it again
         log.warning("cannot keep the tokenizer of %s in %s (%s)", source.name, target.parent,
                     getattr(exc, "strerror", None) or first_line(exc)[:160])
 
 
-def keep_converted(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, source: Path, target: Path
-                   ) -> None:
-    """Write the converted model (None: the tokenizer alone) aside, signed, and rename it into
-    place, so no reader sees half of it."""
+def keep_converted(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, source: Path, target: Path,
+                   config: Any = None) -> None:
+    """Write the converted model (None: the tokenizer alone, and `config` where given) aside,
+    signed, and rename it into place, so no reader sees half of it."""
     private_folder(target.parent.parent, tighten=False)  # the cache folder, when prefixcache creates it
     private_folder(target.parent)
     secret = cache_secret(prefixes_dir(target.parent.parent))
@@ -432,6 +450,8 @@ def keep_converted(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizer
     try:
         if model is not None:
             model.save_pretrained(str(tmp), safe_serialization=True)
+        elif config is not None:
+            config.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         for written in tmp.rglob("*"):  # the user's alone, whatever the umask
             os.chmod(written, 0o700 if written.is_dir() else 0o600)
@@ -445,10 +465,15 @@ def keep_converted(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizer
 
 
 def load_gguf(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted: Path, dtype: torch.dtype,
-              settle: Any = None) -> PreTrainedModel:
-    """The converted copy when there is a good one; a damaged copy is removed and made again."""
+              settle: Any = None, keep: bool = True) -> PreTrainedModel:
+    """The file's weights kept quantised (`keep`, where it is read that way); else the converted
+    copy when there is a good one (a damaged copy is removed and made again)."""
     if not _foreign(converted.parent.parent):
         remove_stale_conversions(converted.parent)  # what killed conversions left, on every load
+    if keep and settle is None:
+        kept = _load_kept(source, tokenizer, converted, dtype)
+        if kept is not None:
+            return kept
     if converted_usable(converted, source):
         try:
             return load_converted(converted, dtype, settle)
@@ -465,6 +490,51 @@ def load_gguf(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted
 
     give_back_freed()
     return load_converted(converted, dtype, settle)
+
+
+def _load_kept(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted: Path, dtype: torch.dtype
+               ) -> PreTrainedModel | None:
+    """The file's model with its weights kept quantised (model/keptload.py), or None (said)
+    where it is not read that way: then it is converted."""
+    from .heap import give_back_freed
+    from .kept import kept_bytes
+    from .keptload import load_kept
+
+    path = Path(source.path)
+    try:
+        config = gguf_config(source, tokenizer, converted)
+        model = None if config is None else load_kept(path, config, dtype)
+    except Exception as exc:  # noqa: BLE001 - the conversion is the way that always works
+        log.warning("%s: its quantised weights cannot be kept (%s); converting it to float weights",
+                    path.name, first_line(exc)[:160])
+        return None
+    finally:
+        compat.drop_gguf_parse()
+    if model is None:
+        log.info("%s: its architecture is not read with its weights kept quantised; converting it", path.name)
+        return None
+    give_back_freed()  # the slices read on the way
+    log.info("%s: weights kept as the file quantises them (%.2f GB), each layer expanded to %s as it runs",
+             path.name, kept_bytes(model) / 1e9, str(dtype).replace("torch.", ""))
+    return model
+
+
+def gguf_config(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted: Path) -> Any:
+    """A GGUF file's model config: kept beside its converted weights or its tokenizer, else read
+    from the file (and kept with its tokenizer for the next run); None where there is none."""
+    from transformers import AutoConfig
+
+    if _CONFIGS.get(converted) is not None:
+        return _CONFIGS[converted]
+    for kept in (converted, tokenizer_dir(converted)):
+        if (kept / "config.json").is_file() and converted_usable(kept, source):
+            return AutoConfig.from_pretrained(str(kept))
+    path = Path(source.path)
+    with compat.gguf_parsed_once():
+        config = _parsed_config(path)
+    if config is not None:
+        _keep_tokenizer(tokenizer, path, tokenizer_dir(converted), config)
+    return config
 
 
 def _parameters_in(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
@@ -492,16 +562,18 @@ def load_converted(converted: Path, dtype: torch.dtype, settle: Any = None) -> P
 
 
 def load_model(source: ModelSource, tokenizer: PreTrainedTokenizerBase, cache_dir: Path, device: str = "cpu",
-               dtype: torch.dtype | None = None, settle: Any = None) -> PreTrainedModel:
+               dtype: torch.dtype | None = None, settle: Any = None, keep: bool = True) -> PreTrainedModel:
     """Load the causal LM in eval mode on `device`. `settle(name, module)`: called with each module
     as its weights are in, where a GGUF file's converted copy is read a slice at a time (not
-    called otherwise). Raises `ModelError` with a one-line reason."""
+    called otherwise). `keep`: a GGUF file's weights kept quantised where it can be read that way
+    (a precision that quantises the loaded layers itself converts it). Raises `ModelError` with
+    a one-line reason."""
     import torch
 
     dtype = dtype or torch.float32
     try:
         if source.kind == "gguf":
-            model = load_gguf(source, tokenizer, converted_dir(source, cache_dir), dtype, settle)
+            model = load_gguf(source, tokenizer, converted_dir(source, cache_dir), dtype, settle, keep)
         else:
             model = load_weights(source.path, dtype, trust_remote_code=source.trust_remote_code, **_revision(source))
     except ModelError:

@@ -57,19 +57,50 @@ class Footprint:
         return said + (f", converting the GGUF file first {self.conversion / GB:.2f} GB more)" if self.conversion else ")")
 
 
-def footprint(source: ModelSource, cache_dir: Path, dtype_bytes: int, tokens: int) -> Footprint | None:
+def footprint(source: ModelSource, cache_dir: Path, dtype_bytes: int, tokens: int, kept: bool = False
+              ) -> Footprint | None:
     """The memory `source` will take at `dtype_bytes` a number with `tokens` positions of keys and
-    values (the prefix and a batch); None when its files do not say (a hub model not downloaded)."""
+    values (the prefix and a batch); None when its files do not say (a hub model not downloaded).
+    `kept`: a GGUF file read with its weights kept quantised where its architecture is
+    (model/keptload.py): no conversion, its weights at the size they are kept in."""
     try:
         shape, converting = _shape(source, cache_dir)
+        held = kept_weight_bytes(Path(source.path), dtype_bytes) if kept and source.kind == "gguf" else None
     except Exception as exc:  # noqa: BLE001 - an estimate is a courtesy: its failure is never the run's
         log.debug("no memory estimate for %s: %s", source.ref, exc)
         return None
     if shape is None:
         return None
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes * tokens
+    if held is not None:
+        return Footprint(held, kv)
     conversion = int(CONVERSION * 4 * shape.parameters) if converting else 0
     return Footprint(shape.parameters * dtype_bytes, kv, conversion)
+
+
+def kept_weight_bytes(path: Path, dtype_bytes: int) -> int | None:
+    """The bytes a GGUF file's weights take read with them kept quantised (the other tensors at
+    `dtype_bytes` a number), from its header; None where its architecture is not read that way."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    from .ggufblocks import kept_size
+    from .ggufheader import gguf_layout
+    from .keptload import ROW_ORDER
+
+    layout = gguf_layout(path)
+    if TENSOR_PROCESSORS.get(layout.architecture, TensorProcessor).__name__ not in ROW_ORDER:
+        return None
+    import gguf
+
+    total = 0
+    for tensor in layout.tensors:
+        count = 1
+        for n in tensor.shape:
+            count *= n
+        kind = gguf.GGMLQuantizationType(tensor.kind).name
+        size = kept_size(kind, tensor.shape[1], tensor.shape[0]) if len(tensor.shape) == 2 else None
+        total += size if size is not None else count * dtype_bytes
+    return total
 
 
 def llama_footprint(path: Path, cells: int, ubatch: int, kv_bytes: int = 2) -> Footprint | None:

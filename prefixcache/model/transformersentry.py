@@ -19,9 +19,13 @@ def _transformers_footprint(load: Load) -> tuple[Footprint | None, str]:
     from .load import pick_device, pick_dtype
     from .memory import footprint
 
+    from .load import dtype_name
+    from .precision import precision_named
+
     device = pick_device(load.device)
     itemsize = pick_dtype(load.dtype, device).itemsize
-    return footprint(load.source, load.cache_dir, itemsize, load.prefix_tokens + load.batch_tokens), device
+    kept = precision_named(dtype_name(load.dtype, device)).quantise is None  # int8 quantises float32 layers
+    return footprint(load.source, load.cache_dir, itemsize, load.prefix_tokens + load.batch_tokens, kept), device
 
 
 def _transformers_make(load: Load) -> Any:
@@ -37,7 +41,8 @@ def _transformers_make(load: Load) -> Any:
     precision = precision_named(dtype_name(load.dtype, device))
     _slow_precision(precision, device)
     layers = precision.layers() if precision.layers is not None and device == "cpu" else None  # each as it loads
-    model = load_model(load.source, load.tokenizer, load.cache_dir, device, pick_dtype(load.dtype, device), layers)
+    model = load_model(load.source, load.tokenizer, load.cache_dir, device, pick_dtype(load.dtype, device), layers,
+                       keep=precision.quantise is None)
     if precision.quantise is not None and not (layers is not None and layers.finish(model)):
         precision.quantise(model)
     return Engine(model)

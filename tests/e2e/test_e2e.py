@@ -123,10 +123,15 @@ def quick_conversion(converted_once, cache_dir, monkeypatch):
     return Path(kept["path"])
 
 
-def test_a_damaged_converted_model_is_rebuilt_with_a_warning(quick_conversion, tmp_path, caplog):
+def test_a_damaged_converted_model_is_rebuilt_with_a_warning(quick_conversion, tmp_path, caplog, monkeypatch):
+    """A converted copy (what a file read without its weights kept runs on) that is damaged is
+    made again."""
     import shutil
 
+    from prefixcache.model import load
     from prefixcache.model.cache import models_dir
+
+    monkeypatch.setattr(load, "_load_kept", lambda *a, **k: None)
 
     copy = models_dir(tmp_path) / quick_conversion.name
     shutil.copytree(quick_conversion, copy)
@@ -145,14 +150,14 @@ def test_a_damaged_converted_model_is_rebuilt_with_a_warning(quick_conversion, t
 
 
 def test_an_unwritable_cache_still_runs_the_embedded_model(quick_conversion, tmp_path):
-    """With nowhere to keep the converted weights, the run converts in memory, warns and goes on."""
+    """With nowhere to keep the tokenizer (and the prefix), the run warns and goes on."""
     blocked = tmp_path / "cache-is-a-file"
     blocked.write_text("not a folder")
     out = tmp_path / "o.jsonl"
     result = invoke("run", str(SPEC), str(TICKETS), "-o", str(out), "--limit", "3",
                                       "--cache-dir", str(blocked))
     assert result.exit_code == 0, result.output
-    assert "cannot keep the converted weights" in result.stderr and "prefix store: cannot write" in result.stderr
+    assert "cannot keep the tokenizer" in result.stderr and "prefix store: cannot write" in result.stderr
     assert len(out.read_text().splitlines()) == 3
 
 

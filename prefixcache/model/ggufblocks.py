@@ -1,0 +1,172 @@
+"""A GGUF tensor's quantised blocks read as integer codes and per-group scales, the file's own values.
+
+Every block format read here stores each group of 16 or 32 weights as `scale * code + offset`:
+an integer code of at most 8 bits, and a scale and offset computed once per group from the
+block's half-precision factors (products that are exact in float32). Kept that way, a weight costs
+1 byte and its group's factors 4 or 8 bytes per 16 or 32 weights, and expanding a group again,
+`scale * code + offset` in float32, gives bit for bit the value the file dequantises to (gguf's
+own reference dequantiser rounds once, at the same addition). Formats with other structure (the
+2- and 3-bit K formats, the i-quants) are not read here: `None`, and the caller holds that tensor
+dense.
+
+Example:
+    blocks = decode(raw_bytes, "Q4_K", rows=8960, cols=1536)
+    blocks.codes.shape, blocks.scale.shape, blocks.group     # (8960, 1536), (8960, 48), 32
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+SUPER = 256  # weights in a K-format super-block
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A 2-D weight as codes and per-group factors: weight[r, g*group + i] =
+    scale[r, g] * codes[r, g*group + i] + offset[r, g] (offset None: zero).
+
+    Attributes:
+        codes: int8, (rows, cols).
+        scale: float32, (rows, cols // group).
+        offset: float32 like `scale`, or None.
+        group: how many consecutive weights of a row share one scale.
+        kind: the file's format name ("Q4_K").
+    """
+
+    codes: np.ndarray
+    scale: np.ndarray
+    offset: np.ndarray | None
+    group: int
+    kind: str
+
+    def expand(self) -> np.ndarray:
+        """The float32 weights (the slow, obviously correct reference)."""
+        rows, cols = self.codes.shape
+        grouped = self.codes.reshape(rows, cols // self.group, self.group).astype(np.float32)
+        out = grouped * self.scale[..., None]
+        if self.offset is not None:
+            out = out + self.offset[..., None]
+        return out.reshape(rows, cols)
+
+
+def _f16(column: np.ndarray) -> np.ndarray:
+    """Two bytes a block read as one float16, widened to float32 (exactly)."""
+    return np.ascontiguousarray(column).view(np.float16).astype(np.float32).reshape(-1)
+
+
+def _nibbles(packed: np.ndarray, halves: int) -> np.ndarray:
+    """Bytes (blocks, n) split into 4-bit codes: each run of `n // halves` bytes gives its low
+    nibbles, then its high ones (the order ggml packs them in)."""
+    n_blocks, n = packed.shape
+    runs = packed.reshape(n_blocks, halves, 1, n // halves)
+    return ((runs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(n_blocks, -1)
+
+
+def _high_bits(packed: np.ndarray, count: int) -> np.ndarray:
+    """Four bytes a block as 32 one-bit values, bit i for weight i."""
+    bits = np.ascontiguousarray(packed).view(np.uint32).reshape(-1, 1)
+    return ((bits >> np.arange(count, dtype=np.uint32).reshape(1, count)) & 1).astype(np.uint8)
+
+
+def _q4_0(b: np.ndarray) -> tuple:
+    return _nibbles(b[:, 2:], 1).astype(np.int8) - 8, _f16(b[:, :2])[:, None], None, 32
+
+
+def _q4_1(b: np.ndarray) -> tuple:
+    return _nibbles(b[:, 4:], 1).astype(np.int8), _f16(b[:, :2])[:, None], _f16(b[:, 2:4])[:, None], 32
+
+
+def _q5_0(b: np.ndarray) -> tuple:
+    q = _nibbles(b[:, 6:], 1) | (_high_bits(b[:, 2:6], 32) << 4)
+    return q.astype(np.int8) - 16, _f16(b[:, :2])[:, None], None, 32
+
+
+def _q5_1(b: np.ndarray) -> tuple:
+    q = _nibbles(b[:, 8:], 1) | (_high_bits(b[:, 4:8], 32) << 4)
+    return q.astype(np.int8), _f16(b[:, :2])[:, None], _f16(b[:, 2:4])[:, None], 32
+
+
+def _q8_0(b: np.ndarray) -> tuple:
+    return np.ascontiguousarray(b[:, 2:]).view(np.int8), _f16(b[:, :2])[:, None], None, 32
+
+
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 6-bit scale and minimum of each of a K super-block's 8 groups (12 bytes a block)."""
+    low, mid, top = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    scales = np.concatenate([low & 0x3F, (top & 0x0F) | ((low >> 2) & 0x30)], axis=1)
+    mins = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=1)
+    return scales.astype(np.float32), mins.astype(np.float32)
+
+
+def _q4_k(b: np.ndarray) -> tuple:
+    scales, mins = _k_scales(b[:, 4:16])
+    q = _nibbles(b[:, 16:], 4)
+    return q.astype(np.int8), _f16(b[:, :2])[:, None] * scales, -(_f16(b[:, 2:4])[:, None] * mins), 32
+
+
+def _q5_k(b: np.ndarray) -> tuple:
+    scales, mins = _k_scales(b[:, 4:16])
+    high = b[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    q = _nibbles(b[:, 48:], 4) | ((high & 1).reshape(len(b), -1) << 4)
+    return q.astype(np.int8), _f16(b[:, :2])[:, None] * scales, -(_f16(b[:, 2:4])[:, None] * mins), 32
+
+
+def _q6_k(b: np.ndarray) -> tuple:
+    low = _nibbles(b[:, :128], 2)
+    high = b[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    q = low | ((high & 3).reshape(len(b), -1) << 4)
+    scales = np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(np.float32)
+    return q.astype(np.int8) - 32, _f16(b[:, 208:210])[:, None] * scales, None, 16
+
+
+# format name -> (weights a block, bytes a block, decoder of (blocks, bytes) into codes and factors)
+FORMATS: dict[str, tuple[int, int, Callable[[np.ndarray], tuple]]] = {
+    "Q4_0": (32, 18, _q4_0), "Q4_1": (32, 20, _q4_1), "Q5_0": (32, 22, _q5_0), "Q5_1": (32, 24, _q5_1),
+    "Q8_0": (32, 34, _q8_0), "Q4_K": (SUPER, 144, _q4_k), "Q5_K": (SUPER, 176, _q5_k),
+    "Q6_K": (SUPER, 210, _q6_k),
+}
+
+
+WITH_OFFSET = frozenset({"Q4_1", "Q5_1", "Q4_K", "Q5_K"})  # the formats whose groups have an offset
+
+
+def kept_size(kind: str, rows: int, cols: int) -> int | None:
+    """Bytes a (rows, cols) tensor of `kind` takes kept as codes and factors; None where it is not."""
+    if kind not in FORMATS or cols % FORMATS[kind][0]:
+        return None
+    group = 16 if kind == "Q6_K" else 32
+    return rows * cols + rows * (cols // group) * 4 * (2 if kind in WITH_OFFSET else 1)
+
+
+def readable(kind: str) -> bool:
+    """Whether a tensor of this format is read as codes here."""
+    return kind in FORMATS
+
+
+def raw_size(kind: str, rows: int, cols: int) -> int:
+    """Bytes a (rows, cols) tensor of `kind` takes in the file."""
+    per_block, size, _ = FORMATS[kind]
+    return rows * (cols // per_block) * size
+
+
+def decode(raw: bytes | bytearray | memoryview | np.ndarray, kind: str, rows: int, cols: int) -> Blocks | None:
+    """The tensor's codes and factors; None for a format not read here or a row that is not whole
+    blocks. Raises ValueError where `raw` is not the tensor's size."""
+    if kind not in FORMATS:
+        return None
+    per_block, size, decoder = FORMATS[kind]
+    if cols % per_block:
+        return None
+    data = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw.view(np.uint8).reshape(-1)
+    if data.size != raw_size(kind, rows, cols):
+        raise ValueError(f"a {kind} tensor of {rows}x{cols} takes {raw_size(kind, rows, cols)} bytes, not {data.size}")
+    codes, scale, offset, group = decoder(data.reshape(-1, size))
+    groups = cols // group
+    return Blocks(np.ascontiguousarray(codes.reshape(rows, cols)),
+                  np.ascontiguousarray(scale.reshape(rows, groups), dtype=np.float32),
+                  None if offset is None else np.ascontiguousarray(offset.reshape(rows, groups), dtype=np.float32),
+                  group, kind)
