@@ -132,6 +132,7 @@ FORMATS: dict[str, tuple[int, int, Callable[[np.ndarray], tuple]]] = {
 
 
 WITH_OFFSET = frozenset({"Q4_1", "Q5_1", "Q4_K", "Q5_K"})  # the formats whose groups have an offset
+FOUR_BITS = {"Q4_0": -8, "Q4_1": 0, "Q4_K": 0}  # formats whose codes are 16 values from this one: two a byte
 
 
 def kept_size(kind: str, rows: int, cols: int) -> int | None:
@@ -139,7 +140,16 @@ def kept_size(kind: str, rows: int, cols: int) -> int | None:
     if kind not in FORMATS or cols % FORMATS[kind][0]:
         return None
     group = 16 if kind == "Q6_K" else 32
-    return rows * cols + rows * (cols // group) * 4 * (2 if kind in WITH_OFFSET else 1)
+    codes = rows * cols // 2 if kind in FOUR_BITS else rows * cols
+    return codes + rows * (cols // group) * 4 * (2 if kind in WITH_OFFSET else 1)
+
+
+def pack(codes: np.ndarray, low: int, group: int) -> np.ndarray:
+    """Codes of 16 values from `low`, two a byte: in each group, the first half's in the low
+    nibbles, the second half's in the high ones; (rows, cols) -> (rows, cols // 2) uint8."""
+    rows, cols = codes.shape
+    halves = (codes.astype(np.int16) - low).astype(np.uint8).reshape(rows, cols // group, 2, group // 2)
+    return (halves[:, :, 0, :] | (halves[:, :, 1, :] << 4)).reshape(rows, cols // 2)
 
 
 def readable(kind: str) -> bool:

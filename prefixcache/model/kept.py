@@ -54,18 +54,40 @@ class KeptWeights(torch.nn.Module):
     scale: torch.Tensor
     offset: torch.Tensor | None
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int) -> None:
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int,
+                 low: int | None = None) -> None:
+        """`codes`: int8 (rows, cols); or, with `low`, 4-bit codes less `low` two a byte (uint8,
+        (rows, cols // 2), as ggufblocks.pack lays them out)."""
         super().__init__()
-        self.group = group
-        self.rows, self.cols = codes.shape
+        self.group, self.low = group, low
+        self.rows, self.cols = codes.shape[0], codes.shape[1] * (1 if low is None else 2)
         self.register_buffer("codes", codes, persistent=False)
         self.register_buffer("scale", scale, persistent=False)
         self.register_buffer("offset", offset, persistent=False)
 
     @classmethod
     def of(cls, blocks: "Blocks") -> "KeptWeights":
+        from .ggufblocks import FOUR_BITS, pack
+
         offset = None if blocks.offset is None else torch.from_numpy(blocks.offset)
-        return cls(torch.from_numpy(blocks.codes), torch.from_numpy(blocks.scale), offset, blocks.group)
+        low = FOUR_BITS.get(blocks.kind)
+        codes = blocks.codes if low is None else pack(blocks.codes, low, blocks.group)
+        return cls(torch.from_numpy(codes), torch.from_numpy(blocks.scale), offset, blocks.group, low)
+
+    def _grouped(self, held: torch.Tensor) -> torch.Tensor:
+        """Rows of `codes` as integer codes (n, groups, group): unpacked into a scratch tensor
+        where they are kept two a byte."""
+        n, groups, half = held.shape[0], self.cols // self.group, self.group // 2
+        if self.low is None:
+            return held.view(n, groups, self.group)
+        out = _buffer(held.device, torch.uint8, n * self.cols).view(n, groups, 2, half)
+        packed = held.view(n, groups, half)
+        torch.bitwise_and(packed, 0x0F, out=out[:, :, 0, :])
+        torch.bitwise_right_shift(packed, 4, out=out[:, :, 1, :])
+        if self.low:
+            out.sub_(-self.low if self.low < 0 else 256 - self.low)  # wraps: read as int8, code + low
+            return out.view(torch.int8).view(n, groups, self.group)
+        return out.view(n, groups, self.group)
 
     @property
     def stored_bytes(self) -> int:
@@ -83,7 +105,7 @@ class KeptWeights(torch.nn.Module):
             n = end - at
             target = out[at - start:end - start].view(n, groups, self.group) if wide else \
                 _buffer(self.codes.device, torch.float32, n * cols).view(n, groups, self.group)
-            codes = self.codes[at:end].view(n, groups, self.group)
+            codes = self._grouped(self.codes[at:end])
             torch.mul(codes, self.scale[at:end].unsqueeze(-1), out=target)
             if self.offset is not None:
                 target.add_(self.offset[at:end].unsqueeze(-1))
@@ -93,9 +115,8 @@ class KeptWeights(torch.nn.Module):
 
     def lookup(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The rows `ids` names, in `dtype` (an embedding's look-up)."""
-        groups = self.cols // self.group
         flat = ids.reshape(-1)
-        values = self.codes[flat].view(-1, groups, self.group) * self.scale[flat].unsqueeze(-1)
+        values = self._grouped(self.codes[flat]) * self.scale[flat].unsqueeze(-1)
         if self.offset is not None:
             values = values + self.offset[flat].unsqueeze(-1)
         return values.view(*ids.shape, self.cols).to(dtype)

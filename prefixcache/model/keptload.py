@@ -22,13 +22,14 @@ from __future__ import annotations
 import logging
 import os
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import compat
-from .ggufblocks import FORMATS, decode
+from .ggufblocks import FORMATS, FOUR_BITS, decode, pack
 from .ggufheader import TensorInfo, gguf_layout
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ def _read_kept(fd: int, at: int, tensor: TensorInfo, processor: Any) -> "KeptWei
     if order is False:
         return None
     per_block, size, _ = FORMATS[kind]
+    low = FOUR_BITS.get(kind)  # codes of 16 values: kept two a byte
     row_bytes = cols // per_block * size
     step = max(1, SLICE_BYTES // row_bytes)
     held: list[torch.Tensor | None] = []
@@ -132,9 +134,11 @@ def _read_kept(fd: int, at: int, tensor: TensorInfo, processor: Any) -> "KeptWei
         part = decode(os.pread(fd, count * row_bytes, at + start * row_bytes), kind, count, cols)
         if part is None:
             return None
+        if low is not None:
+            part = replace(part, codes=pack(part.codes, low, part.group))
         if not held:
             group = part.group
-            held = [torch.empty((rows, cols), dtype=torch.int8),
+            held = [torch.empty((rows, part.codes.shape[1]), dtype=torch.from_numpy(part.codes[:0]).dtype),
                     torch.empty((rows, cols // group), dtype=torch.float32),
                     None if part.offset is None else torch.empty((rows, cols // group), dtype=torch.float32)]
         for into, values in zip(held, (part.codes, part.scale, part.offset), strict=True):
@@ -145,7 +149,7 @@ def _read_kept(fd: int, at: int, tensor: TensorInfo, processor: Any) -> "KeptWei
         held = [None if t is None else t[index] for t in held]
     codes, scale, offset = held
     assert codes is not None and scale is not None
-    return KeptWeights(codes, scale, offset, group)
+    return KeptWeights(codes, scale, offset, group, low)
 
 
 def _row_order(processor: Any, name: str, rows: int) -> np.ndarray | None | bool:

@@ -92,4 +92,4 @@ def _precision_packages(precision: str) -> tuple[str, ...]:
 TRANSFORMERS = Backend("transformers", "transformers", _transformers_make, refusal=_transformers_refusal,
                        footprint=_transformers_footprint, float32_twin=True,
                        moves_with_batch=_precision_moves, computes_with=_precision_packages,
-                       summary="any model; a GGUF file is dequantised to float once")
+                       summary="any model; a GGUF file kept quantised, each layer expanded as it runs")

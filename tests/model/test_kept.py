@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from prefixcache.model import kept as kept_module
-from prefixcache.model.ggufblocks import FORMATS, decode
+from prefixcache.model.ggufblocks import FORMATS, decode, kept_size
 from prefixcache.model.kept import KeptEmbedding, KeptLinear, KeptWeights, kept_bytes
 
 HALVES = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
@@ -38,6 +38,8 @@ def test_each_format_s_codes_expand_to_gguf_s_own_values_bit_for_bit(kind):
     assert blocks is not None and blocks.codes.dtype == np.int8
     assert np.array_equal(blocks.expand().view(np.uint32), reference.view(np.uint32))
     kept = KeptWeights.of(blocks)
+    assert kept.stored_bytes == kept_size(kind, 5, 2 * per_block)  # what the memory estimate counts
+    assert (kept.low is not None) == (kind in ("Q4_0", "Q4_1", "Q4_K"))  # 4-bit codes two a byte
     for dtype in (torch.float32, torch.bfloat16):
         assert torch.equal(kept.expand(0, 5, dtype).clone(), torch.from_numpy(reference).to(dtype))
 
