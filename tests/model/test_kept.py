@@ -4,6 +4,8 @@ the model converted to float weights."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -86,22 +88,25 @@ def test_a_kept_embedding_looks_up_the_rows_of_its_values():
 
 @pytest.fixture(scope="module")
 def quantised_gguf(tmp_path_factory):
+    """A quantised GGUF file, its cache and its tokenizer (parsed once: 49k tokens)."""
     from gguf_fixture import write_gguf
 
+    from prefixcache.model import load
+
     folder = tmp_path_factory.mktemp("kept")
-    return write_gguf(folder / "tiny-Q.gguf", quant=("Q4_0", "Q8_0", "Q5_1"))
+    source = load.resolve_model(str(write_gguf(folder / "tiny-Q.gguf", quant=("Q4_0", "Q8_0", "Q5_1"))))
+    cache = folder / "cache"
+    return source, cache, load.load_tokenizer(source, cache)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_quantised_gguf_kept_computes_what_its_conversion_computes(quantised_gguf, dtype, tmp_path, monkeypatch):
+def test_a_quantised_gguf_kept_computes_what_its_conversion_computes(quantised_gguf, dtype, monkeypatch):
     """The model read with its weights kept (Llama: query and key rows reordered; the output head
     tied to the embedding) gives the converted model's logits, bit for bit, in a quarter of its
     float32 memory; a later load shares the kept weights."""
     from prefixcache.model import load
 
-    source = load.resolve_model(str(quantised_gguf))
-    cache = tmp_path / "cache"
-    tokenizer = load.load_tokenizer(source, cache)
+    source, cache, tokenizer = quantised_gguf
     fast = load.load_model(source, tokenizer, cache, "cpu", dtype)
     assert getattr(fast, "_prefixcache_kept", False)
     assert isinstance(fast.get_output_embeddings(), KeptLinear)
@@ -119,10 +124,12 @@ def test_a_quantised_gguf_kept_computes_what_its_conversion_computes(quantised_g
 
 
 def test_an_architecture_whose_processing_is_more_than_reordering_rows_is_converted(quantised_gguf, monkeypatch):
-    from transformers import AutoConfig
-
     from prefixcache.model import keptload
 
-    config = AutoConfig.from_pretrained(str(quantised_gguf.parent), gguf_file=quantised_gguf.name)
+    from prefixcache.model import load
+
+    source, cache, tokenizer = quantised_gguf
+    config = load.gguf_config(source, tokenizer, load.converted_dir(source, cache))
+    assert keptload.load_kept(Path(source.path), config, torch.float32) is not None
     monkeypatch.setattr(keptload, "ROW_ORDER", ())
-    assert keptload.load_kept(quantised_gguf, config, torch.float32) is None
+    assert keptload.load_kept(Path(source.path), config, torch.float32) is None
