@@ -35,6 +35,8 @@ class Blocks:
         offset: float32 like `scale`, or None.
         group: how many consecutive weights of a row share one scale.
         kind: the file's format name ("Q4_K").
+        packed: a 4-bit format's codes two a byte, as the file holds them (`pack`'s layout,
+            (rows, cols // 2) uint8).
     """
 
     codes: np.ndarray
@@ -42,11 +44,13 @@ class Blocks:
     offset: np.ndarray | None
     group: int
     kind: str
+    packed: bool = False
 
     def expand(self) -> np.ndarray:
         """The float32 weights (the slow, obviously correct reference)."""
-        rows, cols = self.codes.shape
-        grouped = self.codes.reshape(rows, cols // self.group, self.group).astype(np.float32)
+        codes = unpack(self.codes, FOUR_BITS[self.kind], SPAN[self.kind]) if self.packed else self.codes
+        rows, cols = codes.shape
+        grouped = codes.reshape(rows, cols // self.group, self.group).astype(np.float32)
         out = grouped * self.scale[..., None]
         if self.offset is not None:
             out = out + self.offset[..., None]
@@ -72,12 +76,14 @@ def _high_bits(packed: np.ndarray, count: int) -> np.ndarray:
     return ((bits >> np.arange(count, dtype=np.uint32).reshape(1, count)) & 1).astype(np.uint8)
 
 
-def _q4_0(b: np.ndarray) -> tuple:
-    return _nibbles(b[:, 2:], 1).astype(np.int8) - 8, _f16(b[:, :2])[:, None], None, 32
+def _q4_0(b: np.ndarray, unpack: bool = True) -> tuple:
+    codes = _nibbles(b[:, 2:], 1).astype(np.int8) - 8 if unpack else None
+    return codes, _f16(b[:, :2])[:, None], None, 32
 
 
-def _q4_1(b: np.ndarray) -> tuple:
-    return _nibbles(b[:, 4:], 1).astype(np.int8), _f16(b[:, :2])[:, None], _f16(b[:, 2:4])[:, None], 32
+def _q4_1(b: np.ndarray, unpack: bool = True) -> tuple:
+    codes = _nibbles(b[:, 4:], 1).astype(np.int8) if unpack else None
+    return codes, _f16(b[:, :2])[:, None], _f16(b[:, 2:4])[:, None], 32
 
 
 def _q5_0(b: np.ndarray) -> tuple:
@@ -102,10 +108,10 @@ def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scales.astype(np.float32), mins.astype(np.float32)
 
 
-def _q4_k(b: np.ndarray) -> tuple:
+def _q4_k(b: np.ndarray, unpack: bool = True) -> tuple:
     scales, mins = _k_scales(b[:, 4:16])
-    q = _nibbles(b[:, 16:], 4)
-    return q.astype(np.int8), _f16(b[:, :2])[:, None] * scales, -(_f16(b[:, 2:4])[:, None] * mins), 32
+    codes = _nibbles(b[:, 16:], 4).astype(np.int8) if unpack else None
+    return codes, _f16(b[:, :2])[:, None] * scales, -(_f16(b[:, 2:4])[:, None] * mins), 32
 
 
 def _q5_k(b: np.ndarray) -> tuple:
@@ -133,6 +139,10 @@ FORMATS: dict[str, tuple[int, int, Callable[[np.ndarray], tuple]]] = {
 
 WITH_OFFSET = frozenset({"Q4_1", "Q5_1", "Q4_K", "Q5_K"})  # the formats whose groups have an offset
 FOUR_BITS = {"Q4_0": -8, "Q4_1": 0, "Q4_K": 0}  # formats whose codes are 16 values from this one: two a byte
+# how the file packs them: runs of SPAN bytes, each holding SPAN weights in its low nibbles, then the
+# next SPAN in its high ones; (start of the packed bytes in a block)
+SPAN = {"Q4_0": 16, "Q4_1": 16, "Q4_K": 32}
+PACKED_AT = {"Q4_0": 2, "Q4_1": 4, "Q4_K": 16}
 
 
 def kept_size(kind: str, rows: int, cols: int) -> int | None:
@@ -144,11 +154,12 @@ def kept_size(kind: str, rows: int, cols: int) -> int | None:
     return codes + rows * (cols // group) * 4 * (2 if kind in WITH_OFFSET else 1)
 
 
-def pack(codes: np.ndarray, low: int, group: int) -> np.ndarray:
-    """Codes of 16 values from `low`, two a byte: in each group, the first half's in the low
-    nibbles, the second half's in the high ones; (rows, cols) -> (rows, cols // 2) uint8."""
+def pack(codes: np.ndarray, low: int, span: int) -> np.ndarray:
+    """Codes of 16 values from `low`, two a byte as the file packs them: in each run of 2 * span
+    weights, the first span in the low nibbles, the next in the high ones; (rows, cols) ->
+    (rows, cols // 2) uint8."""
     rows, cols = codes.shape
-    halves = (codes.astype(np.int16) - low).astype(np.uint8).reshape(rows, cols // group, 2, group // 2)
+    halves = (codes.astype(np.int16) - low).astype(np.uint8).reshape(rows, cols // (2 * span), 2, span)
     return (halves[:, :, 0, :] | (halves[:, :, 1, :] << 4)).reshape(rows, cols // 2)
 
 
@@ -163,9 +174,19 @@ def raw_size(kind: str, rows: int, cols: int) -> int:
     return rows * (cols // per_block) * size
 
 
-def decode(raw: bytes | bytearray | memoryview | np.ndarray, kind: str, rows: int, cols: int) -> Blocks | None:
+def unpack(packed: np.ndarray, low: int, span: int) -> np.ndarray:
+    """`pack` undone: (rows, cols // 2) uint8 -> (rows, cols) int8 codes."""
+    rows, half = packed.shape
+    runs = packed.reshape(rows, half // span, 1, span)
+    nibbles = (runs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    return (nibbles.astype(np.int16) + low).astype(np.int8).reshape(rows, half * 2)
+
+
+def decode(raw: bytes | bytearray | memoryview | np.ndarray, kind: str, rows: int, cols: int, packed: bool = False
+           ) -> Blocks | None:
     """The tensor's codes and factors; None for a format not read here or a row that is not whole
-    blocks. Raises ValueError where `raw` is not the tensor's size."""
+    blocks. `packed`: a 4-bit format's codes left two a byte as the file holds them (`pack`'s
+    layout, (rows, cols // 2) uint8). Raises ValueError where `raw` is not the tensor's size."""
     if kind not in FORMATS:
         return None
     per_block, size, decoder = FORMATS[kind]
@@ -174,9 +195,14 @@ def decode(raw: bytes | bytearray | memoryview | np.ndarray, kind: str, rows: in
     data = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw.view(np.uint8).reshape(-1)
     if data.size != raw_size(kind, rows, cols):
         raise ValueError(f"a {kind} tensor of {rows}x{cols} takes {raw_size(kind, rows, cols)} bytes, not {data.size}")
-    codes, scale, offset, group = decoder(data.reshape(-1, size))
+    blocks = data.reshape(-1, size)
+    if packed and kind in FOUR_BITS:
+        _, scale, offset, group = decoder(blocks, False)
+        codes = blocks[:, PACKED_AT[kind]:].reshape(rows, cols // 2)
+    else:
+        codes, scale, offset, group = decoder(blocks)
     groups = cols // group
-    return Blocks(np.ascontiguousarray(codes.reshape(rows, cols)),
+    return Blocks(np.ascontiguousarray(codes.reshape(rows, -1)),
                   np.ascontiguousarray(scale.reshape(rows, groups), dtype=np.float32),
                   None if offset is None else np.ascontiguousarray(offset.reshape(rows, groups), dtype=np.float32),
-                  group, kind)
+                  group, kind, packed and kind in FOUR_BITS)

@@ -55,11 +55,11 @@ class KeptWeights(torch.nn.Module):
     offset: torch.Tensor | None
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int,
-                 low: int | None = None) -> None:
+                 low: int | None = None, span: int = 0) -> None:
         """`codes`: int8 (rows, cols); or, with `low`, 4-bit codes less `low` two a byte (uint8,
-        (rows, cols // 2), as ggufblocks.pack lays them out)."""
+        (rows, cols // 2), in runs of `span` bytes as ggufblocks.pack lays them out)."""
         super().__init__()
-        self.group, self.low = group, low
+        self.group, self.low, self.span = group, low, span
         self.rows, self.cols = codes.shape[0], codes.shape[1] * (1 if low is None else 2)
         self.register_buffer("codes", codes, persistent=False)
         self.register_buffer("scale", scale, persistent=False)
@@ -67,21 +67,22 @@ class KeptWeights(torch.nn.Module):
 
     @classmethod
     def of(cls, blocks: "Blocks") -> "KeptWeights":
-        from .ggufblocks import FOUR_BITS, pack
+        from .ggufblocks import FOUR_BITS, SPAN, pack
 
         offset = None if blocks.offset is None else torch.from_numpy(blocks.offset)
-        low = FOUR_BITS.get(blocks.kind)
-        codes = blocks.codes if low is None else pack(blocks.codes, low, blocks.group)
-        return cls(torch.from_numpy(codes), torch.from_numpy(blocks.scale), offset, blocks.group, low)
+        low, span = FOUR_BITS.get(blocks.kind), SPAN.get(blocks.kind, 0)
+        codes = blocks.codes if low is None or blocks.packed else pack(blocks.codes, low, span)
+        return cls(torch.from_numpy(codes), torch.from_numpy(blocks.scale), offset, blocks.group, low, span)
 
     def _grouped(self, held: torch.Tensor) -> torch.Tensor:
         """Rows of `codes` as integer codes (n, groups, group): unpacked into a scratch tensor
         where they are kept two a byte."""
-        n, groups, half = held.shape[0], self.cols // self.group, self.group // 2
+        n, groups = held.shape[0], self.cols // self.group
         if self.low is None:
             return held.view(n, groups, self.group)
-        out = _buffer(held.device, torch.uint8, n * self.cols).view(n, groups, 2, half)
-        packed = held.view(n, groups, half)
+        runs = self.cols // (2 * self.span)
+        out = _buffer(held.device, torch.uint8, n * self.cols).view(n, runs, 2, self.span)
+        packed = held.view(n, runs, self.span)
         torch.bitwise_and(packed, 0x0F, out=out[:, :, 0, :])
         torch.bitwise_right_shift(packed, 4, out=out[:, :, 1, :])
         if self.low:

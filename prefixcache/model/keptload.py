@@ -22,14 +22,13 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import compat
-from .ggufblocks import FORMATS, FOUR_BITS, decode, pack
+from .ggufblocks import FORMATS, FOUR_BITS, SPAN, decode
 from .ggufheader import TensorInfo, gguf_layout
 
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SLICE_BYTES = 16 << 20  # raw bytes read and decoded at a time
+SLICE_BYTES = 4 << 20  # raw bytes read and decoded at a time (the load's transient: a few times this)
 ROW_ORDER = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor")  # at most reorder a weight's rows
 
 _shared: dict[tuple, Any] = {}  # file version -> weakref to {tensor name: KeptWeights}
@@ -131,11 +130,9 @@ def _read_kept(fd: int, at: int, tensor: TensorInfo, processor: Any) -> "KeptWei
     group = 0
     for start in range(0, rows, step):
         count = min(step, rows - start)
-        part = decode(os.pread(fd, count * row_bytes, at + start * row_bytes), kind, count, cols)
+        part = decode(os.pread(fd, count * row_bytes, at + start * row_bytes), kind, count, cols, packed=True)
         if part is None:
             return None
-        if low is not None:
-            part = replace(part, codes=pack(part.codes, low, part.group))
         if not held:
             group = part.group
             held = [torch.empty((rows, part.codes.shape[1]), dtype=torch.from_numpy(part.codes[:0]).dtype),
@@ -149,7 +146,7 @@ def _read_kept(fd: int, at: int, tensor: TensorInfo, processor: Any) -> "KeptWei
         held = [None if t is None else t[index] for t in held]
     codes, scale, offset = held
     assert codes is not None and scale is not None
-    return KeptWeights(codes, scale, offset, group, low)
+    return KeptWeights(codes, scale, offset, group, low, SPAN.get(kind, 0))
 
 
 def _row_order(processor: Any, name: str, rows: int) -> np.ndarray | None | bool:

@@ -496,7 +496,7 @@ def _load_kept(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converte
                ) -> PreTrainedModel | None:
     """The file's model with its weights kept quantised (model/keptload.py), or None (said)
     where it is not read that way: then it is converted."""
-    from .heap import give_back_freed
+    from .heap import trim_heap
     from .kept import kept_bytes
     from .keptload import load_kept
 
@@ -513,7 +513,7 @@ def _load_kept(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converte
     if model is None:
         log.info("%s: its architecture is not read with its weights kept quantised; converting it", path.name)
         return None
-    give_back_freed()  # the slices read on the way
+    trim_heap()  # the slices read on the way (freed as they went: no collection needed)
     log.info("%s: weights kept as the file quantises them (%.2f GB), each layer expanded to %s as it runs",
              path.name, kept_bytes(model) / 1e9, str(dtype).replace("torch.", ""))
     return model

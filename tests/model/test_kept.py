@@ -39,6 +39,10 @@ def test_each_format_s_codes_expand_to_gguf_s_own_values_bit_for_bit(kind):
     blocks = decode(raw.tobytes(), kind, 5, 2 * per_block)
     assert blocks is not None and blocks.codes.dtype == np.int8
     assert np.array_equal(blocks.expand().view(np.uint32), reference.view(np.uint32))
+    packed = decode(raw.tobytes(), kind, 5, 2 * per_block, packed=True)  # 4-bit codes as the file holds them
+    assert packed is not None and np.array_equal(packed.expand().view(np.uint32), reference.view(np.uint32))
+    if packed.packed:
+        assert torch.equal(KeptWeights.of(packed).codes, KeptWeights.of(blocks).codes)
     kept = KeptWeights.of(blocks)
     assert kept.stored_bytes == kept_size(kind, 5, 2 * per_block)  # what the memory estimate counts
     assert (kept.low is not None) == (kind in ("Q4_0", "Q4_1", "Q4_K"))  # 4-bit codes two a byte
