@@ -32,24 +32,34 @@ PATHS = (("transformers, float32", ["--dtype", "float32"]),
          ("transformers, int8", ["--dtype", "int8"]))
 
 
-def run_once(args: list[str], env: dict[str, str]) -> tuple[int, str, float]:
-    """A command's exit status, its stderr and its peak resident memory in MB."""
+def run_once(args: list[str], env: dict[str, str]) -> tuple[int, str, float, float]:
+    """A command's exit status, its stderr, its peak resident memory in MB and the CPU seconds
+    it took (user and system)."""
     with tempfile.TemporaryFile() as err:
         child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, env=env)
         _, status, usage = os.wait4(child.pid, 0)
         err.seek(0)
-        return os.waitstatus_to_exitcode(status), err.read().decode(errors="replace"), usage.ru_maxrss / 1024
+        return (os.waitstatus_to_exitcode(status), err.read().decode(errors="replace"), usage.ru_maxrss / 1024,
+                usage.ru_utime + usage.ru_stime)
+
+
+SHORT = 4  # items of the short run whose CPU time is taken from the whole run's
 
 
 def measure(spec: str, items: str, model: str, extra: list[str], env: dict[str, str], out: Path) -> dict:
+    """`run`'s own ms/item (wall, scoring), the marginal CPU ms an item (the whole run's CPU time
+    less a run of SHORT items', over the other items: loading and the prefix cancel out), peak
+    resident memory and the labels."""
     base = [sys.executable, "-m", "prefixcache", "run", spec, items, "-m", model, *extra]
-    run_once([*base, "--limit", "4", "-o", str(out.with_suffix(".warm.jsonl"))], env)  # conversions, bounds
-    code, err, peak = run_once([*base, "-o", str(out)], env)
+    run_once([*base, "--limit", str(SHORT), "-o", str(out.with_suffix(".warm.jsonl"))], env)  # conversions, bounds
+    _, _, _, short_cpu = run_once([*base, "--limit", str(SHORT), "-o", str(out.with_suffix(".short.jsonl"))], env)
+    code, err, peak, cpu = run_once([*base, "-o", str(out)], env)
     if code not in (0, 5):
         return {"error": err.strip().splitlines()[-1] if err.strip() else f"exit {code}"}
     found = re.search(r"([0-9.]+) ms/item", err)
     labels = [json.loads(line).get("label") for line in out.read_text().splitlines()]
-    return {"ms": float(found.group(1)) if found else None, "peak_mb": peak, "labels": labels}
+    marginal = (cpu - short_cpu) * 1000 / (len(labels) - SHORT) if len(labels) > SHORT else None
+    return {"ms": float(found.group(1)) if found else None, "cpu_ms": marginal, "peak_mb": peak, "labels": labels}
 
 
 def llama_floor(spec: str, items: str, model: str, env: dict[str, str], limit: int) -> dict:
@@ -87,19 +97,20 @@ def main() -> None:
                      measure(o.spec, o.items, o.model, ["--backend", "llama.cpp"], build_env, work / f"ll-{name}.jsonl")))
         floors.append((name, llama_floor(o.spec, o.items, o.model, build_env, o.bench_limit)))
     want = rows[0][1].get("labels") or []
-    print("| path | ms/item | peak RSS | labels = float32's |")
-    print("|---|---|---|---|")
+    print("| path | ms/item (wall) | CPU ms/item | peak RSS | labels = float32's |")
+    print("|---|---|---|---|---|")
     for name, got in rows:
         if "error" in got:
-            print(f"| {name} | {got['error'][:80]} | | |")
+            print(f"| {name} | {got['error'][:80]} | | | |")
             continue
         same = sum(a == b for a, b in zip(got["labels"], want, strict=True))
-        print(f"| {name} | {got['ms']:.1f} | {got['peak_mb']:,.0f} MB | {same}/{len(want)} |")
+        cpu = f"{got['cpu_ms']:.1f}" if got["cpu_ms"] is not None else "-"
+        print(f"| {name} | {got['ms']:.1f} | {cpu} | {got['peak_mb']:,.0f} MB | {same}/{len(want)} |")
     for name, floor in floors:
         if floor:
             print(f"| llama.cpp's own first token, one prompt at a time ({name} build, {o.bench_limit} items) | "
-                  f"{floor['first_token_ms']:.1f} | | |")
-            print(f"| llama.cpp batched first-token floor ({name} build) | {floor['batched_floor_ms']:.1f} | | |")
+                  f"{floor['first_token_ms']:.1f} | | | |")
+            print(f"| llama.cpp batched first-token floor ({name} build) | {floor['batched_floor_ms']:.1f} | | | |")
 
 
 if __name__ == "__main__":

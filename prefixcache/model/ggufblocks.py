@@ -130,7 +130,7 @@ def _q6_k(b: np.ndarray) -> tuple:
 
 
 # format name -> (weights a block, bytes a block, decoder of (blocks, bytes) into codes and factors)
-FORMATS: dict[str, tuple[int, int, Callable[[np.ndarray], tuple]]] = {
+FORMATS: dict[str, tuple[int, int, Callable[..., tuple]]] = {
     "Q4_0": (32, 18, _q4_0), "Q4_1": (32, 20, _q4_1), "Q5_0": (32, 22, _q5_0), "Q5_1": (32, 24, _q5_1),
     "Q8_0": (32, 34, _q8_0), "Q4_K": (SUPER, 144, _q4_k), "Q5_K": (SUPER, 176, _q5_k),
     "Q6_K": (SUPER, 210, _q6_k),

@@ -95,10 +95,11 @@ class KeptWeights(torch.nn.Module):
         held = [self.codes, self.scale] + ([self.offset] if self.offset is not None else [])
         return sum(t.numel() * t.element_size() for t in held)
 
-    def expand(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        """Rows [start, stop) in `dtype`, in this thread's scratch tensor (valid until the next call)."""
+    def expand(self, start: int, stop: int, dtype: torch.dtype, into: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows [start, stop) in `dtype`, in this thread's scratch tensor (valid until the next
+        call), or in `into` (a tensor of that shape and dtype) where given."""
         rows, cols, groups = stop - start, self.cols, self.cols // self.group
-        out = _buffer(self.codes.device, dtype, rows * cols).view(rows, cols)
+        out = into if into is not None else _buffer(self.codes.device, dtype, rows * cols).view(rows, cols)
         step = max(1, CHUNK // cols)
         wide = dtype == torch.float32
         for at in range(start, stop, step):

@@ -10,6 +10,10 @@ Q4_K_M, about 1.9 GB where its float32 conversion needed 7 GB and its bfloat16 c
 The kept tensors are shared by every model of the same file in the process (the float32 twin of
 `--exact` and the bfloat16 model it checks hold one copy).
 
+A model whose linear and embedding weights take EXPAND_BELOW or less in its precision (the
+embedded 135M model: 0.54 GB in float32) has them expanded once as it loads instead, into plain
+layers: the same values, computed without an expansion a forward.
+
 `None` where the file is not read this way (an architecture whose processing is more than
 reordering rows, a tensor the model does not have): the caller converts it as before.
 
@@ -42,6 +46,9 @@ log = logging.getLogger(__name__)
 SLICE_BYTES = 4 << 20  # raw bytes read and decoded at a time (the load's transient: a few times this)
 ROW_ORDER = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor")  # at most reorder a weight's rows
 
+# a model whose linear and embedding weights take this much or less in its dtype has them expanded once, as
+# it loads: the expansion of every forward costs what a small model's few hundred MB do not
+EXPAND_BELOW = 600 << 20
 _shared: dict[tuple, Any] = {}  # file version -> weakref to {tensor name: KeptWeights}
 
 
@@ -194,6 +201,13 @@ def _assemble(model: "PreTrainedModel", modules: dict, kept: dict, dtype: "torch
             kept[head_name] = kept[embedding_name]
         else:
             model.tie_weights()
+    unique = {id(w): w for w in kept.values()}.values()
+    if sum(w.rows * w.cols for w in unique) * torch.empty((), dtype=dtype).element_size() <= EXPAND_BELOW:
+        expanded = {id(w): torch.nn.Parameter(w.expand(0, w.rows, dtype, torch.empty((w.rows, w.cols), dtype=dtype)),
+                                              requires_grad=False) for w in unique}
+        for name, weights in kept.items():
+            modules[name].weight = expanded[id(weights)]  # a tied head gets its embedding's Parameter
+        return _checked(model, path, None)
     for name, weights in kept.items():
         old = modules[name]
         if isinstance(old, torch.nn.Embedding):
@@ -203,9 +217,15 @@ def _assemble(model: "PreTrainedModel", modules: dict, kept: dict, dtype: "torch
             new = KeptLinear(weights, bias if bias is not None else None)
         parent_name, _, leaf = name.rpartition(".")
         setattr(modules[parent_name] if parent_name else model, leaf, new)
+    return _checked(model, path, store)
+
+
+def _checked(model: "PreTrainedModel", path: Path, store: _Store | None) -> "PreTrainedModel | None":
+    """The model, once every parameter was read (else None); `store`: its kept weights, held
+    while the model is, so that a later load of the file shares them."""
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if missing:
         log.debug("kept load of %s: parameters the file does not hold: %s", path.name, missing[:5])
         return None
-    setattr(model, "_prefixcache_kept", store)  # held while the model is: a later load of the file shares it
+    setattr(model, "_prefixcache_kept", store)
     return model.eval()

@@ -514,8 +514,13 @@ def _load_kept(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converte
         log.info("%s: its architecture is not read with its weights kept quantised; converting it", path.name)
         return None
     trim_heap()  # the slices read on the way (freed as they went: no collection needed)
-    log.info("%s: weights kept as the file quantises them (%.2f GB), each layer expanded to %s as it runs",
-             path.name, kept_bytes(model) / 1e9, str(dtype).replace("torch.", ""))
+    held = kept_bytes(model)
+    if held:
+        log.info("%s: weights kept as the file quantises them (%.2f GB), each layer expanded to %s as it runs",
+                 path.name, held / 1e9, str(dtype).replace("torch.", ""))
+    else:
+        log.info("%s: read from the file, not converted (expanded to %s as it loaded: a small model)",
+                 path.name, str(dtype).replace("torch.", ""))
     return model
 
 

@@ -85,14 +85,14 @@ def kept_weight_bytes(path: Path, dtype_bytes: int) -> int | None:
 
     from .ggufblocks import kept_size
     from .ggufheader import gguf_layout
-    from .keptload import ROW_ORDER
+    from .keptload import EXPAND_BELOW, ROW_ORDER
 
     layout = gguf_layout(path)
     if TENSOR_PROCESSORS.get(layout.architecture, TensorProcessor).__name__ not in ROW_ORDER:
         return None
     import gguf
 
-    total = 0
+    total = dense = expanded = 0
     for tensor in layout.tensors:
         count = 1
         for n in tensor.shape:
@@ -100,7 +100,9 @@ def kept_weight_bytes(path: Path, dtype_bytes: int) -> int | None:
         kind = gguf.GGMLQuantizationType(tensor.kind).name
         size = kept_size(kind, tensor.shape[1], tensor.shape[0]) if len(tensor.shape) == 2 else None
         total += size if size is not None else count * dtype_bytes
-    return total
+        dense += count * dtype_bytes
+        expanded += count * dtype_bytes if size is not None else 0
+    return dense if expanded <= EXPAND_BELOW else total  # a small model is expanded as it loads
 
 
 def llama_footprint(path: Path, cells: int, ubatch: int, kv_bytes: int = 2) -> Footprint | None:

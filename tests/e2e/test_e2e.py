@@ -128,10 +128,10 @@ def test_a_damaged_converted_model_is_rebuilt_with_a_warning(quick_conversion, t
     made again."""
     import shutil
 
-    from prefixcache.model import load
+    from prefixcache.model import keptload
     from prefixcache.model.cache import models_dir
 
-    monkeypatch.setattr(load, "_load_kept", lambda *a, **k: None)
+    monkeypatch.setattr(keptload, "load_kept", lambda *a, **k: None)
 
     copy = models_dir(tmp_path) / quick_conversion.name
     shutil.copytree(quick_conversion, copy)

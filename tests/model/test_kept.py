@@ -108,23 +108,31 @@ def test_a_quantised_gguf_kept_computes_what_its_conversion_computes(quantised_g
     """The model read with its weights kept (Llama: query and key rows reordered; the output head
     tied to the embedding) gives the converted model's logits, bit for bit, in a quarter of its
     float32 memory; a later load shares the kept weights."""
-    from prefixcache.model import load
+    from prefixcache.model import keptload, load
 
     source, cache, tokenizer = quantised_gguf
+    monkeypatch.setattr(keptload, "EXPAND_BELOW", 0)  # kept, however small
     fast = load.load_model(source, tokenizer, cache, "cpu", dtype)
     assert getattr(fast, "_prefixcache_kept", False)
     assert isinstance(fast.get_output_embeddings(), KeptLinear)
     assert fast.get_output_embeddings().kept is fast.get_input_embeddings().kept  # tied, held once
-    monkeypatch.setattr(load, "_load_kept", lambda *a, **k: None)
+    real_load_kept = keptload.load_kept
+    monkeypatch.setattr(keptload, "load_kept", lambda *a, **k: None)  # converted, as before
     converted = load.load_model(source, tokenizer, cache, "cpu", dtype)
     ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 40]])
     with torch.inference_mode():
         assert torch.equal(fast(ids).logits, converted(ids).logits)
     dense = sum(p.numel() * 4 for p in converted.parameters())
     assert kept_bytes(fast) < dense * 0.4
-    monkeypatch.undo()
+    monkeypatch.setattr(keptload, "load_kept", real_load_kept)
     again = load.load_model(source, tokenizer, cache, "cpu", torch.float32)
     assert again.get_input_embeddings().kept is fast.get_input_embeddings().kept
+    monkeypatch.undo()  # a small model: its weights expanded once as it loads, into plain layers
+    small = load.load_model(source, tokenizer, cache, "cpu", dtype)
+    assert type(small.get_output_embeddings()) is torch.nn.Linear and small.get_output_embeddings().weight is \
+        small.get_input_embeddings().weight
+    with torch.inference_mode():
+        assert torch.equal(small(ids).logits, converted(ids).logits)
 
 
 def test_an_architecture_whose_processing_is_more_than_reordering_rows_is_converted(quantised_gguf, monkeypatch):
