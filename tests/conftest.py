@@ -180,14 +180,13 @@ def library_logs_reach_caplog(monkeypatch):
 @pytest.fixture(scope="session", autouse=True)
 def cache_dir(tmp_path_factory) -> Path:
     """A cache folder of the tests' own, so tests never read, write or fill the user's cache: a new
-    one per session (the embedded model is converted into it once, by the first test that needs
-    it), or PREFIXCACHE_TEST_CACHE, a folder kept for the tests across sessions to skip that
-    conversion. The CLI finds it through PREFIXCACHE_CACHE_DIR, as a user would set it; runs
+    one per session (the embedded model's tokenizer and config kept in it once, by the first test
+    that needs them), or PREFIXCACHE_TEST_CACHE, a folder kept for the tests across sessions. The CLI finds it through PREFIXCACHE_CACHE_DIR, as a user would set it; runs
     started from Python without a cache folder use the default, under XDG_CACHE_HOME, which points
     into the session's temporary folder too."""
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # one cache for the session's workers: the embedded model is converted once
+        shared = shared.parent  # one cache for the session's workers: the embedded model's tokenizer parsed once
     base = shared / "xdg-cache"
     base.mkdir(exist_ok=True)
     kept = os.environ.get("PREFIXCACHE_TEST_CACHE")
@@ -204,18 +203,18 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def converted_once(cache_dir):
-    """The session's workers share its cache: the first to get here converts the embedded model
-    while the others wait for it, instead of each converting it on the same two cores (once a
-    worker: a later module needs no second load of the weights to know they are there)."""
+def embedded_ready(cache_dir):
+    """The session's workers share its cache: the first to get here reads the embedded model once
+    (its tokenizer and config parsed from the file and kept there) while the others wait for it,
+    instead of each parsing the same file on the same two cores."""
     import fcntl
 
     from prefixcache.model.load import load_model, load_tokenizer, resolve_model
 
-    with open(cache_dir / ".tests-convert.lock", "a") as lock:
+    with open(cache_dir / ".tests-embedded.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         source = resolve_model(None)
-        load_model(source, load_tokenizer(source, cache_dir), cache_dir, keep=False)  # converted, as kept it is not
+        load_model(source, load_tokenizer(source, cache_dir), cache_dir)
 
 
 # -- a full disk -----------------------------------------------------------------------------------

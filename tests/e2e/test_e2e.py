@@ -20,7 +20,7 @@ from prefixcache.model.load import load_tokenizer
 SPEC = ROOT / "configs" / "support-tickets.yaml"
 TICKETS = ROOT / "data" / "samples" / "tickets.jsonl"
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("converted_once")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("embedded_ready")]
 
 
 def _scorer(spec_path: Path, cache_dir: Path) -> Scorer:
@@ -97,59 +97,26 @@ def test_real_model_gold_evaluation_cli(tmp_path):
 
 
 @pytest.fixture()
-def quick_conversion(converted_once, cache_dir, monkeypatch):
-    """The session converted the embedded model once (its first test); a test of what happens
-    around a conversion gets that result instead of dequantising the GGUF file again (18 s or
-    more) and its tokenizer instead of parsing the file's 49k-token vocabulary again (8 s): the
-    same weights and tokenizer, through the same code up to and after the parse."""
-    from prefixcache.model import load
-
-    [kept] = [m for m in load.converted_models(cache_dir) if m["source"].endswith(".gguf")][:1]
-    real = load.load_weights
-
-    def load_weights(path, dtype, **kwargs):
-        if kwargs.pop("gguf_file", None):
-            return real(kept["path"], dtype, **kwargs)
-        return real(path, dtype, **kwargs)
-
-    def tokenizer(path, *args, gguf_file=None, **kwargs):  # the kept copy's tokenizer, not a parse of the file
-        return real_tokenizer(kept["path"] if gguf_file else path, *args, **kwargs)
-
+def kept_tokenizer(embedded_ready, cache_dir, monkeypatch):
+    """The embedded model's tokenizer as the session kept it (its first test), instead of a parse
+    of the file's 49k-token vocabulary again (8 s) for a test run with another cache: the same
+    tokenizer, through the same code up to and after the parse."""
     from transformers import AutoTokenizer
 
+    from prefixcache.model import load
+
+    source = load.resolve_model(None)
+    kept = load.tokenizer_dir(load.converted_dir(source, cache_dir))
     real_tokenizer = AutoTokenizer.from_pretrained
-    monkeypatch.setattr(load, "load_weights", load_weights)
+
+    def tokenizer(path, *args, gguf_file=None, **kwargs):
+        return real_tokenizer(str(kept) if gguf_file else path, *args, **kwargs)
+
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", tokenizer)
-    return Path(kept["path"])
+    return kept
 
 
-def test_a_damaged_converted_model_is_rebuilt_with_a_warning(quick_conversion, tmp_path, caplog, monkeypatch):
-    """A converted copy (what a file read without its weights kept runs on) that is damaged is
-    made again."""
-    import shutil
-
-    from prefixcache.model import keptload
-    from prefixcache.model.cache import models_dir
-
-    monkeypatch.setattr(keptload, "load_kept", lambda *a, **k: None)
-
-    copy = models_dir(tmp_path) / quick_conversion.name
-    shutil.copytree(quick_conversion, copy)
-    weights = next(copy.glob("*.safetensors"))
-    weights.write_bytes(weights.read_bytes()[:1000])  # a torn file, as a full disk leaves it
-    old = os.umask(0)  # converted again under the loosest umask: still the user's alone
-    try:
-        scorer = _scorer(SPEC, tmp_path)
-    finally:
-        os.umask(old)
-    assert all(oct(p.stat().st_mode & 0o777) == oct(0o700 if p.is_dir() else 0o600) for p in copy.rglob("*"))
-    assert "are not used" in caplog.text and "converting again" in caplog.text
-    item = next(iter(read_items(str(TICKETS))))
-    assert scorer.decide(scorer.task.prepare(item), scorer.score([scorer.task.prepare(item)]).logprobs[0]).decisions[0].best is not None
-    assert weights.stat().st_size > 1000  # made again
-
-
-def test_an_unwritable_cache_still_runs_the_embedded_model(quick_conversion, tmp_path):
+def test_an_unwritable_cache_still_runs_the_embedded_model(kept_tokenizer, tmp_path):
     """With nowhere to keep the tokenizer (and the prefix), the run warns and goes on."""
     blocked = tmp_path / "cache-is-a-file"
     blocked.write_text("not a folder")

@@ -17,7 +17,7 @@ from prefixcache import Classifier  # noqa: E402
 from prefixcache.data.items import read_items  # noqa: E402
 from prefixcache.model.load import embedded_model_file  # noqa: E402
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("converted_once")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("embedded_ready")]
 SAMPLES = [("support-tickets.yaml", "tickets.jsonl"), ("news-topics.yaml", "headlines.jsonl")]
 
 

@@ -18,7 +18,7 @@ CASES = [("support-tickets", "tickets.jsonl"), ("general-knowledge", "general_kn
          ("review-aspects", "review_aspects.jsonl"), ("banking-intents", "banking_intents.jsonl"),
          ("support-emails", "support_emails.jsonl")]
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("converted_once")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("embedded_ready")]
 
 
 def _without_timing(text: str) -> list[str]:

@@ -109,24 +109,33 @@ def test_the_loader_s_peak_is_the_weights_in_their_dtype(tmp_path):
     assert grew("from_pretrained") > lean + bf16_mb * 0.5  # what it saves: the check can fail
 
 
-@pytest.mark.parametrize("kept", [True, False])
-def test_a_gguf_file_s_first_run_is_its_later_runs_model(kept, tmp_path, monkeypatch):
-    """The run that converts a GGUF file and the runs that read the kept copy compute with the same
-    model in bfloat16: the same parameters, and rotary frequencies left in float32 (rounded
-    frequencies moved the 0.5B model's scores by 0.01 nats). Kept or not (a cache that cannot
-    take the copy converts in memory every time)."""
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """A tiny F32 GGUF file and its tokenizer (49k tokens: parsed once for the module)."""
     from gguf_fixture import write_gguf
 
     from prefixcache.model import load
 
-    source = load.resolve_model(str(write_gguf(tmp_path / "tiny-F32.gguf")))
+    folder = tmp_path_factory.mktemp("tiny-gguf")
+    source = load.resolve_model(str(write_gguf(folder / "tiny-F32.gguf")))
+    return source, load.load_tokenizer(source, folder / "cache")
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_gguf_file_s_first_run_is_its_later_runs_model(kept, tiny_gguf, tmp_path, monkeypatch):
+    """The run that converts a GGUF file (what one read without its weights kept runs on) and the
+    runs that read the kept copy compute with the same model in bfloat16: the same parameters,
+    and rotary frequencies left in float32 (rounded frequencies moved the 0.5B model's scores by
+    0.01 nats). Kept or not (a cache that cannot take the copy converts in memory every time)."""
+    from prefixcache.model import load
+
+    source, tokenizer = tiny_gguf
     cache = tmp_path / "cache"
-    tokenizer = load.load_tokenizer(source, cache)
     if not kept:
         monkeypatch.setattr(load, "keep_converted", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full")))
-    first = load.load_model(source, tokenizer, cache, "cpu", torch.bfloat16)
+    first = load.load_model(source, tokenizer, cache, "cpu", torch.bfloat16, keep=False)
     load.forget_verified()
-    later = load.load_model(source, tokenizer, cache, "cpu", torch.bfloat16)
+    later = load.load_model(source, tokenizer, cache, "cpu", torch.bfloat16, keep=False)
     a, b = dict(first.named_parameters()), dict(later.named_parameters())
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) and a[k].dtype == torch.bfloat16 for k in a)
     buffers = {k: v for k, v in first.named_buffers()}
@@ -135,6 +144,33 @@ def test_a_gguf_file_s_first_run_is_its_later_runs_model(kept, tmp_path, monkeyp
     ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
     with torch.no_grad():
         assert torch.equal(first(ids).logits, later(ids).logits)
+
+
+def test_a_damaged_converted_model_is_rebuilt_with_a_warning(tiny_gguf, tmp_path, caplog):
+    """A converted copy (what a GGUF file read without its weights kept runs on: int8, an
+    architecture not read that way) torn as a full disk leaves it is not used, said, and made
+    again, the user's alone under the loosest umask."""
+    import os
+
+    from prefixcache.model import load
+
+    source, tokenizer = tiny_gguf
+    cache = tmp_path / "cache"
+    load.load_model(source, tokenizer, cache, "cpu", torch.float32, keep=False)
+    converted = load.converted_dir(source, cache)
+    weights = next(converted.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])
+    load.forget_verified()
+    old = os.umask(0)
+    try:
+        model = load.load_model(source, tokenizer, cache, "cpu", torch.float32, keep=False)
+    finally:
+        os.umask(old)
+    assert "are not used" in caplog.text and "converting again" in caplog.text
+    assert weights.stat().st_size > 1000  # made again
+    assert all(oct(p.stat().st_mode & 0o777) == oct(0o700 if p.is_dir() else 0o600) for p in converted.rglob("*"))
+    with torch.no_grad():
+        assert model(torch.tensor([[1, 5, 9]])).logits.isfinite().all()
 
 
 def test_int8_layers_quantised_as_they_load_are_the_whole_model_quantised_after(chat_tokenizer, tmp_path):
