@@ -86,7 +86,7 @@ def load_kept(path: Path, config: "PretrainedConfig", dtype: "torch.dtype") -> "
                 return None
             at = layout.data_start + tensor.offset
             if leaf == "weight" and type(module) in (torch.nn.Linear, torch.nn.Embedding) and _keepable(tensor):
-                weights = store.get(tensor.name) or _read_kept(f.fileno(), at, tensor, processor)
+                weights = _shareable(store.get(tensor.name)) or _read_kept(f.fileno(), at, tensor, processor)
                 if weights is None:
                     return None
                 store[tensor.name] = kept[module_name] = weights
@@ -107,6 +107,12 @@ def _store(path: Path) -> _Store:
         store = _Store()
         _shared[key] = weakref.ref(store)
     return store
+
+
+def _shareable(weights: "KeptWeights | None") -> "KeptWeights | None":
+    """Kept weights a new model may share: those still on the CPU, where every model loads (a
+    model moved to a GPU took its kept weights with it; one loaded after it reads its own)."""
+    return weights if weights is not None and weights.codes.device.type == "cpu" else None
 
 
 def _keepable(tensor: TensorInfo) -> bool:

@@ -127,6 +127,9 @@ def test_a_quantised_gguf_kept_computes_what_its_conversion_computes(quantised_g
     monkeypatch.setattr(keptload, "load_kept", real_load_kept)
     again = load.load_model(source, tokenizer, cache, "cpu", torch.float32)
     assert again.get_input_embeddings().kept is fast.get_input_embeddings().kept
+    again.to("meta")  # a model moved off the CPU takes the kept weights it shares with it: a later load reads its own
+    third = load.load_model(source, tokenizer, cache, "cpu", torch.float32)
+    assert third.get_input_embeddings().kept.codes.device.type == "cpu"
     monkeypatch.undo()  # a small model: its weights expanded once as it loads, into plain layers
     small = load.load_model(source, tokenizer, cache, "cpu", dtype)
     assert type(small.get_output_embeddings()) is torch.nn.Linear and small.get_output_embeddings().weight is \
