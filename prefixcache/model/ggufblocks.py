@@ -78,26 +78,26 @@ def _high_bits(packed: np.ndarray, count: int) -> np.ndarray:
 
 def _q4_0(b: np.ndarray, unpack: bool = True) -> tuple:
     codes = _nibbles(b[:, 2:], 1).astype(np.int8) - 8 if unpack else None
-    return codes, _f16(b[:, :2])[:, None], None, 32
+    return codes, _f16(b[:, :2])[:, None], None
 
 
 def _q4_1(b: np.ndarray, unpack: bool = True) -> tuple:
     codes = _nibbles(b[:, 4:], 1).astype(np.int8) if unpack else None
-    return codes, _f16(b[:, :2])[:, None], _f16(b[:, 2:4])[:, None], 32
+    return codes, _f16(b[:, :2])[:, None], _f16(b[:, 2:4])[:, None]
 
 
 def _q5_0(b: np.ndarray) -> tuple:
     q = _nibbles(b[:, 6:], 1) | (_high_bits(b[:, 2:6], 32) << 4)
-    return q.astype(np.int8) - 16, _f16(b[:, :2])[:, None], None, 32
+    return q.astype(np.int8) - 16, _f16(b[:, :2])[:, None], None
 
 
 def _q5_1(b: np.ndarray) -> tuple:
     q = _nibbles(b[:, 8:], 1) | (_high_bits(b[:, 4:8], 32) << 4)
-    return q.astype(np.int8), _f16(b[:, :2])[:, None], _f16(b[:, 2:4])[:, None], 32
+    return q.astype(np.int8), _f16(b[:, :2])[:, None], _f16(b[:, 2:4])[:, None]
 
 
 def _q8_0(b: np.ndarray) -> tuple:
-    return np.ascontiguousarray(b[:, 2:]).view(np.int8), _f16(b[:, :2])[:, None], None, 32
+    return np.ascontiguousarray(b[:, 2:]).view(np.int8), _f16(b[:, :2])[:, None], None
 
 
 def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -111,14 +111,14 @@ def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _q4_k(b: np.ndarray, unpack: bool = True) -> tuple:
     scales, mins = _k_scales(b[:, 4:16])
     codes = _nibbles(b[:, 16:], 4).astype(np.int8) if unpack else None
-    return codes, _f16(b[:, :2])[:, None] * scales, -(_f16(b[:, 2:4])[:, None] * mins), 32
+    return codes, _f16(b[:, :2])[:, None] * scales, -(_f16(b[:, 2:4])[:, None] * mins)
 
 
 def _q5_k(b: np.ndarray) -> tuple:
     scales, mins = _k_scales(b[:, 4:16])
     high = b[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
     q = _nibbles(b[:, 48:], 4) | ((high & 1).reshape(len(b), -1) << 4)
-    return q.astype(np.int8), _f16(b[:, :2])[:, None] * scales, -(_f16(b[:, 2:4])[:, None] * mins), 32
+    return q.astype(np.int8), _f16(b[:, :2])[:, None] * scales, -(_f16(b[:, 2:4])[:, None] * mins)
 
 
 def _q6_k(b: np.ndarray) -> tuple:
@@ -126,14 +126,15 @@ def _q6_k(b: np.ndarray) -> tuple:
     high = b[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
     q = low | ((high & 3).reshape(len(b), -1) << 4)
     scales = np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(np.float32)
-    return q.astype(np.int8) - 32, _f16(b[:, 208:210])[:, None] * scales, None, 16
+    return q.astype(np.int8) - 32, _f16(b[:, 208:210])[:, None] * scales, None
 
 
-# format name -> (weights a block, bytes a block, decoder of (blocks, bytes) into codes and factors)
-FORMATS: dict[str, tuple[int, int, Callable[..., tuple]]] = {
-    "Q4_0": (32, 18, _q4_0), "Q4_1": (32, 20, _q4_1), "Q5_0": (32, 22, _q5_0), "Q5_1": (32, 24, _q5_1),
-    "Q8_0": (32, 34, _q8_0), "Q4_K": (SUPER, 144, _q4_k), "Q5_K": (SUPER, 176, _q5_k),
-    "Q6_K": (SUPER, 210, _q6_k),
+# format name -> (weights a block, bytes a block, weights a group shares factors over, decoder of
+# (blocks, bytes) into codes and factors)
+FORMATS: dict[str, tuple[int, int, int, Callable[..., tuple]]] = {
+    "Q4_0": (32, 18, 32, _q4_0), "Q4_1": (32, 20, 32, _q4_1), "Q5_0": (32, 22, 32, _q5_0),
+    "Q5_1": (32, 24, 32, _q5_1), "Q8_0": (32, 34, 32, _q8_0), "Q4_K": (SUPER, 144, 32, _q4_k),
+    "Q5_K": (SUPER, 176, 32, _q5_k), "Q6_K": (SUPER, 210, 16, _q6_k),
 }
 
 
@@ -149,7 +150,7 @@ def kept_size(kind: str, rows: int, cols: int) -> int | None:
     """Bytes a (rows, cols) tensor of `kind` takes kept as codes and factors; None where it is not."""
     if kind not in FORMATS or cols % FORMATS[kind][0]:
         return None
-    group = 16 if kind == "Q6_K" else 32
+    group = FORMATS[kind][2]
     codes = rows * cols // 2 if kind in FOUR_BITS else rows * cols
     return codes + rows * (cols // group) * 4 * (2 if kind in WITH_OFFSET else 1)
 
@@ -163,14 +164,9 @@ def pack(codes: np.ndarray, low: int, span: int) -> np.ndarray:
     return (halves[:, :, 0, :] | (halves[:, :, 1, :] << 4)).reshape(rows, cols // 2)
 
 
-def readable(kind: str) -> bool:
-    """Whether a tensor of this format is read as codes here."""
-    return kind in FORMATS
-
-
 def raw_size(kind: str, rows: int, cols: int) -> int:
     """Bytes a (rows, cols) tensor of `kind` takes in the file."""
-    per_block, size, _ = FORMATS[kind]
+    per_block, size, _, _ = FORMATS[kind]
     return rows * (cols // per_block) * size
 
 
@@ -189,7 +185,7 @@ def decode(raw: bytes | bytearray | memoryview | np.ndarray, kind: str, rows: in
     layout, (rows, cols // 2) uint8). Raises ValueError where `raw` is not the tensor's size."""
     if kind not in FORMATS:
         return None
-    per_block, size, decoder = FORMATS[kind]
+    per_block, size, group, decoder = FORMATS[kind]
     if cols % per_block:
         return None
     data = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw.view(np.uint8).reshape(-1)
@@ -197,10 +193,10 @@ def decode(raw: bytes | bytearray | memoryview | np.ndarray, kind: str, rows: in
         raise ValueError(f"a {kind} tensor of {rows}x{cols} takes {raw_size(kind, rows, cols)} bytes, not {data.size}")
     blocks = data.reshape(-1, size)
     if packed and kind in FOUR_BITS:
-        _, scale, offset, group = decoder(blocks, False)
+        _, scale, offset = decoder(blocks, False)
         codes = blocks[:, PACKED_AT[kind]:].reshape(rows, cols // 2)
     else:
-        codes, scale, offset, group = decoder(blocks)
+        codes, scale, offset = decoder(blocks)
     groups = cols // group
     return Blocks(np.ascontiguousarray(codes.reshape(rows, -1)),
                   np.ascontiguousarray(scale.reshape(rows, groups), dtype=np.float32),

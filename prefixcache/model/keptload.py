@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import compat
-from .ggufblocks import FORMATS, FOUR_BITS, SPAN, decode
+from .ggufblocks import FORMATS, FOUR_BITS, SPAN, decode, kept_size
 from .ggufheader import TensorInfo, gguf_layout
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ ROW_ORDER = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor")
 # a model whose linear and embedding weights take this much or less in its dtype has them expanded once, as
 # it loads: the expansion of every forward costs what a small model's few hundred MB do not
 EXPAND_BELOW = 600 << 20
-_shared: dict[tuple, Any] = {}  # file version -> weakref to {tensor name: KeptWeights}
+_shared: "weakref.WeakValueDictionary[tuple, _Store]" = weakref.WeakValueDictionary()  # file version -> its store
 
 
 class _Store(dict):
@@ -65,10 +65,9 @@ def load_kept(path: Path, config: "PretrainedConfig", dtype: "torch.dtype") -> "
     from .lean import empty_model
 
     layout = gguf_layout(path)
-    processor_class = TENSOR_PROCESSORS.get(layout.architecture, TensorProcessor)
-    if processor_class.__name__ not in ROW_ORDER:
+    if not reads(layout.architecture):
         return None
-    processor = processor_class(config=config.to_dict())
+    processor = TENSOR_PROCESSORS.get(layout.architecture, TensorProcessor)(config=config.to_dict())
     model = empty_model(config, dtype)
     with compat.gguf_parsed_once():  # gguf's name map built once, not once a module (6.8 s for 135M)
         names = get_gguf_hf_weights_map(model, processor)
@@ -85,7 +84,7 @@ def load_kept(path: Path, config: "PretrainedConfig", dtype: "torch.dtype") -> "
             if module is None:
                 return None
             at = layout.data_start + tensor.offset
-            if leaf == "weight" and type(module) in (torch.nn.Linear, torch.nn.Embedding) and _keepable(tensor):
+            if leaf == "weight" and type(module) in (torch.nn.Linear, torch.nn.Embedding) and kept_bytes_of(tensor) is not None:
                 weights = _shareable(store.get(tensor.name)) or _read_kept(f.fileno(), at, tensor, processor)
                 if weights is None:
                     return None
@@ -99,13 +98,12 @@ def load_kept(path: Path, config: "PretrainedConfig", dtype: "torch.dtype") -> "
 
 
 def _store(path: Path) -> _Store:
+    """The kept weights of this version of the file that a model still holds, shared."""
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    found = _shared.get(key)
-    store = found() if found is not None else None
+    store = _shared.get(key)
     if store is None:
-        store = _Store()
-        _shared[key] = weakref.ref(store)
+        store = _shared[key] = _Store()
     return store
 
 
@@ -115,11 +113,22 @@ def _shareable(weights: "KeptWeights | None") -> "KeptWeights | None":
     return weights if weights is not None and weights.codes.device.type == "cpu" else None
 
 
-def _keepable(tensor: TensorInfo) -> bool:
+def kept_bytes_of(tensor: TensorInfo) -> int | None:
+    """Bytes a 2-D tensor takes kept as codes and factors; None where it is not kept (a format not
+    read as codes, or not 2-D)."""
     import gguf
 
-    kind = gguf.GGMLQuantizationType(tensor.kind).name
-    return len(tensor.shape) == 2 and kind in FORMATS and tensor.shape[0] % FORMATS[kind][0] == 0
+    if len(tensor.shape) != 2:
+        return None
+    return kept_size(gguf.GGMLQuantizationType(tensor.kind).name, tensor.shape[1], tensor.shape[0])
+
+
+def reads(architecture: str) -> bool:
+    """Whether a GGUF file of this architecture is read with its weights kept: its processing in
+    transformers does at most reorder a weight's rows."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    return TENSOR_PROCESSORS.get(architecture, TensorProcessor).__name__ in ROW_ORDER
 
 
 def _read_kept(fd: int, at: int, tensor: TensorInfo, processor: Any) -> "KeptWeights | None":
@@ -135,7 +144,7 @@ def _read_kept(fd: int, at: int, tensor: TensorInfo, processor: Any) -> "KeptWei
     order = _row_order(processor, tensor.name, rows)
     if order is False:
         return None
-    per_block, size, _ = FORMATS[kind]
+    per_block, size, _, _ = FORMATS[kind]
     low = FOUR_BITS.get(kind)  # codes of 16 values: kept two a byte
     row_bytes = cols // per_block * size
     step = max(1, SLICE_BYTES // row_bytes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,27 +82,19 @@ def footprint(source: ModelSource, cache_dir: Path, dtype_bytes: int, tokens: in
 def kept_weight_bytes(path: Path, dtype_bytes: int) -> int | None:
     """The bytes a GGUF file's weights take read with them kept quantised (the other tensors at
     `dtype_bytes` a number), from its header; None where its architecture is not read that way."""
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
-
-    from .ggufblocks import kept_size
     from .ggufheader import gguf_layout
-    from .keptload import EXPAND_BELOW, ROW_ORDER
+    from .keptload import EXPAND_BELOW, kept_bytes_of, reads
 
     layout = gguf_layout(path)
-    if TENSOR_PROCESSORS.get(layout.architecture, TensorProcessor).__name__ not in ROW_ORDER:
+    if not reads(layout.architecture):
         return None
-    import gguf
-
     total = dense = expanded = 0
     for tensor in layout.tensors:
-        count = 1
-        for n in tensor.shape:
-            count *= n
-        kind = gguf.GGMLQuantizationType(tensor.kind).name
-        size = kept_size(kind, tensor.shape[1], tensor.shape[0]) if len(tensor.shape) == 2 else None
-        total += size if size is not None else count * dtype_bytes
-        dense += count * dtype_bytes
-        expanded += count * dtype_bytes if size is not None else 0
+        as_dtype = math.prod(tensor.shape) * dtype_bytes
+        size = kept_bytes_of(tensor)
+        total += size if size is not None else as_dtype
+        dense += as_dtype
+        expanded += as_dtype if size is not None else 0
     return dense if expanded <= EXPAND_BELOW else total  # a small model is expanded as it loads
 
 

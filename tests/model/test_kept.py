@@ -21,7 +21,7 @@ HALVES = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
 def random_blocks(kind: str, rows: int, blocks_a_row: int, seed: int = 0) -> np.ndarray:
     """Random bytes in `kind`'s block layout, its float16 factors finite."""
     rng = np.random.default_rng(seed)
-    _, size, _ = FORMATS[kind]
+    _, size, _, _ = FORMATS[kind]
     raw = rng.integers(0, 256, (rows * blocks_a_row, size), dtype=np.uint8)
     for at in HALVES[kind]:
         raw[:, at:at + 2] = rng.normal(0, 0.05, len(raw)).astype(np.float16).view(np.uint8).reshape(-1, 2)
