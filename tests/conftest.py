@@ -203,6 +203,34 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gguf_file(tmp_path_factory) -> Path:
+    """A tiny Llama GGUF file (F32 weights, SmolLM2's 49k-token tokenizer), written once per test
+    process: tests read it, never change it."""
+    from gguf_fixture import write_gguf
+
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-F32.gguf")
+
+
+@pytest.fixture(scope="session")
+def gguf_parsed(gguf_file, tmp_path_factory) -> Path:
+    """A cache folder holding `gguf_file`'s tokenizer and config, parsed once per test process
+    (seconds for 49k tokens): read it, or copy it into a test's own cache (`seed_cache`)."""
+    from prefixcache.model import load
+
+    folder = tmp_path_factory.mktemp("gguf-parsed")
+    load.load_tokenizer(load.resolve_model(str(gguf_file)), folder)
+    return folder
+
+
+def seed_cache(parsed: Path, cache: Path) -> Path:
+    """`cache`, a new cache folder of a test's own, with the tokenizer parsed in `parsed`."""
+    import shutil
+
+    shutil.copytree(parsed, cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
 def embedded_ready(cache_dir):
     """The session's workers share its cache: the first to get here reads the embedded model once
     (its tokenizer and config parsed from the file and kept there) while the others wait for it,

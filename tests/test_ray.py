@@ -132,7 +132,7 @@ def test_classify_decide_and_serve_on_ray_give_the_clis_numbers(tmp_path, tiny_m
             listed = json.loads(resp.read())
         served = [_post(url + ("/v1/decisions" if "input" in line else "/v1/systemone"),
                         {k: v for k, v in line.items() if k != "custom_id"}) for line in LINES]
-        serve.shutdown()
+        # ray.shutdown() below ends Serve with the local cluster it started
     finally:
         ray.shutdown()
 

@@ -19,6 +19,7 @@ from prefixcache.model.load import embedded_model_file  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("embedded_ready")]
 SAMPLES = [("support-tickets.yaml", "tickets.jsonl"), ("news-topics.yaml", "headlines.jsonl")]
+ITEMS = 16  # the first items of each
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def copies(tmp_path_factory):
 def logprobs(spec, data, cache_dir, **kw):
     """Per item, per label: the log-probabilities and the probabilities of its record."""
     clf = Classifier(ROOT / "configs" / spec, cache_dir=cache_dir, progress=False, **kw)
-    items = list(read_items(str(ROOT / "data" / "samples" / data), "jsonl", clf.spec.id_field))
+    items = list(read_items(str(ROOT / "data" / "samples" / data), "jsonl", clf.spec.id_field))[:ITEMS]
     records = list(clf.classify([item.record for item in items]))
     return tuple(np.array([[r[key][name] for name in clf.labels] for r in records]) for key in ("logprobs", "probs"))
 

@@ -63,18 +63,19 @@ def test_an_unknown_backend_is_refused():
         pick_engine(GGUF, "vllm")
     assert pick_engine(GGUF, "transformers").name == "transformers"
 
-@pytest.mark.slow
 
-def test_every_gguf_run_says_its_engine_its_precision_and_why(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_every_gguf_run_says_its_engine_its_precision_and_why(tmp_path, monkeypatch, gguf_file, gguf_parsed):
     """A GGUF file may be expanded or kept quantised: the run says which, in what, and why, even
     where auto chose the default engine (a folder's run says nothing of it)."""
     import json
 
-    from gguf_fixture import write_gguf
+    from conftest import seed_cache
     from helpers import TEXTS, invoke, write_spec
 
     monkeypatch.setattr(llamacpp, "installed", lambda: True)
-    spec = write_spec(tmp_path, model=str(write_gguf(tmp_path / "tiny-F32.gguf")))
+    monkeypatch.setenv("PREFIXCACHE_CACHE_DIR", str(seed_cache(gguf_parsed, tmp_path / "cache")))
+    spec = write_spec(tmp_path, model=str(gguf_file))
     items = tmp_path / "in.jsonl"
     items.write_text("".join(json.dumps({"id": n, "text": t}) + "\n" for n, t in enumerate(TEXTS[:2])))
     result = invoke("run", spec, items, "-o", tmp_path / "out.jsonl", "--dtype", "bfloat16")

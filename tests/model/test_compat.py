@@ -98,6 +98,23 @@ def test_gguf_progress_bar_is_switched_off_and_restored():
     assert gguf_utils.tqdm is original
 
 
+def test_the_fast_gguf_reader_reads_what_ggufs_own_reader_reads(gguf_file):
+    """Every field (its parts, types and value indices) and every tensor (name, type, shape and
+    bytes) as gguf's reader gives them, with tensors still views of the mapped file."""
+    import gguf
+    import numpy as np
+    want, got = gguf.GGUFReader(gguf_file), compat.gguf_reader(gguf_file)
+    assert list(got.fields) == list(want.fields) and len(want.fields["tokenizer.ggml.tokens"].data) > 1000
+    for name, field in want.fields.items():
+        mine = got.fields[name]
+        assert (mine.types, mine.data, mine.offset) == (field.types, field.data, field.offset), name
+        assert len(mine.parts) == len(field.parts) and all(np.array_equal(a, b) for a, b in zip(mine.parts, field.parts, strict=True))
+    assert [(t.name, t.tensor_type, list(t.shape)) for t in got.tensors] == \
+        [(t.name, t.tensor_type, list(t.shape)) for t in want.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(got.tensors, want.tensors, strict=True))
+    assert isinstance(got.tensors[0].data.base, np.memmap) or isinstance(got.tensors[0].data.base.base, np.memmap)
+
+
 def test_drop_quantizer_saves_plain_float_weights(llama, tmp_path):
     import json
 

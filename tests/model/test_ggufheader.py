@@ -74,9 +74,9 @@ def test_the_arrays_together_are_bounded_by_what_the_reader_can_afford_and_the_l
 
 
 @pytest.mark.slow
-def test_real_files_pass(tmp_path):
+def test_real_files_pass(tmp_path, gguf_file):
     check_gguf(embedded_model_file())
-    check_gguf(write_gguf(tmp_path / "tiny.gguf"))
+    check_gguf(gguf_file)
     small = _write(tmp_path, "small.gguf", _header([_array("general.list", STRING, 2, _string("a") + _string("bc"))], ))
     check_gguf(small)
 

@@ -110,15 +110,12 @@ def test_the_loader_s_peak_is_the_weights_in_their_dtype(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    """A tiny F32 GGUF file and its tokenizer (49k tokens: parsed once for the module)."""
-    from gguf_fixture import write_gguf
-
+def tiny_gguf(gguf_file, gguf_parsed):
+    """A tiny F32 GGUF file and its tokenizer."""
     from prefixcache.model import load
 
-    folder = tmp_path_factory.mktemp("tiny-gguf")
-    source = load.resolve_model(str(write_gguf(folder / "tiny-F32.gguf")))
-    return source, load.load_tokenizer(source, folder / "cache")
+    source = load.resolve_model(str(gguf_file))
+    return source, load.load_tokenizer(source, gguf_parsed)
 
 
 @pytest.mark.parametrize("kept", [True, False])

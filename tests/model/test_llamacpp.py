@@ -11,7 +11,7 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from gguf_fixture import quantize, write_gguf  # noqa: E402
+from gguf_fixture import quantize  # noqa: E402
 
 from prefixcache.model.engine import Engine  # noqa: E402
 from prefixcache.model.llamacpp import LlamaEngine  # noqa: E402
@@ -23,18 +23,13 @@ pytestmark = pytest.mark.slow  # the quick tier (-m "not slow and not e2e") leav
 
 
 @pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory):
-    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-F32.gguf")
-
-
-@pytest.fixture(scope="module")
 def engine(gguf_file):
     return LlamaEngine(gguf_file, threads=1)
 
 
 @pytest.fixture(scope="module")
-def tokenizer(gguf_file, tmp_path_factory):
-    return load_tokenizer(resolve_model(str(gguf_file)), tmp_path_factory.mktemp("cache"))
+def tokenizer(gguf_file, gguf_parsed):
+    return load_tokenizer(resolve_model(str(gguf_file)), gguf_parsed)
 
 
 TEXTS = ["I was charged twice for my subscription, please refund it.",

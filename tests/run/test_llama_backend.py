@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from gguf_fixture import write_gguf  # noqa: E402
+from conftest import seed_cache  # noqa: E402
 from helpers import invoke, records, write_spec  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the quick tier (-m "not slow and not e2e") leaves it out
@@ -26,9 +26,11 @@ PACK = {
 }
 
 
-@pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory):
-    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-F32.gguf")
+@pytest.fixture(autouse=True)
+def _cache(gguf_parsed, tmp_path):
+    """Each test's own cache (`tmp_path / "cache"`: prefixes and outputs of its own), the file's
+    tokenizer parsed once for all."""
+    seed_cache(gguf_parsed, tmp_path / "cache")
 
 
 @pytest.fixture()
