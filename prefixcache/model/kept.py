@@ -134,6 +134,7 @@ class KeptLinear(torch.nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()  # a strided batch (the last positions sliced off) copies the weight once a row in matmul
         rows = self.out_features
         most = max(1, SCRATCH_MAX // (self.in_features * x.element_size()))
         if most >= rows:

@@ -55,7 +55,13 @@ def test_cached_batched_scores_equal_naive(arch_model, chat_tokenizer, tmp_path,
     encoded = [builder.encode_item({"text": t}) for t in TEXTS]
     assert len({len(e.ids) for e in encoded}) > 3, "items of different lengths expected"
 
-    got = _batched(engine, prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded], batch_size)
+    head_inputs = []  # a strided input makes matmul copy the head's weight once a row (rows x its size)
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda m, a: head_inputs.append(a[0]))
+    try:
+        got = _batched(engine, prefix, [Row(e.ids, e.prefix_len, cands) for e in encoded], batch_size)
+    finally:
+        hook.remove()
+    assert head_inputs and all(x.is_contiguous() for x in head_inputs)
     want = [naive_scores(model, e.ids, cands) for e in encoded]
 
     assert _max_diff(got, want) < TOL, arch
