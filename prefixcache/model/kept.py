@@ -31,69 +31,99 @@ if TYPE_CHECKING:
 CHUNK = 1 << 20  # weights expanded through float32 at a time (4 MB: stays in the cache)
 SCRATCH_MAX = 32 << 20  # bytes of one expanded weight; a larger one (an output head) runs a slice of rows at a time
 
-_scratch = threading.local()  # (device, dtype) -> a flat tensor, per thread: layers run one after another
+_scratch = threading.local()  # (device, dtype, inference mode, slot) -> a flat tensor, per thread: layers run one after another
+FACTORS = ("scale", "scale_unit", "offset", "offset_unit")
 
 
-def _buffer(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
-    """A flat scratch tensor of at least `numel` elements for this thread, reused by every layer."""
+def _buffer(device: torch.device, dtype: torch.dtype, numel: int, slot: int = 0) -> torch.Tensor:
+    """A flat scratch tensor of at least `numel` elements for this thread, reused by every layer
+    (`slot`: another one of the same dtype, held at the same time)."""
     held = getattr(_scratch, "held", None)
     if held is None:
         held = _scratch.held = {}
-    key = (device, dtype, torch.is_inference_mode_enabled())  # a tensor made in inference mode stays one
+    key = (device, dtype, torch.is_inference_mode_enabled(), slot)  # a tensor made in inference mode stays one
     found = held.get(key)
     if found is None or found.numel() < numel:
         found = held[key] = torch.empty(numel, device=device, dtype=dtype)
     return found[:numel]
 
 
+def _factor(values: torch.Tensor, unit: torch.Tensor | None) -> torch.Tensor:
+    """Rows of a group factor in float32: `values` as they are, or times their super-block's `unit`."""
+    if unit is None:
+        return values if values.dtype == torch.float32 else values.float()
+    n = values.shape[0]
+    return values.float().view(n, unit.shape[1], -1).mul_(unit.unsqueeze(-1)).view(n, -1)  # exact in float32
+
+
 class KeptWeights(torch.nn.Module):
     """A 2-D weight as codes and per-group factors (buffers: they move with the model), expanded
-    into any floating dtype on demand."""
+    into any floating dtype on demand. The buffers are ggufblocks.Blocks' arrays: `codes` (8-bit
+    codes, or codes less `low` two a byte, as ggufblocks.pack lays them out), `high` (the top bits
+    of 5- and 6-bit codes, in planes), `scale` and `offset` (float16, or small integers times `scale_unit` and
+    `offset_unit`)."""
 
     codes: torch.Tensor
+    high: torch.Tensor | None
     scale: torch.Tensor
+    scale_unit: torch.Tensor | None
     offset: torch.Tensor | None
+    offset_unit: torch.Tensor | None
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, group: int,
-                 low: int | None = None, span: int = 0) -> None:
-        """`codes`: int8 (rows, cols); or, with `low`, 4-bit codes less `low` two a byte (uint8,
-        (rows, cols // 2), in runs of `span` bytes as ggufblocks.pack lays them out)."""
+    def __init__(self, arrays: dict[str, torch.Tensor | None], group: int, kind: str) -> None:
+        from .ggufblocks import BITS, LOW
+
         super().__init__()
-        self.group, self.low, self.span = group, low, span
-        self.rows, self.cols = codes.shape[0], codes.shape[1] * (1 if low is None else 2)
-        self.register_buffer("codes", codes, persistent=False)
-        self.register_buffer("scale", scale, persistent=False)
-        self.register_buffer("offset", offset, persistent=False)
+        codes = arrays["codes"]
+        assert codes is not None
+        self.group, self.kind = group, kind
+        self.low = LOW.get(kind) if codes.dtype == torch.uint8 else None  # None: int8 codes as they are
+        self.bits = BITS[kind]
+        self.rows, self.cols = codes.shape[0], codes.shape[1] * (1 if self.low is None else 2)
+        for name in ("codes", "high", *FACTORS):
+            self.register_buffer(name, arrays.get(name), persistent=False)
 
     @classmethod
     def of(cls, blocks: "Blocks") -> "KeptWeights":
-        from .ggufblocks import FOUR_BITS, SPAN, pack
+        from .ggufblocks import compact
 
-        offset = None if blocks.offset is None else torch.from_numpy(blocks.offset)
-        low, span = FOUR_BITS.get(blocks.kind), SPAN.get(blocks.kind, 0)
-        codes = blocks.codes if low is None or blocks.packed else pack(blocks.codes, low, span)
-        return cls(torch.from_numpy(codes), torch.from_numpy(blocks.scale), offset, blocks.group, low, span)
+        return cls({k: None if v is None else torch.from_numpy(v) for k, v in compact(blocks).arrays().items()},
+                   blocks.group, blocks.kind)
 
-    def _grouped(self, held: torch.Tensor) -> torch.Tensor:
-        """Rows of `codes` as integer codes (n, groups, group): unpacked into a scratch tensor
-        where they are kept two a byte."""
-        n, groups = held.shape[0], self.cols // self.group
+    def _grouped(self, codes: torch.Tensor, high: torch.Tensor | None) -> torch.Tensor:
+        """Rows of `codes` (and their `high` bits) as integer codes (n, groups, group), unpacked
+        into a scratch tensor where they are kept two a byte."""
+        n, groups = codes.shape[0], self.cols // self.group
         if self.low is None:
-            return held.view(n, groups, self.group)
-        runs = self.cols // (2 * self.span)
-        out = _buffer(held.device, torch.uint8, n * self.cols).view(n, runs, 2, self.span)
-        packed = held.view(n, runs, self.span)
-        torch.bitwise_and(packed, 0x0F, out=out[:, :, 0, :])
-        torch.bitwise_right_shift(packed, 4, out=out[:, :, 1, :])
+            return codes.view(n, groups, self.group)
+        out = _buffer(codes.device, torch.uint8, n * self.cols).view(n, 2, self.cols // 2)
+        torch.bitwise_and(codes, 0x0F, out=out[:, 0])  # a row's first half
+        torch.bitwise_right_shift(codes, 4, out=out[:, 1])  # its second
+        flat = out.view(n, self.cols)
+        if high is not None:  # 5- or 6-bit codes: their top bits, `planes`' layout
+            extra = self.bits - 4
+            each = 8 // extra
+            top = _buffer(codes.device, torch.uint8, n * self.cols, slot=1).view(n, each, self.cols // each)
+            shifts = torch.arange(0, 8, extra, dtype=torch.uint8, device=codes.device).view(1, each, 1)
+            torch.bitwise_right_shift(high.unsqueeze(1), shifts, out=top)
+            top.bitwise_and_((1 << extra) - 1).bitwise_left_shift_(4)
+            flat.bitwise_or_(top.view(n, self.cols))
         if self.low:
-            out.sub_(-self.low if self.low < 0 else 256 - self.low)  # wraps: read as int8, code + low
-            return out.view(torch.int8).view(n, groups, self.group)
-        return out.view(n, groups, self.group)
+            flat.sub_(-self.low if self.low < 0 else 256 - self.low)  # wraps: read as int8, code + low
+            return flat.view(torch.int8).view(n, groups, self.group)
+        return flat.view(n, groups, self.group)
+
+    def _rows(self, rows: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Rows (a slice or an index) as integer codes (n, groups, group) and float32 factors."""
+        codes = self._grouped(self.codes[rows], None if self.high is None else self.high[rows])
+        scale = _factor(self.scale[rows], None if self.scale_unit is None else self.scale_unit[rows])
+        offset = None if self.offset is None else \
+            _factor(self.offset[rows], None if self.offset_unit is None else self.offset_unit[rows])
+        return codes, scale, offset
 
     @property
     def stored_bytes(self) -> int:
-        held = [self.codes, self.scale] + ([self.offset] if self.offset is not None else [])
-        return sum(t.numel() * t.element_size() for t in held)
+        return sum(t.numel() * t.element_size() for t in self.buffers(recurse=False))
 
     def expand(self, start: int, stop: int, dtype: torch.dtype, into: torch.Tensor | None = None) -> torch.Tensor:
         """Rows [start, stop) in `dtype`, in this thread's scratch tensor (valid until the next
@@ -105,22 +135,23 @@ class KeptWeights(torch.nn.Module):
         for at in range(start, stop, step):
             end = min(stop, at + step)
             n = end - at
-            target = out[at - start:end - start].view(n, groups, self.group) if wide else \
-                _buffer(self.codes.device, torch.float32, n * cols).view(n, groups, self.group)
-            codes = self._grouped(self.codes[at:end])
-            torch.mul(codes, self.scale[at:end].unsqueeze(-1), out=target)
-            if self.offset is not None:
-                target.add_(self.offset[at:end].unsqueeze(-1))
+            final = out[at - start:end - start].view(n, groups, self.group)
+            target = final if wide else _buffer(self.codes.device, torch.float32, n * cols).view(n, groups, self.group)
+            codes, scale, offset = self._rows(slice(at, end))
+            target.copy_(codes)  # exact; then one op a dtype (a mixed int-by-float product runs 4x slower)
+            target.mul_(scale.unsqueeze(-1))
+            if offset is not None:
+                target.add_(offset.unsqueeze(-1))
             if not wide:
-                out[at - start:end - start].copy_(target.view(n, cols))
+                final.copy_(target)
         return out
 
     def lookup(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The rows `ids` names, in `dtype` (an embedding's look-up)."""
-        flat = ids.reshape(-1)
-        values = self._grouped(self.codes[flat]) * self.scale[flat].unsqueeze(-1)
-        if self.offset is not None:
-            values = values + self.offset[flat].unsqueeze(-1)
+        codes, scale, offset = self._rows(ids.reshape(-1))
+        values = codes * scale.unsqueeze(-1)
+        if offset is not None:
+            values = values + offset.unsqueeze(-1)
         return values.view(*ids.shape, self.cols).to(dtype)
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import compat
-from .ggufblocks import FORMATS, FOUR_BITS, SPAN, decode, kept_size
+from .ggufblocks import FORMATS, decode, kept_size
 from .ggufheader import TensorInfo, gguf_layout
 
 if TYPE_CHECKING:
@@ -145,30 +145,28 @@ def _read_kept(fd: int, at: int, tensor: TensorInfo, processor: Any) -> "KeptWei
     if order is False:
         return None
     per_block, size, _, _ = FORMATS[kind]
-    low = FOUR_BITS.get(kind)  # codes of 16 values: kept two a byte
     row_bytes = cols // per_block * size
     step = max(1, SLICE_BYTES // row_bytes)
-    held: list[torch.Tensor | None] = []
+    held: dict[str, torch.Tensor | None] = {}
     group = 0
     for start in range(0, rows, step):
         count = min(step, rows - start)
         part = decode(os.pread(fd, count * row_bytes, at + start * row_bytes), kind, count, cols, packed=True)
         if part is None:
             return None
+        arrays = part.arrays()
         if not held:
             group = part.group
-            held = [torch.empty((rows, part.codes.shape[1]), dtype=torch.from_numpy(part.codes[:0]).dtype),
-                    torch.empty((rows, cols // group), dtype=torch.float32),
-                    None if part.offset is None else torch.empty((rows, cols // group), dtype=torch.float32)]
-        for into, values in zip(held, (part.codes, part.scale, part.offset), strict=True):
+            held = {name: None if a is None else torch.empty((rows, *a.shape[1:]), dtype=torch.from_numpy(a[:0]).dtype)
+                    for name, a in arrays.items()}
+        for name, values in arrays.items():
+            into = held[name]
             if into is not None and values is not None:
                 into[start:start + count] = torch.from_numpy(values)
     if order is not None:
         index = torch.from_numpy(order)
-        held = [None if t is None else t[index] for t in held]
-    codes, scale, offset = held
-    assert codes is not None and scale is not None
-    return KeptWeights(codes, scale, offset, group, low, SPAN.get(kind, 0))
+        held = {name: None if t is None else t[index] for name, t in held.items()}
+    return KeptWeights(held, group, kind)
 
 
 def _row_order(processor: Any, name: str, rows: int) -> np.ndarray | None | bool:
