@@ -1,7 +1,8 @@
 """The precision and engine table of docs/performance.md, measured again on this machine.
 
-Runs `prefixcache run` once per way of running a GGUF file (transformers in float32, bfloat16,
-bfloat16 with --exact, int8; the llama.cpp engine, with each llama.cpp build given) on the same
+Runs `prefixcache run` once per way of running a GGUF file (transformers in float32, what a run
+with no option picks, bfloat16, bfloat16 with --exact, int8; the llama.cpp engine, with each
+llama.cpp build given) on the same
 items, each in a process of its own after an untimed warm-up run (conversions, prefixes and --exact
 bounds kept in the cache), and `prefixcache bench --backend llama.cpp` for llama.cpp's own
 first-token path. Prints a Markdown table: ms an item as `run` measures it (scoring only, wall),
@@ -27,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 PATHS = (("transformers, float32", ["--dtype", "float32"]),
+         ("the default (no option)", []),
          ("transformers, bfloat16", ["--dtype", "bfloat16"]),
          ("transformers, bfloat16 --exact", ["--dtype", "bfloat16", "--exact"]),
          ("transformers, int8", ["--dtype", "int8"]))

@@ -201,7 +201,8 @@ def pack(codes: np.ndarray, low: int) -> np.ndarray:
     half in the high ones (each half then unpacks in one pass over contiguous bytes);
     (rows, cols) -> (rows, cols // 2) uint8."""
     rows, cols = codes.shape
-    halves = (codes.astype(np.int16) - low).astype(np.uint8).reshape(rows, 2, cols // 2)
+    unsigned = codes if codes.dtype == np.uint8 and not low else (codes.astype(np.int16) - low).astype(np.uint8)
+    halves = unsigned.reshape(rows, 2, cols // 2)
     return halves[:, 0, :] | (halves[:, 1, :] << 4)
 
 
@@ -263,7 +264,7 @@ def decode(raw: bytes | bytearray | memoryview | np.ndarray, kind: str, rows: in
         codes = np.ascontiguousarray(u.reshape(rows, cols))
     elif packed:
         u = u.reshape(rows, cols)
-        codes = pack(u & 0x0F, 0)
+        codes = pack(u & 0x0F if BITS[kind] > 4 else u, 0)
         high = planes(u >> 4, BITS[kind] - 4) if BITS[kind] > 4 else None
     else:
         codes = (u.reshape(rows, cols).astype(np.int16) + LOW[kind]).astype(np.int8)

@@ -132,14 +132,25 @@ def auto_precision(options: RunOptions, spec: TaskSpec) -> RunOptions:
     if not run_engine(spec, options).float32_twin:  # llama.cpp: the file's own types
         return options
     free, _ = available_and_why()
-    if free is not None and size * 1.5 + RUNTIME > free:  # both copies may be held: float32 alone is smaller
+    need = _both_precisions_bytes(spec, size) + RUNTIME
+    if free is not None and need > free:  # both copies may be held: float32 alone is smaller
         log.info("dtype auto: float32 (bfloat16 with its float32 twin for close calls could need %.1f GB, more than "
-                 "the %.1f GB available)", (size * 1.5 + RUNTIME) / 1e9, free / 1e9)
+                 "the %.1f GB available)", need / 1e9, free / 1e9)
         return options
     log.info("dtype auto: bfloat16, its close calls scored again in float32 (--exact): this CPU has %s, and a model "
              "of %.1fB parameters seldom has a call bfloat16 moves; --dtype float32 for float32 alone",
              low.unit, size / 4e9)
     return replace(options, dtype="bfloat16", exact=True)
+
+
+def _both_precisions_bytes(spec: TaskSpec, float32_bytes: int) -> int:
+    """The weights of a model in bfloat16 and its float32 twin: a GGUF file's kept weights, which
+    the two share (model/keptload.py), or a bfloat16 and a float32 copy."""
+    from ..model.memory import kept_weight_bytes
+
+    source = spec_model(spec)
+    kept = kept_weight_bytes(Path(source.path), 4) if source.kind == "gguf" else None
+    return kept if kept is not None and kept < float32_bytes else int(float32_bytes * 1.5)
 
 
 def refusal_words(key: str, value: Any) -> Optional[str]:

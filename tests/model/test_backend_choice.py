@@ -1,6 +1,7 @@
 """Which engine runs a model: what `auto` picks (a GGUF file of about a billion parameters or more
-on llama.cpp when it is installed, anything else on transformers) and what asking for llama.cpp
-refuses, in one line, before anything loads."""
+on llama.cpp when it is installed, unless its weights stay small on transformers and the CPU has a
+bfloat16 matrix unit; anything else on transformers) and what asking for llama.cpp refuses, in one
+line, before anything loads."""
 
 from __future__ import annotations
 
@@ -32,6 +33,26 @@ def test_auto_keeps_a_large_gguf_file_quantised_and_the_rest_on_transformers(lla
     assert "--dtype bfloat16" in pick_engine(GGUF, "auto", dtype="bfloat16", float32_bytes=BIG).why
     assert pick_engine(GGUF, "auto", exact=True, float32_bytes=BIG).name == "transformers"
     assert pick_engine(GGUF, "auto", device="cuda", float32_bytes=BIG).name == "transformers"
+
+
+@pytest.mark.parametrize("unit", [True, False])
+def test_auto_keeps_a_gguf_file_on_transformers_where_its_weights_stay_small_and_bfloat16_has_a_unit(
+        llama_installed, monkeypatch, gguf_file, unit):
+    """A file the default engine reads with its weights kept (about the file's size), on a CPU with
+    a bfloat16 matrix unit, --dtype auto or bfloat16: transformers, however large; without the
+    unit, or weights that would not stay small, the size rule."""
+    from prefixcache import compat
+    from prefixcache.model import memory
+
+    monkeypatch.setattr(compat, "bf16_matmul", lambda device: unit)
+    source = ModelSource(str(gguf_file), "gguf", str(gguf_file))
+    picked = pick_engine(source, "auto", device="cpu", float32_bytes=BIG)
+    assert picked.name == ("transformers" if unit else "llama.cpp")
+    assert ("bfloat16 unit" in picked.why) is unit
+    assert pick_engine(source, "auto", device="cpu", dtype="bfloat16", float32_bytes=BIG).name == "transformers"
+    size = gguf_file.stat().st_size
+    monkeypatch.setattr(memory, "kept_weight_bytes", lambda path, dtype_bytes: int(size * choice.KEPT_SIZE) + 1)
+    assert pick_engine(source, "auto", device="cpu", float32_bytes=BIG).name == "llama.cpp"
 
 
 def test_auto_without_llama_cpp_installed_is_transformers(monkeypatch):
