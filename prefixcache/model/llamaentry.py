@@ -84,4 +84,4 @@ def _llama_refusal(source: ModelSource, device: str, dtype: str, exact: bool) ->
 
 LLAMA = Backend("llama.cpp", "llama_cpp_python", _llama_make, refusal=_llama_refusal, footprint=_llama_footprint,
                 file_precision=True, max_leaves=MAX_SEQUENCES - 1, moves_with_batch=lambda precision: True,
-                summary="a GGUF file kept quantised: needs the llama extra")
+                summary="a GGUF file computed in its own types: needs the llama extra")

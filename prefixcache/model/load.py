@@ -431,22 +431,23 @@ def _keep_tokenizer(tokenizer: PreTrainedTokenizerBase, source: Path, target: Pa
     if _foreign(target.parent.parent) is not None or (target.exists() and (config is None or (
             target / "config.json").exists())):
         return
-    shutil.rmtree(target, ignore_errors=True)  # kept before configs were: kept again with its config
-    try:
-        keep_converted(None, tokenizer, source, target, config)
+    try:  # one kept before configs were is replaced only once its successor is written
+        keep_converted(None, tokenizer, source, target, config, replace=target.exists())
     except Exception as exc:  # a full disk, a read-only cache: said, and the next command builds it again
         log.warning("cannot keep the tokenizer of %s in %s (%s)", source.name, target.parent,
                     getattr(exc, "strerror", None) or first_line(exc)[:160])
 
 
 def keep_converted(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, source: Path, target: Path,
-                   config: Any = None) -> None:
+                   config: Any = None, replace: bool = False) -> None:
     """Write the converted model (None: the tokenizer alone, and `config` where given) aside,
-    signed, and rename it into place, so no reader sees half of it."""
+    signed, and rename it into place, so no reader sees half of it (`replace`: the folder there
+    is moved away first, and removed once the new one is in place)."""
     private_folder(target.parent.parent, tighten=False)  # the cache folder, when prefixcache creates it
     private_folder(target.parent)
     secret = cache_secret(prefixes_dir(target.parent.parent))
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))  # 0700, made exclusively: files go in by name
+    old: Path | None = None
     try:
         if model is not None:
             model.save_pretrained(str(tmp), safe_serialization=True)
@@ -456,12 +457,17 @@ def keep_converted(model: PreTrainedModel | None, tokenizer: PreTrainedTokenizer
         for written in tmp.rglob("*"):  # the user's alone, whatever the umask
             os.chmod(written, 0o700 if written.is_dir() else 0o600)
         sign_folder(tmp, secret, str(source), time.time())  # last: a chmod changes what it signs
+        old = Path(tempfile.mkdtemp(prefix=".old-", dir=target.parent)) if replace else None
         try:
+            if old is not None:
+                target.rename(old / "kept")
             tmp.rename(target)
         except OSError:
             pass  # another process finished first; its copy is as good as ours
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def load_gguf(source: ModelSource, tokenizer: PreTrainedTokenizerBase, converted: Path, dtype: torch.dtype,

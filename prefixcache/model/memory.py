@@ -22,6 +22,7 @@ from .safetensorsfile import safetensors_header
 log = logging.getLogger(__name__)
 CONVERSION = 1.0  # a GGUF conversion's peak beyond the running model, over its float32 weights (measured 0.45)
 RUNTIME = 400_000_000  # Python, torch and transformers themselves (measured: 0.40 GB before any model)
+TOKENIZER_BYTES = 850  # a fast tokenizer's memory a token of its vocabulary (measured: 0.13 GB for 151,936 tokens)
 GB = 1e9
 
 
@@ -33,13 +34,14 @@ class Shape:
     layers: int
     kv_heads: int
     head_dim: int
+    vocab: int = 0  # tokens its tokenizer holds (0: not said)
 
 
 @dataclass(frozen=True)
 class Footprint:
     """A model's memory as it will run: `weights` (bytes at its precision), `kv` (the prefix's
     and a batch's keys and values), `conversion` (the extra peak of converting a GGUF file first;
-    0 once converted), `runtime` (the program itself)."""
+    0 once converted), `runtime` (the program itself and the model's tokenizer)."""
 
     weights: int
     kv: int
@@ -54,7 +56,7 @@ class Footprint:
     def words(self) -> str:
         work = f", compute buffers {self.buffers / GB:.2f} GB" if self.buffers else ""
         said = (f"about {self.total / GB:.2f} GB (weights {self.weights / GB:.2f} GB, prefix and batch "
-                f"{self.kv / GB:.2f} GB{work}, the runtime {self.runtime / GB:.2f} GB")
+                f"{self.kv / GB:.2f} GB{work}, the runtime and tokenizer {self.runtime / GB:.2f} GB")
         return said + (f", converting the GGUF file first {self.conversion / GB:.2f} GB more)" if self.conversion else ")")
 
 
@@ -73,10 +75,11 @@ def footprint(source: ModelSource, cache_dir: Path, dtype_bytes: int, tokens: in
     if shape is None:
         return None
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes * tokens
+    runtime = RUNTIME + TOKENIZER_BYTES * shape.vocab
     if held is not None:
-        return Footprint(held, kv)
+        return Footprint(held, kv, runtime=runtime)
     conversion = int(CONVERSION * 4 * shape.parameters) if converting else 0
-    return Footprint(shape.parameters * dtype_bytes, kv, conversion)
+    return Footprint(shape.parameters * dtype_bytes, kv, conversion, runtime=runtime)
 
 
 def kept_weight_bytes(path: Path, dtype_bytes: int) -> int | None:
@@ -111,7 +114,7 @@ def llama_footprint(path: Path, cells: int, ubatch: int, kv_bytes: int = 2) -> F
     shape = facts.shape
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * kv_bytes * cells
     buffers = 2 * 4 * ubatch * (facts.heads * cells + facts.vocab + facts.ff)
-    return Footprint(path.stat().st_size, kv, buffers=buffers)
+    return Footprint(path.stat().st_size, kv, buffers=buffers, runtime=RUNTIME + TOKENIZER_BYTES * facts.vocab)
 
 
 def float32_bytes(source: ModelSource, cache_dir: Path) -> int | None:
@@ -262,10 +265,10 @@ def _gguf_facts(path: str, mtime_ns: int, size: int) -> GgufFacts:
     arch = reader.fields["general.architecture"].contents()
     heads = needed(f"{arch}.attention.head_count")
     head_dim = value(f"{arch}.attention.key_length") or needed(f"{arch}.embedding_length") // heads
-    shape = Shape(sum(int(t.n_elements) for t in reader.tensors), needed(f"{arch}.block_count"),
-                  value(f"{arch}.attention.head_count_kv") or heads, head_dim)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = value(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else 0)
+    shape = Shape(sum(int(t.n_elements) for t in reader.tensors), needed(f"{arch}.block_count"),
+                  value(f"{arch}.attention.head_count_kv") or heads, head_dim, vocab)
     return GgufFacts(shape, heads, vocab, value(f"{arch}.feed_forward_length") or 0, value("general.file_type"))
 
 
@@ -283,7 +286,7 @@ def _folder_shape(folder: Path) -> Shape | None:
     heads = config.get("num_attention_heads") or config.get("n_head")
     layers = config.get("num_hidden_layers") or config.get("n_layer")
     head_dim = config.get("head_dim") or (config.get("hidden_size") or config.get("n_embd")) // heads
-    return Shape(parameters, layers, config.get("num_key_value_heads") or heads, head_dim)
+    return Shape(parameters, layers, config.get("num_key_value_heads") or heads, head_dim, config.get("vocab_size") or 0)
 
 
 def _safetensors_parameters(path: Path) -> int:

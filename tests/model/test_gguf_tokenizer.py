@@ -57,3 +57,28 @@ def test_a_models_identity_covers_every_byte_of_its_file(tmp_path):
     forget_verified()  # as a new command: the digest is read from the cache, the same
     assert load.model_content_identity(resolve_model(str(a)), cache) == first
     assert len(list((cache / "checks" / "digests").iterdir())) == 2
+
+
+def test_a_tokenizer_kept_without_its_config_is_replaced_only_once_its_successor_is_written(
+        gguf_file, gguf_parsed, tmp_path, monkeypatch, caplog):
+    """A tokenizer kept before configs were kept with it gets its config (the folder written
+    again); a cache that cannot take the new folder keeps the old one."""
+    from conftest import seed_cache
+
+    from prefixcache.model import load
+
+    source = resolve_model(str(gguf_file))
+    tokenizer = load_tokenizer(source, gguf_parsed)
+    for name, fails in (("written", False), ("full", True)):
+        cache = seed_cache(gguf_parsed, tmp_path / name)
+        converted = converted_dir(source, cache)
+        kept = tokenizer_dir(converted)
+        (kept / "config.json").unlink()  # as kept before configs were
+        if fails:
+            monkeypatch.setattr(load, "sign_folder", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
+        config = load.gguf_config(source, tokenizer, converted)
+        assert config is not None and config.model_type == "llama"
+        assert (kept / "tokenizer.json").is_file()  # a tokenizer kept either way
+        assert (kept / "config.json").is_file() is not fails
+        assert ("No space left" in caplog.text) is fails
+        assert not [p for p in kept.parent.iterdir() if p.name.startswith((".tmp-", ".old-"))]  # nothing left over

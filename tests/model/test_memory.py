@@ -7,7 +7,7 @@ import json
 from helpers import TEXTS, invoke, write_spec
 
 from prefixcache.model.load import ModelSource, embedded_model_file
-from prefixcache.model.memory import RUNTIME, footprint
+from prefixcache.model.memory import RUNTIME, TOKENIZER_BYTES, footprint
 
 
 def test_a_folders_footprint_is_its_parameters_at_the_precision_and_its_keys_and_values(tiny_model_dir, tmp_path):
@@ -20,7 +20,8 @@ def test_a_folders_footprint_is_its_parameters_at_the_precision_and_its_keys_and
     head_dim = c.hidden_size // c.num_attention_heads
     assert got.weights == 2 * parameters  # bfloat16: 2 bytes a number, every tensor of the files counted
     assert got.kv == 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2 * 100
-    assert got.conversion == 0 and got.total == got.weights + got.kv + RUNTIME
+    assert got.runtime == RUNTIME + TOKENIZER_BYTES * c.vocab_size  # its tokenizer counted with the runtime
+    assert got.conversion == 0 and got.total == got.weights + got.kv + got.runtime
     assert got.words().startswith(f"about {got.total / 1e9:.2f} GB (weights")
 
 
@@ -29,6 +30,7 @@ def test_a_gguf_files_footprint_is_read_from_its_tensor_table_with_the_conversio
     got = footprint(ModelSource("embedded", "gguf", str(path)), tmp_path, 4, tokens=1000)
     assert got.weights == 4 * 134_515_008  # SmolLM2-135M's numbers, float32
     assert got.kv == 2 * 30 * 3 * 64 * 4 * 1000  # 30 layers, 3 key/value heads of 64
+    assert got.runtime == RUNTIME + TOKENIZER_BYTES * 49152  # and 49,152 tokens
     assert got.conversion > 0 and "converting the GGUF file first" in got.words()
 
 
