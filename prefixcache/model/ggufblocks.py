@@ -43,10 +43,6 @@ class Factor:
         per = groups // self.unit.shape[1]
         return (values.reshape(rows, -1, per) * self.unit[..., None]).reshape(rows, groups)
 
-    @property
-    def nbytes(self) -> int:
-        return self.values.nbytes + (0 if self.unit is None else self.unit.nbytes)
-
 
 @dataclass(frozen=True)
 class Blocks:
@@ -87,7 +83,7 @@ class Blocks:
         codes = self.codes
         if self.packed:
             bits = BITS[self.kind]
-            u = unpack(codes, 0).astype(np.int16)
+            u = unpack(codes).astype(np.int16)
             if self.high is not None:
                 u = u | (unplane(self.high, bits - 4).astype(np.int16) << 4)
             codes = (u + LOW[self.kind]).astype(np.int8)
@@ -181,6 +177,9 @@ BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K"
 LOW = {"Q4_0": -8, "Q4_1": 0, "Q5_0": -16, "Q5_1": 0, "Q4_K": 0, "Q5_K": 0, "Q6_K": -32}  # a code, less this, is unsigned
 
 
+WITH_OFFSET = frozenset({"Q4_1", "Q5_1", "Q4_K", "Q5_K"})  # the formats whose groups have an offset
+
+
 def kept_size(kind: str, rows: int, cols: int) -> int | None:
     """Bytes a (rows, cols) tensor of `kind` takes kept as codes and factors; None where it is not."""
     if kind not in FORMATS or cols % FORMATS[kind][0]:
@@ -193,23 +192,18 @@ def kept_size(kind: str, rows: int, cols: int) -> int | None:
     return codes + factor * (2 if kind in WITH_OFFSET else 1)
 
 
-WITH_OFFSET = frozenset({"Q4_1", "Q5_1", "Q4_K", "Q5_K"})  # the formats whose groups have an offset
-
-
-def pack(codes: np.ndarray, low: int) -> np.ndarray:
-    """Codes of 16 values from `low`, two a byte: a row's first half in the low nibbles, its second
+def pack(nibbles: np.ndarray) -> np.ndarray:
+    """4-bit values (uint8 under 16), two a byte: a row's first half in the low nibbles, its second
     half in the high ones (each half then unpacks in one pass over contiguous bytes);
     (rows, cols) -> (rows, cols // 2) uint8."""
-    rows, cols = codes.shape
-    unsigned = codes if codes.dtype == np.uint8 and not low else (codes.astype(np.int16) - low).astype(np.uint8)
-    halves = unsigned.reshape(rows, 2, cols // 2)
+    rows, cols = nibbles.shape
+    halves = nibbles.reshape(rows, 2, cols // 2)
     return halves[:, 0, :] | (halves[:, 1, :] << 4)
 
 
-def unpack(packed: np.ndarray, low: int) -> np.ndarray:
-    """`pack` undone: (rows, cols // 2) uint8 -> (rows, cols) int8 codes."""
-    nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=1)
-    return (nibbles.astype(np.int16) + low).astype(np.int8)
+def unpack(packed: np.ndarray) -> np.ndarray:
+    """`pack` undone: (rows, cols // 2) uint8 -> (rows, cols) uint8."""
+    return np.concatenate([packed & 0x0F, packed >> 4], axis=1)
 
 
 def planes(values: np.ndarray, bits: int) -> np.ndarray:
@@ -263,21 +257,25 @@ def decode(raw: bytes | bytearray | memoryview | np.ndarray, kind: str, rows: in
     if kind not in LOW:  # 8-bit codes, kept as they are
         codes = np.ascontiguousarray(u.reshape(rows, cols))
     elif packed:
-        u = u.reshape(rows, cols)
-        codes = pack(u & 0x0F if BITS[kind] > 4 else u, 0)
-        high = planes(u >> 4, BITS[kind] - 4) if BITS[kind] > 4 else None
+        codes, high = _packed(u.reshape(rows, cols), kind)
     else:
         codes = (u.reshape(rows, cols).astype(np.int16) + LOW[kind]).astype(np.int8)
     groups = cols // group
-    return Blocks(codes, _factor(scale, rows, groups), _factor(offset, rows, groups), group, kind,  # type: ignore[arg-type]
-                  packed and kind in LOW, high)
+    kept_scale = _factor(scale, rows, groups)
+    assert kept_scale is not None  # every format has a scale
+    return Blocks(codes, kept_scale, _factor(offset, rows, groups), group, kind, packed and kind in LOW, high)
+
+
+def _packed(u: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Unsigned codes (uint8, rows x cols) of a format under 8 bits as they are kept: their low
+    4 bits two a byte (`pack`) and, for 5 and 6 bits, their top bits in planes (`planes`)."""
+    extra = BITS[kind] - 4
+    return (pack(u & 0x0F), planes(u >> 4, extra)) if extra else (pack(u), None)
 
 
 def compact(blocks: Blocks) -> Blocks:
     """`blocks` with its codes packed (`decode`'s `packed`), if they are not."""
     if blocks.packed or blocks.kind not in LOW:
         return blocks
-    u = (blocks.codes.astype(np.int16) - LOW[blocks.kind]).astype(np.uint8)
-    bits = BITS[blocks.kind]
-    return Blocks(pack(u & 0x0F, 0), blocks.scale, blocks.offset, blocks.group, blocks.kind, True,
-                  planes(u >> 4, bits - 4) if bits > 4 else None)
+    codes, high = _packed((blocks.codes.astype(np.int16) - LOW[blocks.kind]).astype(np.uint8), blocks.kind)
+    return Blocks(codes, blocks.scale, blocks.offset, blocks.group, blocks.kind, True, high)

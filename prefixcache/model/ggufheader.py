@@ -194,13 +194,20 @@ class Layout(NamedTuple):
 
     architecture: str
     data_start: int
-    tensors: list[TensorInfo]
+    tensors: tuple[TensorInfo, ...]
 
 
 def gguf_layout(path: Path) -> Layout:
-    """The file's architecture and tensors, from its header alone (checked as `check_gguf` does)."""
+    """The file's architecture and tensors, from its header alone (checked as `check_gguf` does),
+    walked once per file version (the engine's choice, the memory estimate and the load ask)."""
     check_gguf(path)
+    st = Path(path).stat()
+    return _layout(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _layout(path: str, size: int, mtime_ns: int) -> Layout:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         walk = _walk(data)
     align = walk.alignment
-    return Layout(walk.architecture, (walk.at + align - 1) // align * align, walk.tensors)
+    return Layout(walk.architecture, (walk.at + align - 1) // align * align, tuple(walk.tensors))

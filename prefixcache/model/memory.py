@@ -113,8 +113,8 @@ def llama_footprint(path: Path, cells: int, ubatch: int, kv_bytes: int = 2) -> F
         return None
     shape = facts.shape
     kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * kv_bytes * cells
-    buffers = 2 * 4 * ubatch * (facts.heads * cells + facts.vocab + facts.ff)
-    return Footprint(path.stat().st_size, kv, buffers=buffers, runtime=RUNTIME + TOKENIZER_BYTES * facts.vocab)
+    buffers = 2 * 4 * ubatch * (facts.heads * cells + shape.vocab + facts.ff)
+    return Footprint(path.stat().st_size, kv, buffers=buffers, runtime=RUNTIME + TOKENIZER_BYTES * shape.vocab)
 
 
 def float32_bytes(source: ModelSource, cache_dir: Path) -> int | None:
@@ -228,9 +228,8 @@ def _shape(source: ModelSource, cache_dir: Path) -> tuple[Shape | None, bool]:
 class GgufFacts:
     """What a GGUF file's header says of the memory its model takes."""
 
-    shape: Shape
+    shape: Shape  # its vocab: the tokens of the file's vocabulary
     heads: int
-    vocab: int
     ff: int
     file_type: int | None  # general.file_type (0: every tensor float32), None when not said
 
@@ -269,7 +268,7 @@ def _gguf_facts(path: str, mtime_ns: int, size: int) -> GgufFacts:
     vocab = value(f"{arch}.vocab_size") or (len(tokens.data) if tokens is not None else 0)
     shape = Shape(sum(int(t.n_elements) for t in reader.tensors), needed(f"{arch}.block_count"),
                   value(f"{arch}.attention.head_count_kv") or heads, head_dim, vocab)
-    return GgufFacts(shape, heads, vocab, value(f"{arch}.feed_forward_length") or 0, value("general.file_type"))
+    return GgufFacts(shape, heads, value(f"{arch}.feed_forward_length") or 0, value("general.file_type"))
 
 
 def _gguf_shape(path: Path) -> Shape:
